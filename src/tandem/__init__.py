@@ -1,0 +1,3 @@
+"""Tandem: lossless speculative decoding across heterogeneous hardware."""
+
+__version__ = "0.1.0"

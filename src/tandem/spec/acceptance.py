@@ -1,0 +1,75 @@
+"""Acceptance rules: which drafted tokens the target keeps.
+
+Terms, used everywhere in Tandem:
+- draft tokens d_1..d_k: proposed by a drafter, with draft probabilities `q_draft` [k, vocab]
+  (None for a deterministic proposal such as an n-gram match, i.e. a one-hot q).
+- target probabilities `p_target` [k + 1, vocab]: row i is the target's distribution for the
+  position of d_{i+1}; row k is for the position after the last draft token.
+- accepted tokens: the longest prefix of the drafts the rule keeps.
+- rejected token: the first draft token not kept; the target then emits a *recovered* token
+  sampled from the residual distribution.
+- bonus token: when every draft token is accepted, one more token sampled from row k.
+Each round therefore emits `accepted + 1` tokens.
+
+Greedy (temperature 0) keeps d_i while it equals the target's argmax. Speculative sampling
+(Leviathan et al. 2023, "Fast Inference from Transformers via Speculative Decoding";
+Chen et al. 2023, "Accelerating LLM Decoding with Speculative Sampling") keeps d_i with
+probability min(1, p(d_i) / q(d_i)) and on rejection samples from norm(max(0, p - q)); the
+emitted tokens then follow p exactly.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tandem.spec.sampling import sample
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptResult:
+    accepted: int  # number of draft tokens kept
+    next_token: int  # recovered token (after a rejection) or bonus token (all accepted)
+
+    def emitted(self, draft_tokens: list[int]) -> list[int]:
+        return list(draft_tokens[: self.accepted]) + [self.next_token]
+
+
+def accept_greedy(draft_tokens: list[int], target_logits: np.ndarray) -> AcceptResult:
+    """target_logits: [k + 1, vocab]."""
+    target_choice = np.argmax(target_logits, axis=-1)  # [k + 1]
+    accepted = 0
+    for token, choice in zip(draft_tokens, target_choice):
+        if token != choice:
+            break
+        accepted += 1
+    return AcceptResult(accepted, int(target_choice[accepted]))
+
+
+def accept_sampling(
+    draft_tokens: list[int],
+    q_draft: np.ndarray | None,  # [k, vocab] or None for a deterministic (one-hot) proposal
+    p_target: np.ndarray,  # [k + 1, vocab]
+    rng: np.random.Generator,
+) -> AcceptResult:
+    for i, token in enumerate(draft_tokens):
+        p_row = p_target[i]  # [vocab]
+        q_row = _one_hot(token, p_row.shape[-1]) if q_draft is None else q_draft[i]
+        q_token = q_row[token]
+        if q_token > 0 and rng.random() * q_token < p_row[token]:
+            continue
+        return AcceptResult(i, sample(_residual(p_row, q_row), rng))
+    k = len(draft_tokens)
+    return AcceptResult(k, sample(p_target[k], rng))
+
+
+def _residual(p_row: np.ndarray, q_row: np.ndarray) -> np.ndarray:
+    """norm(max(0, p - q)); falls back to p when p == q (then rejection has probability 0)."""
+    residual = np.maximum(p_row - q_row, 0.0)  # [vocab]
+    total = residual.sum()
+    return residual / total if total > 0 else p_row
+
+
+def _one_hot(token: int, vocab: int) -> np.ndarray:
+    row = np.zeros(vocab)
+    row[token] = 1.0
+    return row

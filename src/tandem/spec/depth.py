@@ -1,0 +1,110 @@
+"""Depth control: how many draft tokens to propose each round (k).
+
+`FixedDepth(k)` always asks for k. `AutoDepth` picks k each round to maximise expected tokens
+per millisecond:
+
+    E(k) = 1 + a + a^2 + ... + a^k          tokens emitted by a round (accepted + 1)
+    T(k) = draft_cost(k) + target_cost(k + 1) + overhead
+
+where `a` is the running acceptance estimate for the draft source and the costs are the runners'
+measured curves (see models/cost.py). k = 0 (plain decoding) wins whenever verifying is too
+expensive for the expected acceptance, which is what keeps llama.cpp targets from slowing down.
+While a model drafter drafts, `keep_drafting` stops early once one more token is expected to
+lower the round's tokens per millisecond, using the draft's own confidence in what it drafted.
+Acceptance is tracked per source ("model", "ngram2", "ngram3", ...), with decay so it follows
+the text. Every decision is kept in `history`.
+"""
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from tandem.models.cost import CostModel
+
+CostFn = Callable[[int], float]
+DEFAULT_K_MAX = 16
+PRIOR_ACCEPTANCE = 0.6
+PRIOR_WEIGHT = 4.0  # pseudo-observations behind the prior
+DECAY = 0.97  # per-round forgetting of old acceptance evidence
+
+
+class DepthPolicy(Protocol):
+    def choose_k(self, source: str, draft_cost: CostFn, limit: int) -> int: ...
+
+    def keep_drafting(self, source: str, confidences: list[float], draft_cost: CostFn) -> bool: ...
+
+    def record(self, source: str, drafted: int, accepted: int, overhead_ms: float) -> None: ...
+
+
+@dataclass
+class FixedDepth:
+    k: int
+    history: list[tuple[str, int, int]] = field(default_factory=list)  # (source, drafted, accepted)
+
+    def choose_k(self, source: str, draft_cost: CostFn, limit: int) -> int:
+        return max(0, min(self.k, limit))
+
+    def keep_drafting(self, source: str, confidences: list[float], draft_cost: CostFn) -> bool:
+        return True
+
+    def record(self, source: str, drafted: int, accepted: int, overhead_ms: float) -> None:
+        self.history.append((source, drafted, accepted))
+
+
+@dataclass
+class AcceptanceEstimate:
+    """Per-token acceptance probability with a prior; trials end at the first rejection."""
+
+    accepted: float = PRIOR_ACCEPTANCE * PRIOR_WEIGHT
+    trials: float = PRIOR_WEIGHT
+
+    @property
+    def rate(self) -> float:
+        return min(self.accepted / self.trials, 0.99)
+
+    def update(self, drafted: int, accepted: int) -> None:
+        self.accepted = self.accepted * DECAY + accepted
+        self.trials = self.trials * DECAY + accepted + (1 if accepted < drafted else 0)
+
+
+@dataclass
+class AutoDepth:
+    target_cost: CostModel
+    k_max: int = DEFAULT_K_MAX
+    overhead_ms: float = 0.5
+    estimates: dict[str, AcceptanceEstimate] = field(default_factory=dict)
+    history: list[tuple[str, int, int]] = field(default_factory=list)  # (source, drafted, accepted)
+
+    def acceptance(self, source: str) -> float:
+        return self.estimates.setdefault(source, AcceptanceEstimate()).rate
+
+    def expected_rate(self, k: int, alpha: float, draft_cost: CostFn) -> float:
+        """Expected tokens per millisecond of a round drafting k tokens."""
+        tokens = sum(alpha**i for i in range(k + 1))
+        elapsed = draft_cost(k) + self.target_cost.cost_ms(k + 1) + self.overhead_ms
+        return tokens / max(elapsed, 1e-6)
+
+    def choose_k(self, source: str, draft_cost: CostFn, limit: int) -> int:
+        alpha = self.acceptance(source)
+        candidates = range(0, max(0, min(self.k_max, limit)) + 1)
+        return max(candidates, key=lambda k: self.expected_rate(k, alpha, draft_cost))
+
+    def keep_drafting(self, source: str, confidences: list[float], draft_cost: CostFn) -> bool:
+        """Draft one more token only if it is expected to raise tokens per millisecond."""
+        alpha = self.acceptance(source)
+        drafted = len(confidences)
+        survive, tokens = 1.0, 1.0
+        for confidence in confidences:  # the draft's own P(first i drafts all accepted)
+            survive *= confidence
+            tokens += survive
+        elapsed = draft_cost(drafted) + self.target_cost.cost_ms(drafted + 1) + self.overhead_ms
+        gain = survive * alpha
+        extra = (draft_cost(drafted + 1) - draft_cost(drafted)) + (
+            self.target_cost.cost_ms(drafted + 2) - self.target_cost.cost_ms(drafted + 1)
+        )
+        return gain / max(extra, 1e-6) > tokens / max(elapsed, 1e-6)
+
+    def record(self, source: str, drafted: int, accepted: int, overhead_ms: float) -> None:
+        if drafted:
+            self.estimates.setdefault(source, AcceptanceEstimate()).update(drafted, accepted)
+        self.overhead_ms += 0.1 * (overhead_ms - self.overhead_ms)
+        self.history.append((source, drafted, accepted))

@@ -1,0 +1,1 @@
+"""Drafters: everything that proposes draft tokens, behind one `propose` interface."""

@@ -1,0 +1,77 @@
+"""Drafting with a small model: k steps of one-token decoding on the draft runner.
+
+The draft runner's KV cache is kept in step with the sequence lazily: before each round the
+drafter finds the common prefix of what it has cached and the committed token ids, rolls back to
+it and forwards only the difference (the tokens the target accepted or added last round).
+"""
+
+from typing import Sequence
+
+import numpy as np
+
+from tandem.models.runner import ModelRunner
+from tandem.spec.drafters.base import Draft, DraftRequest
+from tandem.spec.sampling import probs_from_logits, sample
+
+
+class ModelDrafter:
+    name = "model"
+
+    def __init__(self, runner: ModelRunner):
+        self.runner = runner
+        self._cached: list[int] = []  # token ids in the draft runner's KV cache
+
+    def cost_ms(self, num_tokens: int) -> float:
+        return self.runner.cost.cost_ms(1) * num_tokens
+
+    def reset(self) -> None:
+        self.runner.reset()
+        self._cached = []
+
+    def propose(self, token_ids: Sequence[int], request: DraftRequest) -> Draft:
+        k = request.depth.choose_k(self.name, self.cost_ms, request.limit)
+        if k == 0:
+            return Draft([], source=self.name)
+        logits = self._sync(token_ids)  # [vocab]
+        tokens, q_rows, confidences = [], [], []
+        forwards = 1
+        while True:
+            token, q_row, confidence = self._pick(logits, request)
+            tokens.append(token)
+            q_rows.append(q_row)
+            confidences.append(confidence)
+            if len(tokens) >= k or not request.depth.keep_drafting(self.name, confidences, self.cost_ms):
+                break
+            logits = self.runner.forward([token], num_logits=1)[0]
+            self._cached.append(token)
+            forwards += 1
+        q_draft = None if request.sampling.greedy else np.stack(q_rows)  # [k, vocab]
+        return Draft(tokens, q_draft, self.name, forwards, confidences)
+
+    def _sync(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Bring the cache to token_ids[:-1] plus the last token; return the next-token logits."""
+        common = _common_prefix(self._cached, token_ids)
+        common = min(common, len(token_ids) - 1)  # always forward at least one token for logits
+        self.runner.rollback(common)
+        delta = list(token_ids[common:])
+        logits = self.runner.forward(delta, num_logits=1)[0]  # [vocab]
+        self._cached = list(token_ids)
+        return logits
+
+    @staticmethod
+    def _pick(logits: np.ndarray, request: DraftRequest) -> tuple[int, np.ndarray | None, float]:
+        if request.sampling.greedy:
+            shifted = np.exp(logits - logits.max())
+            token = int(np.argmax(logits))
+            return token, None, float(shifted[token] / shifted.sum())
+        q_row = probs_from_logits(logits[None, :], request.sampling)[0]  # [vocab]
+        token = sample(q_row, request.rng)
+        return token, q_row, float(q_row[token])
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    limit = min(len(a), len(b))
+    for i in range(limit):
+        if a[i] != b[i]:
+            return i
+    return limit

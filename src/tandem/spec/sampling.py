@@ -1,0 +1,66 @@
+"""Sampling parameters and the one place logits become probabilities.
+
+`probs_from_logits` applies temperature, top-k and top-p in that order. The target's logits
+(giving `p_target`) and the draft's logits (giving `q_draft`) always pass through this same
+function with the same `SamplingParams`, which is what keeps speculative sampling exact for the
+processed distribution. Temperature 0 means greedy decoding.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tandem.errors import TandemError
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = no top-k filter
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self):
+        if not (isinstance(self.temperature, (int, float)) and 0.0 <= self.temperature <= 100.0):
+            raise TandemError(f"temperature must be a number in [0, 100], got {self.temperature!r}")
+        if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
+            raise TandemError(f"top-p must be in (0, 1], got {self.top_p!r}")
+        if not (isinstance(self.top_k, int) and self.top_k >= 0):
+            raise TandemError(f"top-k must be a non-negative integer, got {self.top_k!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def probs_from_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Processed probabilities for sampling.  logits: [n, vocab] -> [n, vocab] float64."""
+    scaled = logits.astype(np.float64) / params.temperature  # [n, vocab]
+    if params.top_k and params.top_k < scaled.shape[-1]:
+        kth = np.partition(scaled, -params.top_k, axis=-1)[:, -params.top_k, None]  # [n, 1]
+        scaled = np.where(scaled < kth, -np.inf, scaled)
+    scaled -= scaled.max(axis=-1, keepdims=True)
+    probs = np.exp(scaled)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    if params.top_p < 1.0:
+        probs = _top_p_filter(probs, params.top_p)
+    return probs
+
+
+def _top_p_filter(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """Keep the smallest set of most likely tokens whose mass reaches top_p.  [n, vocab]."""
+    order = np.argsort(-probs, axis=-1, kind="stable")  # [n, vocab]
+    sorted_probs = np.take_along_axis(probs, order, axis=-1)
+    mass_before = np.cumsum(sorted_probs, axis=-1) - sorted_probs
+    keep_sorted = mass_before < top_p  # the first token is always kept
+    keep = np.empty_like(keep_sorted)
+    np.put_along_axis(keep, order, keep_sorted, axis=-1)
+    filtered = np.where(keep, probs, 0.0)
+    return filtered / filtered.sum(axis=-1, keepdims=True)
+
+
+def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """One token from a probability vector.  probs: [vocab]."""
+    cdf = np.cumsum(probs)
+    index = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    return min(index, probs.shape[-1] - 1)

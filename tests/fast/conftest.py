@@ -1,0 +1,13 @@
+import pytest
+
+from tiny_models import build_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-target"), seed=1)
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-draft"), seed=2, layers=1)
