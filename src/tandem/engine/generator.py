@@ -49,9 +49,10 @@ class SpeculativeGenerator:
             model_seconds_before = stats.draft_seconds + stats.verify_seconds
             draft = self._draft(tokens, len(output), request, rng, stats)
             result = self._verify(tokens, draft, request, rng, stats)
-            self.target.rollback(len(tokens) + result.accepted)
-            emitted, stopped = _apply_stops(result.emitted(draft.token_ids), output, request)
+            context_room = self.target.context_length - len(tokens)
+            emitted, stopped = _apply_stops(result.emitted(draft.token_ids), output, request, context_room)
             tokens += emitted
+            self.target.rollback(len(tokens) - 1)  # the invariant, also when a stop cut the round
             output += emitted
             stats.new_tokens = len(output)
             stats.record_round(draft.source, draft.k, result.accepted)
@@ -113,14 +114,16 @@ def _fit_vocab(q_draft: np.ndarray | None, vocab: int) -> np.ndarray | None:
     return np.pad(q_draft, ((0, 0), (0, vocab - q_draft.shape[-1])))
 
 
-def _apply_stops(emitted: list[int], output: list[int], request: GenerationRequest) -> tuple[list[int], bool]:
+def _apply_stops(
+    emitted: list[int], output: list[int], request: GenerationRequest, context_room: int
+) -> tuple[list[int], bool]:
     """Cut a round's tokens at the first stop; nothing after it is emitted."""
+    room = min(request.max_tokens - len(output), context_room)
+    stopped = len(emitted) >= room
+    emitted = emitted[:room]
     for i, token in enumerate(emitted):
         if token in request.stop_token_ids:
             return emitted[:i], True
-    room = request.max_tokens - len(output)
-    stopped = len(emitted) >= room
-    emitted = emitted[:room]
     if request.stop_condition is not None:
         keep = request.stop_condition.tokens_to_keep(output + emitted)
         if keep is not None:

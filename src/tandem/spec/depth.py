@@ -11,6 +11,9 @@ measured curves (see models/cost.py). k = 0 (plain decoding) wins whenever verif
 expensive for the expected acceptance, which is what keeps llama.cpp targets from slowing down.
 While a model drafter drafts, `keep_drafting` stops early once one more token is expected to
 lower the round's tokens per millisecond, using the draft's own confidence in what it drafted.
+A source held at k = 0 is probed now and then with one draft token, so an estimate that was
+unlucky early can recover; probes are spaced so their extra cost stays under PROBE_BUDGET of the
+time spent decoding without drafts (rare where verifying is dear, frequent where it is cheap).
 Acceptance is tracked per source ("model", "ngram2", "ngram3", ...), with decay so it follows
 the text. Every decision is kept in `history`.
 """
@@ -25,6 +28,7 @@ DEFAULT_K_MAX = 16
 PRIOR_ACCEPTANCE = 0.6
 PRIOR_WEIGHT = 4.0  # pseudo-observations behind the prior
 DECAY = 0.97  # per-round forgetting of old acceptance evidence
+PROBE_BUDGET = 0.02  # share of decoding time that probes of idle sources may cost
 
 
 class DepthPolicy(Protocol):
@@ -72,6 +76,7 @@ class AutoDepth:
     k_max: int = DEFAULT_K_MAX
     overhead_ms: float = 0.5
     estimates: dict[str, AcceptanceEstimate] = field(default_factory=dict)
+    idle_ms: dict[str, float] = field(default_factory=dict)  # decode time since the last draft
     history: list[tuple[str, int, int]] = field(default_factory=list)  # (source, drafted, accepted)
 
     def acceptance(self, source: str) -> float:
@@ -85,8 +90,14 @@ class AutoDepth:
 
     def choose_k(self, source: str, draft_cost: CostFn, limit: int) -> int:
         alpha = self.acceptance(source)
-        candidates = range(0, max(0, min(self.k_max, limit)) + 1)
-        return max(candidates, key=lambda k: self.expected_rate(k, alpha, draft_cost))
+        k_cap = max(0, min(self.k_max, limit))
+        k = max(range(k_cap + 1), key=lambda k: self.expected_rate(k, alpha, draft_cost))
+        idle = self.idle_ms.get(source, 0.0) + self.target_cost.cost_ms(1) if k == 0 else 0.0
+        probe_extra = draft_cost(1) + self.target_cost.cost_ms(2) - self.target_cost.cost_ms(1)
+        if k_cap and idle * PROBE_BUDGET >= probe_extra:
+            k, idle = 1, 0.0
+        self.idle_ms[source] = idle
+        return k
 
     def keep_drafting(self, source: str, confidences: list[float], draft_cost: CostFn) -> bool:
         """Draft one more token only if it is expected to raise tokens per millisecond."""

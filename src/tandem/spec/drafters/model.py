@@ -5,6 +5,7 @@ drafter finds the common prefix of what it has cached and the committed token id
 it and forwards only the difference (the tokens the target accepted or added last round).
 """
 
+import time
 from typing import Sequence
 
 import numpy as np
@@ -42,7 +43,7 @@ class ModelDrafter:
             confidences.append(confidence)
             if len(tokens) >= k or not request.depth.keep_drafting(self.name, confidences, self.cost_ms):
                 break
-            logits = self.runner.forward([token], num_logits=1)[0]
+            logits = self._timed_forward([token])
             self._cached.append(token)
             forwards += 1
         q_draft = None if request.sampling.greedy else np.stack(q_rows)  # [k, vocab]
@@ -53,9 +54,15 @@ class ModelDrafter:
         common = _common_prefix(self._cached, token_ids)
         common = min(common, len(token_ids) - 1)  # always forward at least one token for logits
         self.runner.rollback(common)
-        delta = list(token_ids[common:])
-        logits = self.runner.forward(delta, num_logits=1)[0]  # [vocab]
+        logits = self._timed_forward(list(token_ids[common:]))
         self._cached = list(token_ids)
+        return logits
+
+    def _timed_forward(self, token_ids: list[int]) -> np.ndarray:
+        """Next-token logits [vocab] after `token_ids`; the step time refines the cost curve."""
+        start = time.perf_counter()
+        logits = self.runner.forward(token_ids, num_logits=1)[0]
+        self.runner.cost.observe(len(token_ids), (time.perf_counter() - start) * 1000)
         return logits
 
     @staticmethod

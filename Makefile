@@ -1,0 +1,39 @@
+# Tandem: `make run` sets everything up and runs the main job; `make test` runs the test suite.
+# Models and caches live under $TANDEM_HOME (default ~/.cache/tandem), the venv in .venv; neither is in git.
+
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+PROMPT ?= [{"role": "user", "content": "Write a Python function that checks whether a string is a palindrome, with a docstring and two examples."}]
+
+.PHONY: install models run test test-fast test-real bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0   # the CPU build; an unpinned torch pulls CUDA packages
+	$(BIN)/pip install -q -e '.[test]'    # builds llama-cpp-python from source the first time (~5 min)
+	touch $@
+
+models: install
+	$(BIN)/tandem models pull qwen2.5-coder-1.5b-instruct
+	$(BIN)/tandem models pull qwen2.5-coder-0.5b-instruct
+
+run: models
+	$(BIN)/tandem generate --messages '$(PROMPT)' --max-tokens 128 --verbose
+
+test: install
+	$(BIN)/tandem models pull smollm2-135m-instruct
+	$(BIN)/python -m pytest tests/fast -q
+	$(BIN)/python -m pytest tests/real -q
+
+test-fast: install
+	$(BIN)/python -m pytest tests/fast -q
+
+bench: models
+	$(BIN)/tandem bench --max-tokens 50 --out bench-out
+
+clean:
+	rm -rf $(VENV) bench-out

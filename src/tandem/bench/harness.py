@@ -1,0 +1,69 @@
+"""The benchmark loop: every configuration on every prompt, side by side in one process.
+
+The configuration order alternates per prompt (forward on even prompts, reversed on odd ones) so
+that drift (thermal throttling, a neighbour's load, cache warmth) falls on every configuration
+alike. Warm-up prompts run first, untimed and unrecorded.
+"""
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from tqdm import tqdm
+
+from tandem.bench.config_base import BenchConfig
+from tandem.bench.memory import PeakMemory
+from tandem.bench.workload import BenchPrompt
+
+
+@dataclass(frozen=True, slots=True)
+class FormattedPrompt:
+    prompt: BenchPrompt
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """One configuration on one prompt."""
+
+    prompt_id: str
+    category: str
+    token_ids: tuple[int, ...]
+    seconds: float  # from the request to the last token, prompt processing included
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+def config_order(items: Sequence, prompt_index: int) -> list:
+    """Forward on even prompt indices, reversed on odd ones."""
+    return list(items) if prompt_index % 2 == 0 else list(reversed(items))
+
+
+def timed_run(config: BenchConfig, item: FormattedPrompt, max_tokens: int) -> RunRecord:
+    start = time.perf_counter()
+    token_ids, stats = config.run(item.token_ids, max_tokens)
+    seconds = time.perf_counter() - start
+    return RunRecord(item.prompt.id, item.prompt.category, tuple(token_ids), seconds, stats)
+
+
+def warm_up(configs: Sequence[BenchConfig], items: Sequence[FormattedPrompt], max_tokens: int) -> None:
+    for item in tqdm(items, desc="warm-up", unit="prompt", file=sys.stderr, disable=not items):
+        for config in configs:
+            config.run(item.token_ids, max_tokens)
+
+
+def run_benchmark(configs: Sequence[BenchConfig], items: Sequence[FormattedPrompt], max_tokens: int,
+                  memory: PeakMemory) -> dict[str, list[RunRecord]]:
+    """Records per configuration label, in prompt order."""
+    records: dict[str, list[RunRecord]] = {config.label: [] for config in configs}
+    progress = tqdm(items, desc="bench", unit="prompt", file=sys.stderr)
+    for index, item in enumerate(progress):
+        for config in config_order(configs, index):
+            progress.set_postfix_str(f"{item.prompt.id} / {config.label}", refresh=True)
+            with memory.track(config.label):
+                records[config.label].append(timed_run(config, item, max_tokens))
+    return records

@@ -1,0 +1,97 @@
+"""Models shared by every configuration of one benchmark run, each loaded once.
+
+Configurations ask `BenchModels` for what they need: the target's tokenizer (the one that formats
+every prompt), Tandem runners by `RunnerSpec`, and Hugging Face models for the transformers peers.
+A 1.5B model in torch fp32 takes 7 GB, so an HF peer on the same folder, device and dtype as a
+loaded torch runner reuses that runner's model instead of loading a second copy.
+"""
+
+import os
+from dataclasses import dataclass
+
+from tandem.models.backends import RunnerSpec, load_runner
+from tandem.models.resolve import hf_path, tokenizer_path
+from tandem.models.runner import ModelRunner
+from tandem.pipeline import parse_k
+from tandem.text.tokenizer import TextTokenizer, check_same_vocabulary
+
+
+@dataclass(frozen=True, slots=True)
+class ModelChoice:
+    """What the command line chose: target and draft specs, the default k, CPU threads."""
+
+    target: RunnerSpec
+    draft: RunnerSpec
+    k: int | str = "auto"
+    threads: int | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "k", parse_k(self.k))
+
+    @property
+    def cpu_threads(self) -> int:
+        return self.threads or os.cpu_count() or 1
+
+    def torch_spec(self, model: str) -> RunnerSpec:
+        """Where the transformers peers run `model`: the target's device and dtype, on torch."""
+        return RunnerSpec(model, "torch", self.target.device, self.target.dtype, self.threads).resolved()
+
+
+class BenchModels:
+    def __init__(self, choice: ModelChoice):
+        self.choice = choice
+        self._tokenizer: TextTokenizer | None = None
+        self._runners: dict[RunnerSpec, ModelRunner] = {}
+        self._hf_models: dict[RunnerSpec, object] = {}
+
+    @property
+    def tokenizer(self) -> TextTokenizer:
+        if self._tokenizer is None:
+            self._tokenizer = TextTokenizer(str(tokenizer_path(self.choice.target.model)))
+        return self._tokenizer
+
+    @property
+    def stop_token_ids(self) -> frozenset[int]:
+        return self.tokenizer.stop_token_ids
+
+    def target_runner(self) -> ModelRunner:
+        return self._runner(self.choice.target)
+
+    def draft_runner(self) -> ModelRunner:
+        spec = self.choice.draft.resolved()
+        if spec not in self._runners:
+            check_same_vocabulary(self.tokenizer, TextTokenizer(str(tokenizer_path(spec.model))))
+        return self._runner(spec)
+
+    def _runner(self, spec: RunnerSpec) -> ModelRunner:
+        spec = spec.resolved()
+        if spec not in self._runners:
+            self._runners[spec] = load_runner(spec)
+        return self._runners[spec]
+
+    def hf_model(self, model: str):
+        """A transformers causal LM for `model` on the target's device and dtype, loaded once."""
+        spec = self.choice.torch_spec(model)
+        if spec not in self._hf_models:
+            self._hf_models[spec] = self._loaded_torch_model(spec) or _load_hf_model(spec)
+        return self._hf_models[spec]
+
+    def _loaded_torch_model(self, spec: RunnerSpec):
+        """The model inside an already-loaded torch runner for the same folder, device and dtype."""
+        for loaded, runner in self._runners.items():
+            same = (loaded.backend, loaded.device, loaded.dtype) == (spec.backend, spec.device, spec.dtype)
+            if same and hf_path(loaded.model) == hf_path(spec.model):
+                return getattr(runner, "_model", None)  # TorchRunner keeps its transformers model here
+        return None
+
+
+def _load_hf_model(spec: RunnerSpec):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tandem.models.torch_runner import _torch_dtype
+
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    model = AutoModelForCausalLM.from_pretrained(str(hf_path(spec.model)), dtype=_torch_dtype(spec.dtype))
+    return model.to(torch.device(spec.device)).eval()

@@ -1,0 +1,106 @@
+"""`report.md`: the results as markdown tables, built from the `results.json` dict alone."""
+
+from tandem.bench.results import CATEGORY_REFERENCES
+
+MAX_POSITIONS_SHOWN = 8
+MAX_DIVERGENCES_SHOWN = 5
+
+
+def _num(value, digits: int = 1, suffix: str = "") -> str:
+    return "—" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def _pct(value) -> str:
+    return "—" if value is None else f"{100 * value:.0f}%"
+
+
+def _speed(value) -> str:
+    return "—" if value is None else f"{value:.2f}x"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def main_table(results: dict) -> list[str]:
+    refs = ["none"] + results["peers"]
+    gpu = any(s["peak_gpu_mb"] is not None for s in results["configs"].values())
+    header = ["config", "ms/token", "p50", "p90", "p99", "tok/s", "acceptance", "mean acc. len"]
+    header += [f"vs {ref}" for ref in refs] + ["peak RSS MB"] + (["peak GPU MB"] if gpu else [])
+    rows = []
+    for label, s in results["configs"].items():
+        row = [label, _num(s["ms_per_token"]), _num(s["p50_ms_per_token"]), _num(s["p90_ms_per_token"]),
+               _num(s["p99_ms_per_token"]), _num(s["tokens_per_s"]), _pct(s["acceptance_rate"]),
+               _num(s["mean_accepted_len"], 2)]
+        row += ["1.00x" if ref == label else _speed(s["speedup"].get(ref)) for ref in refs]
+        row += [_num(s["peak_rss_mb"], 0)] + ([_num(s["peak_gpu_mb"], 0)] if gpu else [])
+        rows.append(row)
+    return _table(header, rows)
+
+
+def category_tables(results: dict) -> list[str]:
+    labels = list(results["configs"])
+    lines = []
+    for ref in CATEGORY_REFERENCES:
+        if ref not in labels:
+            continue
+        rows = [[category] + [_speed(cells[label]["speedup"].get(ref, 1.0 if label == ref else None))
+                              for label in labels]
+                for category, cells in results["categories"].items()]
+        lines += ["", f"Speedup vs {ref} by category:", ""] + _table(["category"] + labels, rows)
+    rows = [[category] + [_num(cells[label]["ms_per_token"]) for label in labels]
+            for category, cells in results["categories"].items()]
+    return lines + ["", "ms/token by category:", ""] + _table(["category"] + labels, rows)
+
+
+def time_split_table(results: dict) -> list[str]:
+    rows = [[label, _pct(t["draft"]), _pct(t["verify"]), _pct(t["overhead"]), _num(t["wall_s"], 2)]
+            for label, s in results["configs"].items() if (t := s["time_split"])]
+    return _table(["config", "draft", "verify", "overhead", "wall s"], rows) if rows else ["(no Tandem config)"]
+
+
+def acceptance_table(results: dict) -> list[str]:
+    rows = []
+    for label, s in results["configs"].items():
+        positions = s["acceptance_by_position"] or []
+        if positions:
+            cells = [f"{_pct(p['rate'])} ({p['accepted']}/{p['drafted']})" for p in positions]
+            rows.append([label] + (cells + [""] * MAX_POSITIONS_SHOWN)[:MAX_POSITIONS_SHOWN])
+    header = ["config"] + [f"pos {i + 1}" for i in range(MAX_POSITIONS_SHOWN)]
+    return _table(header, rows) if rows else ["(no drafts)"]
+
+
+def match_table(results: dict) -> list[str]:
+    refs = [ref for ref in ("none", "llamacpp-plain", "hf-generate") if ref in results["configs"]]
+    rows = []
+    for label, s in results["configs"].items():
+        rows.append([label] + [_match_cell(s["match"].get(ref)) for ref in refs])
+    return _table(["config"] + [f"= {ref}" for ref in refs], rows) if refs else ["(no reference config)"]
+
+
+def _match_cell(match: dict | None) -> str:
+    if match is None:
+        return "—"
+    cell = f"{_pct(match['rate'])} ({match['matched']}/{match['prompts']})"
+    shown = match["divergences"][:MAX_DIVERGENCES_SHOWN]
+    if shown:
+        more = "…" if len(match["divergences"]) > len(shown) else ""
+        cell += "; first diff " + ", ".join(f"{d['id']}@{d['first_diff']}" for d in shown) + more
+    return cell
+
+
+def render_report(results: dict) -> str:
+    settings, machine = results["settings"], results["machine"]
+    lines = ["# Tandem benchmark", "", f"`{results['command']}`", ""]
+    lines += [f"{settings['prompts']} prompts from `{settings['prompts_file']}`, {settings['max_tokens']} "
+              f"greedy tokens max, {settings['warmup']} warm-up prompt(s); target `{settings['target']}`, "
+              f"draft `{settings['draft']}`. ms/token = total time / total new tokens, prompt "
+              "processing included; p50/p90/p99 over per-prompt ms/token.", ""]
+    lines += main_table(results)
+    lines += ["", "## By category"] + category_tables(results)
+    lines += ["", "## Time split (share of wall time)", ""] + time_split_table(results)
+    lines += ["", "## Acceptance by draft position", ""] + acceptance_table(results)
+    lines += ["", "## Greedy match (same token ids as the reference)", ""] + match_table(results)
+    lines += ["", "## Machine", ""] + [f"- {key}: {value}" for key, value in machine.items()]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,57 @@
+"""Assembling `results.json`: every figure per configuration, per category, and per prompt."""
+
+from typing import Sequence
+
+from tandem.bench import metrics
+from tandem.bench.config_base import BenchConfig
+from tandem.bench.harness import RunRecord
+from tandem.bench.matching import match_table
+from tandem.bench.memory import PeakMemory
+from tandem.bench.registry import BASELINE, REFERENCES
+
+CATEGORY_REFERENCES = (BASELINE, "llamacpp-plain")
+
+
+def build_results(configs: Sequence[BenchConfig], records: dict[str, list[RunRecord]],
+                  memory: PeakMemory, header: dict) -> dict:
+    """`header` holds the command, settings and machine info, copied as is."""
+    peers = [config.label for config in configs if config.is_peer]
+    speedup_refs = [BASELINE] + peers
+    ms = {label: metrics.ms_per_token(runs) for label, runs in records.items()}
+    matches = match_table(records, REFERENCES)
+    summaries = {}
+    for config in configs:
+        runs = records[config.label]
+        summaries[config.label] = {
+            "is_peer": config.is_peer,
+            **metrics.latency(runs),
+            **metrics.acceptance(runs),
+            "speedup": metrics.speedups(ms, config.label, speedup_refs),
+            "peak_rss_mb": memory.peak_rss_mb.get(config.label),
+            "peak_gpu_mb": memory.peak_gpu_mb.get(config.label),
+            "time_split": metrics.time_split(runs),
+            "acceptance_by_position": metrics.acceptance_by_position(runs),
+            "match": matches[config.label],
+            "prompts": [_prompt_entry(run) for run in runs],
+        }
+    return {
+        **header,
+        "baseline": BASELINE if BASELINE in records else None,
+        "peers": peers,
+        "configs": summaries,
+        "categories": metrics.category_table(records, CATEGORY_REFERENCES),
+    }
+
+
+def _prompt_entry(run: RunRecord) -> dict:
+    entry = {
+        "id": run.prompt_id,
+        "category": run.category,
+        "seconds": run.seconds,
+        "new_tokens": run.new_tokens,
+        "token_ids": list(run.token_ids),
+    }
+    if "drafted" in run.stats:
+        entry["stats"] = {key: run.stats[key] for key in ("drafted", "accepted", "draft_s", "verify_s",
+                                                          "target_forwards", "draft_sources")}
+    return entry

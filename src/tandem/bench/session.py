@@ -1,0 +1,90 @@
+"""One benchmark run from settings to files: load prompts, format them once with the target's
+chat template, load every configuration's models once, warm up, run, write the results.
+
+Outputs under `out_dir`: results.json, report.md, speedup.png, acceptance_by_position.png,
+latency.png.
+"""
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tandem.bench.harness import FormattedPrompt, run_benchmark, warm_up
+from tandem.bench.machine import machine_info
+from tandem.bench.memory import PeakMemory
+from tandem.bench.models import BenchModels, ModelChoice
+from tandem.bench.plots import write_plots
+from tandem.bench.registry import build_configs, parse_config_names, setup_all
+from tandem.bench.report import render_report
+from tandem.bench.results import build_results
+from tandem.bench.workload import format_prompt, load_prompts, select_prompts
+from tandem.errors import TandemError
+
+
+@dataclass(frozen=True, slots=True)
+class BenchSettings:
+    models: ModelChoice
+    configs: str  # the --configs text: "none,hybrid:k=4,llamacpp-plain"
+    prompts_file: Path
+    out_dir: Path
+    max_tokens: int = 50
+    limit: int | None = None
+    per_category: int | None = None
+    warmup: int = 1
+    command: str = "tandem bench"
+
+    def __post_init__(self):
+        if self.max_tokens < 1:
+            raise TandemError(f"--max-tokens must be a positive integer, got {self.max_tokens}")
+        if self.warmup < 0:
+            raise TandemError(f"--warmup must be 0 or more, got {self.warmup}")
+
+
+def run_session(settings: BenchSettings) -> dict:
+    specs = parse_config_names(settings.configs)
+    prompts = select_prompts(load_prompts(settings.prompts_file), settings.limit, settings.per_category)
+    prepare_out_dir(settings.out_dir)  # fail before the long part, not after
+    models = BenchModels(settings.models)
+    configs = build_configs(specs, models)
+    items = [FormattedPrompt(p, format_prompt(models.tokenizer, p)) for p in prompts]
+    print(f"loading models for {len(configs)} configs...", file=sys.stderr)
+    setup_all(configs)
+    with PeakMemory() as memory:
+        warm_up(configs, items[: settings.warmup], settings.max_tokens)
+        records = run_benchmark(configs, items, settings.max_tokens, memory)
+    results = build_results(configs, records, memory, _header(settings, len(items)))
+    write_outputs(results, settings.out_dir)
+    return results
+
+
+def _header(settings: BenchSettings, prompt_count: int) -> dict:
+    choice = settings.models
+    return {
+        "command": settings.command,
+        "settings": {
+            "prompts_file": str(settings.prompts_file),
+            "prompts": prompt_count,
+            "max_tokens": settings.max_tokens,
+            "warmup": settings.warmup,
+            "configs": settings.configs,
+            "target": repr(choice.target.resolved()),
+            "draft": repr(choice.draft.resolved()),
+            "default_k": choice.k,
+            "threads": choice.cpu_threads,
+        },
+        "machine": machine_info(),
+    }
+
+
+def prepare_out_dir(out_dir: Path) -> None:
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise TandemError(f"cannot create the output folder {out_dir}: {error}") from None
+
+
+def write_outputs(results: dict, out_dir: Path) -> None:
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1))
+    (out_dir / "report.md").write_text(render_report(results))
+    write_plots(results, out_dir)

@@ -1,0 +1,110 @@
+"""Benchmark prompts: loading a JSONL workload, picking a quick subset, formatting to token ids.
+
+One JSON object per line: `messages` (chat messages for the target's chat template) or `prompt`
+(raw text, no template), with optional `id` and `category`. Every error names the file and line.
+Formatting happens once per prompt, so every configuration sees the same token ids.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from tandem.errors import TandemError
+
+DEFAULT_WORKLOAD = Path(__file__).parent / "workloads" / "default.jsonl"
+DEFAULT_CATEGORY = "uncategorised"
+
+
+@dataclass(frozen=True, slots=True)
+class BenchPrompt:
+    id: str
+    category: str
+    messages: tuple[dict, ...] | None = None
+    prompt: str | None = None
+
+    def __post_init__(self):
+        if (self.messages is None) == (self.prompt is None):
+            raise TandemError(f"prompt {self.id!r} needs exactly one of 'messages' and 'prompt'")
+
+
+class PromptTokenizer(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+    def chat_prompt_ids(self, messages: list[dict]) -> list[int]: ...
+
+
+def format_prompt(tokenizer: PromptTokenizer, prompt: BenchPrompt) -> tuple[int, ...]:
+    """The prompt's token ids: messages through the chat template, raw text as is."""
+    if prompt.messages is not None:
+        return tuple(tokenizer.chat_prompt_ids([dict(m) for m in prompt.messages]))
+    return tuple(tokenizer.encode(prompt.prompt))
+
+
+def load_prompts(path: str | Path) -> list[BenchPrompt]:
+    path = Path(path)
+    if not path.is_file():
+        raise TandemError(f"no such prompts file: {path}")
+    prompts, seen = [], {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        prompt = parse_line(line, number, path)
+        if prompt.id in seen:
+            raise TandemError(f"{path} line {number}: id {prompt.id!r} is already used on line {seen[prompt.id]}")
+        seen[prompt.id] = number
+        prompts.append(prompt)
+    if not prompts:
+        raise TandemError(f"{path} holds no prompts")
+    return prompts
+
+
+def parse_line(line: str, number: int, path: str | Path = "<prompts>") -> BenchPrompt:
+    where = f"{path} line {number}"
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise TandemError(f"{where}: not valid JSON ({error})") from None
+    if not isinstance(record, dict):
+        raise TandemError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    prompt_id = record.get("id", f"line-{number}")
+    category = record.get("category", DEFAULT_CATEGORY)
+    if not isinstance(prompt_id, (str, int)) or not isinstance(category, str) or not category:
+        raise TandemError(f"{where}: 'id' must be a string or integer and 'category' a non-empty string")
+    messages, prompt = record.get("messages"), record.get("prompt")
+    if (messages is None) == (prompt is None):
+        raise TandemError(f"{where}: give exactly one of 'messages' and 'prompt'")
+    if prompt is not None and not (isinstance(prompt, str) and prompt):
+        raise TandemError(f"{where}: 'prompt' must be a non-empty string")
+    if messages is not None:
+        _check_messages(messages, where)
+        messages = tuple(messages)
+    return BenchPrompt(str(prompt_id), category, messages, prompt)
+
+
+def _check_messages(messages, where: str) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise TandemError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
+    for message in messages:
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)):
+            raise TandemError(f"{where}: each message needs string 'role' and 'content', got {message!r}")
+    if not any(m["content"].strip() for m in messages):
+        raise TandemError(f"{where}: every message has empty content")
+
+
+def select_prompts(prompts: list[BenchPrompt], limit: int | None = None,
+                   per_category: int | None = None) -> list[BenchPrompt]:
+    """The first `per_category` of each category (file order kept), then the first `limit`."""
+    for name, value in (("--limit", limit), ("--per-category", per_category)):
+        if value is not None and value < 1:
+            raise TandemError(f"{name} must be a positive integer, got {value}")
+    if per_category is not None:
+        counts: dict[str, int] = {}
+        kept = []
+        for prompt in prompts:
+            counts[prompt.category] = counts.get(prompt.category, 0) + 1
+            if counts[prompt.category] <= per_category:
+                kept.append(prompt)
+        prompts = kept
+    return prompts[:limit] if limit is not None else list(prompts)

@@ -1,0 +1,60 @@
+"""`tandem bench`: run configurations side by side on the same prompts and write a report."""
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from tandem.bench.models import ModelChoice
+from tandem.bench.registry import CONFIGS
+from tandem.bench.report import main_table
+from tandem.bench.session import BenchSettings, run_session
+from tandem.bench.workload import DEFAULT_WORKLOAD
+from tandem.cli.options import add_model_options
+from tandem.models.backends import RunnerSpec
+
+DEFAULT_CONFIGS = "none,ngram,model,hybrid,llamacpp-plain"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "bench", help="benchmark drafters and peer engines side by side",
+        description="Greedy decoding of every prompt by every config in one process, config order "
+        "alternating per prompt. Writes results.json, report.md and PNG plots to --out. --drafter "
+        "is ignored here: configs name their drafters.",
+    )
+    add_model_options(parser)
+    parser.add_argument("--prompts", default=str(DEFAULT_WORKLOAD), help="JSONL workload (default: packaged)")
+    parser.add_argument("--configs", default=DEFAULT_CONFIGS,
+                        help=f"comma-separated, with optional :k=N|auto suffix; known: {', '.join(CONFIGS)} "
+                        f"(default {DEFAULT_CONFIGS})")
+    parser.add_argument("--max-tokens", type=int, default=50, help="new tokens per prompt (default 50)")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    parser.add_argument("--per-category", type=int, default=None, help="only the first N of each category")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed warm-up prompts (default 1)")
+    parser.add_argument("--out", default="bench-results", help="output folder (default bench-results)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = BenchSettings(
+        models=model_choice(args),
+        configs=args.configs,
+        prompts_file=Path(args.prompts),
+        out_dir=Path(args.out),
+        max_tokens=args.max_tokens,
+        limit=args.limit,
+        per_category=args.per_category,
+        warmup=args.warmup,
+        command=shlex.join(["tandem"] + sys.argv[1:]),
+    )
+    results = run_session(settings)
+    print("\n".join(main_table(results)))
+    print(f"\nwrote results.json, report.md and plots to {settings.out_dir}", file=sys.stderr)
+    return 0
+
+
+def model_choice(args: argparse.Namespace) -> ModelChoice:
+    target = RunnerSpec(args.target, args.backend, args.device, args.dtype, args.threads)
+    draft = RunnerSpec(args.draft, args.draft_backend, args.draft_device, args.draft_dtype, args.threads)
+    return ModelChoice(target, draft, args.k, args.threads)

@@ -1,0 +1,70 @@
+"""`tandem generate`: stream a completion to the terminal, or print it as JSON with --json."""
+
+import argparse
+import json
+import sys
+
+from tandem.cli.options import add_model_options, pipeline_config
+from tandem.engine.stats import GenerationStats
+from tandem.errors import TandemError
+from tandem.pipeline import Pipeline
+from tandem.spec.sampling import SamplingParams
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("generate", help="generate text with speculative decoding")
+    add_model_options(parser)
+    prompt = parser.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", help="raw prompt text (no chat template)")
+    prompt.add_argument("--messages", help='chat messages as JSON: [{"role": "user", "content": "..."}]')
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    parser.add_argument("--verbose", action="store_true", help="log the depth chosen each round")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    messages = _parse_messages(args.messages) if args.messages is not None else None
+    pipeline = Pipeline(pipeline_config(args))
+    prompt_ids = pipeline.prompt_ids(args.prompt, messages)
+    request = pipeline.request(prompt_ids, args.max_tokens, sampling, args.stop)
+    stats = GenerationStats()
+    text, token_ids = [], []
+    for delta, ids in pipeline.stream_text(request, stats):
+        token_ids += ids
+        text.append(delta)
+        if not args.json and delta:
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+    summary = stats.summary()
+    if args.json:
+        print(json.dumps({"text": "".join(text), "token_ids": token_ids, "stats": summary}))
+    else:
+        sys.stdout.write("\n")
+        _print_stats(summary, args.verbose)
+    return 0
+
+
+def _parse_messages(raw: str) -> list[dict]:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise TandemError(f"--messages is not valid JSON: {error}") from None
+
+
+def _print_stats(summary: dict, verbose: bool) -> None:
+    split = summary["time_split_s"]
+    print(
+        f"[{summary['new_tokens']} tokens in {summary['seconds']:.2f}s = {summary['tokens_per_s']:.1f} tok/s; "
+        f"acceptance {summary['acceptance_rate']:.0%}, mean accepted {summary['mean_accepted_len']:.2f}; "
+        f"draft {split['draft']:.2f}s verify {split['verify']:.2f}s overhead {split['overhead']:.2f}s]",
+        file=sys.stderr,
+    )
+    if verbose:
+        print(f"[k per round: {summary['chosen_k']}; sources: {summary['draft_sources']}]", file=sys.stderr)

@@ -1,0 +1,35 @@
+"""`tandem` command line: one subcommand per module; user errors print one line, exit 2."""
+
+import argparse
+import os
+import sys
+
+from tandem.errors import TandemError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from tandem.cli import bench_cmd, generate_cmd, models_cmd
+
+    parser = argparse.ArgumentParser(prog="tandem", description="Lossless speculative decoding.")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module in (generate_cmd, bench_cmd, models_cmd):
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except TandemError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Backend registry: build a runner from a `RunnerSpec`, and attach its measured cost curve.
+
+Cost profiles are cached under `$TANDEM_HOME/profiles`, keyed by model file, backend, device,
+dtype and threads, so the profile is measured once per machine and refined while generating.
+"""
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+from tandem.errors import TandemError
+from tandem.models.cost import CostModel, measure_cost
+from tandem.models.runner import ModelRunner
+from tandem.paths import profiles_dir
+
+PROFILE_BASE_LENGTH = 64  # cost is measured on top of a cache of this many tokens
+BACKENDS = ("llamacpp", "torch")
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerSpec:
+    model: str  # catalog name, .gguf file or HF folder
+    backend: str = "auto"  # llamacpp | torch | auto (torch where a GPU exists, else llamacpp)
+    device: str = "auto"
+    dtype: str = "fp32"
+    threads: int | None = None
+    context_length: int = 4096
+
+    def __post_init__(self):
+        if self.backend not in BACKENDS + ("auto",):
+            raise TandemError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+
+    def resolved(self) -> "RunnerSpec":
+        backend, device = self.backend, self.device
+        if backend == "auto":
+            backend = "torch" if _gpu_device() else "llamacpp"
+        if device == "auto":
+            device = (_gpu_device() or "cpu") if backend == "torch" else "cpu"
+        if backend == "llamacpp" and device != "cpu":
+            raise TandemError(f"the llamacpp backend runs on the cpu here, not {device!r}: use --backend torch")
+        return RunnerSpec(self.model, backend, device, self.dtype, self.threads, self.context_length)
+
+
+def _gpu_device() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return "cuda:0" if torch.cuda.is_available() else None
+
+
+def _load_llamacpp(spec: RunnerSpec) -> ModelRunner:
+    from tandem.models.llamacpp_runner import LlamaCppRunner
+    from tandem.models.resolve import gguf_path
+
+    return LlamaCppRunner(str(gguf_path(spec.model)), spec.context_length, spec.threads)
+
+
+def _load_torch(spec: RunnerSpec) -> ModelRunner:
+    from tandem.models.resolve import hf_path
+    from tandem.models.torch_runner import TorchRunner
+
+    return TorchRunner(str(hf_path(spec.model)), spec.device, spec.dtype, spec.threads)
+
+
+LOADERS: dict[str, Callable[[RunnerSpec], ModelRunner]] = {"llamacpp": _load_llamacpp, "torch": _load_torch}
+
+
+def load_runner(spec: RunnerSpec, profile: bool = True) -> ModelRunner:
+    spec = spec.resolved()
+    runner = LOADERS[spec.backend](spec)
+    runner.name = f"{spec.model} [{spec.backend}/{spec.device}/{_precision(spec)}]"
+    if profile:
+        runner.cost = _cached_profile(spec, runner)
+    return runner
+
+
+def _precision(spec: RunnerSpec) -> str:
+    return "gguf" if spec.backend == "llamacpp" else spec.dtype
+
+
+def _cached_profile(spec: RunnerSpec, runner: ModelRunner) -> CostModel:
+    path = profiles_dir() / f"{_profile_key(spec, runner)}.json"
+    if path.exists():
+        return CostModel.from_json(json.loads(path.read_text())["latency_ms"])
+    runner.forward([1] * PROFILE_BASE_LENGTH, num_logits=0)
+    cost = measure_cost(runner.forward, runner.rollback, PROFILE_BASE_LENGTH)
+    runner.reset()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"runner": runner.name, "spec": spec.__repr__(), "latency_ms": cost.to_json()}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, path)
+    return cost
+
+
+def _profile_key(spec: RunnerSpec, runner: ModelRunner) -> str:
+    threads = spec.threads or os.cpu_count()
+    model = os.path.abspath(spec.model) if os.path.exists(spec.model) else spec.model
+    text = f"{model}|{spec.backend}|{spec.device}|{_precision(spec)}|{threads}|{spec.context_length}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

