@@ -47,8 +47,7 @@ def test_target_only_equals_transformers_generate(small_hf, chat_prompt_ids, tor
         assert out[0, len(prompt):].tolist()[: len(reference)] == reference
 
 
-@pytest.mark.parametrize("kind", ["model", "hybrid", "ngram"])
-@pytest.mark.parametrize("k", [3, "auto"])
+@pytest.mark.parametrize("kind,k", [("model", 3), ("model", "auto"), ("hybrid", "auto"), ("ngram", "auto")])
 def test_fp32_torch_greedy_is_lossless_with_llamacpp_draft(
     torch_target, llama_draft, chat_prompt_ids, torch_reference, small_tokenizer, kind, k
 ):

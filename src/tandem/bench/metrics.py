@@ -60,8 +60,8 @@ def acceptance_by_position(records: Sequence[RunRecord]) -> list[dict] | None:
     size = max((len(r.stats["drafted_by_position"]) for r in records), default=0)
     drafted, accepted = np.zeros(size, dtype=np.int64), np.zeros(size, dtype=np.int64)
     for r in records:
-        drafted[: len(r.stats["drafted_by_position"])] += r.stats["drafted_by_position"]
-        accepted[: len(r.stats["accepted_by_position"])] += r.stats["accepted_by_position"]
+        for counts, key in ((drafted, "drafted_by_position"), (accepted, "accepted_by_position")):
+            counts[: len(r.stats[key])] += np.asarray(r.stats[key], dtype=np.int64)
     return [
         {"position": i, "drafted": int(d), "accepted": int(a), "rate": a / d if d else None}
         for i, (d, a) in enumerate(zip(drafted, accepted))

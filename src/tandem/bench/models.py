@@ -1,7 +1,9 @@
 """Models shared by every configuration of one benchmark run, each loaded once.
 
 Configurations ask `BenchModels` for what they need: the target's tokenizer (the one that formats
-every prompt), Tandem runners by `RunnerSpec`, and Hugging Face models for the transformers peers.
+every prompt), one target and one draft runner shared by all Tandem configurations (two runners
+even when a model drafts for itself, since each holds its own KV cache), and Hugging Face models
+for the transformers peers.
 A 1.5B model in torch fp32 takes 7 GB, so an HF peer on the same folder, device and dtype as a
 loaded torch runner reuses that runner's model instead of loading a second copy.
 """
@@ -41,7 +43,7 @@ class BenchModels:
     def __init__(self, choice: ModelChoice):
         self.choice = choice
         self._tokenizer: TextTokenizer | None = None
-        self._runners: dict[RunnerSpec, ModelRunner] = {}
+        self._runners: dict[str, tuple[RunnerSpec, ModelRunner]] = {}  # role -> (resolved spec, runner)
         self._hf_models: dict[RunnerSpec, object] = {}
 
     @property
@@ -55,19 +57,22 @@ class BenchModels:
         return self.tokenizer.stop_token_ids
 
     def target_runner(self) -> ModelRunner:
-        return self._runner(self.choice.target)
+        return self._runner("target", self.choice.target)
 
     def draft_runner(self) -> ModelRunner:
-        spec = self.choice.draft.resolved()
-        if spec not in self._runners:
-            check_same_vocabulary(self.tokenizer, TextTokenizer(str(tokenizer_path(spec.model))))
-        return self._runner(spec)
+        if "draft" not in self._runners:
+            check_same_vocabulary(self.tokenizer, TextTokenizer(str(tokenizer_path(self.choice.draft.model))))
+        return self._runner("draft", self.choice.draft)
 
-    def _runner(self, spec: RunnerSpec) -> ModelRunner:
-        spec = spec.resolved()
-        if spec not in self._runners:
-            self._runners[spec] = load_runner(spec)
-        return self._runners[spec]
+    def _runner(self, role: str, spec: RunnerSpec) -> ModelRunner:
+        """One runner per role: a model drafting for itself still needs its own KV cache."""
+        if role not in self._runners:
+            self._runners[role] = (spec.resolved(), load_runner(spec))
+        return self._runners[role][1]
+
+    def cost_curves(self) -> dict[str, dict[str, float]]:
+        """Each loaded runner's cost curve (ms per forward of n tokens), as the depth policy saw it."""
+        return {role: runner.cost.to_json() for role, (_, runner) in self._runners.items()}
 
     def hf_model(self, model: str):
         """A transformers causal LM for `model` on the target's device and dtype, loaded once."""
@@ -78,7 +83,7 @@ class BenchModels:
 
     def _loaded_torch_model(self, spec: RunnerSpec):
         """The model inside an already-loaded torch runner for the same folder, device and dtype."""
-        for loaded, runner in self._runners.items():
+        for loaded, runner in self._runners.values():
             same = (loaded.backend, loaded.device, loaded.dtype) == (spec.backend, spec.device, spec.dtype)
             if same and hf_path(loaded.model) == hf_path(spec.model):
                 return getattr(runner, "_model", None)  # TorchRunner keeps its transformers model here

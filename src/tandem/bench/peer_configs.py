@@ -2,7 +2,8 @@
 
 - `llamacpp-plain`: llama-cpp-python's own generation loop on the target's GGUF.
 - `hf-generate`: transformers `generate` with the target alone (the HF folder, --device/--dtype).
-- `hf-assisted`: transformers assisted generation with the draft model as `assistant_model`.
+- `hf-assisted`: transformers assisted generation with the draft model as `assistant_model`
+  (on the target's device and dtype; --draft-device/--draft-dtype apply to Tandem only).
 - `hf-prompt-lookup`: transformers prompt-lookup decoding (`:n=` sets the tokens proposed, default 10).
 
 All stop at the target tokenizer's stop ids, like Tandem, so token counts compare.

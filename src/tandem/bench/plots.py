@@ -40,20 +40,23 @@ def plot_speedup(plt, results: dict):
     groups = ["all"] + list(results["categories"])
     base_ms = [results["configs"][base]["ms_per_token"]] + [
         results["categories"][c][base]["ms_per_token"] for c in groups[1:]]
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(groups) * max(1, len(labels)) ** 0.5 + 3), 4.5))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.25 * len(groups) * len(labels) + 3), 4.5))
     width = 0.8 / max(1, len(labels))
     x = np.arange(len(groups))
+    highest = 1.0
     for i, label in enumerate(labels):
         ms = [results["configs"][label]["ms_per_token"]] + [
             results["categories"][c][label]["ms_per_token"] for c in groups[1:]]
         values = [b / m if b and m else 0.0 for b, m in zip(base_ms, ms)]
+        highest = max([highest] + values)
         bars = ax.bar(x + (i - (len(labels) - 1) / 2) * width, values, width, label=label)
         ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=1)
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     ax.set_xticks(x, groups, rotation=20, ha="right")
+    ax.set_ylim(0, highest * 1.12)
     ax.set_ylabel(f"speedup vs {base} (ms/token ratio)")
     ax.set_title(f"Speedup vs {base}: overall and by category")
-    ax.legend(fontsize=8, ncols=min(4, max(1, len(labels))))
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
 
 
@@ -65,6 +68,7 @@ def plot_acceptance(plt, results: dict):
         if points:
             ax.plot([p["position"] + 1 for p in points], [p["rate"] for p in points], marker="o", label=label)
             plotted = True
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("draft position (1 = first draft token)")
     ax.set_ylabel("acceptance rate (rounds accepting / rounds drafting)")
     ax.set_ylim(0, 1.05)

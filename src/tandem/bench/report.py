@@ -14,6 +14,12 @@ def _pct(value) -> str:
     return "—" if value is None else f"{100 * value:.0f}%"
 
 
+def _acceptance(summary: dict) -> str:
+    if summary["drafted"] == 0:
+        return "no drafts"
+    return _pct(summary["acceptance_rate"])
+
+
 def _speed(value) -> str:
     return "—" if value is None else f"{value:.2f}x"
 
@@ -31,7 +37,7 @@ def main_table(results: dict) -> list[str]:
     rows = []
     for label, s in results["configs"].items():
         row = [label, _num(s["ms_per_token"]), _num(s["p50_ms_per_token"]), _num(s["p90_ms_per_token"]),
-               _num(s["p99_ms_per_token"]), _num(s["tokens_per_s"]), _pct(s["acceptance_rate"]),
+               _num(s["p99_ms_per_token"]), _num(s["tokens_per_s"]), _acceptance(s),
                _num(s["mean_accepted_len"], 2)]
         row += ["1.00x" if ref == label else _speed(s["speedup"].get(ref)) for ref in refs]
         row += [_num(s["peak_rss_mb"], 0)] + ([_num(s["peak_gpu_mb"], 0)] if gpu else [])
@@ -57,7 +63,9 @@ def category_tables(results: dict) -> list[str]:
 def time_split_table(results: dict) -> list[str]:
     rows = [[label, _pct(t["draft"]), _pct(t["verify"]), _pct(t["overhead"]), _num(t["wall_s"], 2)]
             for label, s in results["configs"].items() if (t := s["time_split"])]
-    return _table(["config", "draft", "verify", "overhead", "wall s"], rows) if rows else ["(no Tandem config)"]
+    if not rows:
+        return ["(no Tandem config)"]
+    return _table(["config", "draft", "verify", "overhead", "wall s"], rows)
 
 
 def acceptance_table(results: dict) -> list[str]:
@@ -102,5 +110,9 @@ def render_report(results: dict) -> str:
     lines += ["", "## Time split (share of wall time)", ""] + time_split_table(results)
     lines += ["", "## Acceptance by draft position", ""] + acceptance_table(results)
     lines += ["", "## Greedy match (same token ids as the reference)", ""] + match_table(results)
+    curves = results.get("cost_curves_ms") or {}
+    lines += ["", "## Runner cost curves (ms per forward of n tokens, as the depth policy saw them)", ""]
+    for role, curve in curves.items():
+        lines.append(f"- {role}: " + ", ".join(f"{n}: {ms:.1f}" for n, ms in curve.items()))
     lines += ["", "## Machine", ""] + [f"- {key}: {value}" for key, value in machine.items()]
     return "\n".join(lines) + "\n"

@@ -53,7 +53,8 @@ def run_session(settings: BenchSettings) -> dict:
     with PeakMemory() as memory:
         warm_up(configs, items[: settings.warmup], settings.max_tokens)
         records = run_benchmark(configs, items, settings.max_tokens, memory)
-    results = build_results(configs, records, memory, _header(settings, len(items)))
+    header = {**_header(settings, len(items)), "cost_curves_ms": models.cost_curves()}
+    results = build_results(configs, records, memory, header)
     write_outputs(results, settings.out_dir)
     return results
 

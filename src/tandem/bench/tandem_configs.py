@@ -14,6 +14,7 @@ from tandem.bench.models import BenchModels
 from tandem.engine.generator import SpeculativeGenerator
 from tandem.engine.request import GenerationRequest
 from tandem.engine.stats import GenerationStats
+from tandem.errors import TandemError
 from tandem.pipeline import parse_k
 from tandem.spec.depth import AutoDepth, DepthPolicy, FixedDepth
 from tandem.spec.drafters.registry import build_drafter
@@ -31,7 +32,10 @@ class TandemConfig:
 
     def __init__(self, spec: ConfigSpec, models: BenchModels):
         self.label = spec.label
-        self.k = parse_k(spec.option("k", str(models.choice.k)))
+        try:
+            self.k = parse_k(spec.option("k", str(models.choice.k)))
+        except TandemError as error:
+            raise TandemError(f"config {spec.label!r}: {error}") from None
         self.models = models
         self.target = None
         self.drafter = None

@@ -51,7 +51,8 @@ def load_prompts(path: str | Path) -> list[BenchPrompt]:
             continue
         prompt = parse_line(line, number, path)
         if prompt.id in seen:
-            raise TandemError(f"{path} line {number}: id {prompt.id!r} is already used on line {seen[prompt.id]}")
+            first = seen[prompt.id]
+            raise TandemError(f"{path} line {number}: id {prompt.id!r} is already used on line {first}")
         seen[prompt.id] = number
         prompts.append(prompt)
     if not prompts:
