@@ -11,7 +11,7 @@ from tandem.engine.stats import GenerationStats
 from tandem.errors import TandemError
 from tandem.models.backends import RunnerSpec, load_runner
 from tandem.models.resolve import tokenizer_path
-from tandem.spec.depth import AutoDepth, DepthPolicy, FixedDepth
+from tandem.spec.depth import build_depth
 from tandem.spec.drafters.registry import build_drafter
 from tandem.spec.sampling import SamplingParams
 from tandem.text.stops import StopStrings
@@ -57,11 +57,7 @@ class Pipeline:
             draft_runner = load_runner(config.draft)
         self.target = load_runner(config.target)
         self.drafter = build_drafter(config.drafter, draft_runner)
-
-    def depth(self) -> DepthPolicy:
-        if self.config.drafter == "none":
-            return FixedDepth(0)
-        return AutoDepth(self.target.cost) if self.config.k == "auto" else FixedDepth(self.config.k)
+        self.depth = build_depth(config.drafter, config.k, self.target.cost)  # learns across requests
 
     def prompt_ids(self, prompt: str | None = None, messages: list[dict] | None = None) -> tuple[int, ...]:
         if messages is not None:
@@ -79,7 +75,7 @@ class Pipeline:
 
     def stream_text(self, request: GenerationRequest, stats: GenerationStats) -> Iterator[tuple[str, list[int]]]:
         """Yield (text delta, token ids of the round) as generation goes; a final flush at the end."""
-        generator = SpeculativeGenerator(self.target, self.drafter, self.depth())
+        generator = SpeculativeGenerator(self.target, self.drafter, self.depth)
         text = TextStream(self.tokenizer.decode, _stop_strings(request))
         for ids in generator.stream(request, stats):
             yield text.push(ids), ids

@@ -16,7 +16,7 @@ from tandem.engine.request import GenerationRequest
 from tandem.engine.stats import GenerationStats
 from tandem.errors import TandemError
 from tandem.pipeline import parse_k
-from tandem.spec.depth import AutoDepth, DepthPolicy, FixedDepth
+from tandem.spec.depth import build_depth
 from tandem.spec.drafters.registry import build_drafter
 from tandem.spec.sampling import SamplingParams
 
@@ -39,22 +39,19 @@ class TandemConfig:
         self.models = models
         self.target = None
         self.drafter = None
+        self.depth = None
 
     def setup(self) -> None:
         self.target = self.models.target_runner()
         draft_runner = self.models.draft_runner() if self.uses_draft_model else None
         self.drafter = build_drafter(self.drafter_name, draft_runner)
-
-    def depth(self) -> DepthPolicy:
-        if self.drafter_name == "none":
-            return FixedDepth(0)
-        return AutoDepth(self.target.cost) if self.k == "auto" else FixedDepth(self.k)
+        self.depth = build_depth(self.drafter_name, self.k, self.target.cost)  # learns across prompts
 
     def run(self, prompt_ids: Sequence[int], max_tokens: int) -> tuple[list[int], dict]:
         request = GenerationRequest(tuple(prompt_ids), max_tokens, GREEDY, self.models.stop_token_ids)
         if hasattr(self.drafter, "reset"):
             self.drafter.reset()  # the draft runner is shared: its cache may hold another config's tokens
-        token_ids, stats = SpeculativeGenerator(self.target, self.drafter, self.depth()).generate(request)
+        token_ids, stats = SpeculativeGenerator(self.target, self.drafter, self.depth).generate(request)
         return token_ids, stats_record(stats)
 
 

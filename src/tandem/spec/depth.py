@@ -15,9 +15,12 @@ A source held at k = 0 is probed now and then with one draft token, so an estima
 unlucky early can recover; probes are spaced so their extra cost stays under PROBE_BUDGET of the
 time spent decoding without drafts (rare where verifying is dear, frequent where it is cheap).
 Acceptance is tracked per source ("model", "ngram2", "ngram3", ...), with decay so it follows
-the text. Every decision is kept in `history`.
+the text; a policy lives as long as its pipeline, so what it learns carries across requests.
+An n-gram source's prior rises with the match length (a copy that already agrees on 8 tokens
+usually goes on agreeing). The latest decisions are kept in `history`.
 """
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -25,8 +28,9 @@ from tandem.models.cost import CostModel
 
 CostFn = Callable[[int], float]
 DEFAULT_K_MAX = 16
-PRIOR_ACCEPTANCE = 0.6
+PRIOR_ACCEPTANCE = 0.6  # for a draft model before any round is seen
 PRIOR_WEIGHT = 4.0  # pseudo-observations behind the prior
+HISTORY_LENGTH = 1024
 DECAY = 0.97  # per-round forgetting of old acceptance evidence
 PROBE_BUDGET = 0.02  # share of decoding time that probes of idle sources may cost
 
@@ -39,10 +43,21 @@ class DepthPolicy(Protocol):
     def record(self, source: str, drafted: int, accepted: int, overhead_ms: float) -> None: ...
 
 
+def _history() -> deque:
+    return deque(maxlen=HISTORY_LENGTH)  # (source, drafted, accepted)
+
+
+def prior_acceptance(source: str) -> float:
+    """Before evidence: a draft model 0.6; an n-gram match of length n, 0.35 + 0.07 n (<= 0.9)."""
+    if source.startswith("ngram") and source[5:].isdigit():
+        return min(0.35 + 0.07 * int(source[5:]), 0.9)
+    return PRIOR_ACCEPTANCE
+
+
 @dataclass
 class FixedDepth:
     k: int
-    history: list[tuple[str, int, int]] = field(default_factory=list)  # (source, drafted, accepted)
+    history: deque = field(default_factory=_history)
 
     def choose_k(self, source: str, draft_cost: CostFn, limit: int) -> int:
         return max(0, min(self.k, limit))
@@ -61,6 +76,10 @@ class AcceptanceEstimate:
     accepted: float = PRIOR_ACCEPTANCE * PRIOR_WEIGHT
     trials: float = PRIOR_WEIGHT
 
+    @classmethod
+    def for_source(cls, source: str) -> "AcceptanceEstimate":
+        return cls(prior_acceptance(source) * PRIOR_WEIGHT, PRIOR_WEIGHT)
+
     @property
     def rate(self) -> float:
         return min(self.accepted / self.trials, 0.99)
@@ -77,10 +96,15 @@ class AutoDepth:
     overhead_ms: float = 0.5
     estimates: dict[str, AcceptanceEstimate] = field(default_factory=dict)
     idle_ms: dict[str, float] = field(default_factory=dict)  # decode time since the last draft
-    history: list[tuple[str, int, int]] = field(default_factory=list)  # (source, drafted, accepted)
+    history: deque = field(default_factory=_history)
 
     def acceptance(self, source: str) -> float:
-        return self.estimates.setdefault(source, AcceptanceEstimate()).rate
+        return self._estimate(source).rate
+
+    def _estimate(self, source: str) -> AcceptanceEstimate:
+        if source not in self.estimates:
+            self.estimates[source] = AcceptanceEstimate.for_source(source)
+        return self.estimates[source]
 
     def expected_rate(self, k: int, alpha: float, draft_cost: CostFn) -> float:
         """Expected tokens per millisecond of a round drafting k tokens."""
@@ -116,6 +140,13 @@ class AutoDepth:
 
     def record(self, source: str, drafted: int, accepted: int, overhead_ms: float) -> None:
         if drafted:
-            self.estimates.setdefault(source, AcceptanceEstimate()).update(drafted, accepted)
+            self._estimate(source).update(drafted, accepted)
         self.overhead_ms += 0.1 * (overhead_ms - self.overhead_ms)
         self.history.append((source, drafted, accepted))
+
+
+def build_depth(drafter_name: str, k: int | str, target_cost: CostModel) -> DepthPolicy:
+    """The policy for a drafter and a `--k` value (an int, or "auto")."""
+    if drafter_name == "none":
+        return FixedDepth(0)
+    return AutoDepth(target_cost) if k == "auto" else FixedDepth(int(k))

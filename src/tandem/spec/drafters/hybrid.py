@@ -17,7 +17,7 @@ class HybridDrafter:
 
     def __init__(self, model: ModelDrafter, ngram: NgramDrafter | None = None):
         self.model = model
-        self.ngram = ngram or NgramDrafter(min_ngram=3, max_ngram=5)
+        self.ngram = ngram or NgramDrafter(min_ngram=3, max_ngram=8)
 
     def cost_ms(self, num_tokens: int) -> float:
         return self.model.cost_ms(num_tokens)
