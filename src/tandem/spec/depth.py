@@ -36,7 +36,11 @@ PROBE_BUDGET = 0.02  # share of decoding time that probes of idle sources may co
 
 
 class DepthPolicy(Protocol):
-    def choose_k(self, source: str, draft_cost: CostFn, limit: int) -> int: ...
+    def choose_k(self, source: str, draft_cost: CostFn, limit: int, setup_ms: float = 0.0) -> int:
+        """k for this round. `draft_cost` is the steady-state cost of drafting k tokens;
+        `setup_ms` a one-time cost before the source can draft at all (a draft model catching up
+        on a new prompt), which pays for itself over later rounds once drafting is worth it."""
+        ...
 
     def keep_drafting(self, source: str, confidences: list[float], draft_cost: CostFn) -> bool: ...
 
@@ -48,9 +52,9 @@ def _history() -> deque:
 
 
 def prior_acceptance(source: str) -> float:
-    """Before evidence: a draft model 0.6; an n-gram match of length n, 0.35 + 0.07 n (<= 0.9)."""
+    """Before evidence: a draft model 0.6; an n-gram match of length n, 0.3 + 0.06 n (<= 0.8)."""
     if source.startswith("ngram") and source[5:].isdigit():
-        return min(0.35 + 0.07 * int(source[5:]), 0.9)
+        return min(0.3 + 0.06 * int(source[5:]), 0.8)
     return PRIOR_ACCEPTANCE
 
 
@@ -59,7 +63,7 @@ class FixedDepth:
     k: int
     history: deque = field(default_factory=_history)
 
-    def choose_k(self, source: str, draft_cost: CostFn, limit: int) -> int:
+    def choose_k(self, source: str, draft_cost: CostFn, limit: int, setup_ms: float = 0.0) -> int:
         return max(0, min(self.k, limit))
 
     def keep_drafting(self, source: str, confidences: list[float], draft_cost: CostFn) -> bool:
@@ -112,12 +116,12 @@ class AutoDepth:
         elapsed = draft_cost(k) + self.target_cost.cost_ms(k + 1) + self.overhead_ms
         return tokens / max(elapsed, 1e-6)
 
-    def choose_k(self, source: str, draft_cost: CostFn, limit: int) -> int:
+    def choose_k(self, source: str, draft_cost: CostFn, limit: int, setup_ms: float = 0.0) -> int:
         alpha = self.acceptance(source)
         k_cap = max(0, min(self.k_max, limit))
         k = max(range(k_cap + 1), key=lambda k: self.expected_rate(k, alpha, draft_cost))
         idle = self.idle_ms.get(source, 0.0) + self.target_cost.cost_ms(1) if k == 0 else 0.0
-        probe_extra = draft_cost(1) + self.target_cost.cost_ms(2) - self.target_cost.cost_ms(1)
+        probe_extra = setup_ms + draft_cost(1) + self.target_cost.cost_ms(2) - self.target_cost.cost_ms(1)
         if k_cap and idle * PROBE_BUDGET >= probe_extra:
             k, idle = 1, 0.0
         self.idle_ms[source] = idle

@@ -23,14 +23,21 @@ class ModelDrafter:
         self._cached: list[int] = []  # token ids in the draft runner's KV cache
 
     def cost_ms(self, num_tokens: int) -> float:
+        """Steady-state cost: one one-token forward per draft token."""
         return self.runner.cost.cost_ms(1) * num_tokens
+
+    def _catch_up_ms(self, token_ids: Sequence[int]) -> float:
+        """Extra cost of the first forward when the draft has not seen the latest tokens (the
+        whole prompt, the first time in a request), beyond a normal one-token step."""
+        unseen = len(token_ids) - min(_common_prefix(self._cached, token_ids), len(token_ids) - 1)
+        return max(0.0, self.runner.cost.cost_ms(unseen) - self.runner.cost.cost_ms(1))
 
     def reset(self) -> None:
         self.runner.reset()
         self._cached = []
 
     def propose(self, token_ids: Sequence[int], request: DraftRequest) -> Draft:
-        k = request.depth.choose_k(self.name, self.cost_ms, request.limit)
+        k = request.depth.choose_k(self.name, self.cost_ms, request.limit, self._catch_up_ms(token_ids))
         if k == 0:
             return Draft([], source=self.name)
         logits = self._sync(token_ids)  # [vocab]
