@@ -18,7 +18,9 @@ OBSERVATION_WEIGHT = 0.1  # weight of one new observation in the moving average
 
 @dataclass
 class CostModel:
-    """latency_ms[n] for measured n; linear interpolation between, linear extrapolation past."""
+    """latency_ms[n] for measured n; linear interpolation between, linear extrapolation past.
+    Noise can make a measured n look cheaper than a smaller one; reads use the running maximum,
+    since scoring more tokens never costs less."""
 
     latency_ms: dict[int, float] = field(default_factory=dict)
 
@@ -28,7 +30,7 @@ class CostModel:
         if not self.latency_ms:
             return float(num_tokens)  # unmeasured: proportional, the pessimistic CPU assumption
         sizes = sorted(self.latency_ms)
-        values = [self.latency_ms[n] for n in sizes]
+        values = np.maximum.accumulate([self.latency_ms[n] for n in sizes]).tolist()  # never cheaper for more
         if num_tokens > sizes[-1] and len(sizes) > 1:
             slope = (values[-1] - values[-2]) / (sizes[-1] - sizes[-2])
             return values[-1] + slope * (num_tokens - sizes[-1])

@@ -10,7 +10,8 @@ where `a` is the running acceptance estimate for the draft source and the costs 
 measured curves (see models/cost.py). k = 0 (plain decoding) wins whenever verifying is too
 expensive for the expected acceptance, which is what keeps llama.cpp targets from slowing down.
 While a model drafter drafts, `keep_drafting` stops early once one more token is expected to
-lower the round's tokens per millisecond, using the draft's own confidence in what it drafted.
+lower the round's tokens per millisecond, using the draft's own confidence in what it drafted:
+once drafting pays at all, a model drafter may run up to `max_k` while it stays confident.
 A source held at k = 0 is probed now and then with one draft token, so an estimate that was
 unlucky early can recover; probes are spaced so their extra cost stays under PROBE_BUDGET of the
 time spent decoding without drafts (rare where verifying is dear, frequent where it is cheap).
@@ -42,6 +43,10 @@ class DepthPolicy(Protocol):
         on a new prompt), which pays for itself over later rounds once drafting is worth it."""
         ...
 
+    def max_k(self, limit: int) -> int:
+        """The deepest draft a confidence-aware drafter may run to once drafting pays."""
+        ...
+
     def keep_drafting(self, source: str, confidences: list[float], draft_cost: CostFn) -> bool: ...
 
     def record(self, source: str, drafted: int, accepted: int, overhead_ms: float) -> None: ...
@@ -64,6 +69,9 @@ class FixedDepth:
     history: deque = field(default_factory=_history)
 
     def choose_k(self, source: str, draft_cost: CostFn, limit: int, setup_ms: float = 0.0) -> int:
+        return max(0, min(self.k, limit))
+
+    def max_k(self, limit: int) -> int:
         return max(0, min(self.k, limit))
 
     def keep_drafting(self, source: str, confidences: list[float], draft_cost: CostFn) -> bool:
@@ -126,6 +134,9 @@ class AutoDepth:
             k, idle = 1, 0.0
         self.idle_ms[source] = idle
         return k
+
+    def max_k(self, limit: int) -> int:
+        return max(0, min(self.k_max, limit))
 
     def keep_drafting(self, source: str, confidences: list[float], draft_cost: CostFn) -> bool:
         """Draft one more token only if it is expected to raise tokens per millisecond."""

@@ -40,6 +40,7 @@ class ModelDrafter:
         k = request.depth.choose_k(self.name, self.cost_ms, request.limit, self._catch_up_ms(token_ids))
         if k == 0:
             return Draft([], source=self.name)
+        k = max(k, request.depth.max_k(request.limit))  # confidence decides how deep
         logits = self._sync(token_ids)  # [vocab]
         tokens, q_rows, confidences = [], [], []
         forwards = 1
