@@ -69,16 +69,21 @@ def acceptance_by_position(records: Sequence[RunRecord]) -> list[dict] | None:
 
 
 def time_split(records: Sequence[RunRecord]) -> dict | None:
-    """Draft, verify and overhead time summed over prompts, as fractions of the wall time."""
+    """Prefill, draft, verify and overhead time summed over prompts, as fractions of the wall
+    time; `decode_ms_per_token` is the time after prefill per new token."""
     if not _has_engine_stats(records):
         return None
     wall = sum(r.seconds for r in records)
     draft = sum(r.stats["draft_s"] for r in records)
     verify = sum(r.stats["verify_s"] for r in records)
-    overhead = max(0.0, wall - draft - verify)
+    prefill = sum(r.stats.get("prefill_s", 0.0) for r in records)
+    overhead = max(0.0, wall - prefill - draft - verify)
+    tokens = sum(r.new_tokens for r in records)
     if not wall:
         return None
-    return {"draft": draft / wall, "verify": verify / wall, "overhead": overhead / wall, "wall_s": wall}
+    return {"prefill": prefill / wall, "draft": draft / wall, "verify": verify / wall,
+            "overhead": overhead / wall, "wall_s": wall,
+            "decode_ms_per_token": (wall - prefill) * 1000 / tokens if tokens else None}
 
 
 def latency(records: Sequence[RunRecord]) -> dict:

@@ -61,11 +61,12 @@ def category_tables(results: dict) -> list[str]:
 
 
 def time_split_table(results: dict) -> list[str]:
-    rows = [[label, _pct(t["draft"]), _pct(t["verify"]), _pct(t["overhead"]), _num(t["wall_s"], 2)]
+    rows = [[label, _pct(t["prefill"]), _pct(t["draft"]), _pct(t["verify"]), _pct(t["overhead"]),
+             _num(t["wall_s"], 2), _num(t["decode_ms_per_token"], 1)]
             for label, s in results["configs"].items() if (t := s["time_split"])]
     if not rows:
         return ["(no Tandem config)"]
-    return _table(["config", "draft", "verify", "overhead", "wall s"], rows)
+    return _table(["config", "prefill", "draft", "verify", "overhead", "wall s", "decode ms/token"], rows)
 
 
 def acceptance_table(results: dict) -> list[str]:

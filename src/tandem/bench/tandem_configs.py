@@ -58,6 +58,7 @@ class TandemConfig:
 def stats_record(stats: GenerationStats) -> dict:
     """The engine's counters that add up over prompts."""
     return {
+        "prefill_s": stats.prefill_seconds,
         "draft_s": stats.draft_seconds,
         "verify_s": stats.verify_seconds,
         "drafted": stats.drafted,

@@ -63,7 +63,8 @@ def _print_stats(summary: dict, verbose: bool) -> None:
     print(
         f"[{summary['new_tokens']} tokens in {summary['seconds']:.2f}s = {summary['tokens_per_s']:.1f} tok/s; "
         f"acceptance {summary['acceptance_rate']:.0%}, mean accepted {summary['mean_accepted_len']:.2f}; "
-        f"draft {split['draft']:.2f}s verify {split['verify']:.2f}s overhead {split['overhead']:.2f}s]",
+        f"prefill {split['prefill']:.2f}s draft {split['draft']:.2f}s verify {split['verify']:.2f}s "
+        f"overhead {split['overhead']:.2f}s]",
         file=sys.stderr,
     )
     if verbose:

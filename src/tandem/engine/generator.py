@@ -77,7 +77,7 @@ class SpeculativeGenerator:
         self.target.reset()
         start = time.perf_counter()
         self.target.forward(tokens[:-1], num_logits=0)
-        stats.verify_seconds += time.perf_counter() - start
+        stats.prefill_seconds += time.perf_counter() - start
         stats.target_forwards += 1 if len(tokens) > 1 else 0
 
     def _draft(self, tokens, produced, request, rng, stats) -> Draft:

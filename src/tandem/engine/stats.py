@@ -1,8 +1,9 @@
 """Counters for one generation, and the figures derived from them.
 
 acceptance_rate = accepted / drafted draft tokens; mean_accepted_len = accepted draft tokens per
-verification round that had at least one draft token. Time is split into draft, verify (target
-forwards, prefill included) and overhead (everything else in the loop).
+verification round that had at least one draft token. Time is split into prefill (the target
+reading the prompt), draft, verify (the target's forwards over drafts) and overhead (everything
+else in the loop).
 """
 
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ class GenerationStats:
     prompt_tokens: int = 0
     new_tokens: int = 0
     seconds: float = 0.0
+    prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     target_forwards: int = 0
@@ -42,7 +44,7 @@ class GenerationStats:
 
     @property
     def overhead_seconds(self) -> float:
-        return max(0.0, self.seconds - self.draft_seconds - self.verify_seconds)
+        return max(0.0, self.seconds - self.prefill_seconds - self.draft_seconds - self.verify_seconds)
 
     def summary(self) -> dict:
         return {
@@ -59,6 +61,7 @@ class GenerationStats:
             "accepted_tokens": self.accepted,
             "prompt_tokens": self.prompt_tokens,
             "time_split_s": {
+                "prefill": round(self.prefill_seconds, 4),
                 "draft": round(self.draft_seconds, 4),
                 "verify": round(self.verify_seconds, 4),
                 "overhead": round(self.overhead_seconds, 4),

@@ -120,7 +120,7 @@ class AutoDepth:
 
     def expected_rate(self, k: int, alpha: float, draft_cost: CostFn) -> float:
         """Expected tokens per millisecond of a round drafting k tokens."""
-        tokens = sum(alpha**i for i in range(k + 1))
+        tokens = (1 - alpha ** (k + 1)) / (1 - alpha)  # 1 + a + ... + a^k, a < 1
         elapsed = draft_cost(k) + self.target_cost.cost_ms(k + 1) + self.overhead_ms
         return tokens / max(elapsed, 1e-6)
 

@@ -24,16 +24,25 @@ class NgramMatch:
 def find_ngram_match(
     token_ids: Sequence[int], k: int, min_ngram: int, max_ngram: int
 ) -> NgramMatch | None:
-    tokens = np.asarray(token_ids, dtype=np.int64)  # [length]
-    length = tokens.shape[0]
-    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
-        tail = tokens[length - n :]  # [n]
-        windows = np.lib.stride_tricks.sliding_window_view(tokens[: length - 1], n)  # [L-n, n]
-        hits = np.flatnonzero((windows == tail).all(axis=1))
-        if hits.size:
-            start = int(hits[-1]) + n
-            return NgramMatch(n, tokens[start : start + k].tolist())
-    return None
+    """The longest earlier match (at most max_ngram) of the context's tail, the most recent among
+    equally long ones; None if shorter than min_ngram. The tail never matches itself."""
+    tokens = token_ids if isinstance(token_ids, list) else list(token_ids)
+    last = len(tokens) - 1
+    if last < min_ngram:
+        return None
+    candidates = np.flatnonzero(np.asarray(tokens[:last]) == tokens[last])  # ends of 1-token matches
+    best_len, best_end = 0, -1
+    for end in candidates[::-1].tolist():  # most recent first
+        n = 1
+        while n < max_ngram and end - n >= 0 and tokens[end - n] == tokens[last - n]:
+            n += 1
+        if n > best_len:
+            best_len, best_end = n, end
+            if n == max_ngram:
+                break
+    if best_len < min_ngram:
+        return None
+    return NgramMatch(best_len, list(tokens[best_end + 1 : best_end + 1 + k]))
 
 
 class NgramDrafter:
