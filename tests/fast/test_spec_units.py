@@ -7,7 +7,7 @@ import pytest
 from tandem.engine.request import GenerationRequest
 from tandem.errors import TandemError
 from tandem.models.cost import OBSERVATION_WEIGHT, CostModel
-from tandem.spec.depth import AutoDepth, FixedDepth
+from tandem.spec.depth import PROBE_BUDGET, AutoDepth, FixedDepth
 from tandem.spec.drafters.base import Draft, DraftRequest
 from tandem.spec.drafters.hybrid import HybridDrafter
 from tandem.spec.drafters.ngram import NgramDrafter, find_ngram_match
@@ -219,3 +219,16 @@ def test_valid_params_are_accepted():
     assert SamplingParams().greedy
     assert not SamplingParams(temperature=0.7, top_k=5, top_p=0.9, seed=1).greedy
     assert GenerationRequest((1,), max_tokens=1).max_tokens == 1
+
+
+def test_a_source_that_cannot_pay_is_never_probed():
+    """On a CPU llama.cpp target a 22 ms/token draft model loses even at 99% acceptance."""
+    llama_target = CostModel({1: 34.6, 2: 66.1, 3: 100.8, 4: 122.1, 8: 233.6, 16: 279.4})
+    depth = AutoDepth(llama_target)
+    chosen = [depth.choose_k("model", lambda n: 22.2 * n, limit=49) for _ in range(5000)]
+    assert max(chosen) == 0
+    free_drafts = [depth.choose_k("ngram3", lambda n: 0.05, limit=49) for _ in range(5000)]
+    probes = sum(k > 0 for k in free_drafts)
+    probe_extra_ms = llama_target.cost_ms(2) - llama_target.cost_ms(1) + 0.05
+    assert probes > 0  # a free n-gram source could pay, so it is probed ...
+    assert probes * probe_extra_ms <= PROBE_BUDGET * 5000 * llama_target.cost_ms(1) + probe_extra_ms  # ... within budget

@@ -14,7 +14,8 @@ lower the round's tokens per millisecond, using the draft's own confidence in wh
 once drafting pays at all, a model drafter may run up to `max_k` while it stays confident.
 A source held at k = 0 is probed now and then with one draft token, so an estimate that was
 unlucky early can recover; probes are spaced so their extra cost stays under PROBE_BUDGET of the
-time spent decoding without drafts (rare where verifying is dear, frequent where it is cheap).
+time spent decoding without drafts (rare where verifying is dear, frequent where it is cheap),
+and a source that could not pay even at near-perfect acceptance is never probed.
 Acceptance is tracked per source ("model", "ngram2", "ngram3", ...), with decay so it follows
 the text; a policy lives as long as its pipeline, so what it learns carries across requests.
 An n-gram source's prior rises with the match length (a copy that already agrees on 8 tokens
@@ -34,6 +35,7 @@ PRIOR_WEIGHT = 4.0  # pseudo-observations behind the prior
 HISTORY_LENGTH = 1024
 DECAY = 0.97  # per-round forgetting of old acceptance evidence
 PROBE_BUDGET = 0.02  # share of decoding time that probes of idle sources may cost
+BEST_ACCEPTANCE = 0.99  # a source that cannot pay even at this acceptance is never probed
 
 
 class DepthPolicy(Protocol):
@@ -128,12 +130,21 @@ class AutoDepth:
         alpha = self.acceptance(source)
         k_cap = max(0, min(self.k_max, limit))
         k = max(range(k_cap + 1), key=lambda k: self.expected_rate(k, alpha, draft_cost))
-        idle = self.idle_ms.get(source, 0.0) + self.target_cost.cost_ms(1) if k == 0 else 0.0
+        if k > 0 or not self._could_pay(k_cap, draft_cost):
+            self.idle_ms[source] = 0.0
+            return k
+        idle = self.idle_ms.get(source, 0.0) + self.target_cost.cost_ms(1)
         probe_extra = setup_ms + draft_cost(1) + self.target_cost.cost_ms(2) - self.target_cost.cost_ms(1)
-        if k_cap and idle * PROBE_BUDGET >= probe_extra:
+        if idle * PROBE_BUDGET >= probe_extra:
             k, idle = 1, 0.0
         self.idle_ms[source] = idle
         return k
+
+    def _could_pay(self, k_cap: int, draft_cost: CostFn) -> bool:
+        """Whether this source would beat plain decoding even at near-perfect acceptance; if
+        not (a draft model against a CPU llama.cpp target), probing it only wastes time."""
+        plain = self.expected_rate(0, BEST_ACCEPTANCE, draft_cost)
+        return any(self.expected_rate(k, BEST_ACCEPTANCE, draft_cost) > plain for k in range(1, k_cap + 1))
 
     def max_k(self, limit: int) -> int:
         return max(0, min(self.k_max, limit))

@@ -1,5 +1,6 @@
 """A text tokenizer (transformers, loaded from a local folder) and the shared-vocabulary check."""
 
+import functools
 import os
 
 from tandem.errors import TandemError, VocabularyMismatchError
@@ -31,7 +32,7 @@ class TextTokenizer:
         text = self._tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         return self.encode(text)
 
-    @property
+    @functools.cached_property
     def stop_token_ids(self) -> frozenset[int]:
         vocab = self._tok.get_vocab()
         ids = {vocab[t] for t in END_OF_TURN_TOKENS if t in vocab}
