@@ -4,8 +4,8 @@ Invariant: the target's KV cache holds every committed token but the last. A rou
 1. asks the drafter for k draft tokens (k from the depth policy; k = 0 is plain decoding),
 2. runs one target forward over [last committed token] + drafts -> logits [k + 1, vocab],
 3. applies the acceptance rule (greedy or speculative sampling),
-4. rolls the target cache back to the committed tokens plus the accepted drafts,
-5. applies stops (EOS, stop condition, max tokens) so nothing after a stop is emitted.
+4. applies stops (EOS, stop condition, max tokens, context) so nothing after a stop is emitted,
+5. rolls the target cache back to the newly committed tokens minus the last (the invariant).
 The same loop with the `none` drafter is the target-only baseline.
 """
 

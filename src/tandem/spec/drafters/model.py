@@ -26,10 +26,14 @@ class ModelDrafter:
         """Steady-state cost: one one-token forward per draft token."""
         return self.runner.cost.cost_ms(1) * num_tokens
 
-    def _catch_up_ms(self, token_ids: Sequence[int]) -> float:
-        """Extra cost of the first forward when the draft has not seen the latest tokens (the
+    def _reusable_prefix(self, token_ids: Sequence[int]) -> int:
+        """Cached tokens still valid for `token_ids`; at least the last token is forwarded again
+        so there are logits to draft from."""
+        return min(_common_prefix(self._cached, token_ids), len(token_ids) - 1)
+
+    def _catch_up_ms(self, unseen: int) -> float:
+        """Extra cost of the first forward when the draft has not seen `unseen` tokens (the
         whole prompt, the first time in a request), beyond a normal one-token step."""
-        unseen = len(token_ids) - min(_common_prefix(self._cached, token_ids), len(token_ids) - 1)
         return max(0.0, self.runner.cost.cost_ms(unseen) - self.runner.cost.cost_ms(1))
 
     def reset(self) -> None:
@@ -37,11 +41,13 @@ class ModelDrafter:
         self._cached = []
 
     def propose(self, token_ids: Sequence[int], request: DraftRequest) -> Draft:
-        k = request.depth.choose_k(self.name, self.cost_ms, request.limit, self._catch_up_ms(token_ids))
+        reusable = self._reusable_prefix(token_ids)
+        catch_up = self._catch_up_ms(len(token_ids) - reusable)
+        k = request.depth.choose_k(self.name, self.cost_ms, request.limit, catch_up)
         if k == 0:
             return Draft([], source=self.name)
         k = max(k, request.depth.max_k(request.limit))  # confidence decides how deep
-        logits = self._sync(token_ids)  # [vocab]
+        logits = self._sync(token_ids, reusable)  # [vocab]
         tokens, q_rows, confidences = [], [], []
         forwards = 1
         while True:
@@ -57,12 +63,10 @@ class ModelDrafter:
         q_draft = None if request.sampling.greedy else np.stack(q_rows)  # [k, vocab]
         return Draft(tokens, q_draft, self.name, forwards, confidences)
 
-    def _sync(self, token_ids: Sequence[int]) -> np.ndarray:
-        """Bring the cache to token_ids[:-1] plus the last token; return the next-token logits."""
-        common = _common_prefix(self._cached, token_ids)
-        common = min(common, len(token_ids) - 1)  # always forward at least one token for logits
-        self.runner.rollback(common)
-        logits = self._timed_forward(list(token_ids[common:]))
+    def _sync(self, token_ids: Sequence[int], reusable: int) -> np.ndarray:
+        """Bring the cache to all of token_ids; return the next-token logits [vocab]."""
+        self.runner.rollback(reusable)
+        logits = self._timed_forward(list(token_ids[reusable:]))
         self._cached = list(token_ids)
         return logits
 
