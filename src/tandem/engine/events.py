@@ -1,0 +1,53 @@
+"""What the batching engine reports, one engine step at a time. Token ids only; no text.
+
+`SequenceUpdate`: what one step did for one sequence (the tokens it committed, whether it
+finished and why). `StepReport`: what the whole step cost and chose, for metrics, traces and the
+dashboard. Both are plain frozen records, safe to hand from the engine thread to the event loop.
+"""
+
+from dataclasses import dataclass, field
+
+FINISH_REASONS = ("stop", "length", "cancelled", "error")
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculationOptions:
+    """Per-request knobs (the API's `"tandem": {...}` object); None means the server default."""
+
+    drafter: str | None = None  # "hybrid" | "model" | "ngram" | "none"
+    k: int | str | None = None  # an int, or "auto"
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceUpdate:
+    seq_id: str
+    token_ids: tuple[int, ...]  # committed this step (may be empty)
+    drafted: int = 0  # draft tokens proposed for this sequence this step
+    accepted: int = 0  # of which the target accepted
+    finished: bool = False
+    finish_reason: str | None = None  # one of FINISH_REASONS once finished
+    error: str | None = None  # set with finish_reason "error"
+
+
+@dataclass(frozen=True, slots=True)
+class RoundReport:
+    """One sequence's speculation round inside a step."""
+
+    seq_id: str
+    source: str  # "model", "ngram3", ..., "none"
+    k: int  # draft tokens verified
+    accepted: int  # how many of them the target accepted (the bonus token is not counted)
+
+
+@dataclass(frozen=True, slots=True)
+class StepReport:
+    started_at: float  # time.time() when the step began (for spans and charts)
+    step_seconds: float  # wall time of the whole step
+    prefill_seconds: float  # prompt processing of newly admitted sequences
+    draft_seconds: float  # all draft-model forwards of the step (n-gram drafting is free)
+    verify_seconds: float  # the batched target forward
+    running: int  # sequences in the batch after the step
+    waiting: int  # requests queued, not yet admitted
+    batch_tokens: int  # tokens the target scored in the verify forward
+    rounds: tuple[RoundReport, ...] = field(default_factory=tuple)
+    prefilled: tuple[str, ...] = field(default_factory=tuple)  # seq ids admitted this step

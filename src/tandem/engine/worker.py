@@ -1,0 +1,219 @@
+"""The engine thread: runs a batching engine off the event loop, behind queues.
+
+`submit` (any thread, usually the event loop) hands a request to the engine thread and returns a
+`RequestHandle` from which the caller reads `SequenceUpdate`s, asynchronously (from the loop it
+was submitted on) or synchronously. `cancel` (a client went away) frees the sequence and its KV
+cache at the start of the next engine step. Capacity is bounded: past `max_running +
+max_waiting` requests in flight, `submit` raises `QueueFullError`, never queues without limit.
+`shutdown` stops admitting, lets in-flight requests finish for a grace period, then cancels the
+rest, so every handle always gets a final update.
+"""
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from typing import Callable, Iterable, Protocol
+
+from tandem.engine.events import SequenceUpdate, SpeculationOptions, StepReport
+from tandem.engine.request import GenerationRequest
+from tandem.errors import TandemError
+
+log = logging.getLogger(__name__)
+IDLE_WAIT_SECONDS = 0.05  # how long the idle engine thread sleeps between command checks
+DEFAULT_MAX_WAITING = 64
+
+
+class QueueFullError(TandemError):
+    def __init__(self, in_flight: int, retry_after_seconds: int = 1):
+        super().__init__(f"the server is at capacity ({in_flight} requests in flight); retry later")
+        self.retry_after_seconds = retry_after_seconds
+
+
+class EngineStoppedError(TandemError):
+    def __init__(self):
+        super().__init__("the engine is shutting down and accepts no new requests")
+
+
+class BatchingEngine(Protocol):
+    """What the worker needs from an engine (see engine/batch_engine.py)."""
+
+    max_running: int
+
+    @property
+    def has_work(self) -> bool: ...
+
+    def add(self, seq_id: str, request: GenerationRequest, options: SpeculationOptions) -> None: ...
+
+    def cancel(self, seq_id: str) -> SequenceUpdate | None: ...
+
+    def step(self) -> tuple[list[SequenceUpdate], StepReport]: ...
+
+
+StepObserver = Callable[[StepReport], None]
+
+
+class RequestHandle:
+    """The caller's end of one request: a stream of updates ending with a finished one."""
+
+    def __init__(self, seq_id: str, worker: "EngineWorker", loop: asyncio.AbstractEventLoop | None):
+        self.seq_id = seq_id
+        self._worker = worker
+        self._loop = loop
+        self._async_queue: asyncio.Queue | None = asyncio.Queue() if loop else None
+        self._sync_queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.finished = False
+
+    def _deliver(self, update: SequenceUpdate) -> None:  # engine thread
+        if self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._async_queue.put_nowait, update)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                pass
+        else:
+            self._sync_queue.put(update)
+
+    async def next_update(self) -> SequenceUpdate:
+        update = await self._async_queue.get()
+        self.finished = update.finished
+        return update
+
+    def next_update_sync(self, timeout: float | None = None) -> SequenceUpdate:
+        update = self._sync_queue.get(timeout=timeout)
+        self.finished = update.finished
+        return update
+
+    def cancel(self) -> None:
+        if not self.finished:
+            self._worker.cancel(self.seq_id)
+
+
+class EngineWorker:
+    def __init__(
+        self,
+        engine: BatchingEngine,
+        max_waiting: int = DEFAULT_MAX_WAITING,
+        observers: Iterable[StepObserver] = (),
+    ):
+        self.engine = engine
+        self.capacity = engine.max_running + max_waiting
+        self.observers = list(observers)
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._handles: dict[str, RequestHandle] = {}
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._accepting = True
+        self._drain_deadline: float | None = None
+        self._thread = threading.Thread(target=self._run, name="tandem-engine", daemon=True)
+        self.last_report: StepReport | None = None
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._handles)
+
+    def start(self) -> "EngineWorker":
+        self._thread.start()
+        return self
+
+    def submit(self, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> RequestHandle:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        with self._lock:
+            if not self._accepting:
+                raise EngineStoppedError()
+            if len(self._handles) >= self.capacity:
+                raise QueueFullError(len(self._handles))
+            seq_id = f"seq-{next(self._ids)}"
+            handle = RequestHandle(seq_id, self, loop)
+            self._handles[seq_id] = handle
+        self._commands.put(("add", seq_id, request, options))
+        return handle
+
+    def cancel(self, seq_id: str) -> None:
+        self._commands.put(("cancel", seq_id, None, None))
+
+    def shutdown(self, grace_seconds: float = 10.0) -> None:
+        """Stop admitting; finish in-flight requests for up to `grace_seconds`, cancel the rest."""
+        with self._lock:
+            self._accepting = False
+        self._commands.put(("drain", None, grace_seconds, None))
+        if self._thread.is_alive():
+            self._thread.join(timeout=grace_seconds + 30)
+
+    # -- engine thread --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            self._take_commands(block=not self.engine.has_work)
+            if self._drain_deadline is not None:
+                if not self.engine.has_work or time.monotonic() > self._drain_deadline:
+                    self._cancel_all()
+                    return
+            if self.engine.has_work:
+                self._step()
+
+    def _take_commands(self, block: bool) -> None:
+        try:
+            command = self._commands.get(timeout=IDLE_WAIT_SECONDS) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._apply(*command)
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _apply(self, kind: str, seq_id: str | None, payload, options) -> None:
+        if kind == "add":
+            try:
+                self.engine.add(seq_id, payload, options)
+            except TandemError as error:
+                self._dispatch([SequenceUpdate(seq_id, (), finished=True, finish_reason="error", error=str(error))])
+        elif kind == "cancel":
+            update = self.engine.cancel(seq_id)
+            if update is not None:
+                self._dispatch([update])
+        elif kind == "drain":
+            self._drain_deadline = time.monotonic() + payload
+
+    def _step(self) -> None:
+        try:
+            updates, report = self.engine.step()
+        except Exception as error:  # a bug or a device failure: fail the batch, keep serving
+            log.exception("engine step failed")
+            self._fail_all(f"engine step failed: {error}")
+            return
+        self.last_report = report
+        self._dispatch(updates)
+        for observer in self.observers:
+            try:
+                observer(report)
+            except Exception:
+                log.exception("step observer failed")
+
+    def _dispatch(self, updates: list[SequenceUpdate]) -> None:
+        for update in updates:
+            with self._lock:
+                handle = self._handles.pop(update.seq_id, None) if update.finished else self._handles.get(update.seq_id)
+            if handle is not None:
+                handle._deliver(update)
+
+    def _cancel_all(self) -> None:
+        with self._lock:
+            seq_ids = list(self._handles)
+        for seq_id in seq_ids:
+            update = self.engine.cancel(seq_id)
+            self._dispatch([update or SequenceUpdate(seq_id, (), finished=True, finish_reason="cancelled")])
+
+    def _fail_all(self, message: str) -> None:
+        with self._lock:
+            seq_ids = list(self._handles)
+        for seq_id in seq_ids:
+            self.engine.cancel(seq_id)
+            self._dispatch([SequenceUpdate(seq_id, (), finished=True, finish_reason="error", error=message)])
