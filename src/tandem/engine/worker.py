@@ -41,9 +41,16 @@ class BatchingEngine(Protocol):
     """What the worker needs from an engine (see engine/batch_engine.py)."""
 
     max_running: int
+    context_length: int  # the target's
 
     @property
     def has_work(self) -> bool: ...
+
+    @property
+    def num_running(self) -> int: ...
+
+    @property
+    def num_waiting(self) -> int: ...
 
     def add(self, seq_id: str, request: GenerationRequest, options: SpeculationOptions) -> None: ...
 
