@@ -50,7 +50,7 @@ class SpeculativeGenerator:
             draft = self._draft(tokens, len(output), request, rng, stats)
             result = self._verify(tokens, draft, request, rng, stats)
             context_room = self.target.context_length - len(tokens)
-            emitted, stopped = _apply_stops(result.emitted(draft.token_ids), output, request, context_room)
+            emitted, stop_reason = apply_stops(result.emitted(draft.token_ids), output, request, context_room)
             tokens += emitted
             self.target.rollback(len(tokens) - 1)  # the invariant, also when a stop cut the round
             output += emitted
@@ -63,7 +63,7 @@ class SpeculativeGenerator:
             self.depth.record(draft.source, draft.k, result.accepted, overhead_ms)
             if emitted:
                 yield emitted
-            if stopped:
+            if stop_reason:
                 return
 
     def _check_context(self, tokens: list[int]) -> None:
@@ -101,11 +101,11 @@ class SpeculativeGenerator:
         if request.sampling.greedy:
             return accept_greedy(draft.token_ids, logits)
         p_target = probs_from_logits(logits, request.sampling)  # [k + 1, vocab]
-        q_draft = _fit_vocab(draft.q_draft, p_target.shape[-1])
+        q_draft = fit_vocab(draft.q_draft, p_target.shape[-1])
         return accept_sampling(draft.token_ids, q_draft, p_target, rng)
 
 
-def _fit_vocab(q_draft: np.ndarray | None, vocab: int) -> np.ndarray | None:
+def fit_vocab(q_draft: np.ndarray | None, vocab: int) -> np.ndarray | None:
     """Draft and target may pad their embeddings differently: q over the target's width."""
     if q_draft is None or q_draft.shape[-1] == vocab:
         return q_draft
@@ -114,18 +114,20 @@ def _fit_vocab(q_draft: np.ndarray | None, vocab: int) -> np.ndarray | None:
     return np.pad(q_draft, ((0, 0), (0, vocab - q_draft.shape[-1])))
 
 
-def _apply_stops(
+def apply_stops(
     emitted: list[int], output: list[int], request: GenerationRequest, context_room: int
-) -> tuple[list[int], bool]:
-    """Cut a round's tokens at the first stop; nothing after it is emitted."""
+) -> tuple[list[int], str | None]:
+    """Cut a round's tokens at the first stop; nothing after it is emitted. Returns the tokens
+    to emit and why generation ends: None (it goes on), "stop" (EOS or a stop condition) or
+    "length" (max tokens or the context is used up)."""
     room = min(request.max_tokens - len(output), context_room)
-    stopped = len(emitted) >= room
+    reason = "length" if len(emitted) >= room else None
     emitted = emitted[:room]
     for i, token in enumerate(emitted):
         if token in request.stop_token_ids:
-            return emitted[:i], True
+            return emitted[:i], "stop"
     if request.stop_condition is not None:
         keep = request.stop_condition.tokens_to_keep(output + emitted)
         if keep is not None:
-            return emitted[: max(0, keep - len(output))], True
-    return emitted, stopped
+            return emitted[: max(0, keep - len(output))], "stop"
+    return emitted, reason

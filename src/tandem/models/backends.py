@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from tandem.errors import TandemError
-from tandem.models.cost import CostModel, measure_cost
+from tandem.models.cost import PROFILE_SIZES, CostModel, measure_cost
 from tandem.models.runner import ModelRunner
 from tandem.paths import profiles_dir
 
@@ -73,7 +73,7 @@ def load_runner(spec: RunnerSpec, profile: bool = True) -> ModelRunner:
     runner = LOADERS[spec.backend](spec)
     runner.name = f"{spec.model} [{spec.backend}/{spec.device}/{_precision(spec)}]"
     if profile:
-        runner.cost = _cached_profile(spec, runner)
+        runner.cost = cached_profile(spec, runner)
     return runner
 
 
@@ -81,12 +81,15 @@ def _precision(spec: RunnerSpec) -> str:
     return "gguf" if spec.backend == "llamacpp" else spec.dtype
 
 
-def _cached_profile(spec: RunnerSpec, runner: ModelRunner) -> CostModel:
-    path = profiles_dir() / f"{_profile_key(spec, runner)}.json"
+def cached_profile(spec: RunnerSpec, runner: ModelRunner, sizes: tuple[int, ...] = PROFILE_SIZES,
+                   variant: str = "") -> CostModel:
+    """The runner's cost curve at `sizes`, measured once per machine (`variant` tells apart
+    profiles of the same model loaded differently, e.g. a batched context)."""
+    path = profiles_dir() / f"{_profile_key(spec, runner)}{variant}.json"
     if path.exists():
         return CostModel.from_json(json.loads(path.read_text())["latency_ms"])
     runner.forward([1] * PROFILE_BASE_LENGTH, num_logits=0)
-    cost = measure_cost(runner.forward, runner.rollback, PROFILE_BASE_LENGTH)
+    cost = measure_cost(runner.forward, runner.rollback, PROFILE_BASE_LENGTH, sizes)
     runner.reset()
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"runner": runner.name, "spec": spec.__repr__(), "latency_ms": cost.to_json()}

@@ -76,6 +76,21 @@ class TorchRunner:
             return np.zeros((0, self.vocab_size), dtype=np.float32)
         return output.logits[0].float().cpu().numpy()  # [num_logits, vocab]
 
+    def fork(self) -> "TorchRunner":
+        """A view with its own (empty) cache sharing this runner's weights: one per batch slot."""
+        view = object.__new__(TorchRunner)
+        view.__dict__.update(self.__dict__)
+        view.reset()
+        return view
+
+    def copy_cache_from(self, other: "TorchRunner", length: int) -> None:
+        """This view's cache becomes the first `length` cached tokens of `other`'s."""
+        import copy
+
+        self._cache = copy.deepcopy(other._cache)
+        self._length = other._length
+        self.rollback(length)
+
     def rollback(self, length: int) -> None:
         if length < self._length:
             self._cache.crop(length - self._length)

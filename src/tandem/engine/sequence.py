@@ -1,0 +1,44 @@
+"""One request inside the batching engine: its token ids (the source of truth), its slot, and
+how it drafts.
+
+Invariant between steps: the target slot caches every committed token but the last; the draft
+slot caches `draft_cached` (a prefix of the tokens, synced lazily before drafting).
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tandem.engine.events import SpeculationOptions
+from tandem.engine.request import GenerationRequest
+
+
+@dataclass(slots=True)
+class Sequence:
+    seq_id: str
+    request: GenerationRequest
+    drafter: str  # "hybrid" | "model" | "ngram" | "none"
+    fixed_k: int | None  # None: the planner chooses
+    rng: np.random.Generator
+    slot: int = -1
+    tokens: list[int] = field(default_factory=list)  # prompt + committed output
+    output: list[int] = field(default_factory=list)
+    draft_cached: list[int] = field(default_factory=list)  # tokens in the draft slot's cache
+    drafted: int = 0  # totals over the request
+    accepted: int = 0
+
+    @classmethod
+    def create(cls, seq_id: str, request: GenerationRequest, options: SpeculationOptions,
+               default_drafter: str, default_k: int | str) -> "Sequence":
+        drafter = options.drafter or default_drafter
+        k = options.k if options.k is not None else default_k
+        fixed_k = None if k == "auto" else int(k)
+        if drafter == "none":
+            fixed_k = 0
+        rng = np.random.default_rng(request.sampling.seed)
+        return cls(seq_id, request, drafter, fixed_k, rng, tokens=list(request.prompt_ids))
+
+    @property
+    def room(self) -> int:
+        """Tokens this sequence may still produce."""
+        return self.request.max_tokens - len(self.output)

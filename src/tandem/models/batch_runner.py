@@ -1,0 +1,118 @@
+"""The batched runner interface: one model serving several sequences, each in its own slot.
+
+A slot is one sequence's KV cache. `forward_batch` appends tokens to several slots in one call
+and returns each item's logits for its last `num_logits` positions; `rollback` truncates one
+slot; `copy_prefix` makes a slot start with the first tokens of another (shared prompt prefixes
+reuse cached KV). `fused` says whether a call is one forward pass over all items (llama.cpp
+sequence ids: cost grows with the total token count) or one pass per item (cost is the sum of
+per-item costs); the depth planner reads it with `cost`, the measured ms to score n tokens.
+
+`SerialBatchRunner` gives any single-sequence `ModelRunner` this interface by keeping one runner
+view per slot and running items one after another. It is how the torch backend batches here,
+and the slow reference the fused llama.cpp path is tested against.
+"""
+
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+
+from tandem.models.cost import CostModel
+from tandem.models.runner import ModelRunner
+
+
+@dataclass(frozen=True, slots=True)
+class BatchItem:
+    slot: int
+    token_ids: tuple[int, ...]  # appended to the slot's cache
+    num_logits: int  # logits wanted for the last num_logits of them (0: none)
+
+
+class BatchRunner(Protocol):
+    name: str
+    vocab_size: int
+    context_length: int  # per sequence
+    max_slots: int
+    fused: bool
+    can_copy_prefix: bool
+    cost: CostModel
+
+    def num_cached_tokens(self, slot: int) -> int: ...
+
+    def forward_batch(self, items: Sequence[BatchItem]) -> list[np.ndarray]:
+        """Per item, logits [num_logits, vocab] float32, in the order of `items`."""
+        ...
+
+    def rollback(self, slot: int, length: int) -> None: ...
+
+    def copy_prefix(self, source: int, destination: int, length: int) -> None:
+        """`destination`'s cache becomes the first `length` cached tokens of `source`."""
+        ...
+
+
+def batch_cost_ms(runner: BatchRunner, token_counts: Sequence[int]) -> float:
+    """Expected time of one forward_batch call with these per-item token counts."""
+    counts = [n for n in token_counts if n > 0]
+    if not counts:
+        return 0.0
+    if runner.fused:
+        return runner.cost.cost_ms(sum(counts))
+    return sum(runner.cost.cost_ms(n) for n in counts)
+
+
+class SerialBatchRunner:
+    """Slots backed by single-sequence runner views that share weights; one item at a time."""
+
+    fused = False
+
+    def __init__(self, make_view: Callable[[], ModelRunner], max_slots: int):
+        first = make_view()
+        self._views = [first] + [make_view() for _ in range(max_slots - 1)]
+        self.name = first.name
+        self.vocab_size = first.vocab_size
+        self.context_length = first.context_length
+        self.cost = first.cost
+        self.max_slots = max_slots
+        self.can_copy_prefix = hasattr(first, "copy_cache_from")
+
+    def num_cached_tokens(self, slot: int) -> int:
+        return self._views[slot].num_cached_tokens
+
+    def forward_batch(self, items: Sequence[BatchItem]) -> list[np.ndarray]:
+        return [self._views[item.slot].forward(list(item.token_ids), item.num_logits) for item in items]
+
+    def rollback(self, slot: int, length: int) -> None:
+        self._views[slot].rollback(length)
+
+    def copy_prefix(self, source: int, destination: int, length: int) -> None:
+        view = self._views[destination]
+        copy = getattr(view, "copy_cache_from", None)
+        if copy is None:
+            raise NotImplementedError(f"{self.name} cannot copy caches between slots")
+        copy(self._views[source], length)
+
+
+class SlotView:
+    """One slot of a batch runner seen as a single-sequence `ModelRunner` (used to profile it)."""
+
+    def __init__(self, runner: BatchRunner, slot: int = 0):
+        self._runner = runner
+        self._slot = slot
+        self.name = runner.name
+        self.vocab_size = runner.vocab_size
+        self.context_length = runner.context_length
+        self.cost = runner.cost
+
+    @property
+    def num_cached_tokens(self) -> int:
+        return self._runner.num_cached_tokens(self._slot)
+
+    def forward(self, token_ids: Sequence[int], num_logits: int | None = None) -> np.ndarray:
+        wanted = len(token_ids) if num_logits is None else min(num_logits, len(token_ids))
+        return self._runner.forward_batch([BatchItem(self._slot, tuple(token_ids), wanted)])[0]
+
+    def rollback(self, length: int) -> None:
+        self._runner.rollback(self._slot, length)
+
+    def reset(self) -> None:
+        self.rollback(0)

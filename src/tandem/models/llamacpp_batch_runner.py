@@ -1,0 +1,114 @@
+"""llama.cpp with several sequences in one context: one `llama_decode` scores the new tokens of
+every slot (llama.cpp sequence ids), which is how the server verifies all running sequences'
+drafts in one forward pass.
+
+The KV cache is unified (one pool of cells shared by all sequences), so `copy_prefix` shares
+the cells of a common prompt prefix instead of copying them. The pool holds `pool_tokens`
+positions in all; a slot's cache counts against it until rolled back.
+"""
+
+import ctypes
+import os
+from typing import Sequence
+
+import numpy as np
+
+from tandem.errors import TandemError
+from tandem.models.batch_runner import BatchItem
+from tandem.models.cost import CostModel
+
+DEFAULT_CONTEXT = 4096  # per sequence
+MAX_POOL_TOKENS = 32768  # KV cells shared by all slots
+BATCH_TOKENS = 512  # tokens per llama_decode call; longer inputs are split
+
+
+class KvPoolFullError(TandemError):
+    pass
+
+
+class LlamaCppBatchRunner:
+    fused = True
+    can_copy_prefix = True
+
+    def __init__(self, gguf_path: str, max_slots: int, context_length: int = DEFAULT_CONTEXT,
+                 threads: int | None = None):
+        import llama_cpp
+        from llama_cpp import Llama
+        from llama_cpp._internals import LlamaBatch, LlamaContext
+
+        threads = threads or os.cpu_count() or 1
+        try:  # the Llama object owns the model; its own small context stays unused
+            self._llm = Llama(model_path=str(gguf_path), n_ctx=64, n_batch=64, n_threads=threads,
+                              logits_all=False, verbose=False)
+        except (ValueError, RuntimeError, OSError) as error:
+            raise TandemError(f"llama.cpp cannot load {gguf_path}: {error}") from None
+        params = llama_cpp.llama_context_default_params()
+        ctypes.pointer(params)[0] = self._llm.context_params
+        self.pool_tokens = min(MAX_POOL_TOKENS, max(context_length, max_slots * context_length // 2))
+        params.n_ctx = self.pool_tokens
+        params.n_batch = BATCH_TOKENS
+        params.n_ubatch = BATCH_TOKENS
+        params.n_seq_max = max_slots
+        params.kv_unified = True
+        self._ctx = LlamaContext(model=self._llm._model, params=params, verbose=False)
+        self._batch = LlamaBatch(n_tokens=BATCH_TOKENS, embd=0, n_seq_max=1, verbose=False)
+        self.name = f"{os.path.basename(str(gguf_path))} [llamacpp/cpu/{threads}t/x{max_slots}]"
+        self.vocab_size = int(self._llm.n_vocab())
+        self.context_length = min(context_length, int(self._llm._model.n_ctx_train()))
+        self.max_slots = max_slots
+        self.cost = CostModel()
+        self._lengths = [0] * max_slots
+
+    def num_cached_tokens(self, slot: int) -> int:
+        return self._lengths[slot]
+
+    def rollback(self, slot: int, length: int) -> None:
+        if length < self._lengths[slot]:
+            self._ctx.kv_cache_seq_rm(slot, length, -1)
+            self._lengths[slot] = length
+
+    def copy_prefix(self, source: int, destination: int, length: int) -> None:
+        self.rollback(destination, 0)
+        length = min(length, self._lengths[source])
+        if length:
+            self._ctx.kv_cache_seq_cp(source, destination, 0, length)
+        self._lengths[destination] = length
+
+    def forward_batch(self, items: Sequence[BatchItem]) -> list[np.ndarray]:
+        """Pack the items' tokens into llama_decode calls of at most BATCH_TOKENS tokens."""
+        flat = [(index, item, i) for index, item in enumerate(items) for i in range(len(item.token_ids))]
+        outputs: list[list[np.ndarray]] = [[] for _ in items]
+        for start in range(0, len(flat), BATCH_TOKENS):
+            chunk = flat[start : start + BATCH_TOKENS]
+            owners = self._fill_batch(chunk)
+            try:
+                self._ctx.decode(self._batch)
+            except RuntimeError as error:
+                raise KvPoolFullError(f"llama.cpp decode failed ({error}); the KV pool may be full") from None
+            if owners:
+                logits = np.ctypeslib.as_array(self._ctx.get_logits(), shape=(len(owners) * self.vocab_size,))
+                rows = logits.reshape(len(owners), self.vocab_size)  # [flagged, vocab]
+                for row, index in zip(rows, owners):
+                    outputs[index].append(row.copy())
+            for _, item, _ in chunk:
+                self._lengths[item.slot] += 1
+        return [np.stack(rows) if rows else np.zeros((0, self.vocab_size), np.float32) for rows in outputs]
+
+    def _fill_batch(self, chunk) -> list[int]:
+        """Write a chunk into the llama batch; return, per flagged position, the item index."""
+        batch = self._batch.batch
+        batch.n_tokens = len(chunk)
+        offsets: dict[int, int] = {}
+        owners = []
+        for position, (index, item, i) in enumerate(chunk):
+            seen = offsets.get(item.slot, 0)
+            offsets[item.slot] = seen + 1
+            batch.token[position] = item.token_ids[i]
+            batch.pos[position] = self._lengths[item.slot] + seen
+            batch.seq_id[position][0] = item.slot
+            batch.n_seq_id[position] = 1
+            want = i >= len(item.token_ids) - item.num_logits
+            batch.logits[position] = want
+            if want:
+                owners.append(index)
+        return owners

@@ -1,0 +1,185 @@
+"""Load-aware depth: choose k for every running sequence of a batch at once.
+
+One engine step verifies the drafts of all running sequences in one target call and drafts
+with the draft model in lock-step (depth j of every sequence still drafting in one call). With
+k_i draft tokens for sequence i, the step is expected to emit
+
+    E = sum_i (1 + a_i + a_i^2 + ... + a_i^k_i)           tokens (a_i: acceptance of i's source)
+
+and to take
+
+    T = target(k_1 + 1, ..., k_B + 1) + sum_j draft(n_j) + setup + overhead
+
+where target(...) and draft(...) read the runners' measured cost curves (fused runners: the cost
+of the total token count; serial runners: the sum of per-item costs), n_j is the number of
+sequences drafting a j-th token with the model, and setup is a draft model's catch-up on
+sequences it has not seen yet. The planner maximises E / T. Since the gain of the j-th draft
+token of sequence i is a_i^j and falls with j, taking draft tokens in order of falling gain gives
+the best E for every total; the planner walks that order and keeps the prefix with the highest
+E / T. All k = 0 (plain batched decoding) is one of the candidates and is kept unless drafting
+beats it by MIN_GAIN: as concurrency grows and verification stops being cheap, k falls to 0,
+so speculation on is not slower than off. A request with a fixed k keeps it.
+
+Acceptance is estimated per source across sequences (spec/depth.py's AcceptanceEstimate). A
+source that gets k = 0 is probed with one token now and then, within PROBE_BUDGET of decoding
+time, unless it could not pay even at near-perfect acceptance.
+"""
+
+from dataclasses import dataclass, field
+
+from tandem.models.batch_runner import BatchRunner
+from tandem.spec.depth import BEST_ACCEPTANCE, DEFAULT_K_MAX, PROBE_BUDGET, AcceptanceEstimate
+
+MIN_GAIN = 0.01  # drafting must beat plain decoding by this fraction of tokens/ms
+STEP_OVERHEAD_MS = 1.0  # engine bookkeeping per step, refined from observation
+
+
+@dataclass(frozen=True, slots=True)
+class DraftCandidate:
+    """What one sequence could draft this step."""
+
+    source: str  # acceptance source: "model", "ngram3", "shared5", ...
+    cap: int  # most draft tokens it can propose (remaining tokens, context, continuation)
+    uses_model: bool  # drafted by the draft model (costs draft steps) or copied (free)
+    setup_ms: float = 0.0  # draft model catch-up before the first token
+    fixed_k: int | None = None  # the request asked for this k
+
+
+@dataclass
+class _Walk:
+    """Running totals while draft tokens are added in order of falling gain."""
+
+    tokens: float
+    target_counts: list[int]
+    target_total: int
+    target_ms: float
+    draft_levels: list[int]  # n_j: sequences drafting a j-th token with the model
+    draft_ms: float
+    setup_ms: float
+
+
+@dataclass
+class BatchDepthPlanner:
+    target: BatchRunner
+    draft: BatchRunner | None = None
+    k_max: int = DEFAULT_K_MAX
+    overhead_ms: float = STEP_OVERHEAD_MS
+    estimates: dict[str, AcceptanceEstimate] = field(default_factory=dict)
+    idle_ms: dict[str, float] = field(default_factory=dict)
+
+    def acceptance(self, source: str) -> float:
+        if source not in self.estimates:
+            self.estimates[source] = AcceptanceEstimate.for_source(source)
+        return self.estimates[source].rate
+
+    def record(self, source: str, drafted: int, accepted: int) -> None:
+        if drafted:
+            self.acceptance(source)
+            self.estimates[source].update(drafted, accepted)
+
+    def observe_overhead(self, overhead_ms: float) -> None:
+        self.overhead_ms += 0.1 * (overhead_ms - self.overhead_ms)
+
+    def plan(self, candidates: list[DraftCandidate]) -> list[int]:
+        """k per candidate, in order."""
+        alphas = [self.acceptance(c.source) for c in candidates]
+        ks = self._best_plan(candidates, alphas)
+        self._probe(candidates, ks)
+        return ks
+
+    def _best_plan(self, candidates: list[DraftCandidate], alphas: list[float]) -> list[int]:
+        ks = [min(c.fixed_k, c.cap) if c.fixed_k is not None else 0 for c in candidates]
+        walk = self._start(candidates, alphas, ks)
+        base_rate = self._rate(walk)
+        gains = sorted(
+            (-(alphas[i] ** j), j, i)
+            for i, c in enumerate(candidates) if c.fixed_k is None
+            for j in range(1, min(c.cap, self.k_max) + 1)
+        )
+        best_rate, best_taken, taken = base_rate, 0, []
+        for negative_gain, j, i in gains:
+            self._add(walk, candidates[i], -negative_gain, i, j)
+            taken.append(i)
+            rate = self._rate(walk)
+            if rate > best_rate:
+                best_rate, best_taken = rate, len(taken)
+        if best_rate <= base_rate * (1 + MIN_GAIN):
+            return ks
+        for i in taken[:best_taken]:
+            ks[i] += 1
+        return ks
+
+    def _start(self, candidates: list[DraftCandidate], alphas: list[float], ks: list[int]) -> _Walk:
+        counts = [k + 1 for k in ks]
+        walk = _Walk(0.0, counts, sum(counts), self._target_ms(counts), [], 0.0, 0.0)
+        for c, a, k in zip(candidates, alphas, ks):
+            walk.tokens += sum(a**j for j in range(k + 1))
+            if c.uses_model and k:
+                walk.setup_ms += c.setup_ms
+                for j in range(1, k + 1):
+                    self._add_draft_level(walk, j)
+        return walk
+
+    def _target_ms(self, counts: list[int]) -> float:
+        if self.target.fused:
+            return self.target.cost.cost_ms(sum(counts))
+        return sum(self.target.cost.cost_ms(n) for n in counts)
+
+    def _add(self, walk: _Walk, candidate: DraftCandidate, gain: float, i: int, j: int) -> None:
+        walk.tokens += gain
+        before = walk.target_counts[i]
+        walk.target_counts[i] += 1
+        walk.target_total += 1
+        if self.target.fused:
+            walk.target_ms = self.target.cost.cost_ms(walk.target_total)
+        else:
+            walk.target_ms += self.target.cost.cost_ms(before + 1) - self.target.cost.cost_ms(before)
+        if candidate.uses_model:
+            if j == 1:
+                walk.setup_ms += candidate.setup_ms
+            self._add_draft_level(walk, j)
+
+    def _add_draft_level(self, walk: _Walk, j: int) -> None:
+        if self.draft is None:
+            return
+        while len(walk.draft_levels) < j:
+            walk.draft_levels.append(0)
+        n = walk.draft_levels[j - 1]
+        walk.draft_levels[j - 1] = n + 1
+        cost = self.draft.cost
+        walk.draft_ms += (cost.cost_ms(n + 1) - cost.cost_ms(n)) if self.draft.fused else cost.cost_ms(1)
+
+    def _rate(self, walk: _Walk) -> float:
+        elapsed = walk.target_ms + walk.draft_ms + walk.setup_ms + self.overhead_ms
+        return walk.tokens / max(elapsed, 1e-6)
+
+    def _probe(self, candidates: list[DraftCandidate], ks: list[int]) -> None:
+        """Give one idle source a one-token draft once its idle time has paid for it."""
+        step_ms = self._target_ms([k + 1 for k in ks])
+        seen = set()
+        for i, c in enumerate(candidates):
+            if c.fixed_k is not None or c.cap < 1 or c.source in seen:
+                continue
+            seen.add(c.source)
+            if any(k for k, other in zip(ks, candidates) if other.source == c.source):
+                self.idle_ms[c.source] = 0.0
+                continue
+            idle = self.idle_ms.get(c.source, 0.0) + step_ms
+            extra = self._probe_cost(candidates, ks, i)
+            if idle * PROBE_BUDGET >= extra and self._could_pay(c):
+                ks[i], idle = 1, 0.0
+            self.idle_ms[c.source] = idle
+
+    def _probe_cost(self, candidates: list[DraftCandidate], ks: list[int], i: int) -> float:
+        counts = [k + 1 for k in ks]
+        before = self._target_ms(counts)
+        counts[i] += 1
+        extra = self._target_ms(counts) - before
+        if candidates[i].uses_model and self.draft is not None:
+            extra += self.draft.cost.cost_ms(1) + candidates[i].setup_ms
+        return extra
+
+    def _could_pay(self, candidate: DraftCandidate) -> bool:
+        """Would this source beat plain decoding, alone, even at near-perfect acceptance?"""
+        alone = DraftCandidate(candidate.source, candidate.cap, candidate.uses_model)
+        return any(self._best_plan([alone], [BEST_ACCEPTANCE]))

@@ -1,0 +1,90 @@
+"""The load-aware planner: exact against brute force where the greedy order is provably optimal,
+drafting where verification is cheap, none where it is dear, and less as the batch grows."""
+
+import itertools
+from dataclasses import dataclass
+
+import pytest
+
+from tandem.models.cost import CostModel
+from tandem.spec.batch_depth import MIN_GAIN, BatchDepthPlanner, DraftCandidate
+from tandem.spec.depth import AcceptanceEstimate
+
+GPU_LIKE = {1: 10.0, 64: 11.0}  # verifying 64 tokens costs about as much as 1
+CPU_LLAMACPP = {1: 34.6, 2: 66.0, 4: 122.0, 16: 279.0, 64: 900.0}  # measured shape, 1.5B Q4
+
+
+@dataclass
+class CostOnly:
+    cost: CostModel
+    fused: bool = True
+
+
+def planner(target_curve, draft_curve=None, fused=True) -> BatchDepthPlanner:
+    draft = CostOnly(CostModel(dict(draft_curve)), fused) if draft_curve else None
+    return BatchDepthPlanner(CostOnly(CostModel(dict(target_curve)), fused), draft)
+
+
+def set_acceptance(p: BatchDepthPlanner, source: str, rate: float) -> None:
+    p.estimates[source] = AcceptanceEstimate(rate * 1000, 1000)
+
+
+def rate_of(p: BatchDepthPlanner, candidates, ks) -> float:
+    tokens = sum(sum(p.acceptance(c.source) ** j for j in range(k + 1)) for c, k in zip(candidates, ks))
+    return tokens / (p.target.cost.cost_ms(sum(k + 1 for k in ks)) + p.overhead_ms)
+
+
+def test_copied_drafts_match_brute_force():
+    p = planner({1: 20.0, 4: 30.0, 8: 45.0, 16: 90.0})
+    for source, rate in (("ngram3", 0.5), ("ngram5", 0.8), ("ngram8", 0.95)):
+        set_acceptance(p, source, rate)
+    candidates = [DraftCandidate("ngram3", 3, False), DraftCandidate("ngram5", 3, False),
+                  DraftCandidate("ngram8", 3, False)]
+    best = max(itertools.product(range(4), repeat=3), key=lambda ks: rate_of(p, candidates, ks))
+    chosen = p._best_plan(candidates, [p.acceptance(c.source) for c in candidates])
+    assert rate_of(p, candidates, chosen) == pytest.approx(rate_of(p, candidates, best))
+
+
+def test_cheap_verification_drafts_deep_at_any_concurrency():
+    p = planner(GPU_LIKE, {1: 1.0, 64: 2.0})
+    set_acceptance(p, "model", 0.7)
+    for batch in (1, 4, 16):
+        ks = p.plan([DraftCandidate("model", 16, True) for _ in range(batch)])
+        assert min(ks) >= 3, (batch, ks)
+
+
+def test_dear_verification_falls_to_plain_decoding_as_the_batch_grows():
+    p = planner(CPU_LLAMACPP, {1: 19.0, 2: 35.0, 4: 60.0, 16: 150.0, 64: 500.0})
+    set_acceptance(p, "ngram8", 0.97)
+    single = p.plan([DraftCandidate("ngram8", 8, False)])
+    crowded = p._best_plan([DraftCandidate("ngram8", 8, False)] * 16, [0.97] * 16)
+    assert sum(single) > 0 and sum(crowded) < sum(single) * 16
+    set_acceptance(p, "model", 0.6)
+    assert p._best_plan([DraftCandidate("model", 8, True)] * 16, [0.6] * 16) == [0] * 16
+
+
+def test_plain_decoding_is_kept_unless_drafting_wins_clearly():
+    p = planner({1: 10.0, 2: 20.0, 3: 30.0})  # linear: a draft token costs what a target token does
+    set_acceptance(p, "ngram4", 0.9)
+    assert p._best_plan([DraftCandidate("ngram4", 2, False)], [0.9]) == [0]
+    assert MIN_GAIN > 0
+
+
+def test_fixed_k_is_respected_and_capped():
+    p = planner(CPU_LLAMACPP)
+    ks = p.plan([DraftCandidate("model", 3, True, fixed_k=5), DraftCandidate("none", 0, False, fixed_k=0)])
+    assert ks == [3, 0]
+
+
+def test_idle_sources_get_probed_within_budget():
+    p = planner({1: 10.0, 2: 19.0, 64: 600.0}, {1: 0.1, 64: 5.0})
+    set_acceptance(p, "model", 0.2)  # too low to draft, but could pay at near-perfect acceptance
+    probes = sum(p.plan([DraftCandidate("model", 8, True)])[0] for _ in range(200))
+    assert 1 <= probes <= 10  # about PROBE_BUDGET of the decoding time
+
+
+def test_serial_runners_sum_per_sequence_costs():
+    p = planner({1: 10.0, 2: 11.0, 8: 14.0}, fused=False)
+    set_acceptance(p, "ngram6", 0.9)
+    ks = p._best_plan([DraftCandidate("ngram6", 8, False)] * 4, [0.9] * 4)
+    assert all(k > 0 for k in ks)  # each sequence pays only its own small increment

@@ -1,0 +1,66 @@
+"""The engine thread: requests in from other threads (or an event loop), updates out, bounded
+capacity, cancellation, shutdown that always ends every request."""
+
+import asyncio
+
+import pytest
+
+from tandem.engine.events import SpeculationOptions
+from tandem.engine.request import GenerationRequest
+from tandem.engine.worker import EngineStoppedError, EngineWorker, QueueFullError
+from test_batch_engine import MAX_TOKENS, PROMPTS, make_engine, references  # noqa: F401 (fixture)
+
+
+def collect_sync(handle, timeout=30.0):
+    tokens = []
+    while True:
+        update = handle.next_update_sync(timeout=timeout)
+        tokens += update.token_ids
+        if update.finished:
+            return tokens, update
+
+
+def test_threads_submit_and_receive_full_outputs(tiny_target, tiny_draft, references):
+    worker = EngineWorker(make_engine(tiny_target, tiny_draft, slots=2), max_waiting=8).start()
+    handles = [worker.submit(GenerationRequest(p, max_tokens=MAX_TOKENS)) for p in PROMPTS]
+    for prompt, handle in zip(PROMPTS, handles):
+        tokens, last = collect_sync(handle)
+        assert tokens == references[prompt] and last.finish_reason in ("stop", "length")
+    worker.shutdown(grace_seconds=1)
+
+
+def test_event_loop_side_gets_updates_without_blocking(tiny_target, tiny_draft, references):
+    worker = EngineWorker(make_engine(tiny_target, tiny_draft, slots=2)).start()
+
+    async def main():
+        handle = worker.submit(GenerationRequest(PROMPTS[0], max_tokens=MAX_TOKENS), SpeculationOptions("ngram"))
+        tokens = []
+        while True:
+            update = await asyncio.wait_for(handle.next_update(), 30)
+            tokens += update.token_ids
+            if update.finished:
+                return tokens
+
+    assert asyncio.run(main()) == references[PROMPTS[0]]
+    worker.shutdown(grace_seconds=1)
+
+
+def test_capacity_is_bounded(tiny_target, tiny_draft):
+    worker = EngineWorker(make_engine(tiny_target, tiny_draft, slots=1), max_waiting=1)  # not started
+    worker.submit(GenerationRequest(PROMPTS[0], max_tokens=4))
+    worker.submit(GenerationRequest(PROMPTS[1], max_tokens=4))
+    with pytest.raises(QueueFullError) as error:
+        worker.submit(GenerationRequest(PROMPTS[2], max_tokens=4))
+    assert error.value.retry_after_seconds >= 1
+
+
+def test_cancel_and_shutdown_end_every_request(tiny_target, tiny_draft):
+    worker = EngineWorker(make_engine(tiny_target, tiny_draft, slots=1), max_waiting=4).start()
+    long = [worker.submit(GenerationRequest(p, max_tokens=10_000)) for p in PROMPTS[:3]]
+    long[0].cancel()
+    assert collect_sync(long[0])[1].finish_reason in ("cancelled", "length", "stop")
+    worker.shutdown(grace_seconds=0.2)
+    for handle in long[1:]:
+        assert collect_sync(handle, timeout=5)[1].finished
+    with pytest.raises(EngineStoppedError):
+        worker.submit(GenerationRequest(PROMPTS[0], max_tokens=4))
