@@ -1,0 +1,166 @@
+"""A Redis client for the serving caches that never raises to its caller.
+
+Contract: `run(op, fallback)` returns `op(client)`, or `fallback` when Redis is unreachable or
+fails mid-call; a failure counts an error and logs a warning at most once per
+WARNING_INTERVAL_SECONDS. After a failure the link is *down* for a backoff that doubles from
+`backoff_min_s` to `backoff_max_s`; while down, `run` returns `fallback` at once without
+touching the network, so a dead Redis costs a request only its cache. The first call after the
+backoff tries again (redis-py reconnects its pooled connections by itself), and a success resets
+the backoff. Socket timeouts are short and redis-py's own retries are off, so no call waits on
+a dead or hung server for longer than one socket timeout.
+
+Only a malformed URL is the user's error (`TandemError`, at construction); an unreachable
+server never is.
+"""
+
+import logging
+import math
+import threading
+import time
+from typing import Callable, TypeVar
+from urllib.parse import urlsplit
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from tandem.errors import TandemError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+REDIS_SCHEMES = ("redis", "rediss")
+SOCKET_TIMEOUT_SECONDS = 0.2  # connect and read; a cache that slow is no cache
+RECONNECT_BACKOFF_MIN_SECONDS = 0.5
+RECONNECT_BACKOFF_MAX_SECONDS = 10.0
+WARNING_INTERVAL_SECONDS = 30.0  # at most one "Redis is down" warning per interval
+BACKEND_ERRORS = (redis.RedisError, OSError)
+
+
+def is_redis_url(url: str) -> bool:
+    """Whether `url` asks for Redis (it may still be malformed: see check_redis_url)."""
+    return url.startswith(tuple(f"{scheme}://" for scheme in REDIS_SCHEMES))
+
+
+def check_redis_url(url: str) -> None:
+    """Raise TandemError unless `url` reads redis[s]://[user:password@]host[:port][/db]."""
+    expected = "expected redis://host:port[/db]"
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        raise TandemError(f"cannot parse the Redis URL {redact(url)!r}: {expected}") from None
+    if parts.scheme not in REDIS_SCHEMES:
+        raise TandemError(f"unsupported Redis URL {redact(url)!r}: {expected}")
+    if not parts.hostname:
+        raise TandemError(f"the Redis URL {redact(url)!r} names no host: {expected}")
+    try:
+        _ = parts.port  # parsed lazily: a bad port raises only here
+    except ValueError:
+        raise TandemError(f"the Redis URL {redact(url)!r} has a bad port: {expected}") from None
+    db = parts.path.strip("/")
+    if db and not db.isdigit():
+        raise TandemError(f"the Redis URL {redact(url)!r} has a bad database number {db!r}: {expected}")
+
+
+def redact(url: str) -> str:
+    """The URL with any password replaced, fit for logs and error messages."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return "<unparseable URL>"
+    if password is None:
+        return url
+    netloc = parts.netloc.replace(f":{password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()
+
+
+class RedisLink:
+    def __init__(
+        self,
+        url: str,
+        socket_timeout_s: float = SOCKET_TIMEOUT_SECONDS,
+        backoff_min_s: float = RECONNECT_BACKOFF_MIN_SECONDS,
+        backoff_max_s: float = RECONNECT_BACKOFF_MAX_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        check_redis_url(url)
+        if not 0 < backoff_min_s <= backoff_max_s:
+            raise TandemError(f"Redis reconnect backoff needs 0 < min <= max, got {backoff_min_s}, {backoff_max_s}")
+        self.url = redact(url)
+        try:
+            self.client = redis.Redis.from_url(
+                url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s,
+                retry=Retry(NoBackoff(), 0), retry_on_timeout=False,
+            )
+        except ValueError as error:
+            raise TandemError(f"cannot use the Redis URL {self.url!r}: {error}") from None
+        self._clock = clock
+        self._backoff_min_s = backoff_min_s
+        self._backoff_max_s = backoff_max_s
+        self._lock = threading.Lock()
+        self._errors = 0
+        self._errors_unreported = 0
+        self._backoff_s = backoff_min_s
+        self._down_until = -math.inf
+        self._last_warning = -math.inf
+
+    @property
+    def errors(self) -> int:
+        """Operations not served: failed calls and calls skipped while down."""
+        with self._lock:
+            return self._errors
+
+    def run(self, op: Callable[[redis.Redis], T], fallback: T) -> T:
+        """`op(client)`, or `fallback` if Redis is down or the call fails. Never raises a
+        Redis or socket error."""
+        if self._skip():
+            return fallback
+        try:
+            result = op(self.client)
+        except BACKEND_ERRORS as error:
+            self._failed(error)
+            return fallback
+        self._succeeded()
+        return result
+
+    def ping(self) -> bool:
+        return self.run(lambda client: bool(client.ping()), False)
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        except BACKEND_ERRORS:
+            pass
+
+    def _skip(self) -> bool:
+        with self._lock:
+            if self._clock() >= self._down_until:
+                return False
+            self._errors += 1
+            self._errors_unreported += 1
+            return True
+
+    def _failed(self, error: Exception) -> None:
+        with self._lock:
+            now = self._clock()
+            self._errors += 1
+            self._errors_unreported += 1
+            self._down_until = now + self._backoff_s
+            retry_in = self._backoff_s
+            self._backoff_s = min(2 * self._backoff_s, self._backoff_max_s)
+            if now - self._last_warning < WARNING_INTERVAL_SECONDS:
+                return
+            self._last_warning = now
+            count, self._errors_unreported = self._errors_unreported, 0
+        log.warning("Redis at %s unavailable (%s: %s); serving uncached, %d operation(s) degraded "
+                    "since the last warning; retrying in %.1f s",
+                    self.url, type(error).__name__, error, count, retry_in)
+
+    def _succeeded(self) -> None:
+        with self._lock:
+            recovered = self._down_until > -math.inf
+            self._down_until = -math.inf
+            self._backoff_s = self._backoff_min_s
+        if recovered:
+            log.info("Redis at %s reachable again", self.url)

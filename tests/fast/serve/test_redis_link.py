@@ -1,0 +1,95 @@
+"""The Redis link's degrade-never-raise rules, without a server: failures become the fallback,
+a backoff skips the network, warnings are rate-limited, and a success resets everything."""
+
+import logging
+
+import pytest
+import redis
+
+from tandem.errors import TandemError
+from tandem.serve.redis_link import RedisLink, check_redis_url, redact
+
+URL = "redis://127.0.0.1:6379/0"
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FlakyOp:
+    """Fails while `down`, counting the calls that reached it."""
+
+    def __init__(self):
+        self.down = True
+        self.calls = 0
+
+    def __call__(self, client) -> str:
+        self.calls += 1
+        if self.down:
+            raise redis.ConnectionError("Connection refused")
+        return "ok"
+
+
+def test_failures_become_the_fallback_and_back_off():
+    clock, op = FakeClock(), FlakyOp()
+    link = RedisLink(URL, backoff_min_s=1.0, backoff_max_s=4.0, clock=clock)
+    assert link.run(op, "fallback") == "fallback" and op.calls == 1
+    assert link.run(op, "fallback") == "fallback" and op.calls == 1  # skipped while down
+    clock.now = 1.0
+    assert link.run(op, "fallback") == "fallback" and op.calls == 2  # retried, failed: 2 s backoff
+    clock.now = 2.9
+    assert link.run(op, "fallback") == "fallback" and op.calls == 2
+    clock.now = 3.0
+    op.down = False
+    assert link.run(op, "fallback") == "ok" and op.calls == 3
+    assert link.errors == 4  # every degraded call counts, skipped or failed
+    op.down = True
+    link.run(op, None)  # the backoff starts over from its minimum
+    clock.now = 4.0
+    link.run(op, None)
+    assert op.calls == 5
+
+
+def test_backoff_is_capped():
+    clock, op = FakeClock(), FlakyOp()
+    link = RedisLink(URL, backoff_min_s=1.0, backoff_max_s=2.0, clock=clock)
+    for _ in range(6):
+        link.run(op, None)
+        clock.now += 2.0  # always past the capped backoff
+    assert op.calls == 6
+
+
+def test_warnings_are_rate_limited(caplog):
+    clock, op = FakeClock(), FlakyOp()
+    link = RedisLink(URL, backoff_min_s=0.1, backoff_max_s=0.1, clock=clock)
+    with caplog.at_level(logging.WARNING, logger="tandem.serve.redis_link"):
+        for _ in range(50):
+            link.run(op, None)
+            clock.now += 0.2
+    assert len(caplog.records) == 1  # 10 s of failures, one warning
+    assert "127.0.0.1:6379" in caplog.text
+
+
+def test_other_errors_are_bugs_and_propagate():
+    link = RedisLink(URL)
+    with pytest.raises(KeyError):
+        link.run(lambda client: {}["missing"], None)
+
+
+@pytest.mark.parametrize("url", ["redis://h", "redis://h:6379", "redis://h:6379/3", "rediss://u:p@h:1/"])
+def test_good_urls(url):
+    check_redis_url(url)
+
+
+def test_bad_backoff_is_a_clear_error():
+    with pytest.raises(TandemError, match="backoff"):
+        RedisLink(URL, backoff_min_s=2.0, backoff_max_s=1.0)
+
+
+def test_redact_hides_passwords_only():
+    assert redact("redis://user:pw@host:1/0") == "redis://user:***@host:1/0"
+    assert redact("redis://host:1/0") == "redis://host:1/0"
