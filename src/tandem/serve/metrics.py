@@ -1,31 +1,183 @@
-"""Prometheus metrics for serving (interface; the observability work fills it in)."""
+"""Prometheus metrics for serving, and the rolling series behind the dashboard.
+
+Names follow vLLM's where one exists, with the prefix `tandem:` for `vllm:`; every metric carries
+the label `model_name`. Terms: a round drafts k tokens of which `accepted` are accepted; by draft
+position (1-based) positions 1..accepted count as accepted and position accepted + 1 (if <= k) as
+rejected. `observe_step` runs on the engine thread, the rest on the event loop; everything here is
+thread-safe (prometheus_client's instruments are, and one lock guards the rolling state). Metrics
+live on their own `CollectorRegistry` unless one is given, never on the global one.
+"""
+
+import threading
+import time
+from collections import Counter as Tally
+from collections.abc import Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from tandem.engine.events import StepReport
+from tandem.serve.acceptance_window import DEFAULT_MIN_TOKENS, DEFAULT_WINDOW_TOKENS, AcceptanceWindow
+from tandem.serve.device_usage import DEFAULT_UTILIZATION_WINDOW_SECONDS, BusyWindow, device_memory_bytes
+from tandem.serve.metric_instruments import Instruments
+from tandem.serve.rolling_series import DEFAULT_RECENT_SECONDS, DEFAULT_SERIES_SECONDS, RollingSeries
+
+TOTALS = ("requests", "rejected", "prompt_tokens", "generation_tokens", "drafted", "accepted",
+          "cache_hits", "cache_misses")  # the snapshot's running totals since start
 
 
 class ServingMetrics:
-    def __init__(self, model_name: str, alert_threshold: float = 0.6, registry=None):
+    def __init__(self, model_name: str, alert_threshold: float = 0.6, registry=None, *,
+                 alert_window_tokens: int = DEFAULT_WINDOW_TOKENS,
+                 alert_min_tokens: int = DEFAULT_MIN_TOKENS,
+                 series_seconds: int = DEFAULT_SERIES_SECONDS,
+                 recent_seconds: float = DEFAULT_RECENT_SECONDS,
+                 utilization_window_seconds: float = DEFAULT_UTILIZATION_WINDOW_SECONDS,
+                 clock: Callable[[], float] = time.time):
+        """alert_threshold: `tandem:acceptance_alert` is 1 while the acceptance rate over the last
+        `alert_window_tokens` draft tokens is below it (given at least `alert_min_tokens` of them).
+        series_seconds: how much history the dashboard's per-second series keep.
+        recent_seconds: the window of the dashboard's latency percentiles and acceptance by position.
+        clock: wall time in seconds, as `StepReport.started_at` (tests pass a fake one)."""
         self.model_name = model_name
         self.alert_threshold = alert_threshold
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._window = AcceptanceWindow(alert_threshold, alert_window_tokens, alert_min_tokens)
+        self._series = RollingSeries(series_seconds, recent_seconds)
+        self._busy = BusyWindow(utilization_window_seconds)
+        self._totals: Tally[str] = Tally(dict.fromkeys(TOTALS, 0))
+        self._m = Instruments(self.registry, model_name)
+        self._m.acceptance_alert_threshold.set(alert_threshold)
+
+    # -- the HTTP layer -------------------------------------------------------------------------
 
     def request_finished(self, status: str, prompt_tokens: int, completion_tokens: int,
                          ttft_seconds: float | None, e2e_seconds: float,
                          inter_token_seconds: list[float]) -> None:
         """status: the finish reason ("stop", "length", "cancelled", "error")."""
+        m = self._m
+        m.request_success.labels(self.model_name, status).inc()
+        m.prompt_tokens.inc(prompt_tokens)
+        m.generation_tokens.inc(completion_tokens)
+        if ttft_seconds is not None:
+            m.time_to_first_token.observe(ttft_seconds)
+        m.e2e_request_latency.observe(e2e_seconds)
+        for seconds in inter_token_seconds:
+            m.inter_token_latency.observe(seconds)
+        with self._lock:
+            self._totals.update(requests=1, prompt_tokens=prompt_tokens, generation_tokens=completion_tokens)
+            self._series.add_request(self._clock(), ttft_seconds, e2e_seconds, inter_token_seconds)
 
     def request_rejected(self, http_status: int) -> None:
         """A request refused before it reached the engine (4xx, 429, 503)."""
+        self._m.request_rejected.labels(self.model_name, str(http_status)).inc()
+        with self._lock:
+            self._totals["rejected"] += 1
 
     def cache_lookup(self, hit: bool) -> None:
         """A response-cache lookup for a deterministic request."""
+        (self._m.cache_hits if hit else self._m.cache_misses).inc()
+        with self._lock:
+            self._totals["cache_hits" if hit else "cache_misses"] += 1
+
+    # -- the engine thread ----------------------------------------------------------------------
 
     def observe_step(self, report: StepReport) -> None:
         """Called on the engine thread after every engine step."""
+        self._observe_timings(report)
+        self._observe_rounds(report)
+        ended_at = report.started_at + report.step_seconds
+        with self._lock:
+            for round_ in report.rounds:
+                self._window.add_round(round_.k, round_.accepted)
+            self._totals["drafted"] += sum(round_.k for round_ in report.rounds)
+            self._totals["accepted"] += sum(round_.accepted for round_ in report.rounds)
+            self._busy.add_step(report.started_at, ended_at, report.prefill_seconds + report.verify_seconds,
+                                report.draft_seconds)
+            self._series.add_step(report, ended_at, self._window.rate)
+            self._refresh_rolling_gauges(ended_at)
+
+    def _observe_timings(self, report: StepReport) -> None:
+        m = self._m
+        m.num_requests_running.set(report.running)
+        m.num_requests_waiting.set(report.waiting)
+        m.engine_step_seconds.observe(report.step_seconds)
+        if report.prefilled or report.prefill_seconds > 0:
+            m.prefill_step_seconds.observe(report.prefill_seconds)
+        if report.draft_seconds > 0:
+            m.draft_step_seconds.observe(report.draft_seconds)
+        if report.rounds:
+            m.verify_step_seconds.observe(report.verify_seconds)
+
+    def _observe_rounds(self, report: StepReport) -> None:
+        """Tallied per step first: one increment per label value, not per round."""
+        m = self._m
+        sources, accepted_at, rejected_at = Tally(), Tally(), Tally()
+        for round_ in report.rounds:
+            m.chosen_k.observe(round_.k)
+            sources[round_.source] += 1
+            if round_.k > 0:
+                accepted_at.update(range(1, round_.accepted + 1))
+                if round_.accepted < round_.k:
+                    rejected_at[round_.accepted + 1] += 1
+        drafting = [round_ for round_ in report.rounds if round_.k > 0]
+        if drafting:
+            m.num_drafts.inc(len(drafting))
+            m.num_draft_tokens.inc(sum(round_.k for round_ in drafting))
+            m.num_accepted_tokens.inc(sum(round_.accepted for round_ in drafting))
+        for source, rounds in sources.items():
+            m.rounds_by_source.labels(self.model_name, source).inc(rounds)
+        for position, count in accepted_at.items():
+            m.accepted_per_pos.labels(self.model_name, str(position)).inc(count)
+        for position, count in rejected_at.items():
+            m.rejected_per_pos.labels(self.model_name, str(position)).inc(count)
+
+    def _refresh_rolling_gauges(self, now: float) -> dict[str, float]:  # holds the lock
+        rate = self._window.rate
+        self._m.acceptance_rate_rolling.set(rate if rate is not None else float("nan"))
+        self._m.acceptance_alert.set(1 if self._window.firing else 0)
+        utilization = self._busy.utilization(now)
+        for role, fraction in utilization.items():
+            self._m.device_utilization.labels(self.model_name, role).set(fraction)
+        return utilization
+
+    # -- readers --------------------------------------------------------------------------------
 
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition and its content type."""
-        return b"", "text/plain; version=0.0.4; charset=utf-8"
+        with self._lock:
+            self._refresh_rolling_gauges(self._clock())
+        self._refresh_memory()
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def _refresh_memory(self) -> dict[str, int]:
+        memory = device_memory_bytes()
+        for device, used in memory.items():
+            self._m.device_memory.labels(self.model_name, device).set(used)
+        return memory
+
+    @property
+    def alert_firing(self) -> bool:
+        with self._lock:
+            return self._window.firing
 
     def snapshot(self) -> dict:
-        """Rolling series for the dashboard (JSON-ready)."""
-        return {}
+        """Rolling series for the dashboard (JSON-ready): see rolling_series.py for their meaning."""
+        now = self._clock()
+        memory = self._refresh_memory()
+        with self._lock:
+            utilization = self._refresh_rolling_gauges(now)
+            return {
+                "model_name": self.model_name,
+                "now": now,
+                "series_seconds": self._series.seconds,
+                "recent_seconds": self._series.recent_seconds,
+                "alert": self._window.state(),
+                "series": self._series.series(now),
+                "latency": self._series.latency_summary(now),
+                "acceptance_by_position": self._series.acceptance_by_position(now),
+                "utilization": {role: round(value, 4) for role, value in utilization.items()},
+                "memory_bytes": memory,
+                "totals": dict(self._totals),
+            }

@@ -1,0 +1,73 @@
+"""The Prometheus instruments of one served model: names, help texts, labels and buckets.
+
+Names follow vLLM's (`vllm:` becomes `tandem:`) where vLLM has an equivalent; prometheus_client
+appends `_total` to counters. Instruments without extra labels are pre-bound to the model name.
+"""
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+PREFIX = "tandem:"
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
+E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0)
+STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+K_BUCKETS = tuple(float(k) for k in range(17))  # chosen speculation depth 0..16, then +Inf
+
+
+class Instruments:
+    def __init__(self, registry: CollectorRegistry, model_name: str):
+        def counter(name, doc, *labels):
+            return _bind(Counter(PREFIX + name, doc, ["model_name", *labels], registry=registry), model_name, labels)
+
+        def gauge(name, doc, *labels):
+            return _bind(Gauge(PREFIX + name, doc, ["model_name", *labels], registry=registry), model_name, labels)
+
+        def histogram(name, doc, buckets):
+            return Histogram(PREFIX + name, doc, ["model_name"], buckets=buckets, registry=registry).labels(model_name)
+
+        # requests
+        self.num_requests_running = gauge("num_requests_running", "Sequences in the engine's running batch.")
+        self.num_requests_waiting = gauge("num_requests_waiting", "Requests queued, not yet admitted.")
+        self.request_success = counter("request_success", "Finished requests by finish reason.", "finished_reason")
+        self.request_rejected = counter("request_rejected", "Requests refused before the engine, by HTTP status.",
+                                        "http_status")
+        self.time_to_first_token = histogram("time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
+        self.inter_token_latency = histogram("inter_token_latency_seconds", "Time between output tokens.",
+                                             ITL_BUCKETS)
+        self.e2e_request_latency = histogram("e2e_request_latency_seconds", "End-to-end request latency.",
+                                             E2E_BUCKETS)
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests.")
+        self.generation_tokens = counter("generation_tokens", "Completion tokens of finished requests.")
+        # speculative decoding
+        self.num_drafts = counter("spec_decode_num_drafts", "Speculation rounds with at least one draft token.")
+        self.num_draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens verified by the target.")
+        self.num_accepted_tokens = counter("spec_decode_num_accepted_tokens", "Draft tokens the target accepted.")
+        self.accepted_per_pos = counter("spec_decode_num_accepted_tokens_per_pos",
+                                        "Accepted draft tokens by 1-based draft position.", "position")
+        self.rejected_per_pos = counter("spec_decode_num_rejected_tokens_per_pos",
+                                        "Rounds whose first rejected draft token sat at this 1-based position.",
+                                        "position")
+        self.rounds_by_source = counter("spec_decode_rounds", "Speculation rounds by draft source.", "source")
+        self.chosen_k = histogram("spec_decode_chosen_k", "Chosen speculation depth k per round.", K_BUCKETS)
+        self.acceptance_rate_rolling = gauge("acceptance_rate_rolling",
+                                             "Acceptance rate over the most recent draft tokens.")
+        self.acceptance_alert = gauge("acceptance_alert", "1 while the rolling acceptance rate is below threshold.")
+        self.acceptance_alert_threshold = gauge("acceptance_alert_threshold", "The acceptance alert's threshold.")
+        # engine steps and devices
+        self.engine_step_seconds = histogram("engine_step_seconds", "Wall time of one engine step.", STEP_BUCKETS)
+        self.prefill_step_seconds = histogram("prefill_step_seconds", "Prompt processing per step.", STEP_BUCKETS)
+        self.draft_step_seconds = histogram("draft_step_seconds", "Draft-model forwards per step.", STEP_BUCKETS)
+        self.verify_step_seconds = histogram("verify_step_seconds", "The batched target verify forward.",
+                                             STEP_BUCKETS)
+        self.device_memory = gauge("device_memory_bytes", "Memory in use: process RSS (cpu), allocated (cuda:i).",
+                                   "device")
+        self.device_utilization = gauge("device_utilization",
+                                        "Fraction of recent wall time the role's model was computing.", "role")
+        # response cache
+        self.cache_hits = counter("response_cache_hits", "Response-cache lookups that hit.")
+        self.cache_misses = counter("response_cache_misses", "Response-cache lookups that missed.")
+
+
+def _bind(metric, model_name: str, extra_labels: tuple):
+    """Pre-bind metrics without extra labels; the others are bound per call."""
+    return metric if extra_labels else metric.labels(model_name)
