@@ -1,0 +1,82 @@
+"""The coordinator's view of its workers: which are alive, what they hold, how to restart them.
+
+A worker that dies is marked dead at once (its sequences are re-placed by the coordinator) and
+a replacement is started in the background with the same placement; it rejoins when its first
+`info` call answers. Restarts are bounded per worker.
+"""
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from tandem.cluster.endpoints import Endpoint, Pending, WorkerDiedError
+from tandem.models.cost import CostModel
+
+MAX_RESTARTS = 5
+
+
+@dataclass
+class CostView:
+    """What the depth planner needs from a runner that lives in another process."""
+
+    cost: CostModel
+    fused: bool = True
+
+
+@dataclass
+class Worker:
+    name: str
+    role: str  # "verify" | "draft"
+    start: Callable[[], Endpoint]  # (re)creates the worker where its placement says
+    rtt_ms: float = 0.0  # round trip from the coordinator
+    endpoint: Endpoint | None = None
+    alive: bool = False
+    restarts: int = 0
+    max_slots: int = 1
+    context_length: int = 4096
+    cost: CostView = field(default_factory=lambda: CostView(CostModel()))
+    pid: int | None = None
+    sequences: set[str] = field(default_factory=set)
+    _starting: Pending | None = None
+
+    def launch(self) -> None:
+        self.endpoint = self.start()
+        self._starting = self.endpoint.call("info")
+
+    def wait_ready(self) -> bool:
+        """Block until the worker answers (at start-up)."""
+        return self._take_info()
+
+    def poll_ready(self) -> bool:
+        """Non-blocking: has a (re)starting worker come up?"""
+        return self._starting is not None and self._starting.ready() and self._take_info()
+
+    def _take_info(self) -> bool:
+        try:
+            info = self._starting.result()
+        except WorkerDiedError:
+            self._starting = None
+            return False
+        self._starting = None
+        self.alive = True
+        self.pid = info["pid"]
+        self.max_slots = info.get("max_slots", self.max_slots)
+        self.context_length = info.get("context_length", self.context_length)
+        self.cost = CostView(CostModel.from_json(info["cost_ms"]))
+        return True
+
+    def mark_dead(self) -> set[str]:
+        """Forget the worker's sequences (returned) and start a replacement if allowed."""
+        orphans, self.sequences = self.sequences, set()
+        self.alive = False
+        if self.restarts < MAX_RESTARTS:
+            self.restarts += 1
+            self.launch()
+        return orphans
+
+    @property
+    def restarting(self) -> bool:
+        return not self.alive and self._starting is not None
+
+    def state(self) -> dict:
+        return {"name": self.name, "role": self.role, "alive": self.alive, "pid": self.pid,
+                "sequences": len(self.sequences), "restarts": self.restarts, "rtt_ms": self.rtt_ms}

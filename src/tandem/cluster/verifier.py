@@ -1,0 +1,93 @@
+"""A verifier worker: the target model with one KV slot per sequence; verifies the drafts of
+many sequences in one batched forward and applies the acceptance rule. A plain class (the Ray
+actor in cluster/actors.py only wraps it), testable without Ray.
+
+Per sequence it keeps the committed token ids it knows and the invariant of the engine: its slot
+caches every committed token but the last. Sampled acceptance draws from an rng seeded by the
+request's seed and the committed length, so a replica that takes over after a failure draws
+the same numbers the dead one would have.
+"""
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tandem.cluster.emulation import Emulation
+from tandem.cluster.messages import VerifyItem, VerifyResult
+from tandem.engine.generator import fit_vocab
+from tandem.errors import TandemError
+from tandem.models.batch_runner import BatchItem, BatchRunner
+from tandem.spec.acceptance import accept_greedy, accept_sampling
+from tandem.spec.sampling import probs_from_logits
+
+
+@dataclass
+class _Held:
+    slot: int
+    tokens: list[int] = field(default_factory=list)
+
+
+class VerifierWorker:
+    def __init__(self, runner: BatchRunner, emulation: Emulation = Emulation()):
+        self.runner = runner
+        self.emulation = emulation
+        self._held: dict[str, _Held] = {}
+        self._free = list(range(runner.max_slots))
+
+    def info(self) -> dict:
+        return {"pid": os.getpid(), "name": self.runner.name, "running": len(self._held),
+                "free_slots": len(self._free), "cost_ms": self.runner.cost.to_json(),
+                "context_length": self.runner.context_length, "max_slots": self.runner.max_slots}
+
+    def open(self, seq_id: str, token_ids: list[int]) -> int:
+        """Prefill a sequence (new, or re-prefilled after a failure); returns its slot."""
+        with self.emulation.call():
+            if seq_id in self._held:
+                self.close([seq_id])
+            if not self._free:
+                raise TandemError(f"verifier {self.runner.name} has no free slot")
+            held = _Held(self._free.pop(), list(token_ids))
+            self.runner.rollback(held.slot, 0)
+            if len(token_ids) > 1:
+                self.runner.forward_batch([BatchItem(held.slot, tuple(token_ids[:-1]), 0)])
+            self._held[seq_id] = held
+            return held.slot
+
+    def close(self, seq_ids: list[str]) -> None:
+        for seq_id in seq_ids:
+            held = self._held.pop(seq_id, None)
+            if held is not None:
+                self._free.append(held.slot)
+
+    def verify(self, items: list[VerifyItem]) -> list[VerifyResult]:
+        with self.emulation.call():
+            held = [self._sync(item) for item in items]
+            batch = [BatchItem(h.slot, (h.tokens[-1], *item.draft_tokens), len(item.draft_tokens) + 1)
+                     for h, item in zip(held, items)]
+            logits = self.runner.forward_batch(batch)  # per item [k + 1, vocab]
+            return [self._accept(h, item, rows) for h, item, rows in zip(held, items, logits)]
+
+    def _sync(self, item: VerifyItem) -> _Held:
+        held = self._held.get(item.seq_id)
+        if held is None:
+            raise TandemError(f"sequence {item.seq_id} is not open on this verifier")
+        if item.committed_length != len(held.tokens):  # the coordinator cut a round at a stop
+            if item.committed_length > len(held.tokens):
+                raise TandemError(f"sequence {item.seq_id}: verifier is behind the coordinator")
+            del held.tokens[item.committed_length:]
+            self.runner.rollback(held.slot, item.committed_length - 1)
+        return held
+
+    def _accept(self, held: _Held, item: VerifyItem, logits: np.ndarray) -> VerifyResult:
+        draft = list(item.draft_tokens)
+        if item.sampling.greedy:
+            result = accept_greedy(draft, logits)
+        else:
+            rng = np.random.default_rng(None if item.sampling.seed is None else [item.sampling.seed, len(held.tokens)])
+            p_target = probs_from_logits(logits, item.sampling)  # [k + 1, vocab]
+            result = accept_sampling(draft, fit_vocab(item.q_draft, p_target.shape[-1]), p_target, rng)
+        emitted = result.emitted(draft)
+        held.tokens += emitted
+        self.runner.rollback(held.slot, len(held.tokens) - 1)
+        return VerifyResult(item.seq_id, tuple(emitted), result.accepted)

@@ -1,0 +1,105 @@
+"""The coordinator over in-process workers (no Ray): greedy output equals target-only output,
+and a verifier or drafter dying mid-generation loses and duplicates nothing."""
+
+from collections import defaultdict
+
+import pytest
+
+from tandem.cluster.coordinator import NO_VERIFIER, ClusterEngine
+from tandem.cluster.drafter import DrafterWorker
+from tandem.cluster.endpoints import LocalEndpoint
+from tandem.cluster.pool import Worker
+from tandem.cluster.verifier import VerifierWorker
+from tandem.engine.request import GenerationRequest
+from test_batch_engine import CHEAP_VERIFY, MAX_TOKENS, PROMPTS, references, serial_runner  # noqa: F401
+
+
+def make_cluster(tiny_target, tiny_draft, verifiers=2, drafters=1, slots=3, **kwargs):
+    endpoints = []
+
+    def starter(name, make_worker):
+        def start():
+            endpoint = LocalEndpoint(name, make_worker())
+            endpoints.append(endpoint)
+            return endpoint
+        return start
+
+    def worker(name, role, make):
+        w = Worker(name, role, starter(name, make))
+        w.launch()
+        assert w.wait_ready()
+        return w
+
+    vs = [worker(f"verify-{i}", "verify", lambda: VerifierWorker(serial_runner(tiny_target, slots, CHEAP_VERIFY)))
+          for i in range(verifiers)]
+    ds = [worker(f"draft-{i}", "draft", lambda: DrafterWorker(serial_runner(tiny_draft, 8, CHEAP_VERIFY)))
+          for i in range(drafters)]
+    return ClusterEngine(vs, ds, **kwargs), endpoints
+
+
+def run(engine, prompts, on_step=None):
+    outputs, reasons = defaultdict(list), {}
+    for i, prompt in enumerate(prompts):
+        engine.add(f"r{i}", GenerationRequest(prompt, max_tokens=MAX_TOKENS))
+    step = 0
+    while engine.has_work:
+        if on_step:
+            on_step(step)
+        updates, _ = engine.step()
+        for u in updates:
+            outputs[u.seq_id] += u.token_ids
+            if u.finished:
+                reasons[u.seq_id] = (u.finish_reason, u.error)
+        step += 1
+    return [outputs[f"r{i}"] for i in range(len(prompts))], reasons
+
+
+@pytest.mark.parametrize("drafter,k", [("hybrid", "auto"), ("model", 3), ("none", 0)])
+def test_cluster_greedy_equals_target_only(tiny_target, tiny_draft, references, drafter, k):
+    engine, _ = make_cluster(tiny_target, tiny_draft, drafter=drafter, k=k)
+    outputs, _ = run(engine, PROMPTS)
+    assert outputs == [references[p] for p in PROMPTS]
+    assert all(len(v.sequences) == 0 for v in engine.verifiers)
+
+
+def test_sequences_spread_over_replicas(tiny_target, tiny_draft):
+    engine, _ = make_cluster(tiny_target, tiny_draft, verifiers=2, drafter="model", k=2)
+    for i, prompt in enumerate(PROMPTS[:4]):
+        engine.add(f"r{i}", GenerationRequest(prompt, max_tokens=MAX_TOKENS))
+    engine.step()
+    assert sorted(len(v.sequences) for v in engine.verifiers) == [2, 2]
+
+
+def test_verifier_killed_mid_generation_loses_nothing(tiny_target, tiny_draft, references):
+    engine, endpoints = make_cluster(tiny_target, tiny_draft, verifiers=2, drafter="model", k=3)
+
+    def kill_first_verifier(step):
+        if step == 3:
+            engine.verifiers[0].endpoint.kill()
+
+    outputs, _ = run(engine, PROMPTS, kill_first_verifier)
+    assert outputs == [references[p] for p in PROMPTS]
+    assert any("verify-0 died" in e for e in engine.events)
+    assert engine.verifiers[0].restarts == 1
+
+
+def test_drafter_killed_generation_goes_on(tiny_target, tiny_draft, references):
+    engine, _ = make_cluster(tiny_target, tiny_draft, verifiers=1, drafters=1, drafter="model", k=3)
+
+    def kill_drafter(step):
+        if step == 2:
+            engine.drafters[0].endpoint.kill()
+
+    outputs, reasons = run(engine, PROMPTS[:3], kill_drafter)
+    assert outputs == [references[p] for p in PROMPTS[:3]]
+    assert all(reason[0] in ("stop", "length") for reason in reasons.values())
+
+
+def test_no_verifier_left_fails_requests_clearly(tiny_target, tiny_draft):
+    engine, _ = make_cluster(tiny_target, tiny_draft, verifiers=1, drafter="none", k=0)
+    for v in engine.verifiers:
+        v.restarts = 99  # no restarts left
+        v.endpoint.kill()
+    _, reasons = run(engine, PROMPTS[:2])
+    assert all(reason == ("error", NO_VERIFIER) for reason in reasons.values())
+    assert engine.unavailable_reason == NO_VERIFIER
