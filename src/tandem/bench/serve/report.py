@@ -1,0 +1,82 @@
+"""`report.md` of a serving benchmark, built from the `results.json` dict alone."""
+
+from tandem.bench.report import _num, _pct, _speed, _table
+
+DEFINITIONS = (
+    "Closed loop: C clients each send their next request as soon as the last one ends. "
+    "tok/s = completion tokens / wall time of the run; TTFT = time to the first streamed token; "
+    "ITL = gap between streamed token chunks; TPOT = time per output token after the first; "
+    "e2e = whole request. p50/p99 over requests (ITL: over all gaps). Ratios \"a vs b\" are "
+    "oriented so that > 1 means a did better: throughput a/b, latencies b/a."
+)
+
+
+def _levels(results: dict) -> list[dict]:
+    return results["levels"]
+
+
+def _acceptance(summary: dict) -> str:
+    return "no drafts" if summary["drafted"] == 0 else _pct(summary["acceptance_rate"])
+
+
+def throughput_table(results: dict) -> list[str]:
+    header = ["config"] + [f"C={level['concurrency']}" for level in _levels(results)]
+    rows = [[label] + [_num(level["configs"].get(label, {}).get("throughput_tok_s")) for level in _levels(results)]
+            for label in results["configs"]]
+    return _table(header, rows)
+
+
+def level_table(results: dict, level: dict) -> list[str]:
+    header = ["config", "requests", "errors", "tok/s", "req/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms",
+              "ITL p99 ms", "TPOT p50 ms", "e2e p50 s", "e2e p99 s", "acceptance", "in flight peak/mean"]
+    rows = []
+    for label in results["configs"]:
+        s = level["configs"].get(label)
+        if s is None:
+            continue
+        rows.append([label, str(s["requests"]), str(s["errors"]), _num(s["throughput_tok_s"]),
+                     _num(s["requests_per_s"], 2), _num(s["ttft_ms_p50"]), _num(s["ttft_ms_p99"]),
+                     _num(s["itl_ms_p50"]), _num(s["itl_ms_p99"]), _num(s["tpot_ms_p50"]),
+                     _num(s["e2e_s_p50"], 2), _num(s["e2e_s_p99"], 2), _acceptance(s),
+                     f"{s['peak_in_flight']}/{_num(s['mean_in_flight'], 1)}"])
+    return _table(header, rows)
+
+
+def ratio_table(level: dict) -> list[str]:
+    if not level["ratios"]:
+        return []
+    rows = [[f"{r['a']} vs {r['b']}", _speed(r["throughput"]), _speed(r["ttft_p50"]), _speed(r["itl_p50"]),
+             _speed(r["tpot_p50"]), _speed(r["e2e_p50"])] for r in level["ratios"]]
+    return [""] + _table(["ratio", "throughput", "TTFT p50", "ITL p50", "TPOT p50", "e2e p50"], rows)
+
+
+def error_lines(results: dict) -> list[str]:
+    lines = []
+    for level in _levels(results):
+        for label, s in level["configs"].items():
+            lines += [f"- C={level['concurrency']} {label}: {error}" for error in s["error_samples"]]
+    return ["", "## Errors (first few per run)", ""] + lines if lines else []
+
+
+def _per_level(settings: dict) -> str:
+    return ", ".join(f"{n} at C={c}" for c, n in settings["requests_per_level"].items())
+
+
+def render_report(results: dict) -> str:
+    settings = results["settings"]
+    lines = ["# Tandem serving benchmark", "", f"`{results['command']}`", ""]
+    lines += [f"Target `{settings['target']}`, draft `{settings['draft']}`, CPU threads per server: "
+              f"{settings['threads']}; up to {settings['max_tokens']} greedy tokens per request; prompts from "
+              f"`{settings['prompts_file']}`, requests per level: {_per_level(settings)}.", "",
+              DEFINITIONS, ""]
+    lines += ["## Servers", ""]
+    lines += [f"- **{label}**: {info['notes']}.  \n  `{' '.join(info['command'])}`"
+              for label, info in results["servers"].items()]
+    lines += ["", "## Throughput (completion tokens/s)", ""] + throughput_table(results)
+    for level in _levels(results):
+        lines += ["", f"## Concurrency {level['concurrency']}", "",
+                  f"Run order: {', '.join(level['order'])}.", ""]
+        lines += level_table(results, level) + ratio_table(level)
+    lines += error_lines(results)
+    lines += ["", "## Machine", ""] + [f"- {key}: {value}" for key, value in results["machine"].items()]
+    return "\n".join(lines) + "\n"

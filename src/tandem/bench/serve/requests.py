@@ -1,0 +1,86 @@
+"""The requests of a serving benchmark: workload prompts turned into chat-completion payloads.
+
+Every request is greedy (`temperature` 0), streamed, and asks for a usage chunk. A workload line
+with raw `prompt` text is sent as one user message (the serving API is chat-only here). Prompts
+are interleaved across categories (one of each in turn), so any window of the list has the
+workload's category mix; each concurrency level takes the next `count` of that list, wrapping
+around. A prompt taken again on the n-th wrap (n >= 1) gets REPEAT_MARK.format(n) appended to its
+last message, so no server ever sees the same request twice: Tandem's response cache answers a
+repeated greedy request without decoding, which would make repeats look free. Every server sees
+the same requests at a level.
+"""
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from tandem.bench.serve.loadgen import LoadItem
+from tandem.bench.workload import BenchPrompt
+from tandem.errors import TandemError
+
+WARMUP_MESSAGES = ({"role": "user", "content": "Say hello in five words."},)  # not in any workload
+REPEAT_MARK = " ({})"
+
+
+@dataclass(frozen=True, slots=True)
+class BenchRequest:
+    prompt_id: str
+    category: str
+    messages: tuple[dict, ...]
+
+
+def prompt_messages(prompt: BenchPrompt) -> tuple[dict, ...]:
+    if prompt.messages is not None:
+        return tuple(dict(m) for m in prompt.messages)
+    return ({"role": "user", "content": prompt.prompt},)
+
+
+def interleave_categories(prompts: Sequence[BenchPrompt]) -> list[BenchPrompt]:
+    """One prompt of each category in turn (categories in order of first appearance)."""
+    groups: dict[str, list[BenchPrompt]] = {}
+    for prompt in prompts:
+        groups.setdefault(prompt.category, []).append(prompt)
+    longest = max((len(g) for g in groups.values()), default=0)
+    return [g[i] for i in range(longest) for g in groups.values() if i < len(g)]
+
+
+def marked(messages: tuple[dict, ...], wrap: int) -> tuple[dict, ...]:
+    """The messages as they are on the first pass (wrap 0), else with the repeat mark appended."""
+    if wrap == 0:
+        return messages
+    last = dict(messages[-1], content=messages[-1]["content"] + REPEAT_MARK.format(wrap))
+    return messages[:-1] + (last,)
+
+
+def level_requests(prompts: Sequence[BenchPrompt], count: int, offset: int) -> list[BenchRequest]:
+    """`count` requests from the interleaved list, starting at `offset`, wrapping around."""
+    if not prompts:
+        raise TandemError("the workload holds no prompts")
+    ordered = interleave_categories(prompts)
+    requests = []
+    for position in range(offset, offset + count):
+        wrap, index = divmod(position, len(ordered))
+        prompt = ordered[index]
+        request_id = prompt.id if wrap == 0 else f"{prompt.id}~{wrap}"
+        requests.append(BenchRequest(request_id, prompt.category, marked(prompt_messages(prompt), wrap)))
+    return requests
+
+
+def warmup_request() -> BenchRequest:
+    return BenchRequest("warm-up", "warm-up", WARMUP_MESSAGES)
+
+
+def chat_payload(request: BenchRequest, model: str, max_tokens: int, extras: dict) -> dict:
+    """The JSON body for /v1/chat/completions; `extras` (per server kind) are merged last."""
+    return {
+        "model": model,
+        "messages": [dict(m) for m in request.messages],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        **extras,
+    }
+
+
+def load_items(requests: Sequence[BenchRequest], model: str, max_tokens: int, extras: dict) -> list[LoadItem]:
+    return [LoadItem(r.prompt_id, r.category, chat_payload(r, model, max_tokens, extras)) for r in requests]

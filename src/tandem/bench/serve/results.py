@@ -1,0 +1,59 @@
+"""Assembling `results.json` from a sweep: per concurrency level, each config's figures, its
+requests, and the ratios between configs.
+
+Shape: the header (command, settings, machine) as given, then `configs` (labels in the order
+asked), `servers` (label -> command, notes, base URL) and `levels`: a list, by ascending
+concurrency, of {concurrency, order, configs: {label: summary + requests}, ratios}.
+"""
+
+from tandem.bench.serve.client import RequestRecord
+from tandem.bench.serve.metrics import compare, summarize
+from tandem.bench.serve.sweep import SweepOutcome
+
+# (a, b): "a vs b" ratios reported wherever both ran; every ratio > 1 means a did better.
+RATIO_PAIRS = (
+    ("tandem-spec", "tandem-nospec"),
+    ("tandem-spec", "llamacpp-server"),
+    ("tandem-nospec", "llamacpp-server"),
+)
+ROUND_DIGITS = 3
+
+
+def ratios(summaries: dict[str, dict]) -> list[dict]:
+    return [{"a": a, "b": b, **compare(summaries[a], summaries[b])}
+            for a, b in RATIO_PAIRS if a in summaries and b in summaries]
+
+
+def request_entry(record: RequestRecord) -> dict:
+    def ms(seconds: float | None) -> float | None:
+        return None if seconds is None else round(1000 * seconds, ROUND_DIGITS)
+
+    return {
+        "id": record.prompt_id,
+        "category": record.category,
+        "ok": record.ok,
+        "error": record.error,
+        "ttft_ms": ms(record.ttft_s),
+        "e2e_ms": ms(record.e2e_s),
+        "completion_tokens": record.completion_tokens,
+        "token_chunks": record.token_chunks,
+        "finish_reason": record.finish_reason,
+        "drafted": record.drafted,
+        "accepted": record.accepted,
+        "itl_ms": [ms(gap) for gap in record.itl_s],
+    }
+
+
+def build_results(outcome: SweepOutcome, header: dict) -> dict:
+    levels = []
+    for concurrency in sorted(outcome.results):
+        runs = outcome.results[concurrency]
+        summaries = {label: summarize(run) for label, run in runs.items()}
+        levels.append({
+            "concurrency": concurrency,
+            "order": outcome.orders[concurrency],
+            "configs": {label: {**summaries[label], "request_records": [request_entry(r) for r in run.records]}
+                        for label, run in runs.items()},
+            "ratios": ratios(summaries),
+        })
+    return {**header, "configs": list(outcome.servers), "servers": outcome.servers, "levels": levels}

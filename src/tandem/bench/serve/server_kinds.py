@@ -1,0 +1,107 @@
+"""The servers a serving benchmark compares, one class per kind, chosen by name from `SERVER_KINDS`.
+
+A kind knows its command line, where its API lives once started (`base_url`), which GET path
+answers 200 when it is ready (`health_path`), and what it adds to every request body
+(`request_extras`). Every kind serves the same target GGUF with the same CPU threads.
+
+- `tandem-spec`: `tandem serve` with its default speculation (`--drafter hybrid --k auto`).
+- `tandem-nospec`: `tandem serve --drafter none`: the same server, target only.
+- `llamacpp-server`: llama-cpp-python's own OpenAI-compatible server. Choices that make it a fair
+  peer: `--n_threads` and `--n_threads_batch` = the Tandem threads; `--n_ctx` = Tandem's context
+  length; `--logits_all False`, as Tandem's runners (its default True computes the vocabulary
+  logits of every prompt token, slowing prompt processing); `--interrupt_requests False` (its
+  default ends a streaming answer as soon as another request queues, so concurrent clients would
+  get truncated answers); `--verbose False`; and
+  `repeat_penalty: 1.0` in each request, since its default 1.1 would change the greedy tokens.
+  Its version here (0.3.x) has no parallel slots or continuous batching (one llama.cpp context,
+  requests served one at a time behind a lock, nothing in `--help` changes that), so at
+  concurrency C it queues C - 1 requests: that is the peer as people run it.
+"""
+
+import re
+import sys
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping, Protocol
+
+HOST = "127.0.0.1"
+TANDEM_URL = re.compile(r"https?://[\w.\-\[\]:]+/v1")  # the line `tandem serve` prints when ready
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLaunch:
+    """What every server kind is started with."""
+
+    target: str  # as the user typed it: catalog name or .gguf file
+    draft: str
+    target_gguf: str  # the target's local GGUF file
+    threads: int
+    max_running: int  # the largest concurrency level
+    context_length: int
+
+    def __post_init__(self):
+        if self.threads < 1 or self.max_running < 1 or self.context_length < 1:
+            raise ValueError(f"threads, max_running and context_length must be positive: {self}")
+
+
+class ServerKind(Protocol):
+    label: str
+    needs_draft: bool
+    health_path: str
+    request_extras: Mapping[str, object]
+    notes: str
+
+    def command(self, launch: ServerLaunch, port: int) -> list[str]: ...
+
+    def base_url(self, port: int, log_text: str) -> str | None: ...
+
+
+class TandemSpecServer:
+    label = "tandem-spec"
+    needs_draft = True
+    health_path = "/health"
+    request_extras: Mapping[str, object] = MappingProxyType({})
+    drafter_options: tuple[str, ...] = ()  # the server's defaults: --drafter hybrid --k auto
+    notes = "`tandem serve`, speculation with its defaults (--drafter hybrid --k auto)"
+
+    def command(self, launch: ServerLaunch, port: int) -> list[str]:
+        """`port` is unused: the server picks a free one (--port 0) and prints its URL."""
+        return [sys.executable, "-m", "tandem.cli.main", "serve", "--target", launch.target,
+                "--draft", launch.draft, "--backend", "llamacpp", "--draft-backend", "llamacpp",
+                "--port", "0", "--max-running", str(launch.max_running), "--threads", str(launch.threads),
+                *self.drafter_options]
+
+    def base_url(self, port: int, log_text: str) -> str | None:
+        match = TANDEM_URL.search(log_text)
+        return match.group(0) if match else None
+
+
+class TandemNoSpecServer(TandemSpecServer):
+    label = "tandem-nospec"
+    needs_draft = False
+    drafter_options = ("--drafter", "none")
+    notes = "`tandem serve --drafter none`: the same server, target only"
+
+
+class LlamaCppServer:
+    label = "llamacpp-server"
+    needs_draft = False
+    health_path = "/v1/models"  # no /health; the model is loaded before the port opens
+    request_extras: Mapping[str, object] = MappingProxyType({"repeat_penalty": 1.0})
+    notes = ("llama-cpp-python's server: one request at a time (no parallel slots in this version), "
+             "--interrupt_requests False, --logits_all False, same threads and context, repeat_penalty 1.0")
+
+    def command(self, launch: ServerLaunch, port: int) -> list[str]:
+        threads = str(launch.threads)
+        return [sys.executable, "-m", "llama_cpp.server", "--model", launch.target_gguf,
+                "--n_threads", threads, "--n_threads_batch", threads, "--n_ctx", str(launch.context_length),
+                "--logits_all", "False", "--host", HOST, "--port", str(port), "--interrupt_requests", "False",
+                "--verbose", "False"]
+
+    def base_url(self, port: int, log_text: str) -> str | None:
+        return f"http://{HOST}:{port}/v1"
+
+
+SERVER_KINDS: Mapping[str, type] = MappingProxyType(
+    {kind.label: kind for kind in (TandemSpecServer, TandemNoSpecServer, LlamaCppServer)}
+)

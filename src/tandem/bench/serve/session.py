@@ -1,0 +1,88 @@
+"""One serving benchmark from settings to files: check the input, plan the requests of every
+concurrency level, run the sweep, write the outputs.
+
+Everything the user could get wrong (config names, concurrency list, models, prompts file, output
+folder) is checked before any server starts. Outputs under `out_dir`: results.json, report.md,
+throughput.png, ttft.png, itl.png, and logs/<config>.log (each server's stdout and stderr).
+"""
+
+import json
+import os
+from pathlib import Path
+
+from tandem.bench.machine import machine_info
+from tandem.bench.serve.plots import write_plots
+from tandem.bench.serve.report import render_report
+from tandem.bench.serve.requests import level_requests
+from tandem.bench.serve.results import build_results
+from tandem.bench.serve.server_kinds import SERVER_KINDS, ServerLaunch
+from tandem.bench.serve.settings import ServeBenchSettings
+from tandem.bench.serve.sweep import LevelPlan, run_sweep
+from tandem.bench.session import prepare_out_dir
+from tandem.bench.workload import load_prompts
+from tandem.models.backends import RunnerSpec
+from tandem.models.resolve import gguf_path
+
+LOG_FOLDER = "logs"
+
+
+def plan_levels(settings: ServeBenchSettings, prompts: list) -> list[LevelPlan]:
+    """Each level takes the next requests of the interleaved workload (see `requests`)."""
+    plans, offset = [], 0
+    for concurrency in settings.concurrency:
+        count = settings.requests_at(concurrency)
+        plans.append(LevelPlan(concurrency, tuple(level_requests(prompts, count, offset))))
+        offset += count
+    return plans
+
+
+def server_launch(settings: ServeBenchSettings, kinds: list) -> ServerLaunch:
+    """Resolve the models (pulling catalog ones if needed); raises TandemError if one is missing."""
+    target_gguf = gguf_path(settings.target)
+    if any(kind.needs_draft for kind in kinds):
+        gguf_path(settings.draft)
+    return ServerLaunch(
+        target=settings.target,
+        draft=settings.draft,
+        target_gguf=str(target_gguf),
+        threads=settings.threads or os.cpu_count() or 1,
+        max_running=max(settings.concurrency),
+        context_length=RunnerSpec(settings.target).context_length,  # Tandem's default context
+    )
+
+
+def run_serve_bench(settings: ServeBenchSettings, progress: bool = True) -> dict:
+    kinds = [SERVER_KINDS[name]() for name in settings.configs]
+    prompts = load_prompts(settings.prompts_file)
+    launch = server_launch(settings, kinds)
+    prepare_out_dir(settings.out_dir)
+    plans = plan_levels(settings, prompts)
+    outcome = run_sweep(kinds, launch, plans, settings.max_tokens, settings.out_dir / LOG_FOLDER, progress)
+    results = build_results(outcome, header(settings, launch, plans))
+    write_outputs(results, settings.out_dir)
+    return results
+
+
+def header(settings: ServeBenchSettings, launch: ServerLaunch, plans: list[LevelPlan]) -> dict:
+    return {
+        "command": settings.command,
+        "settings": {
+            "target": settings.target,
+            "draft": settings.draft,
+            "target_gguf": launch.target_gguf,
+            "configs": list(settings.configs),
+            "concurrency": list(settings.concurrency),
+            "prompts_file": str(settings.prompts_file),
+            "requests_per_level": {str(plan.concurrency): len(plan.requests) for plan in plans},
+            "max_tokens": settings.max_tokens,
+            "threads": launch.threads,
+            "context_length": launch.context_length,
+        },
+        "machine": machine_info(),
+    }
+
+
+def write_outputs(results: dict, out_dir: Path) -> None:
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1))
+    (out_dir / "report.md").write_text(render_report(results))
+    write_plots(results, out_dir)

@@ -1,0 +1,57 @@
+"""`tandem bench-serve`: concurrent streaming clients against OpenAI-compatible servers, side by side."""
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from tandem.bench.serve.report import throughput_table
+from tandem.bench.serve.server_kinds import SERVER_KINDS
+from tandem.bench.serve.settings import (DEFAULT_CONCURRENCY, DEFAULT_CONFIGS, MIN_REQUESTS, REQUESTS_PER_CLIENT,
+                                         ServeBenchSettings, parse_concurrency, parse_configs)
+from tandem.bench.workload import DEFAULT_WORKLOAD
+from tandem.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "bench-serve", help="benchmark servers under concurrent streaming load",
+        description="Starts each server once (llama.cpp backends, same target GGUF and threads), then at "
+        "every concurrency level runs a closed loop of C streaming clients over the workload against each "
+        "server in alternating order. Writes results.json, report.md, PNG plots and server logs to --out.",
+    )
+    parser.add_argument("--target", default=DEFAULT_TARGET, help="catalog name or .gguf file")
+    parser.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model for tandem-spec")
+    parser.add_argument("--configs", default=DEFAULT_CONFIGS,
+                        help=f"comma-separated; known: {', '.join(SERVER_KINDS)} (default {DEFAULT_CONFIGS})")
+    parser.add_argument("--concurrency", default=DEFAULT_CONCURRENCY,
+                        help=f"comma-separated client counts (default {DEFAULT_CONCURRENCY})")
+    parser.add_argument("--prompts", default=str(DEFAULT_WORKLOAD), help="JSONL workload (default: packaged)")
+    parser.add_argument("--num-prompts", type=int, default=None,
+                        help=f"requests per concurrency level (default max({MIN_REQUESTS}, "
+                        f"{REQUESTS_PER_CLIENT} x C))")
+    parser.add_argument("--max-tokens", type=int, default=50, help="max new tokens per request (default 50)")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads per server and model (default: all)")
+    parser.add_argument("--out", default="bench-serve-results", help="output folder (default bench-serve-results)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tandem.bench.serve.session import run_serve_bench
+
+    settings = ServeBenchSettings(
+        target=args.target,
+        draft=args.draft,
+        configs=parse_configs(args.configs),
+        concurrency=parse_concurrency(args.concurrency),
+        prompts_file=Path(args.prompts),
+        out_dir=Path(args.out),
+        num_prompts=args.num_prompts,
+        max_tokens=args.max_tokens,
+        threads=args.threads,
+        command=shlex.join(["tandem"] + sys.argv[1:]),
+    )
+    results = run_serve_bench(settings)
+    print("\n".join(throughput_table(results)))
+    print(f"\nwrote results.json, report.md, plots and server logs to {settings.out_dir}", file=sys.stderr)
+    return 0

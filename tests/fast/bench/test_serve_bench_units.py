@@ -1,0 +1,361 @@
+"""The serving benchmark without a model: SSE parsing, per-request timing, the figures and ratios,
+request planning, option checks, the server launcher, and the closed-loop client pool and the
+whole sweep against a tiny in-test streaming server with known delays."""
+
+import asyncio
+import json
+import os
+import sys
+import threading
+import time
+from types import MappingProxyType
+
+import httpx
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from tandem.bench.serve import launcher as launcher_module
+from tandem.bench.serve.client import RequestRecord, build_record
+from tandem.bench.serve.launcher import ServerProcess, free_port
+from tandem.bench.serve.loadgen import LoadItem, LoadResult, run_load
+from tandem.bench.serve.metrics import compare, summarize
+from tandem.bench.serve.requests import (REPEAT_MARK, chat_payload, interleave_categories, level_requests,
+                                         load_items)
+from tandem.bench.serve.results import build_results
+from tandem.bench.serve.server_kinds import SERVER_KINDS, ServerLaunch
+from tandem.bench.serve.session import plan_levels, write_outputs
+from tandem.bench.serve.settings import ServeBenchSettings, parse_concurrency, parse_configs
+from tandem.bench.serve.sse import DONE, SseDecoder, parse_chunk
+from tandem.bench.serve.sweep import LevelPlan, config_order, run_sweep
+from tandem.bench.workload import DEFAULT_WORKLOAD, BenchPrompt, load_prompts
+from tandem.cli.main import main
+from tandem.errors import TandemError
+
+FIRST_DELAY_S = 0.20  # fake server: send -> first token
+GAP_S = 0.05  # fake server: between tokens
+SLACK_S = 0.08  # timing tolerance on a loaded machine
+LAUNCH = ServerLaunch("tiny", "tiny", "/nonexistent/tiny.gguf", threads=1, max_running=4, context_length=512)
+
+
+# --- a fake OpenAI-compatible streaming server ------------------------------------------------
+
+
+class FakeServer:
+    """Streams `max_tokens` one-word chunks: the first after FIRST_DELAY_S, then one per GAP_S;
+    counts the requests open at once."""
+
+    def __init__(self):
+        self.active = 0
+        self.peak = 0
+        self.bodies: list[dict] = []
+        self.app = Starlette(routes=[
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/models", self.models),
+            Route("/health", self.models),
+        ])
+
+    async def models(self, request):
+        return JSONResponse({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+
+    async def chat(self, request):
+        body = await request.json()
+        self.bodies.append(body)
+        if body.get("model") != "fake-model":
+            return JSONResponse({"error": {"message": "unknown model"}}, status_code=404)
+        return StreamingResponse(self.events(body), media_type="text/event-stream")
+
+    async def events(self, body):
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        try:
+            yield _event({"choices": [{"index": 0, "delta": {"role": "assistant"}}]})
+            yield ": ping\n\n"
+            await asyncio.sleep(FIRST_DELAY_S)
+            for i in range(body["max_tokens"]):
+                if i:
+                    await asyncio.sleep(GAP_S)
+                yield _event({"choices": [{"index": 0, "delta": {"content": f" w{i}"}}]})
+            yield _event({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+            if body.get("stream_options", {}).get("include_usage"):
+                usage = {"completion_tokens": body["max_tokens"],
+                         "speculative": {"drafted_tokens": 4, "accepted_tokens": 3}}
+                yield _event({"choices": [], "usage": usage})
+            yield f"data: {DONE}\n\n"
+        finally:
+            self.active -= 1
+
+
+def _event(data: dict) -> str:
+    return f"data: {json.dumps(data)}\n\n"
+
+
+@pytest.fixture()
+def fake_server():
+    server = FakeServer()
+    port = free_port()
+    uv = uvicorn.Server(uvicorn.Config(server.app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not uv.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    server.base_url = f"http://127.0.0.1:{port}/v1"
+    yield server
+    uv.should_exit = True
+    thread.join(timeout=10)
+
+
+def items(count: int, max_tokens: int = 5, model: str = "fake-model") -> list[LoadItem]:
+    requests = level_requests([BenchPrompt("p", "c", prompt="hi")], count, 0)
+    return load_items(requests, model, max_tokens, {})
+
+
+# --- SSE parsing and one request's record -----------------------------------------------------
+
+
+def test_sse_decoder_joins_data_lines_and_skips_comments():
+    decoder = SseDecoder()
+    lines = [": ping", "event: message", "data: {\"a\":", "data: 1}", "", "data: [DONE]\r"]
+    payloads = [p for line in lines for p in decoder.feed(line)] + decoder.flush()
+    assert payloads == ['{"a":\n1}', DONE]
+    assert decoder.flush() == []
+
+
+def test_parse_chunk_reads_content_finish_usage_and_errors():
+    assert parse_chunk('{"choices": [{"delta": {"role": "assistant"}}]}').text == ""
+    assert parse_chunk('{"choices": [{"delta": {"content": "hi"}}]}').text == "hi"
+    assert parse_chunk('{"choices": [{"delta": {}, "finish_reason": "stop"}]}').finish_reason == "stop"
+    usage = parse_chunk('{"choices": [], "usage": {"completion_tokens": 7}}').usage
+    assert usage == {"completion_tokens": 7}
+    assert parse_chunk('{"error": {"message": "boom"}}').error == "boom"
+    assert "malformed" in parse_chunk("{not json").error
+
+
+def test_record_counts_tokens_from_usage_else_chunks():
+    times = [1.5, 1.6, 1.8]
+    usage = {"completion_tokens": 6, "speculative": {"drafted_tokens": 8, "accepted_tokens": 5}}
+    record = build_record("p", "c", 1.0, 2.0, times, usage, "length")
+    assert record.ttft_s == pytest.approx(0.5) and record.e2e_s == pytest.approx(1.0)
+    assert record.itl_s == pytest.approx((0.1, 0.2))
+    assert (record.completion_tokens, record.tokens_from_usage, record.token_chunks) == (6, True, 3)
+    assert (record.drafted, record.accepted) == (8, 5)
+    assert record.tpot_s == pytest.approx(0.3 / 5)
+    plain = build_record("p", "c", 1.0, 2.0, times, None, "stop")
+    assert (plain.completion_tokens, plain.tokens_from_usage, plain.drafted) == (3, False, None)
+    assert plain.tpot_s == pytest.approx(0.15)
+    empty = build_record("p", "c", 1.0, 1.2, [], None, "stop")
+    assert empty.ttft_s is None and empty.tpot_s is None and empty.completion_tokens == 0
+
+
+# --- figures and ratios -----------------------------------------------------------------------
+
+
+def ok_record(ttft, gaps, tokens, e2e, drafted=None, accepted=None) -> RequestRecord:
+    return RequestRecord("p", "c", True, ttft_s=ttft, e2e_s=e2e, itl_s=tuple(gaps), token_chunks=len(gaps) + 1,
+                         completion_tokens=tokens, drafted=drafted, accepted=accepted)
+
+
+def test_summary_figures_and_percentiles():
+    records = (ok_record(0.1, [0.01, 0.03], 3, 1.0, 10, 6), ok_record(0.3, [0.02], 2, 2.0, 10, 2),
+               RequestRecord("p", "c", False, error="HTTP 500: boom", e2e_s=0.5))
+    s = summarize(LoadResult(2, records, wall_s=2.5, peak_in_flight=2))
+    assert (s["requests"], s["errors"], s["error_samples"]) == (3, 1, ["HTTP 500: boom"])
+    assert s["completion_tokens"] == 5 and s["throughput_tok_s"] == pytest.approx(2.0)
+    assert s["requests_per_s"] == pytest.approx(0.8)
+    assert s["ttft_ms_p50"] == pytest.approx(200) and s["ttft_ms_p99"] == pytest.approx(298)
+    assert s["itl_ms_p50"] == pytest.approx(20) and s["e2e_s_p50"] == pytest.approx(1.5)
+    assert s["acceptance_rate"] == pytest.approx(8 / 20)
+    assert s["mean_in_flight"] == pytest.approx(3.5 / 2.5)
+
+
+def test_summary_without_speculation_or_successes():
+    s = summarize(LoadResult(1, (RequestRecord("p", "c", False, error="x"),), wall_s=1.0, peak_in_flight=1))
+    assert s["acceptance_rate"] is None and s["ttft_ms_p50"] is None and s["throughput_tok_s"] == 0
+
+
+def test_compare_orients_every_ratio_so_above_one_means_better():
+    a = {"throughput_tok_s": 30.0, "ttft_ms_p50": 100.0, "itl_ms_p50": 20.0, "tpot_ms_p50": 10.0, "e2e_s_p50": 1.0}
+    b = {"throughput_tok_s": 15.0, "ttft_ms_p50": 200.0, "itl_ms_p50": 20.0, "tpot_ms_p50": 30.0, "e2e_s_p50": None}
+    assert compare(a, b) == {"throughput": 2.0, "ttft_p50": 2.0, "itl_p50": 1.0, "tpot_p50": 3.0, "e2e_p50": None}
+
+
+# --- request planning and options ------------------------------------------------------------
+
+
+def test_levels_interleave_categories_and_mark_repeats():
+    prompts = [BenchPrompt(f"{c}{i}", c, prompt=f"{c}{i}") for c in "ab" for i in range(2)]
+    assert [p.id for p in interleave_categories(prompts)] == ["a0", "b0", "a1", "b1"]
+    requests = level_requests(prompts, 3, 3)
+    assert [r.prompt_id for r in requests] == ["b1", "a0~1", "b0~1"]
+    assert requests[1].messages[-1]["content"] == "a0" + REPEAT_MARK.format(1)
+    settings = ServeBenchSettings("t", "d", ("llamacpp-server",), (1, 2), DEFAULT_WORKLOAD, "out", num_prompts=3)
+    plans = plan_levels(settings, prompts)
+    contents = [r.messages[-1]["content"] for plan in plans for r in plan.requests]
+    assert len(set(contents)) == len(contents) == 6  # no request is ever sent twice
+
+
+def test_default_workload_window_has_every_category():
+    requests = level_requests(load_prompts(DEFAULT_WORKLOAD), 20, 0)
+    assert len({r.category for r in requests}) == 5 and len({r.prompt_id for r in requests}) == 20
+
+
+def test_payload_is_greedy_streaming_with_usage_and_kind_extras():
+    request = level_requests([BenchPrompt("p", "c", prompt="hi")], 1, 0)[0]
+    payload = chat_payload(request, "m", 8, {"repeat_penalty": 1.0})
+    assert payload["messages"] == [{"role": "user", "content": "hi"}]
+    assert payload["temperature"] == 0.0 and payload["stream"] is True and payload["max_tokens"] == 8
+    assert payload["stream_options"] == {"include_usage": True} and payload["repeat_penalty"] == 1.0
+
+
+def test_option_parsing_and_defaults():
+    assert parse_configs(" tandem-spec,llamacpp-server ") == ("tandem-spec", "llamacpp-server")
+    assert parse_concurrency("4, 1,2") == (1, 2, 4)
+    for bad in ("", "0", "1,x", "-1", "2000"):
+        with pytest.raises(TandemError):
+            parse_concurrency(bad)
+    for bad in ("", "vllm", "tandem-spec,tandem-spec"):
+        with pytest.raises(TandemError):
+            parse_configs(bad)
+    settings = ServeBenchSettings("t", "d", ("tandem-spec",), (1, 16), DEFAULT_WORKLOAD, "out")
+    assert settings.requests_at(1) == 20 and settings.requests_at(16) == 32
+    with pytest.raises(TandemError, match="never be reached"):
+        ServeBenchSettings("t", "d", ("tandem-spec",), (1, 16), DEFAULT_WORKLOAD, "out", num_prompts=8)
+    with pytest.raises(TandemError):
+        ServeBenchSettings("t", "d", ("tandem-spec",), (1,), DEFAULT_WORKLOAD, "out", max_tokens=0)
+
+
+def test_server_kind_command_lines():
+    spec, nospec, llama = (SERVER_KINDS[n]() for n in ("tandem-spec", "tandem-nospec", "llamacpp-server"))
+    assert "--drafter" not in spec.command(LAUNCH, 1234) and "--port" in spec.command(LAUNCH, 1234)
+    assert nospec.command(LAUNCH, 1234)[-2:] == ["--drafter", "none"]
+    line = llama.command(LAUNCH, 1234)
+    assert line[line.index("--interrupt_requests") + 1] == "False" and "1234" in line
+    assert spec.base_url(0, "loading\nserving on http://127.0.0.1:4321/v1 (ctrl-c)\n") == "http://127.0.0.1:4321/v1"
+    assert spec.base_url(0, "loading...") is None
+    assert llama.base_url(1234, "") == "http://127.0.0.1:1234/v1"
+
+
+def test_cli_rejects_bad_input_with_one_line(capsys):
+    for args in (["--configs", "bogus"], ["--concurrency", "1,zero"], ["--target", "/nonexistent/model.gguf"],
+                 ["--prompts", "/nonexistent/prompts.jsonl"]):
+        assert main(["bench-serve", "--configs", "llamacpp-server", *args]) == 2
+        error = capsys.readouterr().err
+        assert error.startswith("error: ") and error.count("\n") == 1
+
+
+# --- the client pool against the fake server --------------------------------------------------
+
+
+def test_pool_measures_ttft_and_itl(fake_server):
+    load = run_load(fake_server.base_url + "/chat/completions", items(3, max_tokens=6), 1)
+    s = summarize(load)
+    assert s["errors"] == 0 and s["completion_tokens"] == 18 and s["tokens_from_usage"]
+    assert 1000 * FIRST_DELAY_S * 0.95 <= s["ttft_ms_p50"] <= 1000 * (FIRST_DELAY_S + SLACK_S)
+    assert 1000 * GAP_S * 0.9 <= s["itl_ms_p50"] <= 1000 * (GAP_S + SLACK_S / 2)
+    assert s["acceptance_rate"] == pytest.approx(0.75)
+    assert all(r.token_chunks == 6 and r.finish_reason == "length" for r in load.records)
+
+
+def test_pool_reaches_its_concurrency(fake_server):
+    concurrency, count, tokens = 4, 8, 4
+    one_request = FIRST_DELAY_S + (tokens - 1) * GAP_S
+    load = run_load(fake_server.base_url + "/chat/completions", items(count, tokens), concurrency)
+    assert load.peak_in_flight == concurrency == fake_server.peak
+    assert all(r.ok for r in load.records) and [r.prompt_id for r in load.records][:2] == ["p", "p~1"]
+    assert load.wall_s < 0.5 * count * one_request  # serial would take count * one_request
+    assert load.mean_in_flight > 0.6 * concurrency
+
+
+def test_pool_records_http_and_connection_errors(fake_server):
+    load = run_load(fake_server.base_url + "/chat/completions", items(2, model="other"), 2)
+    assert [r.ok for r in load.records] == [False, False] and "HTTP 404" in load.records[0].error
+    closed = run_load(f"http://127.0.0.1:{free_port()}/v1/chat/completions", items(1), 1)
+    assert not closed.records[0].ok and "Connect" in closed.records[0].error
+
+
+# --- the launcher ------------------------------------------------------------------------------
+
+
+class ScriptKind:
+    """A 'server' that runs a Python snippet; ready once its log holds `ready_mark` and the fake
+    server's /health answers."""
+
+    label = "script"
+    needs_draft = False
+    health_path = "/health"
+    request_extras = MappingProxyType({})
+    notes = "test double"
+
+    def __init__(self, code: str, base_url: str | None = None, ready_mark: str = ""):
+        self.code = code
+        self.url = base_url
+        self.ready_mark = ready_mark
+
+    def command(self, launch, port):
+        return [sys.executable, "-c", self.code]
+
+    def base_url(self, port, log_text):
+        return self.url if self.ready_mark in log_text else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_launcher_reports_early_exit_with_the_log(tmp_path):
+    kind = ScriptKind("print('cannot load the model'); raise SystemExit(3)", "http://127.0.0.1:1/v1")
+    with pytest.raises(TandemError, match="exited with code 3(.|\n)*cannot load the model"):
+        with ServerProcess(kind, LAUNCH, tmp_path / "script.log"):
+            pass
+
+
+def test_launcher_times_out_and_leaves_no_process(tmp_path):
+    server = ServerProcess(ScriptKind("import time; time.sleep(60)"), LAUNCH, tmp_path / "s.log", ready_timeout_s=0.5)
+    with pytest.raises(TandemError, match="not ready"):
+        with server:
+            pass
+    assert not _alive(server.pid)
+
+
+def test_launcher_stops_the_server_and_kills_one_that_ignores_sigterm(fake_server, tmp_path, monkeypatch):
+    monkeypatch.setattr(launcher_module, "STOP_GRACE_S", 0.5)
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+    with ServerProcess(ScriptKind(code, fake_server.base_url, "up"), LAUNCH, tmp_path / "s.log") as server:
+        assert server.base_url == fake_server.base_url and _alive(server.pid)
+    assert not _alive(server.pid)  # the SIGKILL fallback ran: the child ignores SIGTERM
+
+
+# --- the sweep, end to end ---------------------------------------------------------------------
+
+
+def test_sweep_alternates_order_and_writes_every_output(fake_server, tmp_path):
+    kinds = [ScriptKind("import time; time.sleep(60)", fake_server.base_url) for _ in range(2)]
+    kinds[0].label, kinds[1].label = "tandem-spec", "tandem-nospec"
+    assert [k.label for k in config_order(kinds, 1)] == ["tandem-nospec", "tandem-spec"]
+    prompts = [BenchPrompt(f"p{i}", "c", prompt=f"hi {i}") for i in range(3)]
+    plans = [LevelPlan(1, tuple(level_requests(prompts, 2, 0))), LevelPlan(2, tuple(level_requests(prompts, 3, 2)))]
+    outcome = run_sweep(kinds, LAUNCH, plans, max_tokens=3, log_dir=tmp_path / "logs", progress=False)
+    assert outcome.orders == {1: ["tandem-spec", "tandem-nospec"], 2: ["tandem-nospec", "tandem-spec"]}
+    assert outcome.servers["tandem-spec"]["model"] == "fake-model"
+    assert fake_server.bodies[0]["messages"][0]["content"].startswith("Say hello")  # the warm-up
+    header = {"command": "test", "machine": {"cpu_count": 1},
+              "settings": {"target": "t", "draft": "d", "threads": 1, "max_tokens": 3, "prompts_file": "x",
+                           "requests_per_level": {"1": 2, "2": 3}}}
+    results = build_results(outcome, header)
+    write_outputs(results, tmp_path)
+    level = results["levels"][1]
+    assert level["concurrency"] == 2 and level["configs"]["tandem-spec"]["peak_in_flight"] == 2
+    assert level["ratios"][0]["a"] == "tandem-spec" and level["ratios"][0]["throughput"] > 0
+    assert json.loads((tmp_path / "results.json").read_text())["configs"] == ["tandem-spec", "tandem-nospec"]
+    report = (tmp_path / "report.md").read_text()
+    assert "## Concurrency 2" in report and "tandem-spec vs tandem-nospec" in report
+    for name in ("throughput.png", "ttft.png", "itl.png"):
+        assert (tmp_path / name).stat().st_size > 1000
+    assert (tmp_path / "logs" / "tandem-spec.log").exists()
