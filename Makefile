@@ -1,12 +1,15 @@
-# Tandem: `make run` sets everything up and runs the main job; `make test` runs the test suite.
+# Tandem: `make run` sets everything up and serves the default model pair (OpenAI-compatible API and
+# dashboard); `make test` runs the test suite.
 # Models and caches live under $TANDEM_HOME (default ~/.cache/tandem), the venv in .venv; neither is in git.
 
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
+HOST ?= 127.0.0.1
+PORT ?= 8000
 PROMPT ?= [{"role": "user", "content": "Write a Python function that checks whether a string is a palindrome, with a docstring and two examples."}]
 
-.PHONY: install models run test test-fast test-real bench clean
+.PHONY: install models system-deps run generate test test-fast test-real bench bench-serve clean
 
 install: $(VENV)/.installed
 
@@ -21,10 +24,16 @@ models: install
 	$(BIN)/tandem models pull qwen2.5-coder-1.5b-instruct
 	$(BIN)/tandem models pull qwen2.5-coder-0.5b-instruct
 
+system-deps:
+	scripts/system-deps.sh   # redis-server and chromium for the cache and dashboard tests
+
 run: models
+	$(BIN)/tandem serve --host $(HOST) --port $(PORT)
+
+generate: models
 	$(BIN)/tandem generate --messages '$(PROMPT)' --max-tokens 128 --verbose
 
-test: install
+test: install system-deps
 	$(BIN)/tandem models pull smollm2-135m-instruct
 	$(BIN)/python -m pytest tests/fast -q
 	$(BIN)/python -m pytest tests/real -q
@@ -35,5 +44,8 @@ test-fast: install
 bench: models
 	$(BIN)/tandem bench --max-tokens 50 --out bench-out
 
+bench-serve: models
+	$(BIN)/tandem bench-serve --max-tokens 50 --out bench-serve-out
+
 clean:
-	rm -rf $(VENV) bench-out
+	rm -rf $(VENV) bench-out bench-serve-out
