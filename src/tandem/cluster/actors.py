@@ -62,7 +62,9 @@ def start_actor(role: str, name: str, spec: RunnerSpec, slots: int, emulation: E
     """Create the actor where Ray finds `num_cpus` and the custom `resources` free."""
     import ray
 
+    custom = dict(resources)
+    num_gpus = custom.pop("GPU", 0.0)  # Ray's own accelerator resource has its own option
     actor_class = ray.remote(HOSTS[role])
-    actor = actor_class.options(num_cpus=num_cpus, resources=resources or None, max_restarts=0,
-                                max_concurrency=1).remote(spec, slots, emulation)
+    actor = actor_class.options(num_cpus=num_cpus, num_gpus=num_gpus, resources=custom or None,
+                                max_restarts=0, max_concurrency=1).remote(spec, slots, emulation)
     return RayEndpoint(name, actor)

@@ -10,6 +10,10 @@ It owns every sequence's token ids and sends deltas (cluster/messages.py). A ste
 3. drafts: n-gram copies locally, model drafts on drafter workers (all drafters concurrently),
 4. verifies on every replica concurrently, one batched call per replica,
 5. commits the returned tokens after stops, like the single-process engine.
+With `pipeline`, while a replica verifies round i the drafter already drafts round i+1 as if
+all of round i were accepted, one token longer (its first token is the drafter's guess of the
+target's bonus token). If the whole round is accepted and the bonus token equals that guess,
+round i+1's draft is ready without waiting for the drafter; otherwise it is discarded.
 A verifier that dies mid-step loses nothing: its sequences' rounds are dropped (the coordinator
 had not committed them) and they re-prefill on another replica next step. A drafter that dies
 only costs its sequences their drafts for a round. Dead workers are restarted in the background;
@@ -36,7 +40,8 @@ NO_VERIFIER = "no verifier is alive in the cluster"
 
 class ClusterEngine:
     def __init__(self, verifiers: list[Worker], drafters: list[Worker], drafter: str = "hybrid",
-                 k: int | str = "auto", ngram_store=None, max_running: int | None = None):
+                 k: int | str = "auto", ngram_store=None, max_running: int | None = None,
+                 pipeline: bool = False):
         self.verifiers = verifiers
         self.drafters = drafters
         self.default_drafter = drafter
@@ -52,6 +57,10 @@ class ClusterEngine:
         self.drafter_of: dict[str, Worker] = {}
         self.drafter_length: dict[str, int] = {}  # committed tokens the sequence's drafter holds
         self.events: list[str] = []  # failovers and restarts, for logs and tests
+        self.pipeline = pipeline
+        self.ready_drafts: dict[str, SequenceDraft] = {}  # pipelined drafts for the next round
+        self.pipeline_hits = 0
+        self.pipeline_misses = 0
 
     # -- the worker thread's interface --------------------------------------------------------
 
@@ -103,12 +112,16 @@ class ClusterEngine:
         draft_start = time.perf_counter()
         drafts = self._draft(placed)
         verify_start = time.perf_counter()
-        results = self._verify(placed, drafts)
+        verify_calls = self._start_verify(placed, drafts)
+        ahead = self._start_predraft(placed, drafts) if self.pipeline else []
+        results = self._gather_verify(verify_calls)
+        predrafts = self._gather_predraft(ahead)
         verify_seconds = time.perf_counter() - verify_start
         rounds = []
         for seq in placed:
             result = results.get(seq.seq_id)
             if result is not None:
+                self._keep_predraft(seq, drafts[seq.seq_id], result, predrafts.get(seq.seq_id))
                 update, report = self._commit(seq, drafts[seq.seq_id], result)
                 updates.append(update)
                 rounds.append(report)
@@ -206,7 +219,11 @@ class ClusterEngine:
         planner.draft = next((d.cost for d in drafter_for.values() if d), None)
         for seq, candidate, copy, k in zip(group, candidates, copies, planner.plan(candidates)):
             drafts[seq.seq_id] = SequenceDraft(candidate.source, list(copy[:k]))
-            if candidate.uses_model and k > 0:
+            ready = self.ready_drafts.pop(seq.seq_id, None)
+            if candidate.uses_model and k > 0 and ready is not None:
+                drafts[seq.seq_id] = SequenceDraft("model", ready.token_ids[:k],
+                                                   None if ready.q_draft is None else ready.q_draft[:k])
+            elif candidate.uses_model and k > 0:
                 jobs.setdefault(drafter_for[seq.seq_id].name, []).append((seq, k))
 
     def _drafter_for(self, seq: Sequence) -> Worker | None:
@@ -254,7 +271,7 @@ class ClusterEngine:
 
     # -- 4. verification ------------------------------------------------------------------------
 
-    def _verify(self, seqs: list[Sequence], drafts: dict[str, SequenceDraft]) -> dict[str, VerifyResult]:
+    def _start_verify(self, seqs: list[Sequence], drafts: dict[str, SequenceDraft]) -> list:
         calls = []
         for replica in self.verifiers:
             group = [seq for seq in seqs if self.replica_of.get(seq.seq_id) is replica]
@@ -262,6 +279,9 @@ class ClusterEngine:
                 items = [VerifyItem(seq.seq_id, len(seq.tokens), tuple(drafts[seq.seq_id].token_ids),
                                     seq.request.sampling, drafts[seq.seq_id].q_draft) for seq in group]
                 calls.append((replica, replica.endpoint.call("verify", items)))
+        return calls
+
+    def _gather_verify(self, calls: list) -> dict[str, VerifyResult]:
         results = {}
         for replica, call in calls:
             try:
@@ -269,6 +289,46 @@ class ClusterEngine:
             except WorkerDiedError:
                 self._verifier_died(replica)  # its rounds are dropped; nothing was committed
         return results
+
+    # -- pipelining -----------------------------------------------------------------------------
+
+    def _start_predraft(self, seqs: list[Sequence], drafts: dict[str, SequenceDraft]) -> list:
+        """Ask each drafter for round i+1 now, assuming round i is accepted whole."""
+        jobs: dict[str, list] = {}
+        for seq in seqs:
+            draft, drafter = drafts[seq.seq_id], self.drafter_of.get(seq.seq_id)
+            if draft.source != "model" or not draft.token_ids or drafter is None or not drafter.alive:
+                continue
+            base = self.drafter_length.get(seq.seq_id, 0)
+            delta = (*seq.tokens[base:], *draft.token_ids)
+            seed = zlib.crc32(f"{seq.request.sampling.seed}/{seq.seq_id}/{len(seq.tokens)}/ahead".encode())
+            item = DraftItem(seq.seq_id, base, delta, len(draft.token_ids) + 1, seq.request.sampling, seed)
+            jobs.setdefault(drafter.name, []).append(item)
+        by_name = {d.name: d for d in self.drafters}
+        return [(by_name[name], by_name[name].endpoint.call("propose", items)) for name, items in jobs.items()]
+
+    def _gather_predraft(self, calls: list) -> dict:
+        replies = {}
+        for drafter, call in calls:
+            try:
+                replies.update({r.seq_id: r for r in call.result()})
+            except WorkerDiedError:
+                self._drafter_died(drafter)
+        return replies
+
+    def _keep_predraft(self, seq: Sequence, draft: SequenceDraft, result: VerifyResult, reply) -> None:
+        """Keep the pipelined draft if its assumption held; tell what the drafter now holds."""
+        if reply is None or reply.needs_sync:
+            return
+        k = len(draft.token_ids)
+        self.drafter_length[seq.seq_id] = len(seq.tokens) + result.accepted  # what agrees
+        guess = reply.token_ids[:1]
+        if result.accepted == k and tuple(result.emitted[-1:]) == tuple(guess) and len(reply.token_ids) > 1:
+            q = None if reply.q_draft is None else reply.q_draft[1:]
+            self.ready_drafts[seq.seq_id] = SequenceDraft("model", list(reply.token_ids[1:]), q)
+            self.pipeline_hits += 1
+        else:
+            self.pipeline_misses += 1
 
     # -- 5. commit ------------------------------------------------------------------------------
 
@@ -288,6 +348,7 @@ class ClusterEngine:
 
     def _finish(self, seq: Sequence) -> None:
         self.running.pop(seq.seq_id, None)
+        self.ready_drafts.pop(seq.seq_id, None)
         if self.ngram_store is not None:
             self.ngram_store.add(seq.tokens)
         replica = self.replica_of.pop(seq.seq_id, None)

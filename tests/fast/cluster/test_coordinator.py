@@ -103,3 +103,25 @@ def test_no_verifier_left_fails_requests_clearly(tiny_target, tiny_draft):
     _, reasons = run(engine, PROMPTS[:2])
     assert all(reason == ("error", NO_VERIFIER) for reason in reasons.values())
     assert engine.unavailable_reason == NO_VERIFIER
+
+
+def test_pipelined_drafts_keep_greedy_output_and_get_used(tiny_target, references):
+    engine, _ = make_cluster(tiny_target, tiny_target, verifiers=1, drafter="model", k=3, pipeline=True)
+    outputs, _ = run(engine, PROMPTS)
+    assert outputs == [references[p] for p in PROMPTS]
+    assert engine.pipeline_hits > 0  # the target drafting for itself: the guesses are right
+
+
+def test_pipelined_sampling_is_seeded_and_complete(tiny_target, tiny_draft):
+    from tandem.spec.sampling import SamplingParams
+
+    def sampled():
+        engine, _ = make_cluster(tiny_target, tiny_draft, verifiers=1, drafter="model", k=2, pipeline=True)
+        engine.add("s", GenerationRequest(PROMPTS[0], MAX_TOKENS, SamplingParams(0.8, seed=3)))
+        tokens = []
+        while engine.has_work:
+            tokens += [t for u in engine.step()[0] for t in u.token_ids]
+        return tokens
+
+    first = sampled()
+    assert first == sampled() and len(first) == MAX_TOKENS
