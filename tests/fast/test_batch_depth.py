@@ -88,3 +88,9 @@ def test_serial_runners_sum_per_sequence_costs():
     set_acceptance(p, "ngram6", 0.9)
     ks = p._best_plan([DraftCandidate("ngram6", 8, False)] * 4, [0.9] * 4)
     assert all(k > 0 for k in ks)  # each sequence pays only its own small increment
+
+
+def test_a_long_prompt_catch_up_does_not_keep_drafting_off():
+    p = planner(GPU_LIKE, {1: 1.0, 64: 2.0})
+    set_acceptance(p, "model", 0.7)
+    assert p.plan([DraftCandidate("model", 8, True, setup_ms=500.0)])[0] > 0

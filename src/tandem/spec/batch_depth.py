@@ -8,12 +8,14 @@ k_i draft tokens for sequence i, the step is expected to emit
 
 and to take
 
-    T = target(k_1 + 1, ..., k_B + 1) + sum_j draft(n_j) + setup + overhead
+    T = target(k_1 + 1, ..., k_B + 1) + sum_j draft(n_j) + overhead
 
 where target(...) and draft(...) read the runners' measured cost curves (fused runners: the cost
 of the total token count; serial runners: the sum of per-item costs), n_j is the number of
-sequences drafting a j-th token with the model, and setup is a draft model's catch-up on
-sequences it has not seen yet. The planner maximises E / T. Since the gain of the j-th draft
+sequences drafting a j-th token with the model. A draft model's one-time catch-up on a prompt it
+has not seen is not charged to the step (it pays for itself over the request's later rounds;
+charged to one step, a long prompt would keep drafting off for good); only probes pay it. The
+planner maximises E / T. Since the gain of the j-th draft
 token of sequence i is a_i^j and falls with j, taking draft tokens in order of falling gain gives
 the best E for every total; the planner walks that order and keeps the prefix with the highest
 E / T. All k = 0 (plain batched decoding) is one of the candidates and is kept unless drafting
@@ -41,7 +43,7 @@ class DraftCandidate:
     source: str  # acceptance source: "model", "ngram3", "shared5", ...
     cap: int  # most draft tokens it can propose (remaining tokens, context, continuation)
     uses_model: bool  # drafted by the draft model (costs draft steps) or copied (free)
-    setup_ms: float = 0.0  # draft model catch-up before the first token
+    setup_ms: float = 0.0  # draft model catch-up before the first token (charged to probes only)
     fixed_k: int | None = None  # the request asked for this k
 
 
@@ -55,7 +57,6 @@ class _Walk:
     target_ms: float
     draft_levels: list[int]  # n_j: sequences drafting a j-th token with the model
     draft_ms: float
-    setup_ms: float
 
 
 @dataclass
@@ -111,11 +112,10 @@ class BatchDepthPlanner:
 
     def _start(self, candidates: list[DraftCandidate], alphas: list[float], ks: list[int]) -> _Walk:
         counts = [k + 1 for k in ks]
-        walk = _Walk(0.0, counts, sum(counts), self._target_ms(counts), [], 0.0, 0.0)
+        walk = _Walk(0.0, counts, sum(counts), self._target_ms(counts), [], 0.0)
         for c, a, k in zip(candidates, alphas, ks):
             walk.tokens += sum(a**j for j in range(k + 1))
             if c.uses_model and k:
-                walk.setup_ms += c.setup_ms
                 for j in range(1, k + 1):
                     self._add_draft_level(walk, j)
         return walk
@@ -135,8 +135,6 @@ class BatchDepthPlanner:
         else:
             walk.target_ms += self.target.cost.cost_ms(before + 1) - self.target.cost.cost_ms(before)
         if candidate.uses_model:
-            if j == 1:
-                walk.setup_ms += candidate.setup_ms
             self._add_draft_level(walk, j)
 
     def _add_draft_level(self, walk: _Walk, j: int) -> None:
@@ -150,7 +148,7 @@ class BatchDepthPlanner:
         walk.draft_ms += (cost.cost_ms(n + 1) - cost.cost_ms(n)) if self.draft.fused else cost.cost_ms(1)
 
     def _rate(self, walk: _Walk) -> float:
-        elapsed = walk.target_ms + walk.draft_ms + walk.setup_ms + self.overhead_ms
+        elapsed = walk.target_ms + walk.draft_ms + self.overhead_ms
         return walk.tokens / max(elapsed, 1e-6)
 
     def _probe(self, candidates: list[DraftCandidate], ks: list[int]) -> None:
