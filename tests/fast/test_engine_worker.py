@@ -64,3 +64,12 @@ def test_cancel_and_shutdown_end_every_request(tiny_target, tiny_draft):
         assert collect_sync(handle, timeout=5)[1].finished
     with pytest.raises(EngineStoppedError):
         worker.submit(GenerationRequest(PROMPTS[0], max_tokens=4))
+
+
+def test_a_request_the_engine_can_never_run_is_refused_on_submit(tiny_target, tiny_draft):
+    from tandem.errors import TandemError
+
+    worker = EngineWorker(make_engine(tiny_target, tiny_draft, drafter="ngram", slots=1))
+    with pytest.raises(TandemError, match="needs a draft model"):
+        worker.submit(GenerationRequest(PROMPTS[0], max_tokens=4), SpeculationOptions("model"))
+    assert worker.in_flight == 0

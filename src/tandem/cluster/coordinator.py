@@ -85,10 +85,13 @@ class ClusterEngine:
     def worker_states(self) -> list[dict]:
         return [w.state() for w in self.verifiers + self.drafters]
 
-    def add(self, seq_id: str, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:
+    def validate(self, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:
         if len(request.prompt_ids) >= self.context_length:
             raise TandemError(f"the prompt has {len(request.prompt_ids)} tokens but the context holds "
                               f"{self.context_length}")
+
+    def add(self, seq_id: str, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:
+        self.validate(request, options)
         self.waiting.append(Sequence.create(seq_id, request, options, self.default_drafter, self.default_k))
 
     def cancel(self, seq_id: str) -> SequenceUpdate | None:
@@ -100,7 +103,7 @@ class ClusterEngine:
         if seq is None:
             return None
         self._finish(seq)
-        return SequenceUpdate(seq_id, (), seq.drafted, seq.accepted, finished=True, finish_reason="cancelled")
+        return SequenceUpdate(seq_id, (), finished=True, finish_reason="cancelled")
 
     def step(self) -> tuple[list[SequenceUpdate], StepReport]:
         started_at, start = time.time(), time.perf_counter()

@@ -61,13 +61,16 @@ class BatchEngine:
     def num_waiting(self) -> int:
         return len(self.waiting)
 
-    def add(self, seq_id: str, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:
+    def validate(self, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:
         if len(request.prompt_ids) >= self.context_length:
             raise TandemError(f"the prompt has {len(request.prompt_ids)} tokens but the context holds "
                               f"{self.context_length}")
         drafter = options.drafter or self.default_drafter
         if drafter in ("model", "hybrid") and self.draft is None:
             raise TandemError(f"drafter {drafter!r} needs a draft model, and this server has none")
+
+    def add(self, seq_id: str, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:
+        self.validate(request, options)
         self.waiting.append(Sequence.create(seq_id, request, options, self.default_drafter, self.default_k))
 
     def cancel(self, seq_id: str) -> SequenceUpdate | None:
@@ -79,7 +82,7 @@ class BatchEngine:
         if seq is None:
             return None
         self._release(seq)
-        return SequenceUpdate(seq_id, (), seq.drafted, seq.accepted, finished=True, finish_reason="cancelled")
+        return SequenceUpdate(seq_id, (), finished=True, finish_reason="cancelled")
 
     def step(self) -> tuple[list[SequenceUpdate], StepReport]:
         started_at, start = time.time(), time.perf_counter()

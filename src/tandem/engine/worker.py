@@ -33,8 +33,12 @@ class QueueFullError(TandemError):
 
 
 class EngineStoppedError(TandemError):
-    def __init__(self):
-        super().__init__("the engine is shutting down and accepts no new requests")
+    def __init__(self, message: str = "the engine is shutting down and accepts no new requests"):
+        super().__init__(message)
+
+
+class EngineUnavailableError(EngineStoppedError):
+    """The engine cannot serve anything now (e.g. no verifier left in the cluster): a 503."""
 
 
 class BatchingEngine(Protocol):
@@ -51,6 +55,10 @@ class BatchingEngine(Protocol):
 
     @property
     def num_waiting(self) -> int: ...
+
+    def validate(self, request: GenerationRequest, options: SpeculationOptions) -> None:
+        """Raise TandemError for a request this engine can never run (checked on submit)."""
+        ...
 
     def add(self, seq_id: str, request: GenerationRequest, options: SpeculationOptions) -> None: ...
 
@@ -125,7 +133,15 @@ class EngineWorker:
         self._thread.start()
         return self
 
-    def submit(self, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> RequestHandle:
+    def submit(self, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions(),
+               on_created: Callable[[str], None] | None = None) -> RequestHandle:
+        """Queue a request. Raises TandemError for a request the engine can never run (a client
+        error), QueueFullError past capacity, EngineStoppedError (or EngineUnavailableError) when
+        nothing can be served. `on_created(seq_id)` runs before the engine thread can see it."""
+        self.engine.validate(request, options)
+        reason = getattr(self.engine, "unavailable_reason", None)
+        if reason:
+            raise EngineUnavailableError(reason)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -138,6 +154,8 @@ class EngineWorker:
             seq_id = f"seq-{next(self._ids)}"
             handle = RequestHandle(seq_id, self, loop)
             self._handles[seq_id] = handle
+        if on_created is not None:
+            on_created(seq_id)
         self._commands.put(("add", seq_id, request, options))
         return handle
 

@@ -1,0 +1,63 @@
+"""`tandem serve`: an OpenAI-compatible HTTP API (and a live dashboard) over the batching engine."""
+
+import argparse
+import os
+
+from tandem.cli.options import add_model_options, pipeline_config
+from tandem.errors import TandemError
+from tandem.serve.settings import DEFAULT_CACHE_TTL_SECONDS, DEFAULT_MAX_BODY_BYTES, ServeSettings
+
+API_KEY_ENV = "TANDEM_API_KEY"  # keeps the key out of the process list
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("serve", help="serve an OpenAI-compatible API with speculative decoding")
+    add_model_options(parser)
+    group = parser.add_argument_group("server")
+    group.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    group.add_argument("--port", default="8000", help="port (default 8000; 0 picks a free one)")
+    group.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                       help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV})")
+    group.add_argument("--served-model-name", default=None, help="the model name clients send (default: --target)")
+    group.add_argument("--max-running", default="8", help="sequences decoded together (default 8)")
+    group.add_argument("--max-waiting", default="64", help="requests queued beyond those; more get 429 (default 64)")
+    group.add_argument("--max-body-bytes", default=str(DEFAULT_MAX_BODY_BYTES), help="request body limit (413)")
+    group.add_argument("--cache", default="memory", help="response and n-gram cache: memory | redis://HOST:PORT | off")
+    group.add_argument("--cache-ttl", default=str(DEFAULT_CACHE_TTL_SECONDS), help="seconds a cached response lives")
+    group.add_argument("--otlp-endpoint", default=None, help="OTLP/HTTP trace collector, e.g. http://localhost:4318")
+    group.add_argument("--alert-threshold", default="0.6", help="acceptance rate that raises a dashboard alert")
+    group.add_argument("--grace-seconds", default="10", help="on SIGTERM, time in-flight requests get to finish")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = serve_settings(args)
+    config = pipeline_config(args)
+    from tandem.serve.server import serve  # fastapi, uvicorn and the models: only when serving
+
+    return serve(config, settings)
+
+
+def serve_settings(args: argparse.Namespace) -> ServeSettings:
+    return ServeSettings(
+        host=args.host,
+        port=_parse(int, "--port", args.port),
+        api_key=args.api_key,
+        max_body_bytes=_parse(int, "--max-body-bytes", args.max_body_bytes),
+        max_running=_parse(int, "--max-running", args.max_running),
+        max_waiting=_parse(int, "--max-waiting", args.max_waiting),
+        cache_url=args.cache,
+        cache_ttl_seconds=_parse(float, "--cache-ttl", args.cache_ttl),
+        otlp_endpoint=args.otlp_endpoint,
+        alert_threshold=_parse(float, "--alert-threshold", args.alert_threshold),
+        served_model_name=args.served_model_name,
+        grace_seconds=_parse(float, "--grace-seconds", args.grace_seconds),
+    )
+
+
+def _parse(kind: type, option: str, text: str):
+    try:
+        return kind(text)
+    except ValueError:
+        noun = "an integer" if kind is int else "a number"
+        raise TandemError(f"{option} must be {noun}, got {text!r}") from None

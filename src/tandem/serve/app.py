@@ -1,0 +1,27 @@
+"""`create_app(state)`: the FastAPI application over a running engine worker.
+
+The app owns no engine and no threads: server.py (or a test) builds the `ServerState`, starts the
+worker and runs the app. Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
+GET /health, GET /metrics, and the dashboard at GET /. Every error is an OpenAI error body (see
+serve/errors.py for the status codes).
+"""
+
+from fastapi import FastAPI
+
+from tandem.serve.dashboard import dashboard_router
+from tandem.serve.errors import install_error_handlers
+from tandem.serve.routes_completions import completions_router
+from tandem.serve.routes_info import models_router, status_router
+from tandem.serve.state import ServerState
+
+
+def create_app(state: ServerState) -> FastAPI:
+    app = FastAPI(title="Tandem", summary="OpenAI-compatible speculative decoding",
+                  docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.tandem = state
+    install_error_handlers(app, state.metrics)
+    app.include_router(completions_router(state))
+    app.include_router(models_router(state))
+    app.include_router(status_router(state))
+    app.include_router(dashboard_router(state.metrics))
+    return app

@@ -1,0 +1,54 @@
+"""Reading a request body: at most `limit` bytes, whatever Content-Length claims; then JSON; then
+the pydantic model. Each failure is an APIError with the status OpenAI would use (413, 400)."""
+
+import json
+from typing import TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from tandem.serve.errors import APIError, invalid_body
+
+M = TypeVar("M", bound=BaseModel)
+
+
+async def read_limited(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(int(declared), limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(size, limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_json_object(body: bytes) -> dict:
+    try:
+        value = json.loads(body, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError
+        raise APIError(400, f"the request body is not valid JSON: {error}", code="invalid_json") from None
+    if not isinstance(value, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {type(value).__name__}",
+                       code="invalid_json")
+    return value
+
+
+async def read_request(request: Request, model: type[M], limit: int) -> M:
+    """The body as `model`, validated."""
+    body = parse_json_object(await read_limited(request, limit))
+    try:
+        return model.model_validate(body)
+    except ValidationError as error:
+        raise invalid_body(error) from None
+
+
+def _too_large(size: int, limit: int) -> APIError:
+    return APIError(413, f"the request body is over the server's limit of {limit} bytes ({size}+ bytes)",
+                    code="request_too_large")
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")

@@ -1,0 +1,116 @@
+"""OpenAI-style error responses: `{"error": {"message", "type", "param", "code"}}`.
+
+Status codes, following OpenAI (which answers 400 for every invalid request, not FastAPI's 422):
+  400 invalid_request_error  malformed JSON, wrong types, out-of-range values, n != 1, a prompt or
+                             max_tokens that does not fit the context (the numbers are named)
+  401 authentication_error   missing or wrong Bearer key when the server has --api-key
+  404 invalid_request_error  unknown model (code model_not_found), unknown route
+  405 invalid_request_error  wrong method on a known route
+  413 invalid_request_error  body larger than --max-body-bytes
+  429 rate_limit_error       the engine queue is full; Retry-After says when to try again
+  500 server_error           the engine failed (our fault, not the client's); no traceback is sent
+  503 service_unavailable    the server is shutting down; Retry-After
+Every refused request (4xx, 429, 503) is counted by `metrics.request_rejected`.
+"""
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+
+log = logging.getLogger(__name__)
+RETRY_AFTER_SHUTDOWN_SECONDS = 5
+MAX_INPUT_ECHO = 40  # characters of a bad value quoted back in an error message
+
+
+class APIError(Exception):
+    """An error the client sees as an OpenAI error body with this status."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def queue_full(retry_after_seconds: int, message: str) -> APIError:
+    return APIError(429, message, "rate_limit_error", code="queue_full",
+                    headers={"Retry-After": str(retry_after_seconds)})
+
+
+def shutting_down(message: str = "the server is shutting down and accepts no new requests") -> APIError:
+    return APIError(503, message, "service_unavailable", code="shutting_down",
+                    headers={"Retry-After": str(RETRY_AFTER_SHUTDOWN_SECONDS)})
+
+
+def invalid_body(error: ValidationError | RequestValidationError) -> APIError:
+    """The first problem pydantic found, named the way OpenAI names parameters (`messages[0].role`)."""
+    first = error.errors()[0]
+    param = _param_name(first.get("loc", ()))
+    kind = first.get("type", "")
+    if kind == "missing":
+        return APIError(400, f"Missing required parameter: '{param}'.", param=param,
+                        code="missing_required_parameter")
+    if kind == "extra_forbidden":
+        return APIError(400, f"Unrecognized parameter: '{param}'.", param=param, code="unknown_parameter")
+    code = "invalid_type" if kind.endswith("_type") else "invalid_value"
+    shown = repr(first.get("input"))
+    shown = shown if len(shown) <= MAX_INPUT_ECHO else shown[:MAX_INPUT_ECHO] + "..."
+    message = f"Invalid value for '{param}' ({shown}): {first.get('msg', 'invalid')}."
+    return APIError(400, message, param=param, code=code)
+
+
+def _param_name(loc) -> str:
+    name = ""
+    for part in loc:
+        if part == "body":  # FastAPI's own validation prefixes the body
+            continue
+        name += f"[{part}]" if isinstance(part, int) else (f".{part}" if name else str(part))
+    return name or "body"
+
+
+def install_error_handlers(app: FastAPI, metrics) -> None:
+    """Every error leaves as an OpenAI error body; refusals are counted; tracebacks stay in the log."""
+
+    def refused(error: APIError) -> JSONResponse:
+        if error.status < 500 or error.status == 503:
+            metrics.request_rejected(error.status)
+        return error.response()
+
+    @app.exception_handler(APIError)
+    async def on_api_error(request: Request, error: APIError):
+        return refused(error)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, error: RequestValidationError):
+        return refused(invalid_body(error))
+
+    @app.exception_handler(HTTPException)
+    async def on_http_exception(request: Request, error: HTTPException):
+        kind = "server_error" if error.status_code >= 500 else "invalid_request_error"
+        message = error.detail if isinstance(error.detail, str) else "request failed"
+        if error.status_code == 404:
+            message = f"no route {request.method} {request.url.path}"
+        return refused(APIError(error.status_code, message, kind, headers=dict(error.headers or {})))
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, error: Exception):
+        log.exception("unhandled error serving %s %s", request.method, request.url.path)
+        return APIError(500, "internal server error", "server_error").response()

@@ -1,0 +1,126 @@
+"""The OpenAI request bodies Tandem accepts, as pydantic models. Shapes only: no tokens, no engine.
+
+Types are strict (`"max_tokens": "5"` is refused, as OpenAI does); unknown top-level fields are
+ignored, as OpenAI does. Tandem's own extension object `"tandem": {"drafter": ..., "k": ...}`
+refuses unknown fields, so a typo there is reported rather than silently ignored.
+"""
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator
+from pydantic_core import PydanticCustomError
+
+from tandem.engine.events import SpeculationOptions
+from tandem.pipeline import K_LIMIT
+
+MAX_STOP_STRINGS = 16
+DRAFTERS = ("hybrid", "model", "ngram", "none")
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def _one_prompt(value) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
+        return value[0]
+    raise PydanticCustomError("invalid_value", "must be a string or a list of exactly one string")
+
+
+def _stop_strings(value) -> list[str]:
+    if value is None:
+        return []
+    strings = [value] if isinstance(value, str) else value
+    if not (isinstance(strings, list) and all(isinstance(s, str) for s in strings)):
+        raise PydanticCustomError("invalid_type", "must be a string or a list of strings")
+    if len(strings) > MAX_STOP_STRINGS:
+        raise PydanticCustomError("invalid_value", f"at most {MAX_STOP_STRINGS} stop strings are allowed")
+    return [s for s in strings if s]
+
+
+def _depth(value) -> int | str | None:
+    if value is None or value == "auto":
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= K_LIMIT:
+        return value
+    raise PydanticCustomError("invalid_value", f"must be 'auto' or an integer from 0 to {K_LIMIT}")
+
+
+def _message_text(value) -> str:
+    """A message's content: a string, or a list of {"type": "text", "text": ...} parts."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in value
+    ):
+        return "".join(p["text"] for p in value)
+    raise PydanticCustomError("invalid_type", "must be a string or a list of text parts")
+
+
+class TandemOptions(BaseModel):
+    """The `"tandem"` extension object: how to speculate for this request."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    drafter: Literal[DRAFTERS] | None = None
+    k: Annotated[int | str | None, PlainValidator(_depth)] = None
+
+    def speculation(self) -> SpeculationOptions:
+        return SpeculationOptions(drafter=self.drafter, k=self.k)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    include_usage: bool | None = False
+
+
+class SamplingFields(BaseModel):
+    """What both endpoints share: the model, limits, sampling, stops, streaming, the extension."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    model: str
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)  # not OpenAI's; accepted as vLLM does
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    stop: Annotated[list[str], PlainValidator(_stop_strings)] = Field(default_factory=list)
+    n: int | None = Field(None, ge=1)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    tandem: TandemOptions | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def speculation(self) -> SpeculationOptions:
+        return self.tandem.speculation() if self.tandem else SpeculationOptions()
+
+    def new_token_limit(self) -> int | None:
+        return self.max_tokens
+
+
+class CompletionRequest(SamplingFields):
+    """POST /v1/completions."""
+
+    prompt: Annotated[str, PlainValidator(_one_prompt)]
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    role: Literal[CHAT_ROLES]
+    content: Annotated[str, PlainValidator(_message_text)]
+
+    def as_template_message(self) -> dict:
+        """Chat templates know system/user/assistant/tool; OpenAI's "developer" is a system turn."""
+        role = "system" if self.role == "developer" else self.role
+        return {"role": role, "content": self.content}
+
+
+class ChatCompletionRequest(SamplingFields):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+    def new_token_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

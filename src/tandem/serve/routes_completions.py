@@ -1,0 +1,117 @@
+"""POST /v1/completions and POST /v1/chat/completions, streaming (SSE) and not.
+
+A request goes: key check -> body (size, JSON, shape) -> prompt tokens and limits -> response
+cache (deterministic requests only) -> engine -> text. A non-streaming request whose client goes
+away is cancelled too, so an abandoned request never keeps a slot in the batch.
+"""
+
+import asyncio
+import dataclasses
+import time
+from contextlib import aclosing
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+
+from tandem.serve.auth import require_api_key
+from tandem.serve.body import read_request
+from tandem.serve.errors import APIError, shutting_down
+from tandem.serve.generation import EngineFailure, GenerationRun, start_generation
+from tandem.serve.prepare import PreparedRequest, prepare_chat, prepare_completion
+from tandem.serve.protocol import ChatCompletionRequest, CompletionRequest
+from tandem.serve.responses import ResponseShape
+from tandem.serve.state import ServerState
+from tandem.serve.streaming import ClosingStreamingResponse, generation_events, replay_events
+
+CACHEABLE_FINISH_REASONS = ("stop", "length")
+CACHED_FIELDS = ("text", "token_ids", "finish_reason", "usage")  # what GenerationRun.cache_value() stores
+
+
+def completions_router(state: ServerState) -> APIRouter:
+    router = APIRouter(dependencies=[Depends(require_api_key(state.settings.api_key))])
+    limit = state.settings.max_body_bytes
+
+    @router.post("/v1/completions")
+    async def completions(request: Request):
+        received_at = time.perf_counter()
+        _refuse_if_draining(state)
+        body = await read_request(request, CompletionRequest, limit)
+        return await _respond(state, request, await prepare_completion(state, body), "text", received_at)
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        received_at = time.perf_counter()
+        _refuse_if_draining(state)
+        body = await read_request(request, ChatCompletionRequest, limit)
+        return await _respond(state, request, await prepare_chat(state, body), "chat", received_at)
+
+    return router
+
+
+def _refuse_if_draining(state: ServerState) -> None:
+    if state.draining:
+        raise shutting_down()
+
+
+async def _respond(state: ServerState, request: Request, prepared: PreparedRequest, kind: str, received_at: float):
+    shape = ResponseShape(kind, state.model_name, include_usage=prepared.stream and prepared.include_usage)
+    key = state.cache.key(state.model_name, prepared.generation.prompt_ids, prepared.cache_params)
+    if key is not None:
+        cached = _usable(await state.cache.get(key))
+        state.metrics.cache_lookup(cached is not None)
+        if cached is not None:
+            return _cached_response(state, prepared, dataclasses.replace(shape, cached=True), cached)
+    run = start_generation(state, prepared, kind, received_at)
+
+    async def remember(finished: GenerationRun) -> None:
+        if key is not None and finished.finish_reason in CACHEABLE_FINISH_REASONS:
+            await state.cache.put(key, finished.cache_value())
+
+    if prepared.stream:
+        return ClosingStreamingResponse(generation_events(run, shape, remember), on_close=run.close)
+    await _collect(run, request)
+    await remember(run)
+    return JSONResponse(shape.full(run.text, run.finish_reason, run.usage()))
+
+
+async def _collect(run: GenerationRun, request: Request) -> None:
+    """Run the generation to its end; cancel it if the client disconnects first."""
+    collecting = asyncio.ensure_future(_run_to_end(run))
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({collecting, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not collecting.done():  # the client went away: cancel the sequence in the engine
+            collecting.cancel()
+            await asyncio.wait({collecting})
+        run.close()  # a no-op once the run ended; cancels it if it never started
+    if collecting.cancelled():
+        return
+    try:
+        collecting.result()
+    except EngineFailure as failure:
+        status, kind = (500, "server_error") if failure.finish_reason == "error" else (503, "service_unavailable")
+        raise APIError(status, str(failure), kind, code=failure.finish_reason) from None
+
+
+async def _run_to_end(run: GenerationRun) -> None:
+    async with aclosing(run.deltas()) as deltas:
+        async for _ in deltas:
+            pass
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _cached_response(state: ServerState, prepared: PreparedRequest, shape: ResponseShape, cached: dict):
+    if prepared.stream:
+        return ClosingStreamingResponse(replay_events(cached, shape, state.tokenizer.decode, prepared.stop_strings))
+    return JSONResponse(shape.full(cached["text"], cached["finish_reason"], cached["usage"]))
+
+
+def _usable(cached: dict | None) -> dict | None:
+    """A cached value this version wrote; anything else is a miss."""
+    return cached if cached is not None and all(field in cached for field in CACHED_FIELDS) else None

@@ -1,0 +1,55 @@
+"""GET /v1/models (and /v1/models/{id}), GET /health, GET /metrics.
+
+/health answers 200 with {"status": "ok", ...} while serving and 503 with "draining" during
+shutdown, so a load balancer stops sending traffic; running/waiting are the engine's counts,
+in_flight every request submitted and not yet finished (queued in the worker included).
+"""
+
+import asyncio
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse, Response
+
+from tandem.serve.auth import require_api_key
+from tandem.serve.errors import APIError
+from tandem.serve.state import ServerState
+
+
+def models_router(state: ServerState) -> APIRouter:
+    router = APIRouter(dependencies=[Depends(require_api_key(state.settings.api_key))])
+
+    @router.get("/v1/models")
+    async def list_models():
+        return {"object": "list", "data": [_model_card(state)]}
+
+    @router.get("/v1/models/{model_id:path}")
+    async def retrieve_model(model_id: str):
+        if model_id != state.model_name:
+            raise APIError(404, f"The model '{model_id}' does not exist; this server serves '{state.model_name}'.",
+                           param="model", code="model_not_found")
+        return _model_card(state)
+
+    return router
+
+
+def status_router(state: ServerState) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health():
+        engine = state.worker.engine
+        body = {"status": "draining" if state.draining else "ok", "model": state.model_name,
+                "running": engine.num_running, "waiting": engine.num_waiting, "in_flight": state.worker.in_flight}
+        return JSONResponse(body, status_code=503 if state.draining else 200)
+
+    @router.get("/metrics")
+    async def metrics():
+        body, content_type = await asyncio.to_thread(state.metrics.render)
+        return Response(body, media_type=content_type)
+
+    return router
+
+
+def _model_card(state: ServerState) -> dict:
+    return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "tandem",
+            "max_model_len": state.context_length}

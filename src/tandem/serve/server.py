@@ -1,0 +1,135 @@
+"""`tandem serve`: load the models, start the engine thread, serve the API until SIGINT/SIGTERM.
+
+Order: tokenizer, engine (models loaded) and worker first, then the port is bound, so a client
+never reaches a server that cannot answer yet; `--port 0` binds any free port, and the banner
+naming the real URL is printed once uvicorn accepts connections. Shutdown, on the first SIGINT or
+SIGTERM: new requests get 503 (and /health says "draining"), in-flight requests get
+`grace_seconds` to finish (then they are cancelled), then uvicorn closes and the process exits 0.
+A second signal exits at once.
+"""
+
+import asyncio
+import socket
+import sys
+import threading
+from pathlib import Path
+
+import uvicorn
+
+from tandem.engine.build import build_engine
+from tandem.engine.events import SpeculationOptions
+from tandem.engine.worker import EngineWorker
+from tandem.errors import TandemError
+from tandem.models.resolve import tokenizer_path
+from tandem.pipeline import PipelineConfig
+from tandem.serve.app import create_app
+from tandem.serve.cache import open_response_cache, response_cache_key
+from tandem.serve.metrics import ServingMetrics
+from tandem.serve.ngram_store import open_ngram_store
+from tandem.serve.response_store import ResponseStore
+from tandem.serve.settings import CACHE_OFF, ServeSettings
+from tandem.serve.state import ALL_DRAFTERS, ServerState
+from tandem.serve.tracing import RequestTracer
+from tandem.text.tokenizer import TextTokenizer
+
+UVICORN_CLOSE_SECONDS = 5  # after the drain, how long uvicorn waits for connections to close
+
+
+def serve(config: PipelineConfig, settings: ServeSettings) -> int:
+    model_name = settings.served_model_name or default_model_name(config.target.model)
+    ngram_store = open_ngram_store(None if settings.cache_url == CACHE_OFF else settings.cache_url,
+                                   namespace=model_name)
+    try:
+        state = build_state(config, settings, model_name, ngram_store)
+        try:
+            sock = bind_socket(settings.host, settings.port)
+            server = DrainingServer(state, uvicorn.Config(
+                create_app(state), log_level="warning", access_log=False,
+                timeout_graceful_shutdown=UVICORN_CLOSE_SECONDS))
+            asyncio.run(_serve(server, sock, _banner(model_name, settings.host, sock.getsockname()[1])))
+        finally:
+            close_state(state)
+    finally:
+        ngram_store.close()
+    return 0
+
+
+def build_state(config: PipelineConfig, settings: ServeSettings, model_name: str, ngram_store) -> ServerState:
+    """Load the tokenizer and models and start the engine thread (slow: before the port is bound)."""
+    tokenizer = TextTokenizer(str(tokenizer_path(config.target.model)))
+    metrics = ServingMetrics(model_name, settings.alert_threshold)
+    tracer = RequestTracer(settings.otlp_endpoint)
+    engine = build_engine(config, max_running=settings.max_running, ngram_store=ngram_store)
+    cache = _response_store(settings)
+    worker = EngineWorker(engine, settings.max_waiting, observers=[metrics.observe_step, tracer.observe_step])
+    has_draft = config.draft is not None and config.drafter in ("model", "hybrid")
+    return ServerState(worker.start(), tokenizer, model_name, engine.context_length, settings, metrics, tracer,
+                       cache, drafters=ALL_DRAFTERS if has_draft else ("ngram", "none"),
+                       speculation_defaults=SpeculationOptions(config.drafter, config.k))
+
+
+def _response_store(settings: ServeSettings) -> ResponseStore:
+    if settings.cache_url == CACHE_OFF:
+        return ResponseStore.disabled()
+    return ResponseStore(open_response_cache(settings.cache_url, settings.cache_ttl_seconds), response_cache_key)
+
+
+def close_state(state: ServerState) -> None:
+    state.draining = True
+    state.worker.shutdown(0)  # a no-op when the drain already stopped the engine thread
+    state.cache.close()
+    state.tracer.shutdown()
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening-ready socket on host:port (port 0: any free port); TandemError if it is taken."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise TandemError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    return sock
+
+
+def default_model_name(target: str) -> str:
+    """The catalog name as given; for a file or folder, its name without .gguf."""
+    path = Path(target)
+    return path.stem if path.suffix == ".gguf" else path.name or target
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server with Tandem's shutdown: drain the engine first, then close the sockets."""
+
+    def __init__(self, state: ServerState, config: uvicorn.Config):
+        super().__init__(config)
+        self.state = state
+
+    def handle_exit(self, sig, frame) -> None:
+        if self.state.draining:  # a second signal: stop now
+            self.force_exit = self.should_exit = True
+            return
+        self.state.draining = True
+        threading.Thread(target=self._drain, name="tandem-drain", daemon=True).start()
+
+    def _drain(self) -> None:
+        grace = self.state.settings.grace_seconds
+        print(f"shutting down: finishing {self.state.worker.in_flight} in-flight requests "
+              f"(up to {grace:g}s)", file=sys.stderr, flush=True)
+        self.state.worker.shutdown(grace)
+        self.should_exit = True
+
+
+async def _serve(server: uvicorn.Server, sock, banner: str) -> None:
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started and not serving.done():
+        await asyncio.sleep(0.02)
+    if server.started:
+        print(banner, flush=True)
+    await serving
+
+
+def _banner(model_name: str, host: str, port: int) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return f"Tandem serving {model_name} at http://{shown}:{port}/v1 — dashboard: http://{shown}:{port}/"

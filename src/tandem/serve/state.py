@@ -1,0 +1,42 @@
+"""Everything a request handler needs, built once by server.py (or a test) and passed to create_app."""
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tandem.engine.events import SpeculationOptions
+from tandem.engine.worker import EngineWorker
+from tandem.serve.metrics import ServingMetrics
+from tandem.serve.response_store import ResponseStore
+from tandem.serve.settings import ServeSettings
+from tandem.serve.tracing import RequestTracer
+
+ALL_DRAFTERS = ("hybrid", "model", "ngram", "none")
+
+
+class Tokenizer(Protocol):
+    """The text edge: what the API needs from tandem.text.tokenizer.TextTokenizer."""
+
+    stop_token_ids: frozenset[int]
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, token_ids: list[int]) -> str: ...
+
+    def chat_prompt_ids(self, messages: list[dict]) -> list[int]: ...
+
+
+@dataclass(slots=True)
+class ServerState:
+    worker: EngineWorker
+    tokenizer: Tokenizer
+    model_name: str  # the name clients must send as "model"
+    context_length: int  # the target's: prompt + new tokens must fit
+    settings: ServeSettings
+    metrics: ServingMetrics
+    tracer: RequestTracer
+    cache: ResponseStore
+    drafters: tuple[str, ...] = ALL_DRAFTERS  # drafters a request may ask for (no draft model: ngram, none)
+    speculation_defaults: SpeculationOptions = field(default_factory=SpeculationOptions)  # the engine's drafter, k
+    created: int = field(default_factory=lambda: int(time.time()))
+    draining: bool = False  # set on SIGINT/SIGTERM: new requests are refused with 503

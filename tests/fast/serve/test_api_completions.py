@@ -1,0 +1,127 @@
+"""Non-streaming responses: OpenAI shapes, usage with speculative counts, limits and stops as the
+engine was asked, the response cache, and what metrics and traces are told."""
+
+from api_doubles import MODEL, REPLY, ScriptedEngine, TestServer, async_test, chat_body, completion_body, reply_script
+
+
+@async_test
+async def test_completion_has_openai_shape_and_speculative_usage():
+    with TestServer() as server:
+        async with server.client() as client:
+            response = await client.post("/v1/completions", json=completion_body(prompt="Say hi"))
+        assert response.status_code == 200
+        body = response.json()
+        assert body["id"].startswith("cmpl-") and body["object"] == "text_completion"
+        assert body["model"] == MODEL and isinstance(body["created"], int)
+        assert body["choices"] == [{"index": 0, "text": REPLY, "logprobs": None, "finish_reason": "stop"}]
+        generated = len(reply_script())
+        usage = body["usage"]
+        assert usage["prompt_tokens"] == len("Say hi") and usage["completion_tokens"] == generated
+        assert usage["total_tokens"] == usage["prompt_tokens"] + generated
+        steps = -(-generated // server.engine.tokens_per_step)
+        assert usage["speculative"] == {"drafted_tokens": generated + steps, "accepted_tokens": generated - steps}
+        assert body["tandem"] == {"cached": False}
+
+
+@async_test
+async def test_chat_completion_has_openai_shape():
+    with TestServer() as server:
+        async with server.client() as client:
+            response = await client.post("/v1/chat/completions", json=chat_body())
+        body = response.json()
+        assert body["id"].startswith("chatcmpl-") and body["object"] == "chat.completion"
+        assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": REPLY},
+                                    "logprobs": None, "finish_reason": "stop"}]
+        request = server.engine.added[0][1]
+        assert bytes(request.prompt_ids).decode() == "<user>Say hi\n<assistant>"
+
+
+@async_test
+async def test_request_fields_reach_the_engine():
+    with TestServer() as server:
+        async with server.client() as client:
+            await client.post("/v1/chat/completions", json=chat_body(
+                messages=[{"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
+                          {"role": "user", "content": "Hi"}],
+                max_completion_tokens=7, temperature=0.5, top_p=0.9, top_k=40, seed=3,
+                tandem={"drafter": "ngram", "k": "auto"}))
+        seq_id, request, options = server.engine.added[0]
+        assert bytes(request.prompt_ids).decode() == "<system>Be brief.\n<user>Hi\n<assistant>"
+        assert request.max_tokens == 7 and request.stop_token_ids == {256}
+        assert (request.sampling.temperature, request.sampling.top_p, request.sampling.top_k,
+                request.sampling.seed) == (0.5, 0.9, 40, 3)
+        assert (options.drafter, options.k) == ("ngram", "auto")
+        assert server.tracer.started[seq_id]["tandem.drafter"] == "ngram"
+
+
+@async_test
+async def test_defaults_follow_openai_and_the_context():
+    engine = ScriptedEngine(reply_script(eos=False), context_length=300)
+    with TestServer(engine) as server:
+        async with server.client() as client:
+            response = await client.post("/v1/completions", json={"model": MODEL, "prompt": ["p" * 100]})
+        request = server.engine.added[0][1]
+        assert request.sampling.temperature == 1.0 and request.sampling.top_p == 1.0
+        assert request.max_tokens == 200  # 256 capped by the room the context leaves
+        assert response.json()["choices"][0]["finish_reason"] == "length"
+        assert response.json()["usage"]["completion_tokens"] == 200
+
+
+@async_test
+async def test_max_tokens_gives_finish_reason_length():
+    with TestServer(ScriptedEngine(reply_script(eos=False))) as server:
+        async with server.client() as client:
+            body = (await client.post("/v1/completions", json=completion_body(max_tokens=5))).json()
+        assert body["choices"][0]["finish_reason"] == "length" and body["usage"]["completion_tokens"] == 5
+        assert body["choices"][0]["text"] == "Héll"  # 5 bytes: H, é (2 bytes), l, l
+
+
+@async_test
+async def test_stop_string_is_never_shown():
+    with TestServer() as server:
+        async with server.client() as client:
+            body = (await client.post("/v1/completions", json=completion_body(stop=["wör", "zzz"]))).json()
+            chat = (await client.post("/v1/chat/completions", json=chat_body(stop="!"))).json()
+        assert body["choices"][0] == {"index": 0, "text": "Héllo, ", "logprobs": None, "finish_reason": "stop"}
+        assert chat["choices"][0]["message"]["content"] == "Héllo, wörld"
+
+
+@async_test
+async def test_deterministic_requests_are_cached_and_marked():
+    with TestServer() as server:
+        async with server.client() as client:
+            first = (await client.post("/v1/completions", json=completion_body(max_tokens=9))).json()
+            second = (await client.post("/v1/completions", json=completion_body(max_tokens=9))).json()
+            sampled = [(await client.post("/v1/completions", json=completion_body(temperature=0.7))).json()
+                       for _ in range(2)]
+        assert first["tandem"] == {"cached": False} and second["tandem"] == {"cached": True}
+        assert second["choices"] == first["choices"] and second["usage"] == first["usage"]
+        assert second["id"] != first["id"]
+        assert len(server.engine.added) == 3  # the cache hit never reached the engine
+        assert all(s["tandem"] == {"cached": False} for s in sampled)
+        assert server.metrics.lookups == [False, True]  # sampling without a seed is never looked up
+
+
+@async_test
+async def test_metrics_and_traces_are_told_once_per_request():
+    with TestServer() as server:
+        async with server.client() as client:
+            await client.post("/v1/completions", json=completion_body(prompt="abc"))
+        [(status, prompt, completion, ttft, e2e, gaps)] = server.metrics.finished
+        generated = len(reply_script())
+        assert (status, prompt, completion) == ("stop", 3, generated)
+        assert 0 <= ttft <= e2e and len(gaps) == generated - 1 and all(g >= 0 for g in gaps)
+        [(seq_id, started)] = server.tracer.started.items()
+        assert started["gen_ai.usage.input_tokens"] == 3
+        assert server.tracer.ended[seq_id]["gen_ai.response.finish_reason"] == "stop"
+        assert server.tracer.ended[seq_id]["gen_ai.usage.output_tokens"] == generated
+
+
+@async_test
+async def test_models_lists_the_served_model():
+    with TestServer() as server:
+        async with server.client() as client:
+            listing = (await client.get("/v1/models")).json()
+            card = (await client.get(f"/v1/models/{MODEL}")).json()
+        assert listing["object"] == "list" and [m["id"] for m in listing["data"]] == [MODEL]
+        assert card["object"] == "model" and card["max_model_len"] == server.engine.context_length

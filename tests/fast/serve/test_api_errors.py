@@ -1,0 +1,214 @@
+"""Every client mistake gets its status and an OpenAI error body, never a 500 or a traceback; every
+refusal is counted. Statuses follow OpenAI: 400 for malformed JSON and for invalid values alike."""
+
+import pytest
+from api_doubles import MODEL, TestServer, async_test, chat_body, completion_body
+
+CONTEXT = 512  # ScriptedEngine's default context length
+
+
+def assert_error(response, status: int, type_: str = "invalid_request_error", param=None, code=None,
+                 says: str = "") -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    error = body["error"]
+    assert error["type"] == type_ and error["message"]
+    assert "Traceback" not in error["message"]
+    if param is not None:
+        assert error["param"] == param, error
+    if code is not None:
+        assert error["code"] == code, error
+    assert says in error["message"], error["message"]
+    return error
+
+
+BAD_COMPLETIONS = [
+    # (body, param, code, words in the message)
+    ({"prompt": "hi"}, "model", "missing_required_parameter", "model"),
+    ({"model": MODEL}, "prompt", "missing_required_parameter", "prompt"),
+    (completion_body(prompt=["a", "b"]), "prompt", "invalid_value", "one string"),
+    (completion_body(prompt=[1, 2]), "prompt", "invalid_value", ""),
+    (completion_body(max_tokens="5"), "max_tokens", "invalid_type", "integer"),
+    (completion_body(max_tokens=5.5), "max_tokens", "invalid_type", ""),
+    (completion_body(max_tokens=0), "max_tokens", "invalid_value", ""),
+    (completion_body(max_tokens=-3), "max_tokens", "invalid_value", ""),
+    (completion_body(temperature=-0.1), "temperature", "invalid_value", ""),
+    (completion_body(temperature=2.5), "temperature", "invalid_value", ""),
+    (completion_body(temperature="hot"), "temperature", "invalid_type", ""),
+    (completion_body(top_p=0), "top_p", "invalid_value", ""),
+    (completion_body(top_p=1.5), "top_p", "invalid_value", ""),
+    (completion_body(seed=-1), "seed", "invalid_value", ""),
+    (completion_body(stop=5), "stop", "invalid_type", ""),
+    (completion_body(stop=["a"] * 17), "stop", "invalid_value", "16"),
+    (completion_body(stream="yes"), "stream", "invalid_type", ""),
+    (completion_body(stream_options={"include_usage": "yes"}), "stream_options.include_usage", "invalid_type", ""),
+    (completion_body(n=2), "n", "unsupported_value", "n=1"),
+    (completion_body(tandem={"drafter": "magic"}), "tandem.drafter", "invalid_value", ""),
+    (completion_body(tandem={"k": 65}), "tandem.k", "invalid_value", "auto"),
+    (completion_body(tandem={"k": "fast"}), "tandem.k", "invalid_value", "auto"),
+    (completion_body(tandem={"drafer": "ngram"}), "tandem.drafer", "unknown_parameter", ""),
+    (completion_body(tandem="ngram"), "tandem", "invalid_type", ""),
+    (completion_body(prompt=""), "prompt", None, "empty"),
+]
+
+BAD_CHATS = [
+    ({"model": MODEL}, "messages", "missing_required_parameter", ""),
+    (chat_body(messages=[]), "messages", "invalid_value", ""),
+    (chat_body(messages="hi"), "messages", "invalid_type", ""),
+    (chat_body(messages=[{"role": "user"}]), "messages[0].content", "missing_required_parameter", ""),
+    (chat_body(messages=[{"role": "wizard", "content": "x"}]), "messages[0].role", "invalid_value", ""),
+    (chat_body(messages=[{"role": "user", "content": 5}]), "messages[0].content", "invalid_type", ""),
+    (chat_body(messages=[{"role": "user", "content": "  "}]), "messages", None, "empty"),
+    (chat_body(max_completion_tokens=0), "max_completion_tokens", "invalid_value", ""),
+]
+
+
+@pytest.mark.parametrize("body,param,code,says", BAD_COMPLETIONS)
+@async_test
+async def test_bad_completion_bodies_are_400(body, param, code, says):
+    with TestServer() as server:
+        async with server.client() as client:
+            response = await client.post("/v1/completions", json=body)
+        assert_error(response, 400, param=param, code=code, says=says)
+        assert server.metrics.rejected == [400] and not server.engine.added
+
+
+@pytest.mark.parametrize("body,param,code,says", BAD_CHATS)
+@async_test
+async def test_bad_chat_bodies_are_400(body, param, code, says):
+    with TestServer() as server:
+        async with server.client() as client:
+            response = await client.post("/v1/chat/completions", json=body)
+        assert_error(response, 400, param=param, code=code, says=says)
+        assert not server.engine.added
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"", b"[1, 2]", b'"text"', b"\xff\xfe", b'{"model": NaN}',
+                                 b"[" * 100_000])
+@async_test
+async def test_malformed_json_is_400(raw):
+    with TestServer() as server:
+        async with server.client() as client:
+            response = await client.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
+        assert_error(response, 400, code="invalid_json", says="JSON")
+
+
+@async_test
+async def test_unknown_fields_are_ignored_like_openai():
+    with TestServer() as server:
+        async with server.client() as client:
+            response = await client.post("/v1/completions", json=completion_body(user="u1", presence_penalty=0.1))
+        assert response.status_code == 200
+
+
+@async_test
+async def test_unknown_model_is_404():
+    with TestServer() as server:
+        async with server.client() as client:
+            for path, body in (("/v1/completions", completion_body(model="gpt-4")),
+                               ("/v1/chat/completions", chat_body(model="gpt-4"))):
+                error = assert_error(await client.post(path, json=body), 404, param="model", code="model_not_found")
+                assert "gpt-4" in error["message"] and MODEL in error["message"]
+            assert_error(await client.get("/v1/models/gpt-4"), 404, code="model_not_found")
+        assert server.metrics.rejected == [404, 404, 404]
+
+
+@async_test
+async def test_unknown_route_and_wrong_method():
+    with TestServer() as server:
+        async with server.client() as client:
+            assert_error(await client.get("/v1/nothing"), 404, says="/v1/nothing")
+            assert_error(await client.get("/v1/completions"), 405)
+
+
+@async_test
+async def test_prompt_longer_than_the_context_is_400_naming_the_numbers():
+    with TestServer() as server:
+        async with server.client() as client:
+            response = await client.post("/v1/completions", json=completion_body(prompt="x" * 600))
+            error = assert_error(response, 400, param="prompt", code="context_length_exceeded")
+            assert "600" in error["message"] and str(CONTEXT) in error["message"]
+            response = await client.post("/v1/chat/completions", json=chat_body(
+                messages=[{"role": "user", "content": "y" * CONTEXT}]))
+            assert_error(response, 400, param="messages", code="context_length_exceeded")
+
+
+@async_test
+async def test_max_tokens_beyond_the_context_is_400_naming_the_numbers():
+    with TestServer() as server:
+        async with server.client() as client:
+            response = await client.post("/v1/completions", json=completion_body(prompt="abcd", max_tokens=600))
+            error = assert_error(response, 400, param="max_tokens", code="context_length_exceeded")
+            for number in ("600", "4", str(CONTEXT), str(CONTEXT - 4)):
+                assert number in error["message"]
+            response = await client.post("/v1/chat/completions", json=chat_body(max_completion_tokens=10**12))
+            assert_error(response, 400, param="max_completion_tokens", code="context_length_exceeded")
+            ok = await client.post("/v1/completions", json=completion_body(prompt="abcd", max_tokens=CONTEXT - 4))
+            assert ok.status_code == 200
+
+
+@async_test
+async def test_a_drafter_the_server_cannot_run_is_400():
+    with TestServer(drafters=("ngram", "none")) as server:
+        async with server.client() as client:
+            response = await client.post("/v1/completions", json=completion_body(tandem={"drafter": "model"}))
+            assert_error(response, 400, param="tandem.drafter", says="ngram")
+            ok = await client.post("/v1/completions", json=completion_body(tandem={"drafter": "ngram", "k": 3}))
+            assert ok.status_code == 200
+        assert server.engine.added[0][2].drafter == "ngram" and server.engine.added[0][2].k == 3
+
+
+@async_test
+async def test_oversized_body_is_413_even_without_a_truthful_content_length():
+    with TestServer(max_body_bytes=2048) as server:
+        async with server.client() as client:
+            big = completion_body(prompt="z" * 4000)
+            assert_error(await client.post("/v1/completions", json=big), 413, code="request_too_large", says="2048")
+
+            async def chunks():  # streamed upload: no Content-Length at all
+                for _ in range(8):
+                    yield b" " * 1000
+
+            response = await client.post("/v1/completions", content=chunks(),
+                                         headers={"content-type": "application/json"})
+            assert_error(response, 413, code="request_too_large")
+        assert server.metrics.rejected == [413, 413] and not server.engine.added
+
+
+@async_test
+async def test_api_key_is_required_on_v1_routes_only():
+    with TestServer(api_key="sesame") as server:
+        async with server.client() as client:
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic sesame"},
+                            {"Authorization": "Bearer "}):
+                for method, path in (("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
+                                     ("GET", "/v1/models")):
+                    response = await client.request(method, path, json=completion_body(), headers=headers)
+                    assert_error(response, 401, type_="authentication_error")
+                    assert response.headers["www-authenticate"] == "Bearer"
+            assert (await client.get("/health")).status_code == 200
+            assert (await client.get("/metrics")).status_code == 200
+        async with server.client(Authorization="Bearer sesame") as client:
+            assert (await client.post("/v1/completions", json=completion_body())).status_code == 200
+            assert (await client.get("/v1/models")).status_code == 200
+        assert set(server.metrics.rejected) == {401} and len(server.engine.added) == 1
+
+
+@async_test
+async def test_auth_is_checked_before_the_body_is_read():
+    with TestServer(api_key="sesame", max_body_bytes=1024) as server:
+        async with server.client() as client:
+            response = await client.post("/v1/completions", content=b"{" * 5000)
+        assert_error(response, 401, type_="authentication_error")
+
+
+@async_test
+async def test_engine_failure_is_a_server_error_without_a_traceback():
+    with TestServer() as server:
+        server.engine.fail_with = "CUDA error: device-side assert triggered"
+        async with server.client() as client:
+            response = await client.post("/v1/completions", json=completion_body())
+        error = assert_error(response, 500, type_="server_error", code="error", says="the engine failed")
+        assert server.metrics.rejected == [] and server.metrics.finished[0][0] == "error"
+        assert "CUDA error" in error["message"]

@@ -1,0 +1,57 @@
+"""ServeSettings refuses bad values with one clear sentence; `tandem serve` turns bad options into
+one `error:` line and exit 2 before loading any model."""
+
+import pytest
+
+from tandem.cli.main import main
+from tandem.errors import TandemError
+from tandem.serve.server import bind_socket, default_model_name
+from tandem.serve.settings import ServeSettings
+
+
+def test_defaults():
+    settings = ServeSettings()
+    assert (settings.host, settings.port, settings.api_key) == ("127.0.0.1", 8000, None)
+    assert settings.max_body_bytes == 1024 * 1024 and (settings.max_running, settings.max_waiting) == (8, 64)
+    assert settings.cache_url is None and settings.grace_seconds == 10
+
+
+@pytest.mark.parametrize("field,value,says", [
+    ("port", 70000, "port"), ("port", -1, "port"), ("port", "80", "port"), ("api_key", "  ", "API key"),
+    ("max_body_bytes", 10, "max body bytes"), ("max_running", 0, "max running"), ("max_waiting", -1, "waiting"),
+    ("cache_url", "ftp://x", "redis://"), ("cache_ttl_seconds", 0, "TTL"), ("otlp_endpoint", "collector:4318", "OTLP"),
+    ("alert_threshold", 1.5, "alert"), ("alert_threshold", float("nan"), "alert"), ("grace_seconds", -1, "grace"),
+    ("served_model_name", "", "model name"), ("host", "", "host"),
+])
+def test_bad_settings_are_refused(field, value, says):
+    with pytest.raises(TandemError, match=says):
+        ServeSettings(**{field: value})
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--port", "eighty"], "--port must be an integer"),
+    (["--port", "99999"], "port must be an integer from 0 to 65535"),
+    (["--cache", "memcached://x"], "redis://"),
+    (["--grace-seconds", "soon"], "--grace-seconds must be a number"),
+    (["--max-waiting", "-5"], "max waiting"),
+])
+def test_bad_serve_options_print_one_error_line(args, says, capsys):
+    assert main(["serve", "--target", "smollm2-135m-instruct", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and says in err[0], err
+
+
+def test_served_model_name_defaults_to_the_target():
+    assert default_model_name("smollm2-135m-instruct") == "smollm2-135m-instruct"
+    assert default_model_name("/models/qwen-q4.gguf") == "qwen-q4"
+    assert default_model_name("/models/my-hf-folder/") == "my-hf-folder"
+
+
+def test_a_taken_port_is_a_clear_error():
+    first = bind_socket("127.0.0.1", 0)
+    first.listen()
+    try:
+        with pytest.raises(TandemError, match="cannot listen on 127.0.0.1"):
+            bind_socket("127.0.0.1", first.getsockname()[1])
+    finally:
+        first.close()
