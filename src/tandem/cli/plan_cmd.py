@@ -1,0 +1,52 @@
+"""`tandem plan --cluster FILE`: choose which workers verify and draft, the drafter kind and k,
+and explain the choice with predicted numbers beside the naive article rule's placement."""
+
+import argparse
+import json
+
+from tandem.cluster.drafter_kinds import DRAFTER_KINDS
+from tandem.cluster.plan_report import plan_json, plan_text
+from tandem.cluster.planner import PLAN_K_MAX, options_for, plan_cluster
+from tandem.cluster.profile_store import cluster_profiles
+from tandem.cluster.spec import load_cluster
+from tandem.errors import TandemError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("plan", help="place drafters and verifiers on a cluster, explained")
+    parser.add_argument("--cluster", required=True, help="cluster file (see docs/cluster.md)")
+    parser.add_argument("--latency-target-ms", type=float, default=None,
+                        help="most ms per generated token at the planned load (default: the file's)")
+    parser.add_argument("--drafter", choices=("auto", *DRAFTER_KINDS), default=None,
+                        help="fix the drafter kind (default: the file's, else auto)")
+    parser.add_argument("--k", type=int, default=None, help=f"fix k (default: the file's, else 1..{PLAN_K_MAX})")
+    parser.add_argument("--acceptance", default=None,
+                        help="acceptance assumptions, e.g. model=0.7,ngram=0.45,hybrid=0.7")
+    parser.add_argument("--max-batch", type=int, default=None, help="cap on sequences per verifier step")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = load_cluster(args.cluster)
+    options = options_for(spec, args.latency_target_ms, args.drafter, args.k,
+                          _acceptance(args.acceptance), max_batch=args.max_batch)
+    plan = plan_cluster(spec, cluster_profiles(spec), options)
+    print(json.dumps(plan_json(plan), indent=1) if args.json else plan_text(plan, args.cluster))
+    return 0
+
+
+def _acceptance(text: str | None) -> dict[str, float] | None:
+    if not text:
+        return None
+    values = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        try:
+            values[name.strip()] = float(value)
+        except ValueError:
+            raise TandemError(f"--acceptance wants NAME=RATE pairs like model=0.7 (got {part!r})") from None
+    unknown = set(values) - {"model", "ngram", "hybrid"}
+    if unknown:
+        raise TandemError(f"--acceptance knows model, ngram, hybrid (got {', '.join(sorted(unknown))})")
+    return values

@@ -1,0 +1,88 @@
+"""`tandem profile`: measure cost curves of a model on a device and save a `DeviceProfile`.
+
+`--model/--backend/--device` profiles one (model, backend, device); `--cluster FILE` profiles
+every distinct (model, backend, device, dtype, threads) its workers run, skipping workers with a
+public-spec hardware class or a profile file named in the cluster file, and profiles already
+saved (unless --force). Profiles go to $TANDEM_HOME/profiles/devices/ unless --out is given,
+which is where `tandem plan` looks. The progress bar goes to stderr, the saved paths to stdout.
+"""
+
+import argparse
+import sys
+
+from tandem.cluster.measure import ProfileGrid, measure_profile
+from tandem.cluster.profile import save_profile
+from tandem.cluster.profile_store import default_profile_path, worker_models
+from tandem.cluster.public_profiles import DEVICE_CLASSES
+from tandem.cluster.spec import load_cluster
+from tandem.errors import TandemError
+from tandem.models.backends import RunnerSpec
+
+_GRID = ProfileGrid()
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("profile", help="measure a model's cost curves on a device")
+    parser.add_argument("--model", help="catalog name, .gguf file or HF folder")
+    parser.add_argument("--backend", default="llamacpp", help="llamacpp | torch (default llamacpp)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda:0, npu:0, ... (default cpu)")
+    parser.add_argument("--dtype", default="fp32", help="torch dtype: fp32 | bf16 | fp16")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all)")
+    parser.add_argument("--cluster", help="profile every (model, backend, device, threads) of this cluster file")
+    parser.add_argument("--out", help="profile file to write (single profile only)")
+    parser.add_argument("--force", action="store_true", help="with --cluster: re-measure saved profiles")
+    parser.add_argument("--sizes", default=_csv(_GRID.sizes), help="new tokens per sequence, comma-separated")
+    parser.add_argument("--contexts", default=_csv(_GRID.contexts), help="context lengths, comma-separated")
+    parser.add_argument("--batches", default=_csv(_GRID.batches), help="batch sizes, comma-separated")
+    parser.add_argument("--repeats", type=int, default=_GRID.repeats, help="timed calls per point (fastest kept)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if (args.model is None) == (args.cluster is None):
+        raise TandemError("give either --model (with --backend/--device) or --cluster FILE")
+    if args.cluster and args.out:
+        raise TandemError("--out names one file; with --cluster profiles go to their default paths")
+    grid = ProfileGrid(_ints(args.sizes, "--sizes"), _ints(args.contexts, "--contexts"),
+                       _ints(args.batches, "--batches"), args.repeats)
+    specs = [RunnerSpec(args.model, args.backend, args.device, args.dtype, args.threads)] if args.model \
+        else _cluster_specs(args.cluster, args.force)
+    if not specs:
+        print("nothing to profile: every worker has a saved, listed or public-spec profile (--force re-measures)",
+              file=sys.stderr)
+    for spec in specs:
+        path = args.out or default_profile_path(spec.model, spec.backend, spec.device, spec.dtype, spec.threads)
+        print(save_profile(_measure(spec, grid), path))
+    return 0
+
+
+def _cluster_specs(path: str, force: bool) -> list[RunnerSpec]:
+    cluster = load_cluster(path)
+    specs = {}
+    for worker in cluster.workers:
+        if worker.hardware in DEVICE_CLASSES or worker.name in cluster.profiles or worker.hardware in cluster.profiles:
+            continue
+        for model in worker_models(worker):
+            spec = RunnerSpec(model, worker.backend, worker.device, worker.dtype, worker.threads)
+            saved = default_profile_path(model, worker.backend, worker.device, worker.dtype, worker.threads)
+            if force or not saved.exists():
+                specs[saved] = spec
+    return list(specs.values())
+
+
+def _measure(spec: RunnerSpec, grid: ProfileGrid):
+    try:
+        return measure_profile(spec, grid)
+    except (RuntimeError, OSError, ValueError) as error:
+        raise TandemError(f"cannot profile {spec.model} on {spec.device} ({spec.backend}): {error}") from None
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise TandemError(f"{flag} wants comma-separated integers (got {text!r})") from None
+
+
+def _csv(values: tuple[int, ...]) -> str:
+    return ",".join(str(v) for v in values)

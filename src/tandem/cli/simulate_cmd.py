@@ -1,0 +1,145 @@
+"""`tandem simulate`: predict a cluster's throughput and latency by discrete-event simulation.
+
+    tandem simulate --cluster FILE [--rate R | --concurrency C] [--requests N] [--max-tokens T]
+                    [--acceptance A] [--seed S] [--json] [--out DIR] [--measured RUN.json]
+    tandem simulate --scaling FILE --out DIR [--sizes 1,2,4,...]
+
+The first simulates one cluster file under one workload (the planner's placement, or the roles
+as written); the second sweeps the number of devices of a mix and writes scaling.json,
+scaling.md and scaling.png. Results go to stdout; notes to stderr.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from tandem.errors import TandemError
+
+DEFAULT_CONCURRENCY = 8
+DEFAULT_REQUESTS = 64
+DEFAULT_MAX_TOKENS = 128
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "simulate", help="predict a cluster's throughput and latency by simulation",
+        description="A discrete-event simulation of a speculative-decoding cluster: the devices' cost "
+        "curves (measured or public-spec profiles), network round trips, request arrivals and acceptance. "
+        "Predicts throughput and latency percentiles; --scaling sweeps the number of devices.")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--cluster", help="cluster file to simulate")
+    what.add_argument("--scaling", help="cluster file whose device mix to sweep (needs --out)")
+    load = parser.add_mutually_exclusive_group()
+    load.add_argument("--rate", type=float, help="Poisson arrivals, requests per second")
+    load.add_argument("--concurrency", type=int, help=f"closed-loop clients (default {DEFAULT_CONCURRENCY})")
+    parser.add_argument("--requests", type=int, default=DEFAULT_REQUESTS, help=f"requests (default {DEFAULT_REQUESTS})")
+    parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+                        help=f"output tokens per request (default {DEFAULT_MAX_TOKENS})")
+    parser.add_argument("--prompt-tokens", type=int, default=None,
+                        help="prompt tokens per request (default: estimated from the default bench workload)")
+    parser.add_argument("--acceptance", type=float, default=None, help="per-token acceptance of draft models")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--roles", choices=("plan", "as-written"), default="plan",
+                        help="simulate the planner's placement (default) or the file's roles as written")
+    parser.add_argument("--coordinator", choices=("lockstep", "independent"), default="lockstep",
+                        help="one lock-step coordinator, as the cluster runs today (default), or a step loop "
+                        "per verifier replica")
+    parser.add_argument("--pipelining", action="store_true", help="remote drafters draft the next round ahead")
+    parser.add_argument("--batching", choices=("backend", "fused", "serial"), default=None,
+                        help="how verifiers batch: as the backend does today (llama.cpp fused, torch serial; "
+                        "default for --cluster), or fused/serial everywhere (--scaling default: fused)")
+    parser.add_argument("--max-batch", type=int, default=None, help="sequences per verifier step (default: the plan's)")
+    parser.add_argument("--step-overhead-ms", type=float, default=None,
+                        help="per-step time besides the calls: bookkeeping, RPC (default 1.0, the engine's prior)")
+    parser.add_argument("--measured", help="a measured run (JSON) to compare the prediction with")
+    parser.add_argument("--sizes", default=None, help="--scaling: comma-separated device counts (default 1,2,...,64)")
+    parser.add_argument("--waves", type=int, default=3, help="--scaling: requests per planned batch slot (default 3)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--out", help="folder for simulation.json (or the scaling files)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.scaling:
+        return _scaling(args)
+    return _simulate(args)
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from tandem.cluster.planner import plan_cluster
+    from tandem.cluster.profile_store import cluster_profiles
+    from tandem.cluster.sim.adapter import ClusterOptions, simulation_from_cluster
+    from tandem.cluster.sim.simulator import simulate
+    from tandem.cluster.sim.summary import comparison_lines, summary_lines
+    from tandem.cluster.sim.validation import MeasuredRun, compare_with_measurement
+    from tandem.cluster.spec import load_cluster
+
+    spec = load_cluster(args.cluster)
+    plan = plan_cluster(spec, cluster_profiles(spec)) if args.roles == "plan" else None
+    overhead = {} if args.step_overhead_ms is None else {"step_overhead_ms": args.step_overhead_ms}
+    options = ClusterOptions(acceptance=args.acceptance, max_batch=args.max_batch, seed=args.seed,
+                             lockstep=args.coordinator == "lockstep", pipelining=args.pipelining,
+                             fused=_fused(args.batching, default=None), **overhead)
+    result = simulate(_checked(lambda: simulation_from_cluster(spec, _workload(args), options, plan)))
+    comparison = compare_with_measurement(result, MeasuredRun.load(args.measured)) if args.measured else None
+    report = {"cluster": args.cluster, "roles": args.roles, "plan": plan.chosen.label() if plan else None,
+              "options": vars(args) | {"func": None}, "result": result.to_json(), "comparison": comparison}
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        placement = f"plan: {plan.chosen.label()}" if plan else "roles as written"
+        print("\n".join(summary_lines(result, f"simulated {result.requests} requests on {args.cluster} "
+                                               f"({placement}; {args.coordinator} coordinator)")))
+        if comparison:
+            print("\n".join(comparison_lines(comparison)))
+    if args.out:
+        path = Path(args.out) / "simulation.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=1))
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _scaling(args: argparse.Namespace) -> int:
+    from tandem.cluster.sim.lengths import FixedLength
+    from tandem.cluster.sim.scaling import SWEEP_SIZES, SweepOptions, sweep
+    from tandem.cluster.sim.scaling_report import steady, write_scaling
+    from tandem.cluster.spec import load_cluster
+
+    if not args.out:
+        raise TandemError("--scaling needs --out DIR")
+    sizes = SWEEP_SIZES if args.sizes is None else tuple(int(s) for s in args.sizes.split(","))
+    prompts = FixedLength(args.prompt_tokens) if args.prompt_tokens else None
+    options = _checked(lambda: SweepOptions(sizes, args.waves, args.max_tokens, prompts, args.acceptance,
+                                            _fused(args.batching, default=True), seed=args.seed))
+    result = sweep(load_cluster(args.scaling), options)
+    paths = write_scaling(result, args.out)
+    for row in result["rows"]:
+        print(f"{row['devices']:3d} devices  {row['mode']:11s}  {row['plan']['drafter']:12s}  "
+              f"steady {steady(row):>10,.0f} tok/s  whole run {row['throughput_tok_s']:>10,.0f} tok/s  "
+              f"p50 {row['latency_ms']['p50']:>7,.0f} ms")
+    print(f"wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
+    return 0
+
+
+def _workload(args: argparse.Namespace):
+    from tandem.bench.workload import DEFAULT_WORKLOAD
+    from tandem.cluster.sim.config import Workload
+    from tandem.cluster.sim.lengths import FixedLength, workload_prompt_lengths
+
+    prompts = FixedLength(args.prompt_tokens) if args.prompt_tokens else workload_prompt_lengths(DEFAULT_WORKLOAD)
+    concurrency = None if args.rate is not None else (args.concurrency or DEFAULT_CONCURRENCY)
+    return _checked(lambda: Workload(args.requests, prompts, FixedLength(args.max_tokens), args.rate, concurrency))
+
+
+def _fused(batching: str | None, default: bool | None) -> bool | None:
+    return {None: default, "backend": None, "fused": True, "serial": False}[batching]
+
+
+def _checked(build):
+    """Configuration errors (ValueError from the dataclasses) as user errors."""
+    try:
+        return build()
+    except ValueError as error:
+        raise TandemError(str(error)) from None

@@ -1,0 +1,102 @@
+"""Start a cluster file's workers on Ray and hand back the coordinator (a batching engine).
+
+`tandem serve --cluster FILE` starts a local Ray cluster, or joins one with `--ray-address`.
+Each replica of each worker becomes an actor that asks Ray for the worker's resources (custom
+resources such as `npu` name accelerators Ray does not know); a `both` worker becomes a verifier
+and a drafter. A local cluster is declared with enough CPUs and custom resources for every
+worker, so heterogeneity can be emulated on one small machine (slowdown, threads, groups).
+
+The coordinator sits in the group of the first drafting worker (drafts are made close to the
+user, the article's edge), or "local"; each worker's calls pay the round trip between its group
+and the coordinator's.
+"""
+
+import os
+from dataclasses import dataclass
+
+from tandem.cluster.actors import start_actor
+from tandem.cluster.cluster_spec import ClusterSpec, WorkerSpec
+from tandem.cluster.coordinator import ClusterEngine
+from tandem.cluster.emulation import Emulation
+from tandem.cluster.pool import Worker
+from tandem.errors import TandemError
+from tandem.models.backends import RunnerSpec
+
+DEFAULT_SLOTS = 8  # sequences per verifier replica
+DRAFTER_SLOTS = 32  # sequences a drafter keeps caches for
+
+
+@dataclass(frozen=True, slots=True)
+class Role:
+    role: str  # "verify" | "draft"
+    model: str
+    slots: int
+
+
+def roles_of(worker: WorkerSpec) -> list[Role]:
+    roles = []
+    if worker.can_verify:
+        roles.append(Role("verify", worker.model, DEFAULT_SLOTS))
+    if worker.can_draft and worker.drafting_model:
+        roles.append(Role("draft", worker.drafting_model, DRAFTER_SLOTS))
+    return roles
+
+
+def coordinator_group(spec: ClusterSpec) -> str:
+    return next((w.group for w in spec.workers if w.can_draft), "local")
+
+
+def start_ray(spec: ClusterSpec, address: str | None = None) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address:
+        ray.init(address=address, log_to_driver=False)
+        return
+    need: dict[str, float] = {}
+    for worker in spec.workers:
+        for _ in roles_of(worker):
+            for name, amount in worker.ray_resources.items():
+                need[name] = need.get(name, 0.0) + amount * worker.replicas
+    cpus = max(os.cpu_count() or 1, int(need.pop("CPU", 1) + 0.999))
+    gpus = int(need.pop("GPU", 0) + 0.999)
+    ray.init(num_cpus=cpus, num_gpus=gpus or None, resources=need or None, include_dashboard=False,
+             log_to_driver=False)
+
+
+def build_workers(spec: ClusterSpec) -> tuple[list[Worker], list[Worker]]:
+    home = coordinator_group(spec)
+    verifiers, drafters = [], []
+    for worker in spec.workers:
+        rtt = spec.network.rtt_ms(home, worker.group)
+        for replica in range(worker.replicas):
+            for role in roles_of(worker):
+                name = f"{worker.name}-{role.role}-{replica}"
+                pool = verifiers if role.role == "verify" else drafters
+                pool.append(Worker(name, role.role, _starter(worker, role, name, rtt), rtt_ms=rtt))
+    for w in verifiers + drafters:
+        w.launch()  # all actors load their models concurrently
+    for w in verifiers + drafters:
+        if not w.wait_ready():
+            raise TandemError(f"cluster worker {w.name} failed to start (see the Ray logs)")
+    return verifiers, drafters
+
+
+def _starter(worker: WorkerSpec, role: Role, name: str, rtt_ms: float):
+    runner = RunnerSpec(role.model, worker.backend, worker.device, worker.dtype, worker.threads)
+    emulation = Emulation(worker.slowdown, rtt_ms)
+    resources = dict(worker.ray_resources)
+    num_cpus = resources.pop("CPU", 0.0)
+    return lambda: start_actor(role.role, name, runner, role.slots, emulation, num_cpus, resources)
+
+
+def launch_cluster(spec: ClusterSpec, drafter: str, k: int | str, ray_address: str | None = None,
+                   max_running: int | None = None, ngram_store=None) -> ClusterEngine:
+    start_ray(spec, ray_address)
+    verifiers, drafters = build_workers(spec)
+    if not verifiers:
+        raise TandemError("the cluster has no verifier")
+    if drafter in ("model", "hybrid") and not drafters:
+        drafter = "ngram"  # no draft model anywhere: copy from the context instead
+    return ClusterEngine(verifiers, drafters, drafter, k, ngram_store, max_running)

@@ -1,0 +1,145 @@
+"""Measure a `DeviceProfile`: time one batch runner scoring n new tokens per sequence, for every
+(context, batch, n) in a `ProfileGrid`, and record memory use.
+
+For each context the first slot is filled once and the others share that prefix (copy_prefix;
+slots that cannot copy are filled one by one), after one warm-up call. Every call asks for
+logits at all n positions, as a verification step does; between calls each slot is rolled back.
+
+Other work on the machine only ever adds time, and it comes in bursts, so the grid is swept
+`repeats` times (a burst then spoils one sample of many points, not every sample of one) and
+each point keeps its fastest sample. Then each point is capped by every point that does at
+least as much work (no smaller context, batch or n): doing more never costs less, so any such
+measurement is also an upper bound on this one.
+"""
+
+import os
+import resource
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from tqdm import tqdm
+
+from tandem.cluster.profile import Curve, DeviceProfile, MemoryUse
+from tandem.errors import TandemError
+from tandem.models.backends import RunnerSpec
+from tandem.models.batch_backends import load_batch_runner
+from tandem.models.batch_runner import BatchItem, BatchRunner
+
+FILLER_VOCAB = 200  # filler token ids cycle through 1..FILLER_VOCAB
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileGrid:
+    sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)  # n new tokens per sequence
+    contexts: tuple[int, ...] = (64, 512, 2048)
+    batches: tuple[int, ...] = (1, 2, 4, 8)
+    repeats: int = 3
+
+    def __post_init__(self):
+        for name in ("sizes", "contexts", "batches"):
+            values = getattr(self, name)
+            if not values or list(values) != sorted(set(values)) or values[0] < (0 if name == "contexts" else 1):
+                raise TandemError(f"profile {name} must be distinct, ascending and positive (got {values})")
+        if self.batches[0] != 1:
+            raise TandemError(f"profile batches must include 1 (got {self.batches})")
+        if self.repeats < 1:
+            raise TandemError(f"repeats must be >= 1 (got {self.repeats})")
+
+    @property
+    def points(self) -> int:
+        return len(self.sizes) * len(self.contexts) * len(self.batches)
+
+
+def measure_profile(spec: RunnerSpec, grid: ProfileGrid = ProfileGrid(), progress: bool = True) -> DeviceProfile:
+    """Load `spec` as a batch runner with max(grid.batches) slots and time the grid."""
+    needed = grid.contexts[-1] + grid.sizes[-1] + 1
+    spec = RunnerSpec(spec.model, spec.backend, spec.device, spec.dtype, spec.threads,
+                      max(spec.context_length, needed)).resolved()
+    before = _rss_bytes()
+    runner = load_batch_runner(spec, grid.batches[-1])
+    loaded = _rss_bytes() - before
+    samples: dict[tuple[int, int, int], float] = {}
+    with tqdm(total=grid.points * grid.repeats, desc=f"profiling {spec.model}", unit="call",
+              disable=not progress) as bar:
+        for context in grid.contexts:
+            _fill(runner, context, grid.batches[-1])
+            for _ in range(grid.repeats):
+                _sweep(runner, context, grid, samples, bar.update)
+    capped = _cap_by_more_work(samples)
+    curves = tuple(Curve(batch, context, tuple((n, capped[(context, batch, n)]) for n in grid.sizes))
+                   for context in grid.contexts for batch in grid.batches)
+    return DeviceProfile(
+        model=spec.model, backend=spec.backend, device=spec.device,
+        dtype="gguf" if spec.backend == "llamacpp" else spec.dtype,
+        threads=spec.threads or os.cpu_count(), source="measured", curves=curves,
+        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        memory=MemoryUse(loaded, _peak_rss_bytes(), _device_bytes(spec.device)),
+    )
+
+
+def _filler(count: int) -> tuple[int, ...]:
+    return tuple(1 + i % FILLER_VOCAB for i in range(count))
+
+
+def _fill(runner: BatchRunner, context: int, slots: int) -> None:
+    """Every slot holds `context` filler tokens (after one warm-up call)."""
+    for slot in range(slots):
+        runner.rollback(slot, 0)
+    runner.forward_batch([BatchItem(0, _filler(1), 1)])
+    runner.rollback(0, 0)
+    if context == 0:
+        return
+    runner.forward_batch([BatchItem(0, _filler(context), 0)])
+    for slot in range(1, slots):
+        if runner.can_copy_prefix:
+            runner.copy_prefix(0, slot, context)
+        else:
+            runner.forward_batch([BatchItem(slot, _filler(context), 0)])
+
+
+def _sweep(runner: BatchRunner, context: int, grid: ProfileGrid, samples: dict, tick) -> None:
+    """Time every (batch, n) once at this context, keeping each point's fastest sample."""
+    for batch in grid.batches:
+        for n in grid.sizes:
+            ms = _time_call(runner, batch, n, context)
+            key = (context, batch, n)
+            samples[key] = min(ms, samples.get(key, ms))
+            tick()
+
+
+def _time_call(runner: BatchRunner, batch: int, n: int, context: int) -> float:
+    """ms of one call scoring n tokens in each of `batch` slots; the slots are rolled back."""
+    items = [BatchItem(slot, _filler(n), n) for slot in range(batch)]
+    start = time.perf_counter()
+    runner.forward_batch(items)
+    elapsed = (time.perf_counter() - start) * 1000
+    for slot in range(batch):
+        runner.rollback(slot, context)
+    return elapsed
+
+
+def _cap_by_more_work(samples: dict[tuple[int, int, int], float]) -> dict[tuple[int, int, int], float]:
+    """Each (context, batch, n) capped by the fastest point that does at least as much work."""
+    return {key: min(ms for other, ms in samples.items() if all(o >= k for o, k in zip(other, key)))
+            for key in samples}
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def _device_bytes(device: str) -> int | None:
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    return int(torch.cuda.max_memory_allocated(device))

@@ -1,0 +1,143 @@
+"""`simulation_from_cluster`: a Simulation from a cluster file (cluster/spec.py), either with the
+roles as the file writes them or with a placement chosen by the planner (cluster/planner.py).
+
+Each replica of a worker is one device, named `worker/i`. Costs are the worker's profile for the
+model in question (cluster/profile_store.py: listed files, else the public-spec roofline of its
+hardware class, else the default profile path), priced at the file's `context_tokens` and
+scaled by slowdown / (1 - utilization), as the planner prices them. Roles as written:
+- `verify` replicas verify; `draft` replicas draft for them, dealt out in turn, same network
+  group first; `both` replicas verify with their own `draft_model` beside them (one device);
+- the file's `drafter`: `none` decodes plainly, the copy drafters use the free n-gram drafter,
+  `model`/`hybrid`/`auto` use draft models where there are any (else n-gram copies).
+With a plan, plan_adapter.py follows the placement instead. k: the file's `k` fixes it, else
+the engine's E/T planner chooses (`use_plan_k` takes the placement's k). Acceptance per token:
+the options, else the file's `acceptance`, else the planner's defaults (drafter_kinds.py).
+The coordinator sits where cluster/launch.py puts it (the first drafting worker's group, else
+"local"; `coordinator_group` overrides) and every call pays the round trip from there; as written,
+each verifier replica holds launch.DEFAULT_SLOTS sequences unless `max_batch` says otherwise.
+Unlike the running coordinator, which spreads each *sequence* over all drafters by a hash of its
+id, the simulator gives each *replica* one drafter; with one drafter (or one per verifier) the two
+agree.
+"""
+
+from dataclasses import dataclass
+
+from tandem.cluster.cluster_spec import ClusterSpec, WorkerSpec
+from tandem.cluster.drafter_kinds import DEFAULT_ACCEPTANCE
+from tandem.cluster.launch import DEFAULT_SLOTS, coordinator_group
+from tandem.cluster.planner import Plan
+from tandem.cluster.profile_store import worker_profile
+from tandem.cluster.sim.acceptance import GeometricAcceptance
+from tandem.cluster.sim.config import Depth, Device, Drafter, Network, Simulation, Verifier, Workload
+from tandem.cluster.sim.from_profile import device_from_profile
+from tandem.errors import TandemError
+from tandem.spec.batch_depth import STEP_OVERHEAD_MS
+
+NGRAM = "ngram"
+MODEL_DRAFTERS = ("model", "hybrid", "auto")
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterOptions:
+    acceptance: float | None = None  # per-token acceptance of draft models (hybrid too)
+    ngram_acceptance: float | None = None
+    max_batch: int | None = None  # None: the plan's batch per replica, or the launcher's slots
+    lockstep: bool = True  # one coordinator steps every replica (cluster/coordinator.py)
+    coordinator_group: str | None = None  # None: where cluster/launch.py puts it
+    pipelining: bool = False
+    fused: bool | None = None  # None: as the backend batches today (llama.cpp fused, torch serial)
+    use_plan_k: bool = False
+    step_overhead_ms: float = STEP_OVERHEAD_MS  # per step, besides the calls (Ray, bookkeeping)
+    seed: int = 0
+
+
+
+def simulation_from_cluster(spec: ClusterSpec, workload: Workload, options: ClusterOptions = ClusterOptions(),
+                            plan: Plan | None = None) -> Simulation:
+    if plan is not None:
+        from tandem.cluster.sim.plan_adapter import simulation_from_plan
+
+        return simulation_from_plan(spec, plan, workload, options)
+    alpha = acceptance_of(spec, "hybrid" if spec.drafter == "hybrid" else "model", options)
+    pool = [Drafter(f"{w.name}/{i}", GeometricAcceptance(alpha), cluster_device(spec, w, w.model, i, options))
+            for w in spec.workers if w.role == "draft" for i in range(w.replicas)]
+    choose = _DrafterChoice(spec, options, pool, alpha, ngram_drafter(spec, options))
+    batch = options.max_batch or DEFAULT_SLOTS
+    verifiers = []
+    for worker in (w for w in spec.workers if w.can_verify):
+        for i in range(worker.replicas):
+            device = cluster_device(spec, worker, worker.model, i, options)
+            drafter = choose(worker, i, device)
+            verifiers.append(Verifier(device, drafter.name if drafter else None, batch))
+    return assemble(spec, verifiers, choose.used(), workload, options, None)
+
+
+class _DrafterChoice:
+    """Picks each verifier replica's drafter (roles as written) and remembers those in use."""
+
+    def __init__(self, spec: ClusterSpec, options: ClusterOptions, pool: list[Drafter], alpha: float, ngram: Drafter):
+        self.spec, self.options, self.pool, self.alpha, self.ngram = spec, options, pool, alpha, ngram
+        self.turn = 0
+        self.chosen: dict[str, Drafter] = {}
+
+    def __call__(self, worker: WorkerSpec, index: int, device: Device) -> Drafter | None:
+        drafter = self._pick(worker, index, device)
+        if drafter is not None:
+            self.chosen.setdefault(drafter.name, drafter)
+        return drafter
+
+    def _pick(self, worker: WorkerSpec, index: int, device: Device) -> Drafter | None:
+        kind = self.spec.drafter
+        if kind == "none":
+            return None
+        if kind not in MODEL_DRAFTERS:
+            return self.ngram
+        if worker.role == "both":
+            return colocated_drafter(self.spec, worker, index, device, self.alpha, self.options)
+        if self.pool:
+            near = sorted(self.pool, key=lambda d: d.device.group != worker.group)
+            self.turn += 1
+            return near[(self.turn - 1) % len(near)]
+        if kind == "model":
+            raise TandemError("cluster: drafter 'model' needs a draft or both worker, and there is none")
+        return self.ngram
+
+    def used(self) -> list[Drafter]:
+        """Every drafter a verifier uses, and idle draft workers too (their utilisation is 0)."""
+        idle = [d for d in self.pool if d.name not in self.chosen and self.spec.drafter in MODEL_DRAFTERS]
+        return list(self.chosen.values()) + idle
+
+
+# -- pieces shared with plan_adapter.py ------------------------------------------------------------
+
+def cluster_device(spec: ClusterSpec, worker: WorkerSpec, model: str, index: int, options: ClusterOptions) -> Device:
+    fused = worker.backend == "llamacpp" if options.fused is None else options.fused
+    slowdown = worker.slowdown / (1.0 - worker.utilization)
+    return device_from_profile(f"{worker.name}/{index}", worker_profile(spec, worker, model),
+                               group=worker.group, context=spec.context_tokens, slowdown=slowdown, fused=fused)
+
+
+def colocated_drafter(spec: ClusterSpec, worker: WorkerSpec, index: int, device: Device, alpha: float,
+                      options: ClusterOptions) -> Drafter:
+    """A `both` replica's own draft model: the same device (name), another cost curve."""
+    own = cluster_device(spec, worker, worker.draft_model, index, options)
+    return Drafter(f"{device.name}:draft", GeometricAcceptance(alpha), own)
+
+
+def acceptance_of(spec: ClusterSpec, kind: str, options: ClusterOptions) -> float:
+    option = options.ngram_acceptance if kind == NGRAM else options.acceptance
+    return next(a for a in (option, spec.acceptance.get(kind), DEFAULT_ACCEPTANCE.get(kind)) if a is not None)
+
+
+def ngram_drafter(spec: ClusterSpec, options: ClusterOptions) -> Drafter:
+    return Drafter(NGRAM, GeometricAcceptance(acceptance_of(spec, NGRAM, options)))
+
+
+def assemble(spec: ClusterSpec, verifiers: list[Verifier], drafters: list[Drafter], workload: Workload,
+             options: ClusterOptions, plan_k: int | None) -> Simulation:
+    fixed_k = plan_k if options.use_plan_k and plan_k is not None else spec.k
+    network = Network(tuple((a, b, ms) for (a, b), ms in spec.network.latency_ms.items()))
+    return Simulation(tuple(verifiers), workload, tuple(drafters), network, Depth(fixed_k=fixed_k),
+                      pipelining=options.pipelining, lockstep=options.lockstep,
+                      coordinator_group=options.coordinator_group or coordinator_group(spec),
+                      step_overhead_ms=options.step_overhead_ms, seed=options.seed)

@@ -1,0 +1,202 @@
+"""What the simulator is given: devices, drafters, verifier replicas, the network, the workload.
+
+Plain frozen dataclasses, validated on construction, so a simulation can be built by hand, from a
+cluster file (adapter.py) or from public device classes (device_classes.py) alike. Terms:
+
+- a *device* is one accelerator or CPU running one model, with a measured (or public-spec) cost
+  curve: ms to score n tokens in one forward pass. A fused device runs a batch as one pass over
+  all its tokens, plus `per_sequence_ms` for every sequence after the first (reading its KV
+  cache); a serial one runs the sequences of a batch one after another. Two Device values with
+  one name are one physical device running two models (a worker that verifies and drafts):
+  their calls share its time.
+- a *verifier replica* holds the target model on a device and verifies up to `max_batch`
+  sequences per step; it names its drafter.
+- a *drafter* proposes draft tokens: a draft model on a device, or the n-gram drafter (free,
+  on the coordinator's host). Its acceptance model says how many drafts the target accepts.
+- the *network* gives a round-trip time between two named groups of devices.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tandem.cluster.sim.acceptance import AcceptanceModel
+from tandem.cluster.sim.lengths import LengthModel
+from tandem.models.cost import CostModel
+from tandem.spec.batch_depth import STEP_OVERHEAD_MS
+from tandem.spec.depth import DEFAULT_K_MAX
+
+PREFILL_TOKEN_BUDGET = 2048  # prompt tokens admitted per replica step, as engine/batch_engine.py
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    name: str
+    cost: CostModel  # ms to score n tokens in one forward pass
+    fused: bool = True  # False: a batch costs the sum of its sequences' passes
+    group: str = "local"  # network group
+    per_sequence_ms: float = 0.0  # fused: extra time per sequence beyond the first
+
+    def __post_init__(self):
+        if self.per_sequence_ms < 0:
+            raise ValueError(f"device {self.name}: per_sequence_ms must be >= 0, got {self.per_sequence_ms}")
+        if not self.name:
+            raise ValueError("a device needs a name")
+        if not self.group:
+            raise ValueError(f"device {self.name}: network group must not be empty")
+        if self.cost.cost_ms(1) <= 0:
+            raise ValueError(f"device {self.name}: its cost curve must give a positive time for 1 token")
+
+    def forward_ms(self, token_counts: Sequence[int]) -> float:
+        """One forward over a batch with these per-sequence token counts."""
+        counts = [n for n in token_counts if n > 0]
+        if not counts:
+            return 0.0
+        if self.fused:
+            return self.cost.cost_ms(sum(counts)) + self.per_sequence_ms * (len(counts) - 1)
+        return sum(self.cost.cost_ms(n) for n in counts)
+
+    def lockstep_draft_ms(self, levels: Sequence[int]) -> float:
+        """Drafting in lock-step: level j drafts one token for each of levels[j] sequences."""
+        if self.fused:
+            return sum(self.cost.cost_ms(n) + self.per_sequence_ms * (n - 1) for n in levels if n)
+        return sum(levels) * self.cost.cost_ms(1)
+
+
+@dataclass(frozen=True, slots=True)
+class Drafter:
+    name: str
+    acceptance: AcceptanceModel
+    device: Device | None = None  # None: the n-gram drafter, free, beside the coordinator
+
+    def __post_init__(self):
+        if not self.name:
+            raise ValueError("a drafter needs a name")
+
+    @property
+    def uses_model(self) -> bool:
+        return self.device is not None
+
+    @property
+    def source(self) -> str:
+        """The acceptance source the depth planner tracks (spec/batch_depth.py)."""
+        return "model" if self.uses_model else "ngram"
+
+
+@dataclass(frozen=True, slots=True)
+class Verifier:
+    device: Device
+    drafter: str | None = None  # a Drafter's name; None: plain decoding
+    max_batch: int = 32
+
+    def __post_init__(self):
+        if self.max_batch < 1:
+            raise ValueError(f"verifier {self.device.name}: max_batch must be >= 1, got {self.max_batch}")
+
+
+@dataclass(frozen=True, slots=True)
+class Network:
+    """Round trips in ms: `links` lists (group, group, rtt), symmetric; a pair not listed costs
+    `same_group_ms` inside one group and `default_ms` between two."""
+
+    links: tuple[tuple[str, str, float], ...] = ()
+    default_ms: float = 0.0
+    same_group_ms: float = 0.0
+
+    def __post_init__(self):
+        for a, b, ms in self.links:
+            if ms < 0:
+                raise ValueError(f"network: rtt between {a} and {b} must be >= 0, got {ms}")
+        if self.default_ms < 0 or self.same_group_ms < 0:
+            raise ValueError("network: round trips must be >= 0")
+
+    def rtt_ms(self, a: str, b: str) -> float:
+        for x, y, ms in self.links:
+            if (x, y) in ((a, b), (b, a)):
+                return ms
+        return self.same_group_ms if a == b else self.default_ms
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """`num_requests` requests: Poisson arrivals at `rate_per_s`, or `concurrency` closed-loop
+    clients that send their next request when the last one finishes (exactly one of the two)."""
+
+    num_requests: int
+    prompt_tokens: LengthModel
+    output_tokens: LengthModel
+    rate_per_s: float | None = None
+    concurrency: int | None = None
+
+    def __post_init__(self):
+        if self.num_requests < 1:
+            raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
+        if (self.rate_per_s is None) == (self.concurrency is None):
+            raise ValueError("a workload needs exactly one of rate_per_s and concurrency")
+        if self.rate_per_s is not None and self.rate_per_s <= 0:
+            raise ValueError(f"rate_per_s must be > 0, got {self.rate_per_s}")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+
+
+@dataclass(frozen=True, slots=True)
+class Depth:
+    """A fixed k for every round, or (fixed_k None) the engine's E/T planner up to k_max."""
+
+    fixed_k: int | None = None
+    k_max: int = DEFAULT_K_MAX
+
+    def __post_init__(self):
+        if self.fixed_k is not None and self.fixed_k < 0:
+            raise ValueError(f"fixed k must be >= 0, got {self.fixed_k}")
+        if self.k_max < 1:
+            raise ValueError(f"k_max must be >= 1, got {self.k_max}")
+
+
+@dataclass(frozen=True, slots=True)
+class Simulation:
+    """Everything one run needs. `lockstep`: one coordinator steps every replica together and
+    waits for the slowest (how cluster/coordinator.py works); otherwise each replica runs its own
+    step loop with its coordinator beside it. `pipelining`: a remote draft model drafts round
+    i + 1 while round i verifies, assuming every draft is accepted; the drafts are discarded on
+    a rejection."""
+
+    verifiers: tuple[Verifier, ...]
+    workload: Workload
+    drafters: tuple[Drafter, ...] = ()
+    network: Network = Network()
+    depth: Depth = Depth()
+    pipelining: bool = False
+    lockstep: bool = False
+    coordinator_group: str | None = None  # lockstep only; None: the first verifier's group
+    step_overhead_ms: float = STEP_OVERHEAD_MS
+    prefill_token_budget: int = PREFILL_TOKEN_BUDGET
+    seed: int = 0
+
+    def __post_init__(self):
+        if not self.verifiers:
+            raise ValueError("a simulation needs at least one verifier")
+        names = [d.name for d in self.drafters]
+        if len(set(names)) != len(names):
+            raise ValueError(f"drafter names must be unique, got {names}")
+        for v in self.verifiers:
+            if v.drafter is not None and v.drafter not in names:
+                raise ValueError(f"verifier {v.device.name} names drafter {v.drafter!r}, which is not defined")
+        self._check_devices()
+        if self.step_overhead_ms < 0:
+            raise ValueError(f"step_overhead_ms must be >= 0, got {self.step_overhead_ms}")
+        if self.prefill_token_budget < 1:
+            raise ValueError(f"prefill_token_budget must be >= 1, got {self.prefill_token_budget}")
+
+    def _check_devices(self) -> None:
+        """One name, one place: the models of one physical device sit in one network group."""
+        groups: dict[str, str] = {}
+        devices = [v.device for v in self.verifiers] + [d.device for d in self.drafters if d.device]
+        for device in devices:
+            if groups.setdefault(device.name, device.group) != device.group:
+                raise ValueError(f"device {device.name!r} is given two network groups")
+        verifier_names = [v.device.name for v in self.verifiers]
+        if len(set(verifier_names)) != len(verifier_names):
+            raise ValueError(f"each verifier replica needs its own device, got {verifier_names}")
+
+    def drafter(self, name: str | None) -> Drafter | None:
+        return next((d for d in self.drafters if d.name == name), None)

@@ -1,0 +1,40 @@
+"""A simulated Device from a `DeviceProfile` (cluster/profile.py): its cost by total tokens.
+
+The simulator prices a fused batch by its total token count plus a per-sequence term, so from a
+profile priced at one context it takes
+- cost(n) = step_ms(batch 1, n) for the profiled n (n is then the total count),
+- per_sequence_ms = (step_ms(B, 1) - step_ms(1, B)) / (B - 1) at the largest profiled batch B:
+  what B sequences of one token cost beyond one sequence of B tokens (their KV caches),
+- cost(total) for totals past the profiled n (prefill, big batches) from the batch-B curve:
+  step_ms(B, total / B) - (B - 1) per_sequence_ms.
+`slowdown` multiplies every time (a worker made slower, or shared with other work).
+"""
+
+from tandem.cluster.profile import DeviceProfile
+from tandem.cluster.sim.config import Device
+from tandem.models.cost import CostModel
+
+LARGE_TOTALS = (128, 256, 512, 1024, 2048, 4096, 8192)  # totals priced from the big-batch curve
+
+
+def device_from_profile(name: str, profile: DeviceProfile, *, group: str = "local", context: int | None = None,
+                        slowdown: float = 1.0, fused: bool = True) -> Device:
+    context = profile.contexts[0] if context is None else context
+    sizes = profile.sizes(1)
+    points = {n: profile.step_ms(1, n, context) for n in sizes}
+    per_sequence = _per_sequence_ms(profile, context) if fused else 0.0
+    biggest = profile.batches[-1]
+    if biggest > 1:
+        for total in LARGE_TOTALS:
+            if total > sizes[-1]:
+                points[total] = profile.step_ms(biggest, total / biggest, context) - (biggest - 1) * per_sequence
+    scaled = CostModel({n: ms * slowdown for n, ms in points.items()})
+    return Device(name, scaled, fused, group, per_sequence * slowdown)
+
+
+def _per_sequence_ms(profile: DeviceProfile, context: int) -> float:
+    biggest = profile.batches[-1]
+    if biggest == 1:
+        return 0.0
+    extra = profile.step_ms(biggest, 1, context) - profile.step_ms(1, biggest, context)
+    return max(0.0, extra / (biggest - 1))

@@ -1,0 +1,59 @@
+"""Prompt and output lengths in tokens: fixed, or drawn from observed lengths.
+
+`workload_prompt_lengths` estimates the prompt lengths of a benchmark workload (JSONL, see
+bench/workload.py) without a tokenizer, at CHARS_PER_TOKEN characters per token plus a chat
+template's framing; an estimate, named as such wherever it is used.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+CHARS_PER_TOKEN = 4.0  # English text under a BPE tokenizer, roughly
+TEMPLATE_TOKENS = 10  # role markers of a chat template, per message
+
+
+class LengthModel(Protocol):
+    def draw(self, rng: np.random.Generator) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FixedLength:
+    tokens: int
+
+    def __post_init__(self):
+        if self.tokens < 1:
+            raise ValueError(f"a length must be >= 1 token, got {self.tokens}")
+
+    def draw(self, rng: np.random.Generator) -> int:
+        return self.tokens
+
+
+@dataclass(frozen=True, slots=True)
+class EmpiricalLengths:
+    values: tuple[int, ...]
+
+    def __post_init__(self):
+        if not self.values:
+            raise ValueError("empirical lengths need at least one value")
+        if min(self.values) < 1:
+            raise ValueError(f"lengths must be >= 1 token, got {min(self.values)}")
+
+    def draw(self, rng: np.random.Generator) -> int:
+        return self.values[int(rng.integers(len(self.values)))]
+
+
+def workload_prompt_lengths(path: str | Path) -> EmpiricalLengths:
+    """Estimated prompt lengths of a JSONL workload (`messages` or `prompt` per line)."""
+    lengths = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        record = json.loads(line)
+        messages = record.get("messages") or [{"content": record.get("prompt", "")}]
+        chars = sum(len(m.get("content", "")) for m in messages)
+        lengths.append(max(1, round(chars / CHARS_PER_TOKEN) + TEMPLATE_TOKENS * len(messages)))
+    return EmpiricalLengths(tuple(lengths))

@@ -1,0 +1,81 @@
+"""What one round costs and how deep it drafts, as the engine plans it (spec/batch_depth.py).
+
+The simulator reuses the engine's BatchDepthPlanner unchanged: it gets cost views of the
+simulated devices, and its per-step overhead is the step's bookkeeping plus the network round
+trips the step pays (coordinator to verifier, and to a remote drafter), as cluster/coordinator.py
+sets it, so a long round trip makes deeper drafts pay. It learns acceptance from the rounds
+it sees, like the engine. It is not told about pipelining.
+
+Planning is most of a simulation's time (the walk prices every candidate draft token), and most
+steps plan the same batch again, so `MemoPlanner` remembers plans by their candidates and their
+acceptance rounded to ACCEPTANCE_DIGITS decimals; tests check it agrees with the engine's.
+"""
+
+from dataclasses import dataclass, field
+
+from tandem.cluster.sim.config import Depth, Device, Drafter
+from tandem.cluster.sim.state import SimSequence
+from tandem.models.cost import CostModel
+from tandem.spec.batch_depth import BatchDepthPlanner, DraftCandidate
+
+ACCEPTANCE_DIGITS = 3
+MEMO_SIZE = 4096  # plans kept per replica before the memo starts over
+
+
+@dataclass(frozen=True, slots=True)
+class CostView:
+    """What the planner reads of a runner: its cost curve and whether batches are fused."""
+
+    cost: CostModel
+    fused: bool
+
+
+@dataclass
+class MemoPlanner(BatchDepthPlanner):
+    """The engine's planner with its best-plan walk memoised (probing is left as it is)."""
+
+    memo: dict = field(default_factory=dict, repr=False)
+
+    def _best_plan(self, candidates: list[DraftCandidate], alphas: list[float]) -> list[int]:
+        key = (tuple(candidates), tuple(round(a, ACCEPTANCE_DIGITS) for a in alphas), self.overhead_ms)
+        if key not in self.memo:
+            if len(self.memo) >= MEMO_SIZE:
+                self.memo.clear()
+            self.memo[key] = tuple(super()._best_plan(candidates, alphas))
+        return list(self.memo[key])
+
+
+def make_planner(target: Device, drafter: Drafter | None, depth: Depth, overhead_ms: float,
+                 memo: bool = True) -> BatchDepthPlanner:
+    draft = CostView(drafter.device.cost, drafter.device.fused) if drafter and drafter.device else None
+    kind = MemoPlanner if memo else BatchDepthPlanner
+    return kind(CostView(target.cost, target.fused), draft, k_max=depth.k_max, overhead_ms=overhead_ms)
+
+
+def candidate(seq: SimSequence, drafter: Drafter | None, depth: Depth) -> DraftCandidate:
+    """What seq could draft this round: at most k_max, and one token fewer than it still needs."""
+    cap = max(0, min(depth.k_max, seq.remaining - 1))
+    if drafter is None or cap == 0:
+        return DraftCandidate("none", 0, False, fixed_k=0)
+    fixed = None if depth.fixed_k is None else min(depth.fixed_k, cap)
+    if not drafter.uses_model:
+        return DraftCandidate(drafter.source, cap, False, fixed_k=fixed)
+    cost = drafter.device.cost
+    setup = max(0.0, cost.cost_ms(seq.unseen_by_drafter()) - cost.cost_ms(1))
+    return DraftCandidate(drafter.source, cap, True, setup, fixed)
+
+
+def levels(ks: list[int]) -> list[int]:
+    """n_j: how many sequences draft a j-th token, for j = 1 .. max k."""
+    return [sum(1 for k in ks if k >= j) for j in range(1, max(ks, default=0) + 1)]
+
+
+def draft_call_ms(device: Device, unseen: list[int], ks: list[int]) -> float:
+    """A draft model's lock-step call (engine/batch_drafting.py): the first forward feeds every
+    sequence's unseen tokens and drafts its first token; each later forward drafts one more."""
+    return device.forward_ms(unseen) + device.lockstep_draft_ms(levels(ks)[1:])
+
+
+def verify_ms(device: Device, ks: list[int]) -> float:
+    """One batched verify: every sequence scores its last committed token plus its k drafts."""
+    return device.forward_ms([k + 1 for k in ks])

@@ -1,0 +1,121 @@
+"""`simulate(Simulation) -> SimResult`: run a cluster through a workload on the event loop.
+
+Requests arrive (Poisson, or closed-loop clients that send the next request when one finishes),
+are placed on a verifier replica with a free batch slot (routing.py; while all are full they
+wait in the cluster's queue) and are stepped by their replica's coordinator (step.py) until
+they have emitted their output length. Time is simulated in milliseconds.
+
+Two random streams come from the seed: one draws the workload (arrival times, prompt and output
+lengths, all drawn up front), one draws acceptance. So two clusters simulated with one seed see
+the same requests, and a run is a pure function of its Simulation.
+Not modelled: context-length-dependent cost (curves are read at one context), KV-cache
+limits beyond max_batch, stop tokens (every request runs to its output length), failures.
+"""
+
+from collections import deque
+
+import numpy as np
+
+from tandem.cluster.sim.config import Simulation, Workload
+from tandem.cluster.sim.events import EventQueue
+from tandem.cluster.sim.metrics import Recorder, SimResult
+from tandem.cluster.sim.planning import make_planner
+from tandem.cluster.sim.routing import route
+from tandem.cluster.sim.state import Replica, SimSequence
+from tandem.cluster.sim.step import StepContext, StepGroup
+from tandem.cluster.sim.timeline import Timeline
+
+
+def simulate(sim: Simulation) -> SimResult:
+    return Simulator(sim).run()
+
+
+def draw_requests(workload: Workload, seed: int) -> list[tuple[float | None, int, int]]:
+    """(arrival ms or None for closed loop, prompt tokens, output tokens) per request."""
+    rng = np.random.default_rng([seed, 0])
+    n = workload.num_requests
+    if workload.rate_per_s is not None:
+        arrivals = np.cumsum(rng.exponential(1000.0 / workload.rate_per_s, n)).tolist()
+    else:
+        arrivals = [None] * n
+    return [(arrival, max(2, workload.prompt_tokens.draw(rng)), workload.output_tokens.draw(rng))
+            for arrival in arrivals]
+
+
+class Simulator:
+    def __init__(self, sim: Simulation):
+        self.sim = sim
+        self.events = EventQueue()
+        self.recorder = Recorder()
+        self.timelines = self._timelines()
+        self.replicas = [self._replica(i) for i in range(len(sim.verifiers))]
+        ctx = StepContext(sim, self.events, np.random.default_rng([sim.seed, 1]), self.recorder, self._finished)
+        self.groups = self._groups(ctx)
+        self.group_of = {id(r): g for g in self.groups for r in g.replicas}
+        self.requests = draw_requests(sim.workload, sim.seed)
+        self.sent = 0
+        self.backlog: deque[SimSequence] = deque()  # requests waiting for a free batch slot
+
+    def run(self) -> SimResult:
+        if self.sim.workload.concurrency is not None:
+            for _ in range(min(self.sim.workload.concurrency, len(self.requests))):
+                self._send(0.0)
+        else:
+            for arrival, _, _ in self.requests:
+                self.events.push(arrival, self._send)
+        end = self.events.run()
+        if self.recorder.finished != len(self.requests):
+            raise RuntimeError(f"simulation ended with {self.recorder.finished} of {len(self.requests)} requests done")
+        utilisation = {name: t.utilisation(end) for name, t in self.timelines.items()}
+        return self.recorder.result(utilisation, self.events.processed)
+
+    # -- set-up -------------------------------------------------------------------------------
+
+    def _timelines(self) -> dict[str, Timeline]:
+        devices = [v.device for v in self.sim.verifiers] + [d.device for d in self.sim.drafters if d.device]
+        return {device.name: Timeline(device.name) for device in devices}
+
+    def _replica(self, index: int) -> Replica:
+        spec = self.sim.verifiers[index]
+        drafter = self.sim.drafter(spec.drafter)
+        coordinator = self._coordinator_group(spec.device.group)
+        network = self.sim.network.rtt_ms(coordinator, spec.device.group)
+        if drafter is not None and drafter.device is not None:
+            network += self.sim.network.rtt_ms(coordinator, drafter.device.group)
+        planner = make_planner(spec.device, drafter, self.sim.depth, self.sim.step_overhead_ms + network)
+        drafter_device = self.timelines[drafter.device.name] if drafter and drafter.device else None
+        return Replica(index, spec, self.timelines[spec.device.name], planner, drafter, drafter_device)
+
+    def _coordinator_group(self, replica_group: str) -> str:
+        if not self.sim.lockstep:
+            return replica_group
+        return self.sim.coordinator_group or self.sim.verifiers[0].device.group
+
+    def _groups(self, ctx: StepContext) -> list[StepGroup]:
+        if self.sim.lockstep:
+            return [StepGroup(ctx, self.replicas, self._coordinator_group(""))]
+        return [StepGroup(ctx, [r], r.spec.device.group) for r in self.replicas]
+
+    # -- arrivals and completions -------------------------------------------------------------
+
+    def _send(self, now: float) -> None:
+        _, prompt, output = self.requests[self.sent]
+        seq = SimSequence(self.sent, now, prompt, output)
+        self.sent += 1
+        self.recorder.arrival(now)
+        self.backlog.append(seq)
+        self._place(now)
+
+    def _place(self, now: float) -> None:
+        while self.backlog:
+            replica = route(self.replicas)
+            if replica is None:
+                return
+            replica.waiting.append(self.backlog.popleft())
+            self.group_of[id(replica)].kick(now)
+
+    def _finished(self, seq: SimSequence, now: float) -> None:
+        self.recorder.finish(seq, now)
+        self._place(now)
+        if self.sim.workload.concurrency is not None and self.sent < len(self.requests):
+            self._send(now)

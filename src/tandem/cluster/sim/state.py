@@ -1,0 +1,70 @@
+"""What changes during a run: sequences in flight and the verifier replicas that hold them."""
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from tandem.cluster.sim.config import Drafter, Verifier
+from tandem.cluster.sim.timeline import BackgroundJob, Timeline
+from tandem.spec.batch_depth import BatchDepthPlanner
+
+
+@dataclass(slots=True)
+class Predraft:
+    """Drafts a pipelined drafter made ahead for a sequence's next round."""
+
+    k: int
+    job: BackgroundJob  # the drafter's work; discarded if a real call preempted it
+    ready_ms: float  # when the drafts reach the coordinator
+
+
+@dataclass(slots=True)
+class SimSequence:
+    request_id: int
+    arrival_ms: float
+    prompt_tokens: int
+    max_tokens: int
+    emitted: int = 0
+    drafter_seen: int = 0  # leading committed tokens the draft model holds
+    first_token_ms: float | None = None
+    last_token_ms: float | None = None
+    predraft: Predraft | None = None  # valid drafts made ahead (pipelining)
+    pending: Predraft | None = None  # drafts made ahead of the round being verified
+
+    @property
+    def context(self) -> int:
+        return self.prompt_tokens + self.emitted
+
+    @property
+    def remaining(self) -> int:
+        return self.max_tokens - self.emitted
+
+    def unseen_by_drafter(self) -> int:
+        """Tokens the draft model must be fed before drafting (the last one is always fed)."""
+        return self.context - min(self.drafter_seen, self.context - 1)
+
+
+@dataclass(slots=True)
+class Replica:
+    """A verifier replica: its device's time, its drafter and depth planner, its sequences."""
+
+    index: int
+    spec: Verifier
+    device: Timeline
+    planner: BatchDepthPlanner
+    drafter: Drafter | None = None
+    drafter_device: Timeline | None = None
+    waiting: deque[SimSequence] = field(default_factory=deque)
+    running: list[SimSequence] = field(default_factory=list)
+
+    @property
+    def load(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def can_pipeline(self) -> bool:
+        """Drafting ahead needs a draft model on a device other than the one verifying."""
+        return self.drafter_device is not None and self.drafter_device is not self.device

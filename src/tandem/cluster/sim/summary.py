@@ -1,0 +1,44 @@
+"""A SimResult as lines for the terminal."""
+
+from tandem.cluster.sim.metrics import SimResult
+
+MAX_DEVICES_LISTED = 8  # beyond this, utilisation is averaged per worker
+
+
+def summary_lines(result: SimResult, heading: str) -> list[str]:
+    lines = [
+        heading,
+        (f"  throughput    {result.throughput_tok_s:,.1f} tok/s   ({result.requests_per_s:.2f} requests/s, "
+         f"{result.output_tokens} tokens in {result.duration_s:.2f} s simulated)"),
+        "  steady        " + (f"{result.steady_tok_s:,.1f} tok/s until the last request arrived"
+                               if result.steady_tok_s else "n/a (every request arrived at once)"),
+        "  latency ms    " + _percentiles(result.latency_ms),
+        "  TTFT ms       " + _percentiles(result.ttft_ms),
+        "  ITL ms        " + _percentiles(result.itl_ms),
+        f"  mean k {result.mean_k:.2f}   acceptance {result.acceptance:.3f} (accepted / drafted)",
+        "  utilisation   " + "  ".join(f"{name} {u:.0%}" for name, u in _utilisation(result).items()),
+    ]
+    return lines
+
+
+def comparison_lines(comparison: dict) -> list[str]:
+    lines = ["against the measurement:"]
+    for name, figure in comparison["figures"].items():
+        lines.append(f"  {name:18s} predicted {figure['predicted']:,.1f}  measured {figure['measured']:,.1f}  "
+                     f"error {figure['relative_error']:+.1%}")
+    verdict = "within" if comparison["within_tolerance"] else "NOT within"
+    lines.append(f"  throughput and p50 latency {verdict} {comparison['tolerance']:.0%}")
+    return lines
+
+
+def _percentiles(values: dict[str, float]) -> str:
+    return "   ".join(f"{name} {value:,.1f}" for name, value in values.items())
+
+
+def _utilisation(result: SimResult) -> dict[str, float]:
+    if len(result.utilisation) <= MAX_DEVICES_LISTED:
+        return result.utilisation
+    groups: dict[str, list[float]] = {}
+    for name, u in result.utilisation.items():
+        groups.setdefault(name.split("/")[0] + " (mean)", []).append(u)
+    return {name: sum(us) / len(us) for name, us in groups.items()}

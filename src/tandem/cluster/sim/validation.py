@@ -1,0 +1,72 @@
+"""Holding a prediction against a measured run: relative errors for throughput and p50 latency.
+
+A measured run is a JSON object. Either Tandem's own form:
+
+    {"throughput_tok_s": 41.2,        # completion tokens / wall time of the run   (required)
+     "latency_ms_p50": 3120.0,        # request latency, send to last token, p50   (required)
+     "ttft_ms_p50": 410.0,            # optional
+     "itl_ms_p50": 95.0,              # optional
+     "concurrency": 4, "requests": 32, "max_tokens": 128,   # optional: what was run
+     "note": "2 verifiers + 1 drafter, Ray on one machine"}  # optional
+
+or one concurrency level's figures from `tandem bench-serve` results.json (the same keys,
+except that request latency is `e2e_s_p50` in seconds, which is converted). The run's setup
+(cluster file, concurrency, requests, max tokens, acceptance) should be simulated as it ran;
+`compare_with_measurement` then says whether the prediction is within TOLERANCE.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from tandem.cluster.sim.metrics import SimResult
+from tandem.errors import TandemError
+
+TOLERANCE = 0.15  # the issue's bar: prediction within 15% of the measurement
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredRun:
+    throughput_tok_s: float
+    latency_ms_p50: float
+    ttft_ms_p50: float | None = None
+    itl_ms_p50: float | None = None
+
+    def __post_init__(self):
+        if self.throughput_tok_s <= 0 or self.latency_ms_p50 <= 0:
+            raise TandemError("a measured run needs a positive throughput_tok_s and latency_ms_p50")
+
+    @classmethod
+    def from_json(cls, data: dict) -> "MeasuredRun":
+        latency = data.get("latency_ms_p50")
+        if latency is None and data.get("e2e_s_p50") is not None:
+            latency = 1000.0 * float(data["e2e_s_p50"])
+        if data.get("throughput_tok_s") is None or latency is None:
+            raise TandemError("a measured run needs throughput_tok_s and latency_ms_p50 (or e2e_s_p50)")
+        optional = {key: float(data[key]) for key in ("ttft_ms_p50", "itl_ms_p50") if data.get(key) is not None}
+        return cls(float(data["throughput_tok_s"]), float(latency), **optional)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "MeasuredRun":
+        try:
+            return cls.from_json(json.loads(Path(path).read_text()))
+        except (OSError, json.JSONDecodeError) as error:
+            raise TandemError(f"cannot read the measured run {path}: {error}") from None
+
+
+def compare_with_measurement(predicted: SimResult, measured: MeasuredRun | dict) -> dict:
+    """Relative error (predicted - measured) / measured per figure, and whether throughput and
+    p50 latency are both within TOLERANCE."""
+    if isinstance(measured, dict):
+        measured = MeasuredRun.from_json(measured)
+    pairs = {
+        "throughput_tok_s": (predicted.throughput_tok_s, measured.throughput_tok_s),
+        "latency_ms_p50": (predicted.latency_ms["p50"], measured.latency_ms_p50),
+        "ttft_ms_p50": (predicted.ttft_ms["p50"], measured.ttft_ms_p50),
+        "itl_ms_p50": (predicted.itl_ms["p50"], measured.itl_ms_p50),
+    }
+    figures = {name: {"predicted": p, "measured": m, "relative_error": round((p - m) / m, 4)}
+               for name, (p, m) in pairs.items() if m is not None}
+    checked = ("throughput_tok_s", "latency_ms_p50")
+    return {"figures": figures, "tolerance": TOLERANCE,
+            "within_tolerance": all(abs(figures[name]["relative_error"]) <= TOLERANCE for name in checked)}

@@ -1,0 +1,35 @@
+"""`tandem plan` at the terminal: the explanation, JSON, overrides and one-line errors."""
+
+import json
+from pathlib import Path
+
+from tandem.cli.main import main
+
+HETERO = str(Path(__file__).parents[3] / "examples" / "clusters" / "hetero-64.yaml")
+
+
+def test_plan_explains_the_choice(capsys):
+    assert main(["plan", "--cluster", HETERO]) == 0
+    out = capsys.readouterr().out
+    for part in ("Chosen: drafter", "Runners-up", "Naive article rule", "naive (model, k=5)", "ours / naive"):
+        assert part in out
+
+
+def test_plan_json_and_overrides(capsys):
+    assert main(["plan", "--cluster", HETERO, "--json", "--drafter", "model", "--k", "2",
+                 "--latency-target-ms", "50", "--acceptance", "model=0.8"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["chosen"]["drafter"], data["chosen"]["k"]) == ("model", 2)
+    assert data["latency_target_ms"] == 50 and data["acceptance"]["model"] == 0.8
+    assert data["chosen"]["latency_ms"] <= 50
+    assert {"scores", "article", "tuned"} <= set(data["naive"])
+
+
+def test_plan_errors_are_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("workers:\n  - name: v\n    role: verfy\n    model: m\n")
+    assert main(["plan", "--cluster", str(bad)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {bad}:3: workers[0].role: must be one of draft, verify, both (got 'verfy') (did you mean 'verify'?)")
+    assert main(["plan", "--cluster", HETERO, "--acceptance", "modle=0.5"]) == 2
+    assert "--acceptance knows model, ngram, hybrid" in capsys.readouterr().err

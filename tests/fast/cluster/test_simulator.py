@@ -1,0 +1,204 @@
+"""The cluster simulator (cluster/sim): event loop, the one-sequence closed form, and the
+directions a cluster planner relies on (replicas, round trips, pipelining), all in well under
+a second each."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tandem.cluster.sim import (
+    Depth,
+    Device,
+    Drafter,
+    FixedLength,
+    GeometricAcceptance,
+    Network,
+    Simulation,
+    Verifier,
+    Workload,
+    simulate,
+)
+from tandem.cluster.sim.events import EventQueue, Join
+from tandem.cluster.sim.planning import make_planner
+from tandem.cluster.sim.reference import OneSequenceCase, closed_form_tokens_per_s, reference_tokens_per_s
+from tandem.cluster.sim.timeline import Timeline
+from tandem.cluster.sim.validation import MeasuredRun, compare_with_measurement
+from tandem.models.cost import CostModel
+from tandem.spec.batch_depth import DraftCandidate
+
+TARGET = CostModel({1: 20.0, 2: 21.0, 4: 23.0, 8: 27.0, 64: 60.0, 512: 300.0})  # a slow-ish fused device
+DRAFT = CostModel({1: 3.0, 8: 4.0, 64: 10.0, 512: 40.0})
+
+
+def one_sequence(alpha=0.7, k=4, rtt=10.0, requests=10, output=400, pipelining=False, seed=1) -> Simulation:
+    return Simulation(
+        verifiers=(Verifier(Device("v", TARGET, group="a"), "m", max_batch=1),),
+        drafters=(Drafter("m", GeometricAcceptance(alpha), Device("d", DRAFT, group="b")),),
+        workload=Workload(requests, FixedLength(16), FixedLength(output), concurrency=1),
+        network=Network(default_ms=rtt), depth=Depth(fixed_k=k), pipelining=pipelining, seed=seed)
+
+
+def cluster(replicas=1, concurrency=32, requests=64, rtt=0.0, k=None, output=64, seed=0, **kw) -> Simulation:
+    verifiers = tuple(Verifier(Device(f"v{i}", TARGET, group="a"), "m", max_batch=16) for i in range(replicas))
+    drafters = (Drafter("m", GeometricAcceptance(0.7), Device("d", DRAFT, group="b")),)
+    return Simulation(verifiers, Workload(requests, FixedLength(4), FixedLength(output), concurrency=concurrency),
+                      drafters, Network(default_ms=rtt), Depth(fixed_k=k), seed=seed, **kw)
+
+
+# -- the event loop ------------------------------------------------------------------------------
+
+def test_events_run_in_time_order_and_ties_in_push_order():
+    events, seen = EventQueue(), []
+    for t, name in [(5.0, "c"), (1.0, "a"), (5.0, "d"), (3.0, "b")]:
+        events.push(t, lambda now, name=name: seen.append((now, name)))
+    events.push(0.0, lambda now: events.push(now + 4.0, lambda later: seen.append((later, "pushed"))))
+    assert events.run() == 5.0
+    assert seen == [(1.0, "a"), (3.0, "b"), (4.0, "pushed"), (5.0, "c"), (5.0, "d")]
+    with pytest.raises(ValueError):
+        events.push(4.0, lambda now: None)
+
+
+def test_join_fires_once_at_the_last_part():
+    fired = []
+    join = Join(2, fired.append)
+    join.done(1.0)
+    assert fired == []
+    join.done(3.0)
+    assert fired == [3.0]
+    with pytest.raises(RuntimeError):
+        join.done(4.0)
+
+
+def test_timeline_queues_calls_and_calls_preempt_background_work():
+    device = Timeline("d")
+    assert device.reserve(0.0, 10.0) == 10.0
+    assert device.reserve(5.0, 10.0) == 20.0  # queued behind the first call
+    ahead = device.reserve_background(20.0, 10.0)
+    assert device.reserve(25.0, 5.0) == 30.0  # starts at once: the background work is cut
+    assert ahead.cancelled and not ahead.done_by(100.0)
+    assert device.busy_ms == pytest.approx(10 + 10 + 5 + 5)
+    assert device.utilisation(30.0) == pytest.approx(1.0)
+
+
+# -- against the slow reference and the closed form ----------------------------------------------
+
+def test_one_sequence_matches_the_reference_and_the_closed_form():
+    case = OneSequenceCase(TARGET, DRAFT, k=4, alpha=0.7, rtt_ms=10.0, overhead_ms=1.0)
+    closed = closed_form_tokens_per_s(case)
+    simulated = [simulate(one_sequence(seed=s)).throughput_tok_s for s in range(3)]
+    referenced = [reference_tokens_per_s(case, [16] * 10, [400] * 10, seed=s) for s in range(3)]
+    assert np.mean(simulated) == pytest.approx(closed, rel=0.03)
+    assert np.mean(referenced) == pytest.approx(closed, rel=0.03)
+
+
+def test_one_sequence_without_acceptance_is_exact():
+    case = OneSequenceCase(TARGET, DRAFT, k=4, alpha=0.0, rtt_ms=10.0, overhead_ms=1.0)
+    result = simulate(one_sequence(alpha=0.0))
+    assert result.throughput_tok_s == pytest.approx(closed_form_tokens_per_s(case), rel=0.005)
+    assert result.throughput_tok_s == pytest.approx(reference_tokens_per_s(case, [16] * 10, [400] * 10), rel=0.002)
+    assert result.acceptance == 0.0 and result.mean_k == pytest.approx(4.0, abs=0.05)
+
+
+def test_the_memoised_planner_plans_like_the_engines():
+    device, drafter = Device("v", TARGET), Drafter("m", GeometricAcceptance(0.7), Device("d", DRAFT))
+    memo = make_planner(device, drafter, Depth(), overhead_ms=6.0)
+    engine = make_planner(device, drafter, Depth(), overhead_ms=6.0, memo=False)
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        batch = [DraftCandidate("model", int(rng.integers(0, 17)), True, float(rng.choice([0.0, 2.0])))
+                 for _ in range(int(rng.integers(1, 12)))]
+        assert memo.plan(batch) == engine.plan(batch)
+        accepted = int(rng.integers(0, 5))
+        for planner in (memo, engine):
+            planner.record("model", 4, accepted)
+
+
+# -- directions ----------------------------------------------------------------------------------
+
+def test_more_verifier_replicas_give_more_throughput_under_load():
+    one, four = simulate(cluster(replicas=1)), simulate(cluster(replicas=4))
+    assert four.throughput_tok_s > 2.0 * one.throughput_tok_s
+    assert four.latency_ms["p50"] < one.latency_ms["p50"]
+
+
+def test_round_trips_add_latency_and_the_planner_drafts_deeper():
+    near, far = simulate(cluster(k=3)), simulate(cluster(k=3, rtt=40.0))
+    assert far.latency_ms["p50"] > near.latency_ms["p50"] + 40.0
+    auto_near, auto_far = simulate(cluster(concurrency=4)), simulate(cluster(concurrency=4, rtt=40.0))
+    assert auto_far.mean_k > auto_near.mean_k + 1.0
+
+
+def test_pipelining_hides_a_long_round_trip():
+    plain = simulate(one_sequence(alpha=0.8, k=3, rtt=40.0, requests=4, output=300))
+    piped = simulate(one_sequence(alpha=0.8, k=3, rtt=40.0, requests=4, output=300, pipelining=True))
+    assert piped.throughput_tok_s > 1.1 * plain.throughput_tok_s
+    assert piped.mean_k == plain.mean_k == pytest.approx(3.0, abs=0.05)
+
+
+def test_lockstep_waits_for_the_slowest_replica():
+    slow = Device("slow", CostModel({n: 2 * ms for n, ms in TARGET.latency_ms.items()}), group="a")
+    base = cluster(replicas=1, concurrency=32, k=2)
+    pair = dataclasses.replace(base, verifiers=base.verifiers + (Verifier(slow, "m", max_batch=16),))
+    independent, lockstep = simulate(pair), simulate(dataclasses.replace(pair, lockstep=True))
+    assert min(independent.utilisation["slow"], lockstep.utilisation["slow"]) > 0.2
+    assert lockstep.throughput_tok_s < 0.95 * independent.throughput_tok_s
+
+
+def test_new_sequences_go_where_they_finish_first():
+    slow = Verifier(Device("slow", CostModel({n: 3 * ms for n, ms in TARGET.latency_ms.items()}), group="a"), "m", 16)
+    base = cluster(replicas=1, concurrency=8, k=2)
+    light = dataclasses.replace(base, verifiers=(slow,) + base.verifiers)
+    assert simulate(light).utilisation["slow"] == 0.0  # the fast replica's batch has room for all
+    heavy = dataclasses.replace(light, workload=Workload(64, FixedLength(4), FixedLength(64), concurrency=24))
+    assert simulate(heavy).utilisation["slow"] > 0.2  # once it is full, the slow one helps
+
+
+def test_steady_throughput_leaves_out_the_tail():
+    slow = Verifier(Device("slow", CostModel({n: 8 * ms for n, ms in TARGET.latency_ms.items()}), group="a"), "m", 16)
+    base = cluster(replicas=1, concurrency=24, requests=48, k=2)
+    result = simulate(dataclasses.replace(base, verifiers=base.verifiers + (slow,)))
+    assert result.steady_tok_s > 1.5 * result.throughput_tok_s  # the slow replica finishes last, alone
+    assert simulate(cluster(concurrency=8, requests=8)).steady_tok_s is None  # one wave: no full-load span
+
+
+def test_utilisation_is_a_share_of_the_run():
+    result = simulate(cluster(replicas=3, concurrency=24, rtt=20.0, pipelining=True))
+    assert set(result.utilisation) == {"v0", "v1", "v2", "d"}
+    assert all(0.0 <= u <= 1.0 for u in result.utilisation.values())
+    assert max(result.utilisation.values()) > 0.2
+
+
+def test_same_seed_same_run_other_seed_other_run():
+    runs = [simulate(dataclasses.replace(cluster(replicas=2), seed=s)) for s in (5, 5, 6)]
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+
+
+def test_poisson_arrivals_at_low_load_are_served_at_their_rate():
+    poisson = Workload(60, FixedLength(8), FixedLength(32), rate_per_s=2.0)
+    sim = dataclasses.replace(cluster(replicas=2), workload=poisson)
+    result = simulate(sim)
+    assert result.requests == 60
+    assert result.requests_per_s == pytest.approx(2.0, rel=0.35)
+
+
+# -- configuration and validation ------------------------------------------------------------------
+
+def test_a_verifier_must_name_a_defined_drafter():
+    with pytest.raises(ValueError, match="not defined"):
+        Simulation((Verifier(Device("v", TARGET), "missing"),),
+                   Workload(1, FixedLength(4), FixedLength(4), concurrency=1))
+    with pytest.raises(ValueError, match="exactly one"):
+        Workload(1, FixedLength(4), FixedLength(4), rate_per_s=1.0, concurrency=1)
+
+
+def test_compare_with_measurement_gives_relative_errors():
+    result = simulate(one_sequence(requests=2, output=50))
+    measured = {"throughput_tok_s": result.throughput_tok_s * 1.1, "e2e_s_p50": result.latency_ms["p50"] / 1000}
+    report = compare_with_measurement(result, measured)
+    assert report["figures"]["throughput_tok_s"]["relative_error"] == pytest.approx(1 / 1.1 - 1, abs=1e-3)
+    assert report["figures"]["latency_ms_p50"]["relative_error"] == pytest.approx(0.0, abs=1e-6)
+    assert report["within_tolerance"]
+    far = MeasuredRun(result.throughput_tok_s * 2, result.latency_ms["p50"])
+    assert not compare_with_measurement(result, far)["within_tolerance"]

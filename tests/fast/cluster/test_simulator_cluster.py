@@ -1,0 +1,107 @@
+"""The simulator fed from cluster files: profiles to devices, roles and plans to replicas, the
+scaling sweep and `tandem simulate` itself, on public-spec device classes (no hardware needed)."""
+
+import json
+
+import pytest
+
+from tandem.cli.main import main
+from tandem.cluster.cluster_spec import ClusterSpec, NetworkSpec, WorkerSpec
+from tandem.cluster.launch import DEFAULT_SLOTS
+from tandem.cluster.planner import plan_cluster
+from tandem.cluster.profile_store import cluster_profiles
+from tandem.cluster.public_profiles import public_profile
+from tandem.cluster.sim import FixedLength, Workload, simulate
+from tandem.cluster.sim.adapter import ClusterOptions, simulation_from_cluster
+from tandem.cluster.sim.from_profile import device_from_profile
+from tandem.cluster.sim.scaling import SweepOptions, apportion, scaled_spec, sweep
+from tandem.cluster.sim.scaling_report import write_scaling
+
+TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
+WORKLOAD = Workload(24, FixedLength(32), FixedLength(32), concurrency=8)
+
+
+def mixed_cluster(**top) -> ClusterSpec:
+    return ClusterSpec(workers=(
+        WorkerSpec("gpu", "verify", TARGET, backend="torch", device="cuda", dtype="bf16", hardware="l4", replicas=2),
+        WorkerSpec("npu", "both", TARGET, draft_model=DRAFT, backend="torch", device="npu", dtype="fp16",
+                   hardware="ascend-910b", utilization=0.5),
+        WorkerSpec("cpu", "draft", DRAFT, hardware="epyc-9654", replicas=3, group="edge"),
+    ), network=NetworkSpec({("edge", "local"): 8.0}), **top)
+
+
+def test_a_device_prices_batches_as_its_profile_does():
+    profile = public_profile("l4", TARGET, "torch", "bf16")
+    device = device_from_profile("l4/0", profile, context=512)
+    for batch, n in [(1, 1), (1, 8), (8, 4), (32, 2), (64, 1)]:
+        assert device.forward_ms([n] * batch) == pytest.approx(profile.step_ms(batch, n, 512), rel=0.02)
+    assert device.forward_ms([1500]) > 3 * device.forward_ms([1])  # a long prefill is not free
+    slower = device_from_profile("l4/0", profile, context=512, slowdown=2.0)
+    assert slower.forward_ms([4] * 8) == pytest.approx(2 * device.forward_ms([4] * 8))
+
+
+def test_roles_as_written_give_every_replica_its_device_and_drafter():
+    sim = simulation_from_cluster(mixed_cluster(drafter="model"), WORKLOAD, ClusterOptions(fused=True))
+    assert [v.device.name for v in sim.verifiers] == ["gpu/0", "gpu/1", "npu/0"]
+    by_name = {d.name: d for d in sim.drafters}
+    assert [v.drafter for v in sim.verifiers] == ["cpu/0", "cpu/1", "npu/0:draft"]
+    assert by_name["npu/0:draft"].device.name == "npu/0"  # beside its verifier, on one device
+    assert "cpu/2" in by_name  # idle draft workers are still there, to show they idle
+    assert sim.coordinator_group == "local" and {v.max_batch for v in sim.verifiers} == {DEFAULT_SLOTS}  # as launched
+    edge_first = ClusterSpec(workers=(mixed_cluster().workers[2], mixed_cluster().workers[0]),
+                             network=NetworkSpec({("edge", "local"): 8.0}), drafter="model")
+    assert simulation_from_cluster(edge_first, WORKLOAD).coordinator_group == "edge"
+    npu = sim.verifiers[2].device
+    plain = device_from_profile("x", public_profile("ascend-910b", TARGET, "torch", "fp16"), context=512)
+    assert npu.forward_ms([1]) == pytest.approx(2 * plain.forward_ms([1]))  # utilization 0.5
+    result = simulate(sim)
+    assert result.requests == 24 and set(result.utilisation) == {"gpu/0", "gpu/1", "npu/0", "cpu/0", "cpu/1", "cpu/2"}
+
+
+def test_the_plans_placement_is_simulated():
+    spec = mixed_cluster()
+    plan = plan_cluster(spec, cluster_profiles(spec))
+    sim = simulation_from_cluster(spec, WORKLOAD, ClusterOptions(fused=True, use_plan_k=True), plan)
+    assert len(sim.verifiers) == sum(plan.chosen.verifying.values())
+    assert sim.depth.fixed_k == plan.chosen.k
+    assert {v.max_batch for v in sim.verifiers} <= {a.step.batch for a in plan.chosen.assignments}
+    assert simulate(sim).output_tokens == 24 * 32
+
+
+def test_scaling_keeps_the_mix_and_a_verifier():
+    assert apportion([16, 16, 16, 16], 2) == [1, 1, 0, 0]
+    assert apportion([1, 3], 8) == [2, 6]
+    spec = mixed_cluster()
+    only_cpu_first = scaled_spec(ClusterSpec(workers=tuple(reversed(spec.workers)), network=spec.network), 1)
+    assert [(w.name, w.replicas) for w in only_cpu_first.workers] == [("gpu", 1)]
+    half = scaled_spec(spec, 3)
+    assert sum(w.replicas for w in half.workers) == 3 and any(w.can_verify for w in half.workers)
+    assert scaled_spec(spec, 1).network.latency_ms == {}  # the edge group is gone, and its link
+
+
+def test_a_small_sweep_writes_its_files(tmp_path):
+    options = SweepOptions(sizes=(1, 2), waves=1, output_tokens=16, prompt_tokens=FixedLength(16))
+    result = sweep(mixed_cluster(), options)
+    assert [(r["devices"], r["mode"]) for r in result["rows"]] == [
+        (1, "independent"), (1, "lockstep"), (2, "independent"), (2, "lockstep")]
+    assert all(r["throughput_tok_s"] > 0 for r in result["rows"])
+    assert all(p["source"] == "public-spec" for p in result["profiles"].values())
+    paths = write_scaling(result, tmp_path)
+    assert [p.name for p in paths] == ["scaling.json", "scaling.md", "scaling.png"]
+    assert "public-spec" in paths[1].read_text() and paths[2].stat().st_size > 1000
+
+
+def test_tandem_simulate_prints_json_and_compares_with_a_measurement(tmp_path, capsys):
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(f"workers:\n  - {{name: g, role: verify, model: {TARGET}, backend: torch, device: cuda,"
+                       " dtype: bf16, hardware: l4}\ndrafter: ngram\n")
+    measured = tmp_path / "measured.json"
+    measured.write_text(json.dumps({"throughput_tok_s": 1000.0, "latency_ms_p50": 100.0}))
+    code = main(["simulate", "--cluster", str(cluster), "--concurrency", "2", "--requests", "4", "--max-tokens", "16",
+                 "--prompt-tokens", "8", "--measured", str(measured), "--json", "--out", str(tmp_path / "out")])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["result"]["requests"] == 4
+    assert set(report["comparison"]["figures"]) == {"throughput_tok_s", "latency_ms_p50"}
+    assert (tmp_path / "out" / "simulation.json").exists()
+    assert main(["simulate", "--cluster", str(cluster), "--rate", "-1"]) == 2
