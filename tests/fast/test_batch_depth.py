@@ -94,3 +94,12 @@ def test_a_long_prompt_catch_up_does_not_keep_drafting_off():
     p = planner(GPU_LIKE, {1: 1.0, 64: 2.0})
     set_acceptance(p, "model", 0.7)
     assert p.plan([DraftCandidate("model", 8, True, setup_ms=500.0)])[0] > 0
+
+
+def test_a_catch_up_that_a_short_request_cannot_repay_keeps_drafting_off():
+    p = planner({1: 30.0, 2: 40.0, 16: 120.0}, {1: 5.0, 16: 20.0})
+    set_acceptance(p, "model", 0.7)
+    long_request = DraftCandidate("model", 8, True, setup_ms=3000.0, remaining_tokens=4000)
+    short_request = DraftCandidate("model", 8, True, setup_ms=3000.0, remaining_tokens=20)
+    assert p._best_plan([long_request], [0.7])[0] > 0
+    assert p._best_plan([short_request], [0.7]) == [0]

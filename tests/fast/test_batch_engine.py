@@ -116,8 +116,8 @@ def test_repeated_prefix_reuses_the_cached_prompt(tiny_target, tiny_draft, refer
     forward = engine.target.forward_batch
     engine.target.forward_batch = lambda items: calls.append(list(items)) or forward(items)
     outputs, _ = run_all(engine, {0: [("again", PROMPTS[4], SpeculationOptions())]})
-    prefill = calls[0][0]
-    assert len(prefill.token_ids) == len(PROMPTS[4]) - 1 - len(PROMPTS[0])  # only the new tokens
+    first = calls[0][0]  # prefill of the uncached prompt tokens + the first round, in one call
+    assert len(first.token_ids) == len(PROMPTS[4]) - len(PROMPTS[0])  # only the new tokens
     assert outputs["again"] == references[PROMPTS[4]]
 
 

@@ -27,15 +27,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--otlp-endpoint", default=None, help="OTLP/HTTP trace collector, e.g. http://localhost:4318")
     group.add_argument("--alert-threshold", default="0.6", help="acceptance rate that raises a dashboard alert")
     group.add_argument("--grace-seconds", default="10", help="on SIGTERM, time in-flight requests get to finish")
+    cluster = parser.add_argument_group("cluster")
+    cluster.add_argument("--cluster", default=None, help="serve on the Ray workers a cluster YAML file describes")
+    cluster.add_argument("--ray-address", default=None, help="join this Ray cluster (default: start a local one)")
+    cluster.add_argument("--pipeline", action="store_true", help="draft round i+1 while round i verifies")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     settings = serve_settings(args)
-    config = pipeline_config(args)
+    cluster = cluster_options(args)
+    config = pipeline_config(args) if cluster is None else cluster_pipeline_config(cluster, args)
     from tandem.serve.server import serve  # fastapi, uvicorn and the models: only when serving
 
-    return serve(config, settings)
+    return serve(config, settings, cluster)
+
+
+def cluster_options(args: argparse.Namespace):
+    if args.cluster is None:
+        if args.ray_address or args.pipeline:
+            raise TandemError("--ray-address and --pipeline need --cluster FILE")
+        return None
+    from tandem.cluster.launch import ClusterOptions
+    from tandem.cluster.spec import load_cluster
+
+    return ClusterOptions(load_cluster(args.cluster), args.ray_address, args.pipeline)
+
+
+def cluster_pipeline_config(cluster, args: argparse.Namespace):
+    """The served model and drafting defaults when the models live on cluster workers."""
+    from tandem.models.backends import RunnerSpec
+    from tandem.pipeline import PipelineConfig
+
+    target = cluster.target
+    drafter = args.drafter if cluster.has_drafter or args.drafter in ("ngram", "none") else "ngram"
+    draft_worker = next((w for w in cluster.spec.workers if w.can_draft and w.drafting_model), None)
+    draft = RunnerSpec(draft_worker.drafting_model, draft_worker.backend) if draft_worker else None
+    return PipelineConfig(RunnerSpec(target.model, target.backend, target.device, target.dtype, target.threads),
+                          draft if drafter in ("model", "hybrid") else None, drafter, args.k)
 
 
 def serve_settings(args: argparse.Namespace) -> ServeSettings:

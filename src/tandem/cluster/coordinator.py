@@ -130,7 +130,8 @@ class ClusterEngine:
                 rounds.append(report)
         report = StepReport(started_at, time.perf_counter() - start, prefill_seconds, verify_start - draft_start,
                             verify_seconds, len(self.running), len(self.waiting),
-                            sum(len(d.token_ids) + 1 for d in drafts.values()), tuple(rounds), tuple(prefilled))
+                            sum(len(d.token_ids) + 1 for d in drafts.values()), tuple(rounds), tuple(prefilled),
+                            tuple(self.worker_states()))
         return updates, report
 
     # -- 1. placement and failover ------------------------------------------------------------
@@ -209,6 +210,7 @@ class ClusterEngine:
 
     def _plan_group(self, replica: Worker, group: list[Sequence], drafts, jobs) -> None:
         planner = self.planners[replica.name]
+        planner.target = replica.cost  # replaced when the replica restarts
         drafter_for = {seq.seq_id: self._drafter_for(seq) for seq in group}
         planner.overhead_ms = replica.rtt_ms + max((d.rtt_ms for d in drafter_for.values() if d), default=0.0)
         candidates, copies = [], []
@@ -288,9 +290,13 @@ class ClusterEngine:
         results = {}
         for replica, call in calls:
             try:
-                results.update({r.seq_id: r for r in call.result()})
+                replies = call.result()
             except WorkerDiedError:
                 self._verifier_died(replica)  # its rounds are dropped; nothing was committed
+                continue
+            results.update({r.seq_id: r for r in replies})
+            if replies and replies[0].batch_tokens:  # a replica that slows down is noticed
+                replica.cost.cost.observe(replies[0].batch_tokens, replies[0].step_ms)
         return results
 
     # -- pipelining -----------------------------------------------------------------------------

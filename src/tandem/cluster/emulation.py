@@ -20,11 +20,20 @@ class Emulation:
 
     @contextmanager
     def call(self):
+        """Yields a CallTiming whose compute_ms (slowdown included, round trip excluded) is set
+        when the block ends."""
+        timing = CallTiming()
         _sleep_ms(self.rtt_ms / 2)
         start = time.perf_counter()
-        yield
+        yield timing
         _sleep_ms((self.slowdown - 1.0) * (time.perf_counter() - start) * 1000)
+        timing.compute_ms = (time.perf_counter() - start) * 1000
         _sleep_ms(self.rtt_ms / 2)
+
+
+@dataclass(slots=True)
+class CallTiming:
+    compute_ms: float = 0.0
 
 
 def _sleep_ms(ms: float) -> None:

@@ -91,12 +91,30 @@ def _starter(worker: WorkerSpec, role: Role, name: str, rtt_ms: float):
     return lambda: start_actor(role.role, name, runner, role.slots, emulation, num_cpus, resources)
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterOptions:
+    """`tandem serve --cluster FILE [--ray-address ADDR] [--pipeline]`."""
+
+    spec: ClusterSpec
+    ray_address: str | None = None
+    pipeline: bool = False
+
+    @property
+    def target(self) -> WorkerSpec:
+        """The model the cluster serves: its first verifier's (their tokenizers must agree)."""
+        return next(w for w in self.spec.workers if w.can_verify)
+
+    @property
+    def has_drafter(self) -> bool:
+        return any(w.can_draft and w.drafting_model for w in self.spec.workers)
+
+
 def launch_cluster(spec: ClusterSpec, drafter: str, k: int | str, ray_address: str | None = None,
-                   max_running: int | None = None, ngram_store=None) -> ClusterEngine:
+                   max_running: int | None = None, ngram_store=None, pipeline: bool = False) -> ClusterEngine:
     start_ray(spec, ray_address)
     verifiers, drafters = build_workers(spec)
     if not verifiers:
         raise TandemError("the cluster has no verifier")
     if drafter in ("model", "hybrid") and not drafters:
         drafter = "ngram"  # no draft model anywhere: copy from the context instead
-    return ClusterEngine(verifiers, drafters, drafter, k, ngram_store, max_running)
+    return ClusterEngine(verifiers, drafters, drafter, k, ngram_store, max_running, pipeline)

@@ -28,6 +28,8 @@ class VerifyResult:
     seq_id: str
     emitted: tuple[int, ...]  # accepted drafts + one target token (before stops)
     accepted: int
+    step_ms: float = 0.0  # the whole batched verify call on the worker (slowdown included)
+    batch_tokens: int = 0  # tokens that call scored, over all its sequences
 
 
 @dataclass(frozen=True, slots=True)

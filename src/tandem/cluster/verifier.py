@@ -9,7 +9,7 @@ the same numbers the dead one would have.
 """
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -61,12 +61,16 @@ class VerifierWorker:
                 self._free.append(held.slot)
 
     def verify(self, items: list[VerifyItem]) -> list[VerifyResult]:
-        with self.emulation.call():
+        """One batched forward for all items; each result carries the call's time and size, from
+        which the coordinator keeps this replica's cost curve current."""
+        with self.emulation.call() as timing:
             held = [self._sync(item) for item in items]
             batch = [BatchItem(h.slot, (h.tokens[-1], *item.draft_tokens), len(item.draft_tokens) + 1)
                      for h, item in zip(held, items)]
             logits = self.runner.forward_batch(batch)  # per item [k + 1, vocab]
-            return [self._accept(h, item, rows) for h, item, rows in zip(held, items, logits)]
+            results = [self._accept(h, item, rows) for h, item, rows in zip(held, items, logits)]
+        tokens = sum(len(item.token_ids) for item in batch)
+        return [replace(r, step_ms=timing.compute_ms, batch_tokens=tokens) for r in results]
 
     def _sync(self, item: VerifyItem) -> _Held:
         held = self._held.get(item.seq_id)

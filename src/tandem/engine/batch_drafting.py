@@ -41,7 +41,8 @@ def draft_limit(seq: Sequence, context_length: int, k_max: int) -> int:
 
 def candidate_for(seq: Sequence, limit: int, ngram_store, draft: BatchRunner | None) -> tuple[DraftCandidate, list[int]]:
     """Where seq's draft would come from, and the copied continuation (empty for the model)."""
-    if seq.drafter == "none" or limit == 0:
+    if seq.drafter == "none" or limit == 0 or (seq.unprefilled and seq.fixed_k is None):
+        # the first round scores the prompt: a draft there is a guess at how the answer opens
         return DraftCandidate("none", 0, False, fixed_k=0), []
     if seq.drafter in NGRAM_LENGTHS:
         low, high = NGRAM_LENGTHS[seq.drafter]
@@ -56,7 +57,7 @@ def candidate_for(seq: Sequence, limit: int, ngram_store, draft: BatchRunner | N
                 return DraftCandidate(source, len(continuation), False, fixed_k=seq.fixed_k), continuation
     if seq.drafter in ("model", "hybrid") and draft is not None:
         setup = _catch_up_ms(seq, draft)
-        return DraftCandidate("model", limit, True, setup, seq.fixed_k), []
+        return DraftCandidate("model", limit, True, setup, seq.fixed_k, seq.room), []
     return DraftCandidate("none", 0, False, fixed_k=0), []
 
 

@@ -1,7 +1,8 @@
 """Continuous batching with speculation, on token ids.
 
 Requests join and leave the running batch at every step. A step
-1. admits waiting requests into free slots (reusing cached prompt prefixes) and prefills them,
+1. admits waiting requests into free slots (reusing cached prompt prefixes); their uncached
+   prompt tokens are scored in step 4's forward, beside the other sequences' drafts (one call),
 2. asks each running sequence where its draft would come from and lets the load-aware planner
    choose every k at once (spec/batch_depth.py; k = 0 is plain decoding),
 3. drafts: n-gram copies are free, the draft model runs in lock-step over its sequences,
@@ -14,6 +15,7 @@ in the tests and the README).
 
 import time
 from collections import deque
+from dataclasses import replace
 
 from tandem.engine.batch_drafting import SequenceDraft, candidate_for, draft_limit, draft_with_model
 from tandem.engine.events import RoundReport, SequenceUpdate, SpeculationOptions, StepReport
@@ -108,7 +110,8 @@ class BatchEngine:
     # -- 1. admission and prefill -----------------------------------------------------------
 
     def _admit(self) -> tuple[list[str], float]:
-        admitted, items, budget = [], [], PREFILL_TOKEN_BUDGET
+        """Place waiting requests; their prefill happens in this step's verify call."""
+        admitted, budget = [], PREFILL_TOKEN_BUDGET
         while self.waiting and len(self.running) < self.max_running and self.slots.num_free:
             seq = self.waiting[0]
             prefix = seq.tokens[:-1]
@@ -117,20 +120,13 @@ class BatchEngine:
             if not self._make_room(len(prefix)):
                 break
             self.waiting.popleft()
-            items.append(self._place(seq, prefix))
-            budget -= len(prefix)
+            self._place(seq, prefix)
+            budget -= len(seq.unprefilled)
             admitted.append(seq.seq_id)
-        start = time.perf_counter()
-        items = [item for item in items if item.token_ids]
-        if items:
-            self.target.forward_batch(items)
-        for seq_id in admitted:  # only now do these slots hold their prompts
-            seq = self.running[seq_id]
-            self.slots.cached[seq.slot] = seq.tokens[:-1]
-        return admitted, time.perf_counter() - start
+        return admitted, 0.0
 
-    def _place(self, seq: Sequence, prefix: list[int]) -> BatchItem:
-        """Give seq a slot; return the prefill item for the part of its prompt not cached."""
+    def _place(self, seq: Sequence, prefix: list[int]) -> None:
+        """Give seq a slot holding as much of its prompt as is cached; the rest is unprefilled."""
         choice = self.slots.choose(prefix, self.target.can_copy_prefix)
         seq.slot = choice.slot
         if choice.copy_from is not None:
@@ -141,7 +137,7 @@ class BatchEngine:
         self.slots.owner[choice.slot] = seq.seq_id
         self.slots.cached[choice.slot] = prefix[: choice.reuse_tokens]  # until prefilled
         self.running[seq.seq_id] = seq
-        return BatchItem(choice.slot, tuple(prefix[choice.reuse_tokens:]), 0)
+        seq.unprefilled = tuple(prefix[choice.reuse_tokens:])
 
     def _make_room(self, new_tokens: int) -> bool:
         """Keep the KV pool from overflowing: drop retained caches of free slots if needed."""
@@ -171,7 +167,9 @@ class BatchEngine:
         k_max = self.planner.k_max
         candidates, copies = zip(*(candidate_for(seq, draft_limit(seq, self.context_length, k_max),
                                                  self.ngram_store, self.draft) for seq in seqs))
-        ks = self.planner.plan(list(candidates))
+        candidates = [replace(c, prefill_tokens=len(seq.unprefilled)) if seq.unprefilled else c
+                      for c, seq in zip(candidates, seqs)]
+        ks = self.planner.plan(candidates)
         drafts = [SequenceDraft(c.source, list(copy[:k])) for c, copy, k in zip(candidates, copies, ks)]
         jobs = [(seq, k) for seq, c, k in zip(seqs, candidates, ks) if c.uses_model and k > 0]
         if jobs:
@@ -182,8 +180,10 @@ class BatchEngine:
     # -- 4. verification --------------------------------------------------------------------
 
     def _verify(self, seqs: list[Sequence], drafts: list[SequenceDraft]):
-        items = [BatchItem(seq.slot, (seq.tokens[-1], *d.token_ids), len(d.token_ids) + 1)
+        items = [BatchItem(seq.slot, (*seq.unprefilled, seq.tokens[-1], *d.token_ids), len(d.token_ids) + 1)
                  for seq, d in zip(seqs, drafts)]
+        for seq in seqs:
+            seq.unprefilled = ()
         start = time.perf_counter()
         logits = self.target.forward_batch(items)  # per sequence [k + 1, vocab]
         if self.target.fused:

@@ -51,3 +51,4 @@ class StepReport:
     batch_tokens: int  # tokens the target scored in the verify forward
     rounds: tuple[RoundReport, ...] = field(default_factory=tuple)
     prefilled: tuple[str, ...] = field(default_factory=tuple)  # seq ids admitted this step
+    workers: tuple[dict, ...] = field(default_factory=tuple)  # cluster workers' health (see cluster/pool.py)

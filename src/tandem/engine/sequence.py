@@ -1,8 +1,9 @@
 """One request inside the batching engine: its token ids (the source of truth), its slot, and
 how it drafts.
 
-Invariant between steps: the target slot caches every committed token but the last; the draft
-slot caches `draft_cached` (a prefix of the tokens, synced lazily before drafting).
+Invariant between steps: the target slot caches every committed token but the last, except
+`unprefilled` ones (a newly admitted prompt's uncached part, scored in its first verify forward);
+the draft slot caches `draft_cached` (a prefix of the tokens, synced lazily before drafting).
 """
 
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ class Sequence:
     tokens: list[int] = field(default_factory=list)  # prompt + committed output
     output: list[int] = field(default_factory=list)
     draft_cached: list[int] = field(default_factory=list)  # tokens in the draft slot's cache
+    unprefilled: tuple[int, ...] = ()  # prompt tokens the target slot still lacks (first round only)
     drafted: int = 0  # totals over the request
     accepted: int = 0
 

@@ -63,6 +63,11 @@ class Instruments:
                                    "device")
         self.device_utilization = gauge("device_utilization",
                                         "Fraction of recent wall time the role's model was computing.", "role")
+        # cluster workers (tandem serve --cluster)
+        self.worker_up = gauge("worker_up", "1 while a cluster worker answers, 0 while dead or restarting.",
+                               "worker", "role")
+        self.worker_sequences = gauge("worker_sequences", "Sequences a cluster worker holds.", "worker")
+        self.worker_restarts = gauge("worker_restarts", "Times a cluster worker was restarted.", "worker")
         # response cache
         self.cache_hits = counter("response_cache_hits", "Response-cache lookups that hit.")
         self.cache_misses = counter("response_cache_misses", "Response-cache lookups that missed.")

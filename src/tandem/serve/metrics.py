@@ -49,6 +49,7 @@ class ServingMetrics:
         self._totals: Tally[str] = Tally(dict.fromkeys(TOTALS, 0))
         self._m = Instruments(self.registry, model_name)
         self._m.acceptance_alert_threshold.set(alert_threshold)
+        self._workers: list[dict] = []  # the latest cluster worker states (empty: one process)
 
     # -- the HTTP layer -------------------------------------------------------------------------
 
@@ -87,6 +88,7 @@ class ServingMetrics:
         """Called on the engine thread after every engine step."""
         self._observe_timings(report)
         self._observe_rounds(report)
+        self._observe_workers(report)
         ended_at = report.started_at + report.step_seconds
         with self._lock:
             for round_ in report.rounds:
@@ -109,6 +111,16 @@ class ServingMetrics:
             m.draft_step_seconds.observe(report.draft_seconds)
         if report.rounds:
             m.verify_step_seconds.observe(report.verify_seconds)
+
+    def _observe_workers(self, report: StepReport) -> None:
+        m = self._m
+        for worker in report.workers:
+            m.worker_up.labels(self.model_name, worker["name"], worker["role"]).set(1 if worker["alive"] else 0)
+            m.worker_sequences.labels(self.model_name, worker["name"]).set(worker["sequences"])
+            m.worker_restarts.labels(self.model_name, worker["name"]).set(worker["restarts"])
+        if report.workers:
+            with self._lock:
+                self._workers = [dict(worker) for worker in report.workers]
 
     def _observe_rounds(self, report: StepReport) -> None:
         """Tallied per step first: one increment per label value, not per round."""
@@ -180,4 +192,5 @@ class ServingMetrics:
                 "utilization": {role: round(value, 4) for role, value in utilization.items()},
                 "memory_bytes": memory,
                 "totals": dict(self._totals),
+                "workers": list(self._workers),
             }

@@ -35,12 +35,12 @@ from tandem.text.tokenizer import TextTokenizer
 UVICORN_CLOSE_SECONDS = 5  # after the drain, how long uvicorn waits for connections to close
 
 
-def serve(config: PipelineConfig, settings: ServeSettings) -> int:
+def serve(config: PipelineConfig, settings: ServeSettings, cluster=None) -> int:
     model_name = settings.served_model_name or default_model_name(config.target.model)
     ngram_store = open_ngram_store(None if settings.cache_url == CACHE_OFF else settings.cache_url,
                                    namespace=model_name)
     try:
-        state = build_state(config, settings, model_name, ngram_store)
+        state = build_state(config, settings, model_name, ngram_store, cluster)
         try:
             sock = bind_socket(settings.host, settings.port)
             server = DrainingServer(state, uvicorn.Config(
@@ -54,13 +54,15 @@ def serve(config: PipelineConfig, settings: ServeSettings) -> int:
     return 0
 
 
-def build_state(config: PipelineConfig, settings: ServeSettings, model_name: str, ngram_store) -> ServerState:
-    """Load the tokenizer and models and start the engine thread (slow: before the port is bound)."""
+def build_state(config: PipelineConfig, settings: ServeSettings, model_name: str, ngram_store,
+                cluster=None) -> ServerState:
+    """Load the tokenizer and models and start the engine thread (slow: before the port is bound).
+    With `cluster` (cluster/launch.py's ClusterOptions) the models load on Ray workers instead."""
     tokenizer = TextTokenizer(str(tokenizer_path(config.target.model)))
     metrics = ServingMetrics(model_name, settings.alert_threshold)
     tracer = RequestTracer(settings.otlp_endpoint)
-    engine = build_engine(config, max_running=settings.max_running, ngram_store=ngram_store)
-    cache = _response_store(settings)
+    engine = _engine(config, settings, ngram_store, cluster)
+    cache = _response_store(settings, _model_identity(config))
     worker = EngineWorker(engine, settings.max_waiting, observers=[metrics.observe_step, tracer.observe_step])
     has_draft = config.draft is not None and config.drafter in ("model", "hybrid")
     return ServerState(worker.start(), tokenizer, model_name, engine.context_length, settings, metrics, tracer,
@@ -68,10 +70,31 @@ def build_state(config: PipelineConfig, settings: ServeSettings, model_name: str
                        speculation_defaults=SpeculationOptions(config.drafter, config.k))
 
 
-def _response_store(settings: ServeSettings) -> ResponseStore:
+def _response_store(settings: ServeSettings, identity: str) -> ResponseStore:
+    """Keys name the served model and what computes it: a Q4 GGUF and fp32 weights answer
+    differently, so servers sharing a Redis never serve each other's entries."""
     if settings.cache_url == CACHE_OFF:
         return ResponseStore.disabled()
-    return ResponseStore(open_response_cache(settings.cache_url, settings.cache_ttl_seconds), response_cache_key)
+
+    def key(model: str, prompt_ids, params: dict):
+        return response_cache_key(f"{model}|{identity}", prompt_ids, params)
+
+    return ResponseStore(open_response_cache(settings.cache_url, settings.cache_ttl_seconds), key)
+
+
+def _model_identity(config: PipelineConfig) -> str:
+    target = config.target.resolved()
+    precision = "gguf" if target.backend == "llamacpp" else target.dtype
+    return f"{target.model}|{target.backend}|{precision}"
+
+
+def _engine(config: PipelineConfig, settings: ServeSettings, ngram_store, cluster):
+    if cluster is None:
+        return build_engine(config, max_running=settings.max_running, ngram_store=ngram_store)
+    from tandem.cluster.launch import launch_cluster
+
+    return launch_cluster(cluster.spec, config.drafter, config.k, cluster.ray_address, settings.max_running,
+                          ngram_store, cluster.pipeline)
 
 
 def close_state(state: ServerState) -> None:

@@ -8,14 +8,16 @@ k_i draft tokens for sequence i, the step is expected to emit
 
 and to take
 
-    T = target(k_1 + 1, ..., k_B + 1) + sum_j draft(n_j) + overhead
+    T = target(k_1 + 1, ..., k_B + 1) + sum_j draft(n_j) + setup + overhead
 
 where target(...) and draft(...) read the runners' measured cost curves (fused runners: the cost
 of the total token count; serial runners: the sum of per-item costs), n_j is the number of
-sequences drafting a j-th token with the model. A draft model's one-time catch-up on a prompt it
-has not seen is not charged to the step (it pays for itself over the request's later rounds;
-charged to one step, a long prompt would keep drafting off for good); only probes pay it. The
-planner maximises E / T. Since the gain of the j-th draft
+sequences drafting a j-th token with the model, and setup is a draft model's one-time catch-up
+on a prompt it has not seen, spread over the rounds the request has left (remaining tokens /
+(1 + a)): it pays for itself only if drafting keeps paying for the rest of the request. (Charged
+whole to one step, a long prompt would keep drafting off for good; not charged at all, every new
+request would stall the batch on a multi-second draft prefill for a small gain.) The planner
+maximises E / T. Since the gain of the j-th draft
 token of sequence i is a_i^j and falls with j, taking draft tokens in order of falling gain gives
 the best E for every total; the planner walks that order and keeps the prefix with the highest
 E / T. All k = 0 (plain batched decoding) is one of the candidates and is kept unless drafting
@@ -32,7 +34,7 @@ from dataclasses import dataclass, field
 from tandem.models.batch_runner import BatchRunner
 from tandem.spec.depth import BEST_ACCEPTANCE, DEFAULT_K_MAX, PROBE_BUDGET, AcceptanceEstimate
 
-MIN_GAIN = 0.01  # drafting must beat plain decoding by this fraction of tokens/ms
+MIN_GAIN = 0.05  # drafting must be predicted to beat plain decoding by this fraction of tokens/ms
 STEP_OVERHEAD_MS = 1.0  # engine bookkeeping per step, refined from observation
 
 
@@ -43,8 +45,15 @@ class DraftCandidate:
     source: str  # acceptance source: "model", "ngram3", "shared5", ...
     cap: int  # most draft tokens it can propose (remaining tokens, context, continuation)
     uses_model: bool  # drafted by the draft model (costs draft steps) or copied (free)
-    setup_ms: float = 0.0  # draft model catch-up before the first token (charged to probes only)
+    setup_ms: float = 0.0  # draft model catch-up before the first token
     fixed_k: int | None = None  # the request asked for this k
+    remaining_tokens: int = 256  # what the request may still produce: spreads setup_ms
+    prefill_tokens: int = 0  # prompt tokens scored in the same target call (a new sequence)
+
+    def setup_share_ms(self, alpha: float) -> float:
+        """This step's share of the catch-up: setup over the rounds the request has left."""
+        rounds = max(1.0, self.remaining_tokens / (1.0 + alpha))
+        return self.setup_ms / rounds
 
 
 @dataclass
@@ -57,6 +66,7 @@ class _Walk:
     target_ms: float
     draft_levels: list[int]  # n_j: sequences drafting a j-th token with the model
     draft_ms: float
+    setup_ms: float = 0.0
 
 
 @dataclass
@@ -82,11 +92,23 @@ class BatchDepthPlanner:
         self.overhead_ms += 0.1 * (overhead_ms - self.overhead_ms)
 
     def plan(self, candidates: list[DraftCandidate]) -> list[int]:
-        """k per candidate, in order."""
+        """k per candidate, in order. A draft model is only started on a sequence whose drafting
+        would pay in the steady state (alone, caught up): its catch-up is an investment that only
+        later rounds repay, so a step that looks cheap for other reasons (a big batch, a prefill)
+        must not start it."""
         alphas = [self.acceptance(c.source) for c in candidates]
-        ks = self._best_plan(candidates, alphas)
-        self._probe(candidates, ks)
+        steady = [self._steady(c, a) for c, a in zip(candidates, alphas)]
+        ks = self._best_plan(steady, alphas)
+        self._probe(candidates, ks)  # idle sources, including a draft model not worth starting
         return ks
+
+    def _steady(self, candidate: DraftCandidate, alpha: float) -> DraftCandidate:
+        if not candidate.uses_model or candidate.fixed_k is not None or candidate.cap == 0 or candidate.setup_ms <= 0:
+            return candidate
+        caught_up = DraftCandidate(candidate.source, candidate.cap, True, remaining_tokens=candidate.remaining_tokens)
+        if any(self._best_plan([caught_up], [alpha])):
+            return candidate
+        return DraftCandidate(candidate.source, 0, True, candidate.setup_ms, remaining_tokens=candidate.remaining_tokens)
 
     def _best_plan(self, candidates: list[DraftCandidate], alphas: list[float]) -> list[int]:
         ks = [min(c.fixed_k, c.cap) if c.fixed_k is not None else 0 for c in candidates]
@@ -99,7 +121,7 @@ class BatchDepthPlanner:
         )
         best_rate, best_taken, taken = base_rate, 0, []
         for negative_gain, j, i in gains:
-            self._add(walk, candidates[i], -negative_gain, i, j)
+            self._add(walk, candidates[i], -negative_gain, i, j, alphas[i])
             taken.append(i)
             rate = self._rate(walk)
             if rate > best_rate:
@@ -111,11 +133,12 @@ class BatchDepthPlanner:
         return ks
 
     def _start(self, candidates: list[DraftCandidate], alphas: list[float], ks: list[int]) -> _Walk:
-        counts = [k + 1 for k in ks]
+        counts = [k + 1 + c.prefill_tokens for c, k in zip(candidates, ks)]
         walk = _Walk(0.0, counts, sum(counts), self._target_ms(counts), [], 0.0)
         for c, a, k in zip(candidates, alphas, ks):
             walk.tokens += sum(a**j for j in range(k + 1))
             if c.uses_model and k:
+                walk.setup_ms += c.setup_share_ms(a)
                 for j in range(1, k + 1):
                     self._add_draft_level(walk, j)
         return walk
@@ -125,7 +148,7 @@ class BatchDepthPlanner:
             return self.target.cost.cost_ms(sum(counts))
         return sum(self.target.cost.cost_ms(n) for n in counts)
 
-    def _add(self, walk: _Walk, candidate: DraftCandidate, gain: float, i: int, j: int) -> None:
+    def _add(self, walk: _Walk, candidate: DraftCandidate, gain: float, i: int, j: int, alpha: float) -> None:
         walk.tokens += gain
         before = walk.target_counts[i]
         walk.target_counts[i] += 1
@@ -135,6 +158,8 @@ class BatchDepthPlanner:
         else:
             walk.target_ms += self.target.cost.cost_ms(before + 1) - self.target.cost.cost_ms(before)
         if candidate.uses_model:
+            if j == 1:
+                walk.setup_ms += candidate.setup_share_ms(alpha)
             self._add_draft_level(walk, j)
 
     def _add_draft_level(self, walk: _Walk, j: int) -> None:
@@ -148,7 +173,7 @@ class BatchDepthPlanner:
         walk.draft_ms += (cost.cost_ms(n + 1) - cost.cost_ms(n)) if self.draft.fused else cost.cost_ms(1)
 
     def _rate(self, walk: _Walk) -> float:
-        elapsed = walk.target_ms + walk.draft_ms + self.overhead_ms
+        elapsed = walk.target_ms + walk.draft_ms + walk.setup_ms + self.overhead_ms
         return walk.tokens / max(elapsed, 1e-6)
 
     def _probe(self, candidates: list[DraftCandidate], ks: list[int]) -> None:

@@ -231,11 +231,29 @@ function renderAlert(alert) {
   }
 }
 
+function renderWorkers(workers) {
+  const section = document.getElementById("workers");
+  section.hidden = !(workers && workers.length);
+  if (section.hidden) return;
+  document.getElementById("worker-rows").replaceChildren(...workers.map((w) => {
+    const row = document.createElement("tr");
+    const state = w.alive ? "up" : "restarting";
+    [w.name, w.role, state, w.pid ?? "—", w.sequences, w.restarts, `${w.rtt_ms} ms`].forEach((value) => {
+      const cell = document.createElement("td");
+      cell.textContent = String(value);
+      row.appendChild(cell);
+    });
+    row.className = w.alive ? "up" : "down";
+    return row;
+  }));
+}
+
 function render(snap) {
   document.getElementById("model-name").textContent = snap.model_name;
   document.querySelectorAll(".recent-seconds").forEach((span) => { span.textContent = snap.recent_seconds; });
   renderAlert(snap.alert);
   renderTiles(snap);
+  renderWorkers(snap.workers);
   LINE_CHARTS.forEach((chart) => drawLineChart(document.getElementById(chart.id), chart, snap));
   drawPositionBars(document.getElementById("chart-positions"), snap);
   document.body.dataset.updated = String(Number(document.body.dataset.updated) + 1);

@@ -1,0 +1,58 @@
+"""Drive a batching engine (single-process or cluster coordinator) with a closed loop of C
+concurrent requests, on token ids, and measure what clients would see: completion tokens per
+second over the run, request latency, time to first token and time per output token."""
+
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+
+from tandem.bench.metrics import percentile
+from tandem.engine.request import GenerationRequest
+
+
+@dataclass(frozen=True, slots=True)
+class RunFigures:
+    requests: int
+    concurrency: int
+    completion_tokens: int
+    seconds: float
+    throughput_tok_s: float
+    latency_ms_p50: float
+    latency_ms_p99: float
+    ttft_ms_p50: float
+    ms_per_token_p50: float  # a request's latency over its tokens
+    acceptance: float | None
+
+    def to_json(self) -> dict:
+        return {key: (round(value, 3) if isinstance(value, float) else value) for key, value in asdict(self).items()}
+
+
+def drive(engine, requests: list[GenerationRequest], concurrency: int, tag: str) -> RunFigures:
+    pending = deque(enumerate(requests))
+    started, first, ended, produced = {}, {}, {}, {}
+    drafted = accepted = 0
+    begin = time.perf_counter()
+    while pending or engine.has_work:
+        while pending and len(started) - len(ended) < concurrency:
+            index, request = pending.popleft()
+            engine.add(f"{tag}-{index}", request)
+            started[index] = time.perf_counter()
+        updates, _ = engine.step()
+        now = time.perf_counter()
+        for update in updates:
+            index = int(update.seq_id.rsplit("-", 1)[1])
+            if update.token_ids:
+                first.setdefault(index, now)
+                produced[index] = produced.get(index, 0) + len(update.token_ids)
+            drafted += update.drafted
+            accepted += update.accepted
+            if update.finished:
+                ended[index] = now
+    seconds = time.perf_counter() - begin
+    latency = [(ended[i] - started[i]) * 1000 for i in ended]
+    per_token = [(ended[i] - started[i]) * 1000 / produced[i] for i in ended if produced.get(i)]
+    tokens = sum(produced.values())
+    return RunFigures(len(requests), concurrency, tokens, seconds, tokens / seconds,
+                      percentile(latency, 50), percentile(latency, 99),
+                      percentile([(first[i] - started[i]) * 1000 for i in first], 50),
+                      percentile(per_token, 50), accepted / drafted if drafted else None)

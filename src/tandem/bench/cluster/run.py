@@ -1,0 +1,81 @@
+"""The cluster benchmark: one cluster launch, several configurations on the same actors.
+
+- `single`: the same target (and draft) models in one process with all of this machine's
+  threads, the batching engine: what the cluster has to beat on the same hardware,
+- `cluster`: the coordinator over the cluster file's Ray workers, the file's drafting,
+- `cluster+pipeline`: the same with drafting of round i+1 during round i's verification,
+- `cluster-verify-only`: the same workers decoding without drafts (k = 0): the baseline of the
+  cross-region case, paying the same round trips.
+Configurations run one after another on the same requests; each run's figures are in
+results.json (the `cluster` run also in the form `tandem simulate --measured` reads).
+"""
+
+import json
+from pathlib import Path
+
+from tandem.bench.cluster.drive import RunFigures, drive
+from tandem.bench.workload import DEFAULT_WORKLOAD, format_prompt, load_prompts
+from tandem.cluster.launch import ClusterOptions, launch_cluster
+from tandem.engine.build import build_engine
+from tandem.engine.request import GenerationRequest
+from tandem.models.backends import RunnerSpec
+from tandem.models.resolve import tokenizer_path
+from tandem.pipeline import PipelineConfig
+from tandem.text.tokenizer import TextTokenizer
+
+CONFIGS = ("single", "cluster", "cluster+pipeline", "cluster-verify-only")
+
+
+def requests_for(target_model: str, count: int, max_tokens: int, prompts_file=DEFAULT_WORKLOAD) -> list:
+    tokenizer = TextTokenizer(str(tokenizer_path(target_model)))
+    prompts = load_prompts(prompts_file)
+    chosen = [prompts[(i * 7) % len(prompts)] for i in range(count)]  # spread over the categories
+    return [GenerationRequest(format_prompt(tokenizer, p), max_tokens, stop_token_ids=tokenizer.stop_token_ids)
+            for p in chosen]
+
+
+def run_cluster_bench(cluster: ClusterOptions, drafter: str, k, concurrency: int, count: int, max_tokens: int,
+                      configs: tuple[str, ...], out: Path, progress=print) -> dict:
+    target = cluster.target
+    requests = requests_for(target.model, count, max_tokens)
+    results: dict[str, dict] = {}
+    if "single" in configs:
+        progress("single process, all threads ...")
+        draft = next((w for w in cluster.spec.workers if w.can_draft and w.drafting_model), None)
+        config = PipelineConfig(RunnerSpec(target.model, target.backend, target.device, target.dtype),
+                                RunnerSpec(draft.drafting_model, draft.backend) if draft else None,
+                                drafter if draft else "ngram", k)
+        results["single"] = drive(build_engine(config, concurrency), requests, concurrency, "single").to_json()
+    cluster_configs = [c for c in configs if c != "single"]
+    if cluster_configs:
+        progress("starting the cluster ...")
+        engine = launch_cluster(cluster.spec, drafter, k, cluster.ray_address, concurrency)
+        for name in cluster_configs:
+            progress(f"{name} ...")
+            engine.pipeline = name == "cluster+pipeline"
+            engine.default_drafter = "none" if name == "cluster-verify-only" else drafter
+            engine.default_k = 0 if name == "cluster-verify-only" else k
+            figures = drive(engine, requests, concurrency, name.replace("+", "_").replace("-", "_"))
+            results[name] = {**figures.to_json(), "pipeline_hits": engine.pipeline_hits,
+                             "pipeline_misses": engine.pipeline_misses}
+            engine.pipeline_hits = engine.pipeline_misses = 0
+    report = {"cluster_file": cluster.spec.source, "drafter": drafter, "k": k, "concurrency": concurrency,
+              "requests": count, "max_tokens": max_tokens, "results": results}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(report, indent=1))
+    if "cluster" in results:
+        (out / "measured.json").write_text(json.dumps({**results["cluster"], "note": "tandem bench-cluster"}))
+    (out / "report.md").write_text(markdown(report))
+    return report
+
+
+def markdown(report: dict) -> str:
+    rows = ["| config | tok/s | latency p50 ms | latency p99 ms | TTFT p50 ms | ms/token p50 | acceptance |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, r in report["results"].items():
+        acceptance = "—" if r["acceptance"] is None else f"{r['acceptance']:.2f}"
+        rows.append(f"| {name} | {r['throughput_tok_s']:.1f} | {r['latency_ms_p50']:.0f} | {r['latency_ms_p99']:.0f} "
+                    f"| {r['ttft_ms_p50']:.0f} | {r['ms_per_token_p50']:.1f} | {acceptance} |")
+    head = (f"# Cluster benchmark\n\n{report['cluster_file']}: drafter {report['drafter']}, k {report['k']}, "
+            f"{report['requests']} requests of {report['max_tokens']} tokens at concurrency {report['concurrency']}.\n\n")
+    return head + "\n".join(rows) + "\n"

@@ -1,0 +1,49 @@
+"""From a cluster file to workers (without starting Ray): roles, replicas, round trips, and the
+model `tandem serve --cluster` serves."""
+
+import argparse
+
+import pytest
+
+from tandem.cli.serve_cmd import cluster_options, cluster_pipeline_config
+from tandem.cluster.launch import ClusterOptions, coordinator_group, roles_of
+from tandem.cluster.spec import load_cluster
+from tandem.errors import TandemError
+
+CROSS_REGION = "examples/clusters/cross-region.yaml"
+LOCAL = "examples/clusters/local-2cpu.yaml"
+
+
+def test_roles_and_replicas_from_the_example_files():
+    spec = load_cluster(LOCAL)
+    roles = [(w.name, r.role, r.model) for w in spec.workers for r in roles_of(w)]
+    assert ("draft", "draft", "qwen2.5-coder-0.5b-instruct") in roles
+    assert ("verify", "verify", "qwen2.5-coder-1.5b-instruct") in roles
+    assert spec.worker("verify").replicas == 2
+
+
+def test_the_coordinator_sits_with_the_drafter_and_verifiers_pay_the_round_trip():
+    spec = load_cluster(CROSS_REGION)
+    home = coordinator_group(spec)
+    assert home == "edge"
+    assert spec.network.rtt_ms(home, spec.worker("central-verify").group) == 12.0
+
+
+def serve_args(**overrides) -> argparse.Namespace:
+    values = dict(cluster=None, ray_address=None, pipeline=False, drafter="hybrid", k="auto")
+    values.update(overrides)
+    return argparse.Namespace(**values)
+
+
+def test_serve_cluster_serves_the_first_verifiers_model():
+    args = serve_args(cluster=CROSS_REGION)
+    options = cluster_options(args)
+    config = cluster_pipeline_config(options, args)
+    assert isinstance(options, ClusterOptions)
+    assert config.target.model == "qwen2.5-coder-1.5b-instruct"
+    assert config.draft.model == "qwen2.5-coder-0.5b-instruct" and config.drafter == "hybrid"
+
+
+def test_ray_options_without_a_cluster_are_refused():
+    with pytest.raises(TandemError, match="need --cluster"):
+        cluster_options(serve_args(pipeline=True))
