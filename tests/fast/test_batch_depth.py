@@ -103,3 +103,14 @@ def test_a_catch_up_that_a_short_request_cannot_repay_keeps_drafting_off():
     short_request = DraftCandidate("model", 8, True, setup_ms=3000.0, remaining_tokens=20)
     assert p._best_plan([long_request], [0.7])[0] > 0
     assert p._best_plan([short_request], [0.7]) == [0]
+
+
+def test_many_idle_sources_share_one_probe_budget():
+    p = planner({1: 10.0, 2: 19.0, 64: 600.0})
+    sources = [f"ngram{n}" for n in range(2, 9)]
+    for source in sources:
+        set_acceptance(p, source, 0.2)  # idle: too low to draft, but each could pay at 99%
+    probes = sum(sum(p.plan([DraftCandidate(s, 4, False) for s in sources])) for _ in range(400))
+    step_ms = p._target_ms([1] * len(sources))  # the batch's plain step
+    extra = p._target_ms([2] + [1] * (len(sources) - 1)) - step_ms  # one probe token more
+    assert 1 <= probes and probes * extra <= 0.02 * 400 * step_ms + extra  # PROBE_BUDGET, for all together

@@ -17,6 +17,7 @@ from test_engine_real import MAX_TOKENS, NEAR_TIE_LOGITS, torch_reference, torch
 
 SMALL = "smollm2-135m-instruct"
 SLOTS = 3
+PROMPTS = 4  # of the shared chat prompts: enough for a batch that changes shape as requests end
 
 
 def run_together(engine: BatchEngine, requests: list[GenerationRequest]) -> list[list[int]]:
@@ -35,14 +36,15 @@ def run_together(engine: BatchEngine, requests: list[GenerationRequest]) -> list
 
 @pytest.fixture(scope="module")
 def requests(chat_prompt_ids, small_tokenizer):
-    return [GenerationRequest(p, MAX_TOKENS, stop_token_ids=small_tokenizer.stop_token_ids) for p in chat_prompt_ids]
+    return [GenerationRequest(p, MAX_TOKENS, stop_token_ids=small_tokenizer.stop_token_ids)
+            for p in chat_prompt_ids[:PROMPTS]]
 
 
 def test_fp32_torch_batched_greedy_equals_each_request_alone(requests, torch_reference):
     target = load_batch_runner(RunnerSpec(SMALL, "torch", "cpu", "fp32", 2), SLOTS)
     draft = load_batch_runner(RunnerSpec(SMALL, "llamacpp", threads=2), SLOTS)
     engine = BatchEngine(target, draft, "hybrid", 3)
-    assert run_together(engine, requests) == torch_reference
+    assert run_together(engine, requests) == torch_reference[:PROMPTS]
     assert engine.drafted_in_test > 0
 
 

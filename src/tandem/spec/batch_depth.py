@@ -26,7 +26,7 @@ so speculation on is not slower than off. A request with a fixed k keeps it.
 
 Acceptance is estimated per source across sequences (spec/depth.py's AcceptanceEstimate). A
 source that gets k = 0 is probed with one token now and then, within PROBE_BUDGET of decoding
-time, unless it could not pay even at near-perfect acceptance.
+time shared by all sources, unless it could not pay even at near-perfect acceptance.
 """
 
 from dataclasses import dataclass, field
@@ -76,7 +76,9 @@ class BatchDepthPlanner:
     k_max: int = DEFAULT_K_MAX
     overhead_ms: float = STEP_OVERHEAD_MS
     estimates: dict[str, AcceptanceEstimate] = field(default_factory=dict)
-    idle_ms: dict[str, float] = field(default_factory=dict)
+    probe_credit_ms: float = 0.0  # decoding time x PROBE_BUDGET not yet spent on probes
+    last_drafted: dict[str, int] = field(default_factory=dict)  # source -> step it last drafted
+    steps: int = 0
 
     def acceptance(self, source: str) -> float:
         if source not in self.estimates:
@@ -177,21 +179,29 @@ class BatchDepthPlanner:
         return walk.tokens / max(elapsed, 1e-6)
 
     def _probe(self, candidates: list[DraftCandidate], ks: list[int]) -> None:
-        """Give one idle source a one-token draft once its idle time has paid for it."""
-        step_ms = self._target_ms([k + 1 for k in ks])
-        seen = set()
+        """Probe one idle source with a one-token draft when the shared probe credit pays for it.
+
+        The credit grows by PROBE_BUDGET of every step's time, for all sources together (a
+        budget per source would let a dozen n-gram lengths each spend it); the source idle the
+        longest goes first, and one that could not pay even at near-perfect acceptance never."""
+        self.probe_credit_ms += self._target_ms([k + 1 for k in ks]) * PROBE_BUDGET
+        idle: dict[str, int] = {}
         for i, c in enumerate(candidates):
-            if c.fixed_k is not None or c.cap < 1 or c.source in seen:
-                continue
-            seen.add(c.source)
-            if any(k for k, other in zip(ks, candidates) if other.source == c.source):
-                self.idle_ms[c.source] = 0.0
-                continue
-            idle = self.idle_ms.get(c.source, 0.0) + step_ms
+            if c.fixed_k is None and c.cap >= 1 and c.source not in idle:
+                idle[c.source] = i
+        for i, k in enumerate(ks):
+            if k:
+                self.last_drafted[candidates[i].source] = self.steps
+                idle.pop(candidates[i].source, None)
+        self.steps += 1
+        for source in sorted(idle, key=lambda s: self.last_drafted.get(s, -1)):
+            i = idle[source]
             extra = self._probe_cost(candidates, ks, i)
-            if idle * PROBE_BUDGET >= extra and self._could_pay(c):
-                ks[i], idle = 1, 0.0
-            self.idle_ms[c.source] = idle
+            if self.probe_credit_ms >= extra and self._could_pay(candidates[i]):
+                ks[i] = 1
+                self.probe_credit_ms -= extra
+                self.last_drafted[source] = self.steps
+            return  # only the stalest source may probe; the others wait their turn
 
     def _probe_cost(self, candidates: list[DraftCandidate], ks: list[int], i: int) -> float:
         counts = [k + 1 for k in ks]
