@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     if args.concurrency < 1 or args.requests < 1 or args.max_tokens < 1:
         raise TandemError("--concurrency, --requests and --max-tokens must be positive")
     cluster = ClusterOptions(load_cluster(args.cluster), args.ray_address)
-    report = run_cluster_bench(cluster, args.drafter, parse_k(args.k), args.concurrency, args.requests,
+    run_cluster_bench(cluster, args.drafter, parse_k(args.k), args.concurrency, args.requests,
                                args.max_tokens, configs, Path(args.out))
     print((Path(args.out) / "report.md").read_text())
     return 0

@@ -10,7 +10,6 @@ import threading
 import time
 from types import MappingProxyType
 
-import httpx
 import pytest
 import uvicorn
 from starlette.applications import Starlette

@@ -13,7 +13,7 @@ results.json (the `cluster` run also in the form `tandem simulate --measured` re
 import json
 from pathlib import Path
 
-from tandem.bench.cluster.drive import RunFigures, drive
+from tandem.bench.cluster.drive import drive
 from tandem.bench.workload import DEFAULT_WORKLOAD, format_prompt, load_prompts
 from tandem.cluster.launch import ClusterOptions, launch_cluster
 from tandem.engine.build import build_engine
