@@ -43,7 +43,7 @@ class RoundReport:
 class StepReport:
     started_at: float  # time.time() when the step began (for spans and charts)
     step_seconds: float  # wall time of the whole step
-    prefill_seconds: float  # prompt processing of newly admitted sequences
+    prefill_seconds: float  # separate prompt processing (0 where prefill rides in the verify call)
     draft_seconds: float  # all draft-model forwards of the step (n-gram drafting is free)
     verify_seconds: float  # the batched target forward
     running: int  # sequences in the batch after the step
