@@ -27,7 +27,11 @@ from tandem.engine.events import RoundReport, StepReport
 from tandem.serve.dashboard import dashboard_router
 from tandem.serve.metrics import ServingMetrics
 
-pytestmark = pytest.mark.real
+pytestmark = [
+    pytest.mark.real,
+    pytest.mark.skipif(not Path("/usr/bin/chromium").exists(),
+                       reason="Debian's chromium is not installed (scripts/system-deps.sh installs it as root)"),
+]
 # The README's screenshot: TANDEM_DASHBOARD_SCREENSHOT=docs/serve/dashboard.png pytest this file
 SCREENSHOT = Path(os.environ.get("TANDEM_DASHBOARD_SCREENSHOT", Path(tempfile.gettempdir()) / "tandem-dashboard.png"))
 STEP_INTERVAL_SECONDS = 0.05
