@@ -22,26 +22,24 @@ only when no verifier is left do requests fail (the server answers 503).
 
 import time
 import zlib
-from collections import deque
 
 from tandem.cluster.endpoints import WorkerDiedError
 from tandem.cluster.messages import DraftItem, VerifyItem, VerifyResult
 from tandem.cluster.pool import Worker
 from tandem.engine.batch_drafting import SequenceDraft, candidate_for, draft_limit
-from tandem.engine.events import RoundReport, SequenceUpdate, SpeculationOptions, StepReport
-from tandem.engine.generator import apply_stops
-from tandem.engine.request import GenerationRequest
+from tandem.engine.events import RoundReport, SequenceUpdate, StepReport
 from tandem.engine.sequence import Sequence
-from tandem.errors import TandemError
+from tandem.engine.sequence_pool import SequencePool
 from tandem.spec.batch_depth import BatchDepthPlanner
 
 NO_VERIFIER = "no verifier is alive in the cluster"
 
 
-class ClusterEngine:
+class ClusterEngine(SequencePool):
     def __init__(self, verifiers: list[Worker], drafters: list[Worker], drafter: str = "hybrid",
                  k: int | str = "auto", ngram_store=None, max_running: int | None = None,
                  pipeline: bool = False):
+        super().__init__()
         self.verifiers = verifiers
         self.drafters = drafters
         self.default_drafter = drafter
@@ -51,8 +49,6 @@ class ClusterEngine:
         self.max_running = min(max_running or capacity, capacity)
         self.context_length = min(w.context_length for w in verifiers)
         self.planners = {w.name: BatchDepthPlanner(w.cost, None) for w in verifiers}
-        self.waiting: deque[Sequence] = deque()
-        self.running: dict[str, Sequence] = {}
         self.replica_of: dict[str, Worker] = {}
         self.drafter_of: dict[str, Worker] = {}
         self.drafter_length: dict[str, int] = {}  # committed tokens the sequence's drafter holds
@@ -62,19 +58,7 @@ class ClusterEngine:
         self.pipeline_hits = 0
         self.pipeline_misses = 0
 
-    # -- the worker thread's interface --------------------------------------------------------
-
-    @property
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
-
-    @property
-    def num_running(self) -> int:
-        return len(self.running)
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.waiting)
+    # -- the worker thread's interface (the rest is SequencePool's) --------------------------
 
     @property
     def unavailable_reason(self) -> str | None:
@@ -85,20 +69,10 @@ class ClusterEngine:
     def worker_states(self) -> list[dict]:
         return [w.state() for w in self.verifiers + self.drafters]
 
-    def validate(self, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:
-        if len(request.prompt_ids) >= self.context_length:
-            raise TandemError(f"the prompt has {len(request.prompt_ids)} tokens but the context holds "
-                              f"{self.context_length}")
-
-    def add(self, seq_id: str, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:
-        self.validate(request, options)
-        self.waiting.append(Sequence.create(seq_id, request, options, self.default_drafter, self.default_k))
-
     def cancel(self, seq_id: str) -> SequenceUpdate | None:
-        for seq in self.waiting:
-            if seq.seq_id == seq_id:
-                self.waiting.remove(seq)
-                return SequenceUpdate(seq_id, (), finished=True, finish_reason="cancelled")
+        update = self.cancel_waiting(seq_id)
+        if update is not None:
+            return update
         seq = self.running.get(seq_id)
         if seq is None:
             return None
@@ -344,12 +318,7 @@ class ClusterEngine:
     def _commit(self, seq: Sequence, draft: SequenceDraft, result: VerifyResult):
         k = len(draft.token_ids)
         self.planners[self.replica_of[seq.seq_id].name].record(draft.source, k, result.accepted)
-        room = self.context_length - len(seq.tokens)
-        emitted, reason = apply_stops(list(result.emitted), seq.output, seq.request, room)
-        seq.tokens += emitted
-        seq.output += emitted
-        seq.drafted += k
-        seq.accepted += result.accepted
+        emitted, reason = seq.commit(list(result.emitted), k, result.accepted, self.context_length)
         if reason is not None:
             self._finish(seq)
         update = SequenceUpdate(seq.seq_id, tuple(emitted), k, result.accepted, reason is not None, reason)

@@ -14,14 +14,14 @@ in the tests and the README).
 """
 
 import time
-from collections import deque
 from dataclasses import replace
 
 from tandem.engine.batch_drafting import SequenceDraft, candidate_for, draft_limit, draft_with_model
 from tandem.engine.events import RoundReport, SequenceUpdate, SpeculationOptions, StepReport
-from tandem.engine.generator import apply_stops, fit_vocab
+from tandem.engine.generator import fit_vocab
 from tandem.engine.request import GenerationRequest
 from tandem.engine.sequence import Sequence
+from tandem.engine.sequence_pool import SequencePool
 from tandem.engine.slots import SlotTable
 from tandem.errors import TandemError
 from tandem.models.batch_runner import BatchItem, BatchRunner
@@ -33,9 +33,10 @@ PREFILL_TOKEN_BUDGET = 2048  # prompt tokens admitted per step (at least one req
 KV_HEADROOM_TOKENS = 64  # per running sequence, for drafts being verified
 
 
-class BatchEngine:
+class BatchEngine(SequencePool):
     def __init__(self, target: BatchRunner, draft: BatchRunner | None = None, drafter: str = "hybrid",
                  k: int | str = "auto", ngram_store=None, max_running: int | None = None):
+        super().__init__()
         self.target = target
         self.draft = draft
         self.default_drafter = drafter
@@ -45,41 +46,20 @@ class BatchEngine:
         self.context_length = target.context_length
         self.planner = BatchDepthPlanner(target, draft)
         self.slots = SlotTable(target.max_slots)
-        self.waiting: deque[Sequence] = deque()
-        self.running: dict[str, Sequence] = {}
         self.retained_draft: dict[int, list[int]] = {}  # draft cache of each free slot
 
-    # -- the worker's interface -------------------------------------------------------------
-
-    @property
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
-
-    @property
-    def num_running(self) -> int:
-        return len(self.running)
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.waiting)
+    # -- the worker's interface (the rest is SequencePool's) --------------------------------
 
     def validate(self, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:
-        if len(request.prompt_ids) >= self.context_length:
-            raise TandemError(f"the prompt has {len(request.prompt_ids)} tokens but the context holds "
-                              f"{self.context_length}")
+        super().validate(request, options)
         drafter = options.drafter or self.default_drafter
         if drafter in ("model", "hybrid") and self.draft is None:
             raise TandemError(f"drafter {drafter!r} needs a draft model, and this server has none")
 
-    def add(self, seq_id: str, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:
-        self.validate(request, options)
-        self.waiting.append(Sequence.create(seq_id, request, options, self.default_drafter, self.default_k))
-
     def cancel(self, seq_id: str) -> SequenceUpdate | None:
-        for seq in self.waiting:
-            if seq.seq_id == seq_id:
-                self.waiting.remove(seq)
-                return SequenceUpdate(seq_id, (), finished=True, finish_reason="cancelled")
+        update = self.cancel_waiting(seq_id)
+        if update is not None:
+            return update
         seq = self.running.pop(seq_id, None)
         if seq is None:
             return None
@@ -201,12 +181,7 @@ class BatchEngine:
             result = accept_sampling(draft.token_ids, fit_vocab(draft.q_draft, p_target.shape[-1]), p_target, seq.rng)
         k = len(draft.token_ids)
         self.planner.record(draft.source, k, result.accepted)
-        context_room = self.context_length - len(seq.tokens)
-        emitted, reason = apply_stops(result.emitted(draft.token_ids), seq.output, seq.request, context_room)
-        seq.tokens += emitted
-        seq.output += emitted
-        seq.drafted += k
-        seq.accepted += result.accepted
+        emitted, reason = seq.commit(result.emitted(draft.token_ids), k, result.accepted, self.context_length)
         self.target.rollback(seq.slot, len(seq.tokens) - 1)  # the invariant
         self.slots.cached[seq.slot] = seq.tokens[:-1]
         if reason is not None:

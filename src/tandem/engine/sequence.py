@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tandem.engine.events import SpeculationOptions
+from tandem.engine.generator import apply_stops
 from tandem.engine.request import GenerationRequest
 
 
@@ -39,6 +40,16 @@ class Sequence:
             fixed_k = 0
         rng = np.random.default_rng(request.sampling.seed)
         return cls(seq_id, request, drafter, fixed_k, rng, tokens=list(request.prompt_ids))
+
+    def commit(self, proposed: list[int], drafted: int, accepted: int, context_length: int) -> tuple[list[int], str | None]:
+        """Append a verified round's tokens up to the first stop; return them and why the
+        sequence ends (None, "stop" or "length"; see engine/generator.apply_stops)."""
+        emitted, reason = apply_stops(proposed, self.output, self.request, context_length - len(self.tokens))
+        self.tokens += emitted
+        self.output += emitted
+        self.drafted += drafted
+        self.accepted += accepted
+        return emitted, reason
 
     @property
     def room(self) -> int:
