@@ -114,3 +114,39 @@ def test_many_idle_sources_share_one_probe_budget():
     step_ms = p._target_ms([1] * len(sources))  # the batch's plain step
     extra = p._target_ms([2] + [1] * (len(sources) - 1)) - step_ms  # one probe token more
     assert 1 <= probes and probes * extra <= 0.02 * 400 * step_ms + extra  # PROBE_BUDGET, for all together
+
+
+# the batch profile measured on this CPU for the 1.5B Q4 target: marginal tokens get cheaper as
+# batches grow (about 11 ms each past 48), so drafts riding on a prompt's prefill look cheap
+CPU_BATCH = {1: 36.0, 2: 58.7, 3: 79.9, 4: 97.6, 8: 223.5, 16: 260.6, 32: 424.4, 48: 585.4, 64: 758.9}
+
+
+def test_drafts_in_a_prefill_step_must_beat_the_steady_rate_not_the_steps_average():
+    p = planner(CPU_BATCH)
+    prefill = DraftCandidate("none", 0, False, fixed_k=0, prefill_tokens=300)
+    decoding = [DraftCandidate("shared8", 16, False) for _ in range(3)]
+    set_acceptance(p, "shared8", 0.3)
+    # judged against the step's own E / T (4 tokens over ~3.5 s), 11 ms per 0.3 token would "pay"
+    assert p._best_plan([prefill] + decoding, [0.0] + [0.3] * 3) == [0, 0, 0, 0]
+    set_acceptance(p, "shared8", 0.97)  # a copy this reliable beats plain decoding at any time
+    ks = p._best_plan([prefill] + decoding, [0.0] + [0.97] * 3)
+    assert ks[0] == 0 and min(ks[1:]) >= 4
+
+
+def test_prefill_criterion_agrees_with_the_plain_one_when_nothing_is_prefilled():
+    p = planner(CPU_BATCH)
+    for source, rate in (("ngram3", 0.5), ("ngram5", 0.8), ("ngram8", 0.95)):
+        set_acceptance(p, source, rate)
+    candidates = [DraftCandidate(s, 8, False) for s in ("ngram3", "ngram5", "ngram8")]
+    alphas = [p.acceptance(c.source) for c in candidates]
+    plain_ks, plain_rate = p._walk(candidates, alphas)
+    assert p._walk(candidates, alphas, plain_rate / (1 + MIN_GAIN))[0] == plain_ks
+
+
+def test_a_new_match_length_starts_from_what_its_family_has_shown():
+    p = planner(CPU_BATCH)
+    fresh = p.acceptance("shared3")
+    for _ in range(30):
+        p.record("shared8", 16, 0)  # the shared store keeps proposing other requests' text
+    assert p.acceptance("shared5") < 0.25 < fresh
+    assert p.acceptance("ngram5") == pytest.approx(0.6)  # another family keeps its own prior

@@ -25,14 +25,17 @@ beats it by MIN_GAIN: as concurrency grows and verification stops being cheap, k
 so speculation on is not slower than off. A request with a fixed k keeps it.
 
 Acceptance is estimated per source across sequences (spec/depth.py's AcceptanceEstimate). A
+source seen for the first time starts from what its family has shown so far (all n-gram
+lengths, all shared-store lengths), not from a fixed prior: a shared store full of other
+requests' text gives a dozen match lengths, and each must not pay to learn the same lesson. A
 source that gets k = 0 is probed with one token now and then, within PROBE_BUDGET of decoding
 time shared by all sources, unless it could not pay even at near-perfect acceptance.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tandem.models.batch_runner import BatchRunner
-from tandem.spec.depth import BEST_ACCEPTANCE, DEFAULT_K_MAX, PROBE_BUDGET, AcceptanceEstimate
+from tandem.spec.depth import BEST_ACCEPTANCE, DEFAULT_K_MAX, PROBE_BUDGET, AcceptanceEstimate, source_family
 
 MIN_GAIN = 0.05  # drafting must be predicted to beat plain decoding by this fraction of tokens/ms
 STEP_OVERHEAD_MS = 1.0  # engine bookkeeping per step, refined from observation
@@ -76,19 +79,24 @@ class BatchDepthPlanner:
     k_max: int = DEFAULT_K_MAX
     overhead_ms: float = STEP_OVERHEAD_MS
     estimates: dict[str, AcceptanceEstimate] = field(default_factory=dict)
+    families: dict[str, AcceptanceEstimate] = field(default_factory=dict)  # pooled over match lengths
     probe_credit_ms: float = 0.0  # decoding time x PROBE_BUDGET not yet spent on probes
     last_drafted: dict[str, int] = field(default_factory=dict)  # source -> step it last drafted
     steps: int = 0
 
     def acceptance(self, source: str) -> float:
         if source not in self.estimates:
-            self.estimates[source] = AcceptanceEstimate.for_source(source)
+            family = self.families.get(source_family(source))
+            self.estimates[source] = (AcceptanceEstimate.for_source(source) if family is None
+                                      else AcceptanceEstimate.with_prior(family.rate))
         return self.estimates[source].rate
 
     def record(self, source: str, drafted: int, accepted: int) -> None:
         if drafted:
             self.acceptance(source)
             self.estimates[source].update(drafted, accepted)
+            family = self.families.setdefault(source_family(source), AcceptanceEstimate.for_source(source))
+            family.update(drafted, accepted)
 
     def observe_overhead(self, overhead_ms: float) -> None:
         self.overhead_ms += 0.1 * (overhead_ms - self.overhead_ms)
@@ -113,26 +121,45 @@ class BatchDepthPlanner:
         return DraftCandidate(candidate.source, 0, True, candidate.setup_ms, remaining_tokens=candidate.remaining_tokens)
 
     def _best_plan(self, candidates: list[DraftCandidate], alphas: list[float]) -> list[int]:
+        """A step that also scores prompts (prefill) has a large fixed cost; judged by its own E / T,
+        any draft token cheaper than that step's poor average would look worth it. Its drafts
+        must instead beat the batch's steady rate (the best E / T without the prefill): the time
+        they add could have been spent decoding at that rate. Without prefill both criteria pick
+        the same plan (the best E / T is the plan whose extra tokens beat its own rate)."""
+        if not any(c.prefill_tokens for c in candidates):
+            return self._walk(candidates, alphas)[0]
+        steady = [replace(c, prefill_tokens=0) for c in candidates]
+        return self._walk(candidates, alphas, self._walk(steady, alphas)[1])[0]
+
+    def _walk(self, candidates: list[DraftCandidate], alphas: list[float],
+              reference_rate: float | None = None) -> tuple[list[int], float]:
+        """Add draft tokens in order of falling gain and keep the best prefix: by E / T, or, given
+        a reference rate r, by E - r (1 + MIN_GAIN) T. Returns the ks and the E / T they give."""
         ks = [min(c.fixed_k, c.cap) if c.fixed_k is not None else 0 for c in candidates]
         walk = self._start(candidates, alphas, ks)
         base_rate = self._rate(walk)
+        if reference_rate is None:
+            score, bar = self._rate, base_rate * (1 + MIN_GAIN)
+        else:
+            price = reference_rate * (1 + MIN_GAIN)
+            score = lambda w: w.tokens - price * self._elapsed(w)  # noqa: E731
+            bar = score(walk)
         gains = sorted(
             (-(alphas[i] ** j), j, i)
             for i, c in enumerate(candidates) if c.fixed_k is None
             for j in range(1, min(c.cap, self.k_max) + 1)
         )
-        best_rate, best_taken, taken = base_rate, 0, []
+        best_score, best_rate, best_taken, taken = score(walk), base_rate, 0, []
         for negative_gain, j, i in gains:
             self._add(walk, candidates[i], -negative_gain, i, j, alphas[i])
             taken.append(i)
-            rate = self._rate(walk)
-            if rate > best_rate:
-                best_rate, best_taken = rate, len(taken)
-        if best_rate <= base_rate * (1 + MIN_GAIN):
-            return ks
+            if score(walk) > best_score:
+                best_score, best_rate, best_taken = score(walk), self._rate(walk), len(taken)
+        if best_score <= bar:
+            return ks, base_rate
         for i in taken[:best_taken]:
             ks[i] += 1
-        return ks
+        return ks, best_rate
 
     def _start(self, candidates: list[DraftCandidate], alphas: list[float], ks: list[int]) -> _Walk:
         counts = [k + 1 + c.prefill_tokens for c, k in zip(candidates, ks)]
@@ -174,9 +201,11 @@ class BatchDepthPlanner:
         cost = self.draft.cost
         walk.draft_ms += (cost.cost_ms(n + 1) - cost.cost_ms(n)) if self.draft.fused else cost.cost_ms(1)
 
+    def _elapsed(self, walk: _Walk) -> float:
+        return walk.target_ms + walk.draft_ms + walk.setup_ms + self.overhead_ms
+
     def _rate(self, walk: _Walk) -> float:
-        elapsed = walk.target_ms + walk.draft_ms + walk.setup_ms + self.overhead_ms
-        return walk.tokens / max(elapsed, 1e-6)
+        return walk.tokens / max(self._elapsed(walk), 1e-6)
 
     def _probe(self, candidates: list[DraftCandidate], ks: list[int]) -> None:
         """Probe one idle source with a one-token draft when the shared probe credit pays for it.

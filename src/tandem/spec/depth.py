@@ -58,10 +58,17 @@ def _history() -> deque:
     return deque(maxlen=HISTORY_LENGTH)  # (source, drafted, accepted)
 
 
+def source_family(source: str) -> str:
+    """"ngram5" -> "ngram", "shared3" -> "shared", "model" -> "model"."""
+    return source.rstrip("0123456789")
+
+
 def prior_acceptance(source: str) -> float:
-    """Before evidence: a draft model 0.6; an n-gram match of length n, 0.3 + 0.06 n (<= 0.8)."""
-    if source.startswith("ngram") and source[5:].isdigit():
-        return min(0.3 + 0.06 * int(source[5:]), 0.8)
+    """Before evidence: a draft model 0.6; a copy after a match of length n (from the context or
+    the shared store), 0.3 + 0.06 n (<= 0.8)."""
+    family, length = source_family(source), source[len(source_family(source)):]
+    if family in ("ngram", "shared") and length.isdigit():
+        return min(0.3 + 0.06 * int(length), 0.8)
     return PRIOR_ACCEPTANCE
 
 
@@ -92,7 +99,11 @@ class AcceptanceEstimate:
 
     @classmethod
     def for_source(cls, source: str) -> "AcceptanceEstimate":
-        return cls(prior_acceptance(source) * PRIOR_WEIGHT, PRIOR_WEIGHT)
+        return cls.with_prior(prior_acceptance(source))
+
+    @classmethod
+    def with_prior(cls, rate: float) -> "AcceptanceEstimate":
+        return cls(rate * PRIOR_WEIGHT, PRIOR_WEIGHT)
 
     @property
     def rate(self) -> float:
