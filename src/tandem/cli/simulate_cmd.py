@@ -52,6 +52,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-batch", type=int, default=None, help="sequences per verifier step (default: the plan's)")
     parser.add_argument("--step-overhead-ms", type=float, default=None,
                         help="per-step time besides the calls: bookkeeping, RPC (default 1.0, the engine's prior)")
+    parser.add_argument("--host-cores", type=int, default=None,
+                        help="the cluster's CPU workers share one machine with this many cores (a local "
+                        "cluster): calls that overlap there slow each other down (default: each worker "
+                        "has its own cores)")
     parser.add_argument("--measured", help="a measured run (JSON) to compare the prediction with")
     parser.add_argument("--sizes", default=None, help="--scaling: comma-separated device counts (default 1,2,...,64)")
     parser.add_argument("--waves", type=int, default=3, help="--scaling: requests per planned batch slot (default 3)")
@@ -80,7 +84,7 @@ def _simulate(args: argparse.Namespace) -> int:
     overhead = {} if args.step_overhead_ms is None else {"step_overhead_ms": args.step_overhead_ms}
     options = ClusterOptions(acceptance=args.acceptance, max_batch=args.max_batch, seed=args.seed,
                              lockstep=args.coordinator == "lockstep", pipelining=args.pipelining,
-                             fused=_fused(args.batching, default=None), **overhead)
+                             fused=_fused(args.batching, default=None), host_cores=args.host_cores, **overhead)
     result = simulate(_checked(lambda: simulation_from_cluster(spec, _workload(args), options, plan)))
     comparison = compare_with_measurement(result, MeasuredRun.load(args.measured)) if args.measured else None
     report = {"cluster": args.cluster, "roles": args.roles, "plan": plan.chosen.label() if plan else None,

@@ -22,7 +22,7 @@ from tandem.cluster.sim import (
 from tandem.cluster.sim.events import EventQueue, Join
 from tandem.cluster.sim.planning import make_planner
 from tandem.cluster.sim.reference import OneSequenceCase, closed_form_tokens_per_s, reference_tokens_per_s
-from tandem.cluster.sim.timeline import Timeline
+from tandem.cluster.sim.timeline import Host, Timeline
 from tandem.cluster.sim.validation import MeasuredRun, compare_with_measurement
 from tandem.models.cost import CostModel
 from tandem.spec.batch_depth import DraftCandidate
@@ -79,6 +79,30 @@ def test_timeline_queues_calls_and_calls_preempt_background_work():
     assert ahead.cancelled and not ahead.done_by(100.0)
     assert device.busy_ms == pytest.approx(10 + 10 + 5 + 5)
     assert device.utilisation(30.0) == pytest.approx(1.0)
+
+
+def test_calls_that_overlap_on_a_crowded_host_stretch():
+    host = Host("cpu", cores=2)
+    a, b, c = (Timeline(name, threads=1, host=host) for name in "abc")
+    alone = Timeline("elsewhere")
+    assert a.reserve(0.0, 10.0) == 10.0  # alone on the host
+    assert b.reserve(0.0, 10.0) == 10.0  # two threads, two cores
+    assert c.reserve(5.0, 10.0) == pytest.approx(20.0)  # three threads on two cores: 1.5x
+    assert alone.reserve(5.0, 10.0) == 15.0  # a device on no host is never slowed
+    assert a.reserve(30.0, 10.0) == 40.0  # the host is quiet again
+
+
+def test_a_shared_host_slows_replicas_that_would_run_side_by_side():
+    def two_replicas(**kw):
+        verifiers = tuple(Verifier(Device(f"v{i}", TARGET, group="a", host="cpu"), None, max_batch=4) for i in range(2))
+        return Simulation(verifiers, Workload(32, FixedLength(4), FixedLength(32), concurrency=8), lockstep=False, **kw)
+
+    own_cores = simulate(two_replicas()).throughput_tok_s
+    one_core = simulate(two_replicas(host_cores=(("cpu", 1),))).throughput_tok_s
+    assert simulate(two_replicas(host_cores=(("cpu", 2),))).throughput_tok_s == pytest.approx(own_cores)
+    assert one_core == pytest.approx(own_cores / 2, rel=0.1)
+    with pytest.raises(ValueError):
+        two_replicas(host_cores=(("cpu", 0),))
 
 
 # -- against the slow reference and the closed form ----------------------------------------------

@@ -22,6 +22,8 @@ class RunFigures:
     ttft_ms_p50: float
     ms_per_token_p50: float  # a request's latency over its tokens
     acceptance: float | None
+    steps: int = 0  # engine steps the run took
+    step_overhead_ms_mean: float = 0.0  # per step, outside prefill, draft and verify calls
 
     def to_json(self) -> dict:
         return {key: (round(value, 3) if isinstance(value, float) else value) for key, value in asdict(self).items()}
@@ -30,15 +32,19 @@ class RunFigures:
 def drive(engine, requests: list[GenerationRequest], concurrency: int, tag: str) -> RunFigures:
     pending = deque(enumerate(requests))
     started, first, ended, produced = {}, {}, {}, {}
-    drafted = accepted = 0
+    drafted = accepted = steps = 0
+    overhead_s = 0.0
     begin = time.perf_counter()
     while pending or engine.has_work:
         while pending and len(started) - len(ended) < concurrency:
             index, request = pending.popleft()
             engine.add(f"{tag}-{index}", request)
             started[index] = time.perf_counter()
-        updates, _ = engine.step()
+        updates, report = engine.step()
         now = time.perf_counter()
+        steps += 1
+        overhead_s += max(0.0, report.step_seconds - report.prefill_seconds - report.draft_seconds
+                          - report.verify_seconds)
         for update in updates:
             index = int(update.seq_id.rsplit("-", 1)[1])
             if update.token_ids:
@@ -55,4 +61,5 @@ def drive(engine, requests: list[GenerationRequest], concurrency: int, tag: str)
     return RunFigures(len(requests), concurrency, tokens, seconds, tokens / seconds,
                       percentile(latency, 50), percentile(latency, 99),
                       percentile([(first[i] - started[i]) * 1000 for i in first], 50),
-                      percentile(per_token, 50), accepted / drafted if drafted else None)
+                      percentile(per_token, 50), accepted / drafted if drafted else None,
+                      steps, 1000 * overhead_s / steps if steps else 0.0)

@@ -15,12 +15,15 @@ the options, else the file's `acceptance`, else the planner's defaults (drafter_
 The coordinator sits where cluster/launch.py puts it (the first drafting worker's group, else
 "local"; `coordinator_group` overrides) and every call pays the round trip from there; as written,
 each verifier replica holds launch.DEFAULT_SLOTS sequences unless `max_batch` says otherwise.
+With `host_cores`, every CPU worker is taken to run on one machine with that many cores (a local
+cluster, emulation included), each replica keeping its `threads` busy: overlapping calls there
+slow each other down (timeline.py).
 Unlike the running coordinator, which spreads each *sequence* over all drafters by a hash of its
 id, the simulator gives each *replica* one drafter; with one drafter (or one per verifier) the two
 agree.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tandem.cluster.cluster_spec import ClusterSpec, WorkerSpec
 from tandem.cluster.drafter_kinds import DEFAULT_ACCEPTANCE
@@ -34,6 +37,7 @@ from tandem.errors import TandemError
 from tandem.spec.batch_depth import STEP_OVERHEAD_MS
 
 NGRAM = "ngram"
+LOCAL_HOST = "local-cpu"  # with host_cores: the one machine every CPU worker runs on
 MODEL_DRAFTERS = ("model", "hybrid", "auto")
 
 
@@ -48,6 +52,7 @@ class ClusterOptions:
     fused: bool | None = None  # None: as the backend batches today (llama.cpp fused, torch serial)
     use_plan_k: bool = False
     step_overhead_ms: float = STEP_OVERHEAD_MS  # per step, besides the calls (Ray, bookkeeping)
+    host_cores: int | None = None  # the CPU workers share one machine with this many cores
     seed: int = 0
 
 
@@ -113,8 +118,11 @@ class _DrafterChoice:
 def cluster_device(spec: ClusterSpec, worker: WorkerSpec, model: str, index: int, options: ClusterOptions) -> Device:
     fused = worker.backend == "llamacpp" if options.fused is None else options.fused
     slowdown = worker.slowdown / (1.0 - worker.utilization)
-    return device_from_profile(f"{worker.name}/{index}", worker_profile(spec, worker, model),
-                               group=worker.group, context=spec.context_tokens, slowdown=slowdown, fused=fused)
+    device = device_from_profile(f"{worker.name}/{index}", worker_profile(spec, worker, model),
+                                 group=worker.group, context=spec.context_tokens, slowdown=slowdown, fused=fused)
+    if options.host_cores is None or worker.device != "cpu":
+        return device
+    return replace(device, host=LOCAL_HOST, threads=min(worker.threads or options.host_cores, options.host_cores))
 
 
 def colocated_drafter(spec: ClusterSpec, worker: WorkerSpec, index: int, device: Device, alpha: float,
@@ -140,4 +148,5 @@ def assemble(spec: ClusterSpec, verifiers: list[Verifier], drafters: list[Drafte
     return Simulation(tuple(verifiers), workload, tuple(drafters), network, Depth(fixed_k=fixed_k),
                       pipelining=options.pipelining, lockstep=options.lockstep,
                       coordinator_group=options.coordinator_group or coordinator_group(spec),
-                      step_overhead_ms=options.step_overhead_ms, seed=options.seed)
+                      step_overhead_ms=options.step_overhead_ms, seed=options.seed,
+                      host_cores=() if options.host_cores is None else ((LOCAL_HOST, options.host_cores),))

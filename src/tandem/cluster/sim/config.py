@@ -14,6 +14,9 @@ cluster file (adapter.py) or from public device classes (device_classes.py) alik
 - a *drafter* proposes draft tokens: a draft model on a device, or the n-gram drafter (free,
   on the coordinator's host). Its acceptance model says how many drafts the target accepts.
 - the *network* gives a round-trip time between two named groups of devices.
+- a *host* (optional) is one machine whose cores several devices share: CPU workers of a local
+  cluster. A call that starts while other calls run there takes longer in proportion to the
+  threads asking for the host's cores (see timeline.py).
 """
 
 from collections.abc import Sequence
@@ -35,8 +38,12 @@ class Device:
     fused: bool = True  # False: a batch costs the sum of its sequences' passes
     group: str = "local"  # network group
     per_sequence_ms: float = 0.0  # fused: extra time per sequence beyond the first
+    host: str | None = None  # a machine whose cores this device shares with others (Simulation.host_cores)
+    threads: int = 1  # cores its calls keep busy on that host
 
     def __post_init__(self):
+        if self.threads < 1:
+            raise ValueError(f"device {self.name}: threads must be >= 1, got {self.threads}")
         if self.per_sequence_ms < 0:
             raise ValueError(f"device {self.name}: per_sequence_ms must be >= 0, got {self.per_sequence_ms}")
         if not self.name:
@@ -170,9 +177,13 @@ class Simulation:
     coordinator_group: str | None = None  # lockstep only; None: the first verifier's group
     step_overhead_ms: float = STEP_OVERHEAD_MS
     prefill_token_budget: int = PREFILL_TOKEN_BUDGET
+    host_cores: tuple[tuple[str, int], ...] = ()  # (host, cores): devices on it share its cores
     seed: int = 0
 
     def __post_init__(self):
+        for host, cores in self.host_cores:
+            if cores < 1:
+                raise ValueError(f"host {host}: cores must be >= 1, got {cores}")
         if not self.verifiers:
             raise ValueError("a simulation needs at least one verifier")
         names = [d.name for d in self.drafters]

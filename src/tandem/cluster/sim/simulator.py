@@ -23,7 +23,7 @@ from tandem.cluster.sim.planning import make_planner
 from tandem.cluster.sim.routing import route
 from tandem.cluster.sim.state import Replica, SimSequence
 from tandem.cluster.sim.step import StepContext, StepGroup
-from tandem.cluster.sim.timeline import Timeline
+from tandem.cluster.sim.timeline import Host, Timeline
 
 
 def simulate(sim: Simulation) -> SimResult:
@@ -73,7 +73,12 @@ class Simulator:
 
     def _timelines(self) -> dict[str, Timeline]:
         devices = [v.device for v in self.sim.verifiers] + [d.device for d in self.sim.drafters if d.device]
-        return {device.name: Timeline(device.name) for device in devices}
+        hosts = {name: Host(name, cores) for name, cores in self.sim.host_cores}
+        timelines: dict[str, Timeline] = {}
+        for device in devices:
+            if device.name not in timelines:
+                timelines[device.name] = Timeline(device.name, threads=device.threads, host=hosts.get(device.host))
+        return timelines
 
     def _replica(self, index: int) -> Replica:
         spec = self.sim.verifiers[index]

@@ -4,6 +4,12 @@ A device runs one call at a time, first come first served. It can also run *back
 (a pipelined drafter drafting ahead) while it has nothing else to do: a call that arrives
 preempts background work, which is then discarded, so speculative work never delays real work.
 
+Devices on one host (several CPU workers of one machine) share its cores: a call or background
+job that starts while others run there is stretched by (threads asking) / cores when that
+exceeds 1. The stretch is fixed when the work starts (calls already running keep theirs), an
+approximation of processor sharing that conserves the host's total work well when calls overlap
+for most of their length, as lock-step calls do.
+
 `remote_call` sends a request that pays half a round trip each way; the device is reserved when
 the request *arrives*, so calls from near and far coordinators queue in arrival order.
 """
@@ -23,21 +29,49 @@ class BackgroundJob:
         return not self.cancelled and self.end_ms <= now
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
+class Host:
+    """One machine's cores, shared by the timelines of the devices on it."""
+
+    name: str
+    cores: int
+    members: list["Timeline"] = field(default_factory=list)
+
+    def stretch(self, timeline: "Timeline", start: float) -> float:
+        asking = timeline.threads + sum(t.threads for t in self.members if t is not timeline and t.busy_at(start))
+        return max(1.0, asking / self.cores)
+
+
+@dataclass(slots=True, eq=False)
 class Timeline:
     name: str
     free_at: float = 0.0  # end of the last call
     busy_ms: float = 0.0
     background: list[BackgroundJob] = field(default_factory=list)
+    threads: int = 1
+    host: Host | None = None  # None: the device has its cores to itself
+
+    def __post_init__(self):
+        if self.host is not None:
+            self.host.members.append(self)
+
+    def busy_at(self, moment: float) -> bool:
+        return self.free_at > moment or any(
+            not job.cancelled and job.start_ms <= moment < job.end_ms for job in self.background)
+
+    def _stretched(self, start: float, duration_ms: float) -> float:
+        return duration_ms if self.host is None else duration_ms * self.host.stretch(self, start)
 
     def reserve(self, earliest: float, duration_ms: float) -> float:
-        """Occupy the device for `duration_ms` from when it is free; return the end time."""
+        """Occupy the device for `duration_ms` (stretched if its host is crowded) from when it
+        is free; return the end time."""
         if duration_ms < 0:
             raise ValueError(f"{self.name}: a call cannot take {duration_ms} ms")
         start = max(earliest, self.free_at)
         for job in self.background:
             self.cancel(job, start)
         self.background = [job for job in self.background if not job.cancelled]
+        duration_ms = self._stretched(start, duration_ms)
         self.free_at = start + duration_ms
         self.busy_ms += duration_ms
         return self.free_at
@@ -45,6 +79,7 @@ class Timeline:
     def reserve_background(self, earliest: float, duration_ms: float) -> BackgroundJob:
         """Run preemptible work once the device is free of calls and earlier background work."""
         start = max([earliest, self.free_at] + [job.end_ms for job in self.background])
+        duration_ms = self._stretched(start, duration_ms)
         job = BackgroundJob(start, start + duration_ms)
         self.background.append(job)
         self.busy_ms += duration_ms
