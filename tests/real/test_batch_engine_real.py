@@ -69,3 +69,15 @@ def test_llamacpp_fused_batches_diverge_only_on_near_ties(requests, small_gguf):
         gap = max(candidates, key=lambda t: logits[t]), min(candidates, key=lambda t: logits[t])
         assert float(logits[gap[0]] - logits[gap[1]]) < NEAR_TIE_LOGITS, (i, output[:i + 2], reference[:i + 2])
     print(f"llama.cpp batched vs alone: {matches}/{len(requests)} identical")
+
+
+def test_llamacpp_batch_runner_keeps_to_its_threads_for_multi_token_calls(small_gguf):
+    """llama-cpp-python gives multi-token calls every core unless told otherwise; a one-thread
+    cluster worker that took both cores of this machine ran 3-9x slower beside its peers."""
+    import llama_cpp
+
+    from tandem.models.llamacpp_batch_runner import LlamaCppBatchRunner
+
+    runner = LlamaCppBatchRunner(str(small_gguf), 2, threads=1)
+    assert llama_cpp.llama_n_threads(runner._ctx.ctx) == 1
+    assert llama_cpp.llama_n_threads_batch(runner._ctx.ctx) == 1

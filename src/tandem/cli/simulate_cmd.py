@@ -52,6 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-batch", type=int, default=None, help="sequences per verifier step (default: the plan's)")
     parser.add_argument("--step-overhead-ms", type=float, default=None,
                         help="per-step time besides the calls: bookkeeping, RPC (default 1.0, the engine's prior)")
+    parser.add_argument("--k", type=int, default=None,
+                        help="draft this many tokens every round (default: the file's k, else the engine's planner)")
     parser.add_argument("--host-cores", type=int, default=None,
                         help="the cluster's CPU workers share one machine with this many cores (a local "
                         "cluster): calls that overlap there slow each other down (default: each worker "
@@ -84,8 +86,10 @@ def _simulate(args: argparse.Namespace) -> int:
     overhead = {} if args.step_overhead_ms is None else {"step_overhead_ms": args.step_overhead_ms}
     options = ClusterOptions(acceptance=args.acceptance, max_batch=args.max_batch, seed=args.seed,
                              lockstep=args.coordinator == "lockstep", pipelining=args.pipelining,
-                             fused=_fused(args.batching, default=None), host_cores=args.host_cores, **overhead)
-    result = simulate(_checked(lambda: simulation_from_cluster(spec, _workload(args), options, plan)))
+                             fused=_fused(args.batching, default=None), host_cores=args.host_cores,
+                             fixed_k=args.k, **overhead)
+    workload = _workload(args, _recorded_prompts(args))
+    result = simulate(_checked(lambda: simulation_from_cluster(spec, workload, options, plan)))
     comparison = compare_with_measurement(result, MeasuredRun.load(args.measured)) if args.measured else None
     report = {"cluster": args.cluster, "roles": args.roles, "plan": plan.chosen.label() if plan else None,
               "options": vars(args) | {"func": None}, "result": result.to_json(), "comparison": comparison}
@@ -127,12 +131,34 @@ def _scaling(args: argparse.Namespace) -> int:
     return 0
 
 
-def _workload(args: argparse.Namespace):
+def _recorded_prompts(args: argparse.Namespace):
+    """A measured run that lists its requests' prompt lengths is replayed with them, unless
+    --prompt-tokens says otherwise."""
+    if not args.measured or args.prompt_tokens:
+        return None
+    from tandem.cluster.sim.lengths import RecordedLengths
+
+    try:
+        lengths = json.loads(Path(args.measured).read_text()).get("prompt_tokens")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None  # MeasuredRun.load reports what is wrong with the file
+    if not lengths:
+        return None
+    print(f"prompt lengths: the {len(lengths)} recorded in {args.measured}, in the order sent", file=sys.stderr)
+    return _checked(lambda: RecordedLengths(tuple(int(n) for n in lengths)))
+
+
+def _workload(args: argparse.Namespace, recorded=None):
     from tandem.bench.workload import DEFAULT_WORKLOAD
     from tandem.cluster.sim.config import Workload
     from tandem.cluster.sim.lengths import FixedLength, workload_prompt_lengths
 
-    prompts = FixedLength(args.prompt_tokens) if args.prompt_tokens else workload_prompt_lengths(DEFAULT_WORKLOAD)
+    if recorded is not None:
+        prompts = recorded
+    elif args.prompt_tokens:
+        prompts = FixedLength(args.prompt_tokens)
+    else:
+        prompts = workload_prompt_lengths(DEFAULT_WORKLOAD)
     concurrency = None if args.rate is not None else (args.concurrency or DEFAULT_CONCURRENCY)
     return _checked(lambda: Workload(args.requests, prompts, FixedLength(args.max_tokens), args.rate, concurrency))
 

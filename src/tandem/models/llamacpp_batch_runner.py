@@ -38,8 +38,9 @@ class LlamaCppBatchRunner:
 
         threads = threads or os.cpu_count() or 1
         try:  # the Llama object owns the model; its own small context stays unused
+            # n_threads_batch too: llama-cpp-python would give multi-token calls every core
             self._llm = Llama(model_path=str(gguf_path), n_ctx=64, n_batch=64, n_threads=threads,
-                              logits_all=False, verbose=False)
+                              n_threads_batch=threads, logits_all=False, verbose=False)
         except (ValueError, RuntimeError, OSError) as error:
             raise TandemError(f"llama.cpp cannot load {gguf_path}: {error}") from None
         params = llama_cpp.llama_context_default_params()

@@ -226,3 +226,13 @@ def test_compare_with_measurement_gives_relative_errors():
     assert report["within_tolerance"]
     far = MeasuredRun(result.throughput_tok_s * 2, result.latency_ms["p50"])
     assert not compare_with_measurement(result, far)["within_tolerance"]
+
+
+def test_recorded_prompt_lengths_replay_a_measured_run_in_order():
+    from tandem.cluster.sim.lengths import RecordedLengths
+    from tandem.cluster.sim.simulator import draw_requests
+
+    workload = Workload(5, RecordedLengths((100, 7, 300)), FixedLength(20), concurrency=2)
+    assert [prompt for _, prompt, _ in draw_requests(workload, seed=3)] == [100, 7, 300, 100, 7]
+    with pytest.raises(ValueError):
+        RecordedLengths(())

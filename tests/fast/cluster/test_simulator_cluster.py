@@ -105,3 +105,22 @@ def test_tandem_simulate_prints_json_and_compares_with_a_measurement(tmp_path, c
     assert set(report["comparison"]["figures"]) == {"throughput_tok_s", "latency_ms_p50"}
     assert (tmp_path / "out" / "simulation.json").exists()
     assert main(["simulate", "--cluster", str(cluster), "--rate", "-1"]) == 2
+
+
+def test_tandem_simulate_replays_a_measured_runs_prompts_with_a_fixed_k(tmp_path, capsys):
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(f"workers:\n  - {{name: g, role: verify, model: {TARGET}, backend: torch, device: cuda,"
+                       " dtype: bf16, hardware: l4}\ndrafter: ngram\n")
+    measured = tmp_path / "measured.json"
+
+    def run(prompts: list[int]) -> dict:
+        measured.write_text(json.dumps({"throughput_tok_s": 1000.0, "latency_ms_p50": 100.0, "prompt_tokens": prompts}))
+        assert main(["simulate", "--cluster", str(cluster), "--concurrency", "1", "--requests", "2", "--max-tokens", "16",
+                     "--k", "2", "--measured", str(measured), "--json"]) == 0
+        return json.loads(capsys.readouterr().out)["result"]
+
+    short, long = run([8, 8]), run([2000, 2000])
+    assert short["mean_k"] == pytest.approx(2.0, abs=0.2)  # every round but a request's last drafts 2
+    assert long["ttft_ms"]["p50"] > 2 * short["ttft_ms"]["p50"]  # the recorded prompts were prefilled
+    measured.write_text(json.dumps({"throughput_tok_s": 1.0, "latency_ms_p50": 1.0, "prompt_tokens": ["x"]}))
+    assert main(["simulate", "--cluster", str(cluster), "--measured", str(measured)]) == 2

@@ -7,7 +7,8 @@
 - `cluster-verify-only`: the same workers decoding without drafts (k = 0): the baseline of the
   cross-region case, paying the same round trips.
 Configurations run one after another on the same requests; each run's figures are in
-results.json (the `cluster` run also in the form `tandem simulate --measured` reads).
+results.json (the `cluster` run also in the form `tandem simulate --measured` reads, with the
+prompt length of every request in the order sent, so the simulation can replay them).
 """
 
 import json
@@ -64,7 +65,9 @@ def run_cluster_bench(cluster: ClusterOptions, drafter: str, k, concurrency: int
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(report, indent=1))
     if "cluster" in results:
-        (out / "measured.json").write_text(json.dumps({**results["cluster"], "note": "tandem bench-cluster"}))
+        measured = {**results["cluster"], "prompt_tokens": [len(r.prompt_ids) for r in requests],
+                    "note": "tandem bench-cluster"}
+        (out / "measured.json").write_text(json.dumps(measured))
     (out / "report.md").write_text(markdown(report))
     return report
 

@@ -53,6 +53,7 @@ class ClusterOptions:
     use_plan_k: bool = False
     step_overhead_ms: float = STEP_OVERHEAD_MS  # per step, besides the calls (Ray, bookkeeping)
     host_cores: int | None = None  # the CPU workers share one machine with this many cores
+    fixed_k: int | None = None  # every round drafts this many (over the file's k and the plan's)
     seed: int = 0
 
 
@@ -144,6 +145,8 @@ def ngram_drafter(spec: ClusterSpec, options: ClusterOptions) -> Drafter:
 def assemble(spec: ClusterSpec, verifiers: list[Verifier], drafters: list[Drafter], workload: Workload,
              options: ClusterOptions, plan_k: int | None) -> Simulation:
     fixed_k = plan_k if options.use_plan_k and plan_k is not None else spec.k
+    if options.fixed_k is not None:
+        fixed_k = options.fixed_k
     network = Network(tuple((a, b, ms) for (a, b), ms in spec.network.latency_ms.items()))
     return Simulation(tuple(verifiers), workload, tuple(drafters), network, Depth(fixed_k=fixed_k),
                       pipelining=options.pipelining, lockstep=options.lockstep,

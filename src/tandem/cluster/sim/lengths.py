@@ -1,4 +1,5 @@
-"""Prompt and output lengths in tokens: fixed, or drawn from observed lengths.
+"""Prompt and output lengths in tokens: fixed, drawn from observed lengths, or recorded (the
+lengths a measured run sent, request by request, so a simulation can replay that run).
 
 `workload_prompt_lengths` estimates the prompt lengths of a benchmark workload (JSONL, see
 bench/workload.py) without a tokenizer, at CHARS_PER_TOKEN characters per token plus a chat
@@ -44,6 +45,25 @@ class EmpiricalLengths:
 
     def draw(self, rng: np.random.Generator) -> int:
         return self.values[int(rng.integers(len(self.values)))]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedLengths:
+    """The i-th request gets values[i] (cycling past the end): no randomness."""
+
+    values: tuple[int, ...]
+
+    def __post_init__(self):
+        if not self.values:
+            raise ValueError("recorded lengths need at least one value")
+        if min(self.values) < 1:
+            raise ValueError(f"lengths must be >= 1 token, got {min(self.values)}")
+
+    def at(self, index: int) -> int:
+        return self.values[index % len(self.values)]
+
+    def draw(self, rng: np.random.Generator) -> int:
+        raise TypeError("recorded lengths are taken in request order (at), not drawn")
 
 
 def workload_prompt_lengths(path: str | Path) -> EmpiricalLengths:
