@@ -30,6 +30,9 @@ class VerifierHost:
     def info(self):
         return _with_placement(self.worker.info())
 
+    def ping(self):
+        return self.worker.ping()
+
     def open(self, seq_id, token_ids):
         return self.worker.open(seq_id, token_ids)
 
@@ -46,6 +49,9 @@ class DrafterHost:
 
     def info(self):
         return _with_placement(self.worker.info())
+
+    def ping(self):
+        return self.worker.ping()
 
     def propose(self, items):
         return self.worker.propose(items)

@@ -31,6 +31,11 @@ class DrafterWorker:
         return {"pid": os.getpid(), "name": self.runner.name, "sequences": len(self._seqs),
                 "cost_ms": self.runner.cost.to_json()}
 
+    def ping(self) -> int:
+        """A call that does nothing but travel: the coordinator times it to learn the round trip."""
+        with self.emulation.call():
+            return os.getpid()
+
     def forget(self, seq_ids: list[str]) -> None:
         for seq_id in seq_ids:
             seq = self._seqs.pop(seq_id, None)

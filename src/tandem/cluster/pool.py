@@ -2,9 +2,11 @@
 
 A worker that dies is marked dead at once (its sequences are re-placed by the coordinator) and
 a replacement is started in the background with the same placement; it rejoins when its first
-`info` call answers. Restarts are bounded per worker.
+`info` call answers. Restarts are bounded per worker. When a worker comes up, the round trip to
+it is measured (a few calls that do nothing but travel) and the depth planner uses that.
 """
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -12,6 +14,7 @@ from tandem.cluster.endpoints import Endpoint, Pending, WorkerDiedError
 from tandem.models.cost import CostModel
 
 MAX_RESTARTS = 5
+RTT_SAMPLES = 3  # calls timed to learn a worker's round trip
 
 
 @dataclass
@@ -27,7 +30,7 @@ class Worker:
     name: str
     role: str  # "verify" | "draft"
     start: Callable[[], Endpoint]  # (re)creates the worker where its placement says
-    rtt_ms: float = 0.0  # round trip from the coordinator
+    rtt_ms: float = 0.0  # round trip from the coordinator: the cluster file's until measured at start-up
     endpoint: Endpoint | None = None
     alive: bool = False
     restarts: int = 0
@@ -62,7 +65,21 @@ class Worker:
         self.max_slots = info.get("max_slots", self.max_slots)
         self.context_length = info.get("context_length", self.context_length)
         self.cost = CostView(CostModel.from_json(info["cost_ms"]))
+        self._measure_round_trip()
         return True
+
+    def _measure_round_trip(self) -> None:
+        """Time RTT_SAMPLES calls that do nothing but travel; keep the fastest (the network and
+        Ray, without queueing behind other work). The depth planner adds it to every step."""
+        samples = []
+        for _ in range(RTT_SAMPLES):
+            start = time.perf_counter()
+            try:
+                self.endpoint.call("ping").result()
+            except WorkerDiedError:
+                return  # noticed by the next real call
+            samples.append((time.perf_counter() - start) * 1000)
+        self.rtt_ms = min(samples)
 
     def mark_dead(self) -> set[str]:
         """Forget the worker's sequences (returned) and start a replacement if allowed."""

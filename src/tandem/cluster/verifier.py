@@ -40,6 +40,11 @@ class VerifierWorker:
                 "free_slots": len(self._free), "cost_ms": self.runner.cost.to_json(),
                 "context_length": self.runner.context_length, "max_slots": self.runner.max_slots}
 
+    def ping(self) -> int:
+        """A call that does nothing but travel: the coordinator times it to learn the round trip."""
+        with self.emulation.call():
+            return os.getpid()
+
     def open(self, seq_id: str, token_ids: list[int]) -> int:
         """Prefill a sequence (new, or re-prefilled after a failure); returns its slot."""
         with self.emulation.call():

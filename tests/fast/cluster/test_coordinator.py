@@ -125,3 +125,18 @@ def test_pipelined_sampling_is_seeded_and_complete(tiny_target, tiny_draft):
 
     first = sampled()
     assert first == sampled() and len(first) == MAX_TOKENS
+
+
+def test_a_workers_round_trip_is_measured_when_it_comes_up_and_feeds_the_depth_planner(tiny_target, tiny_draft):
+    from tandem.cluster.emulation import Emulation
+
+    far = Worker("verify-far", "verify", lambda: LocalEndpoint(
+        "verify-far", VerifierWorker(serial_runner(tiny_target, 2, CHEAP_VERIFY), Emulation(rtt_ms=30.0))))
+    far.launch()
+    assert far.wait_ready()
+    assert 30.0 <= far.rtt_ms < 60.0  # measured, not taken from a file (this worker was given none)
+    engine = ClusterEngine([far], [], "ngram", "auto")
+    engine.add("s", GenerationRequest(PROMPTS[0], 4))
+    while engine.has_work:
+        engine.step()
+    assert min(planner.overhead_ms for planner in engine.planners.values()) >= 30.0
