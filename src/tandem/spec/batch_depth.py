@@ -95,8 +95,10 @@ class BatchDepthPlanner:
         if drafted:
             self.acceptance(source)
             self.estimates[source].update(drafted, accepted)
-            family = self.families.setdefault(source_family(source), AcceptanceEstimate.for_source(source))
-            family.update(drafted, accepted)
+            family = source_family(source)
+            if family not in self.families:
+                self.families[family] = AcceptanceEstimate.for_source(source)
+            self.families[family].update(drafted, accepted)
 
     def observe_overhead(self, overhead_ms: float) -> None:
         self.overhead_ms += 0.1 * (overhead_ms - self.overhead_ms)

@@ -18,7 +18,16 @@ TEMPLATE_TOKENS = 10  # role markers of a chat template, per message
 
 
 class LengthModel(Protocol):
-    def draw(self, rng: np.random.Generator) -> int: ...
+    def draw(self, rng: np.random.Generator, index: int) -> int:
+        """The length for the index-th request (models that sample use rng, in request order)."""
+        ...
+
+
+def _check_lengths(values: tuple[int, ...], kind: str) -> None:
+    if not values:
+        raise ValueError(f"{kind} lengths need at least one value")
+    if min(values) < 1:
+        raise ValueError(f"lengths must be >= 1 token, got {min(values)}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +38,7 @@ class FixedLength:
         if self.tokens < 1:
             raise ValueError(f"a length must be >= 1 token, got {self.tokens}")
 
-    def draw(self, rng: np.random.Generator) -> int:
+    def draw(self, rng: np.random.Generator, index: int) -> int:
         return self.tokens
 
 
@@ -38,12 +47,9 @@ class EmpiricalLengths:
     values: tuple[int, ...]
 
     def __post_init__(self):
-        if not self.values:
-            raise ValueError("empirical lengths need at least one value")
-        if min(self.values) < 1:
-            raise ValueError(f"lengths must be >= 1 token, got {min(self.values)}")
+        _check_lengths(self.values, "empirical")
 
-    def draw(self, rng: np.random.Generator) -> int:
+    def draw(self, rng: np.random.Generator, index: int) -> int:
         return self.values[int(rng.integers(len(self.values)))]
 
 
@@ -54,16 +60,10 @@ class RecordedLengths:
     values: tuple[int, ...]
 
     def __post_init__(self):
-        if not self.values:
-            raise ValueError("recorded lengths need at least one value")
-        if min(self.values) < 1:
-            raise ValueError(f"lengths must be >= 1 token, got {min(self.values)}")
+        _check_lengths(self.values, "recorded")
 
-    def at(self, index: int) -> int:
+    def draw(self, rng: np.random.Generator, index: int) -> int:
         return self.values[index % len(self.values)]
-
-    def draw(self, rng: np.random.Generator) -> int:
-        raise TypeError("recorded lengths are taken in request order (at), not drawn")
 
 
 def workload_prompt_lengths(path: str | Path) -> EmpiricalLengths:

@@ -18,7 +18,6 @@ import numpy as np
 
 from tandem.cluster.sim.config import Simulation, Workload
 from tandem.cluster.sim.events import EventQueue
-from tandem.cluster.sim.lengths import RecordedLengths
 from tandem.cluster.sim.metrics import Recorder, SimResult
 from tandem.cluster.sim.planning import make_planner
 from tandem.cluster.sim.routing import route
@@ -39,12 +38,8 @@ def draw_requests(workload: Workload, seed: int) -> list[tuple[float | None, int
         arrivals = np.cumsum(rng.exponential(1000.0 / workload.rate_per_s, n)).tolist()
     else:
         arrivals = [None] * n
-    return [(arrival, max(2, _length(workload.prompt_tokens, i, rng)), _length(workload.output_tokens, i, rng))
+    return [(arrival, max(2, workload.prompt_tokens.draw(rng, i)), workload.output_tokens.draw(rng, i))
             for i, arrival in enumerate(arrivals)]
-
-
-def _length(model, index: int, rng: np.random.Generator) -> int:
-    return model.at(index) if isinstance(model, RecordedLengths) else model.draw(rng)
 
 
 class Simulator:
