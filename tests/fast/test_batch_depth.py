@@ -150,3 +150,19 @@ def test_a_new_match_length_starts_from_what_its_family_has_shown():
         p.record("shared8", 16, 0)  # the shared store keeps proposing other requests' text
     assert p.acceptance("shared5") < 0.25 < fresh
     assert p.acceptance("ngram5") == pytest.approx(0.6)  # another family keeps its own prior
+
+
+def test_a_batch_observed_dearer_than_its_profile_stops_drafting_copies():
+    """The serving bug: sixteen long sequences made the plain 16-token step 1.5x its profile.
+    With the old curve (observations replaced single points, reads capped by a running maximum)
+    the sizes 17..23 read as costing the same as 16, so copies at 0.7 were drafted for free and
+    the batch ran slower than plain decoding. The profile is the measured x16 serving curve
+    (1.5B Q4, 2 threads; 12 tokens really cost more than 16 in llama.cpp's CPU kernels)."""
+    serving_profile = {4: 95.3, 6: 137.6, 8: 222.1, 12: 273.0, 16: 257.3, 24: 388.2, 32: 424.0,
+                       48: 594.8, 64: 770.4}
+    p = planner(serving_profile)
+    for _ in range(100):
+        p.target.cost.observe(16, 390.0)
+    set_acceptance(p, "shared6", 0.7)
+    ks = p.plan([DraftCandidate("shared6", 4, False) for _ in range(16)])
+    assert sum(ks) <= 1  # a probe at most

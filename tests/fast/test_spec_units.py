@@ -6,7 +6,7 @@ import pytest
 
 from tandem.engine.request import GenerationRequest
 from tandem.errors import TandemError
-from tandem.models.cost import OBSERVATION_WEIGHT, CostModel
+from tandem.models.cost import OBSERVATION_WEIGHT, CostModel, measure_cost
 from tandem.spec.depth import PROBE_BUDGET, AutoDepth, FixedDepth
 from tandem.spec.drafters.base import Draft, DraftRequest
 from tandem.spec.drafters.hybrid import HybridDrafter
@@ -136,17 +136,43 @@ def test_cost_interpolates_and_extrapolates():
 def test_observe_moves_toward_observations():
     curve = CostModel({1: 27.0, 5: 111.0})
     curve.observe(5, 211.0)
-    assert 111.0 < curve.latency_ms[5] < 211.0
+    assert 111.0 < curve.cost_ms(5) < 211.0
     for _ in range(200):
         curve.observe(5, 211.0)
-    assert curve.latency_ms[5] == pytest.approx(211.0, abs=0.1)
+    assert curve.cost_ms(5) == pytest.approx(211.0, abs=0.1)
+    assert curve.latency_ms == {1: 27.0, 5: 111.0}  # the profile stays; a ratio corrects it
     interpolated = curve.cost_ms(3)
-    curve.observe(3, 0.0)  # an unmeasured size starts from the interpolated value
-    assert curve.latency_ms[3] == pytest.approx((1 - OBSERVATION_WEIGHT) * interpolated)
+    curve.observe(3, 0.0)  # an unmeasured size starts from the interpolated correction
+    assert curve.cost_ms(3) == pytest.approx((1 - OBSERVATION_WEIGHT) * interpolated)
     fresh = CostModel()
     fresh.observe(2, 30.0)
-    assert fresh.latency_ms == {2: 30.0}
-    assert CostModel.from_json(curve.to_json()).cost_ms(4) == pytest.approx(curve.cost_ms(4), abs=0.01)
+    assert fresh.cost_ms(2) == 30.0 and fresh.cost_ms(4) == 60.0  # unprofiled: proportional, scaled
+    assert CostModel.from_json(curve.to_json()).cost_ms(4) == pytest.approx(curve.cost_ms(4), rel=0.02)
+
+
+def test_observations_at_one_size_keep_the_curves_slope_just_above_it():
+    """Serving many long sequences made the plain batch (16 tokens) half again as dear as its
+    profile. Moving only the point at 16 left 17..23 at their profiled values, and the
+    non-decreasing read made them cost the same as 16: drafts looked free."""
+    profile = {8: 200.0, 16: 260.0, 24: 380.0, 32: 420.0}
+    curve = CostModel(dict(profile))
+    for _ in range(100):
+        curve.observe(16, 390.0)  # 1.5x the profile
+    assert curve.cost_ms(16) == pytest.approx(390.0, rel=0.01)
+    marginal = curve.cost_ms(20) - curve.cost_ms(16)
+    assert marginal == pytest.approx(1.5 * (380.0 - 260.0) / 2, rel=0.02)  # the profile's slope, scaled
+    for _ in range(5):
+        curve.observe(24, 570.0)  # now and then a step with drafts
+    for _ in range(100):
+        curve.observe(16, 480.0)  # the contexts grow: everything dearer
+    assert curve.cost_ms(24) - curve.cost_ms(16) > 0.8 * (480.0 / 260.0) * (380.0 - 260.0)  # 24 moved too
+    assert curve.ratio_at(1000) == curve.ratio_at(64)  # a prefill-sized step: the nearest correction
+
+
+def test_profiles_sweep_every_size_in_each_repeat():
+    order = []
+    measure_cost(lambda tokens: order.append(len(tokens)), lambda length: None, 0, sizes=(1, 2, 4), repeats=2)
+    assert order == [1, 1, 2, 4, 1, 2, 4]  # warm-up, then whole sweeps
 
 
 # --- depth control --------------------------------------------------------------------------

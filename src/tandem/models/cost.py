@@ -2,34 +2,51 @@
 
 On a CPU a forward over n tokens is far from free (llama.cpp 1.5B: 1 token 27 ms, 5 tokens
 111 ms); on a GPU it nearly is. The depth controller therefore reads a measured curve, never an
-assumption. The curve starts from a profile taken at load time and follows observed step times
-during generation (an exponential moving average per n), so a device that slows down is noticed.
+assumption. The curve is a profile taken at load time, corrected by the step times observed
+during generation, so a device that slows down is noticed.
+
+The correction is a ratio (observed / profiled), not a replacement of single points. A profile
+is taken on one short sequence; serving sixteen long ones can make every token half again as
+dear. Were only the observed size moved (say 16 tokens, the plain batch), the unobserved sizes
+just above it (the same batch with a few drafts) would keep their profiled values, and the
+curve, read as non-decreasing, would be flat there: drafts would look free. An observation at
+n therefore moves the ratio at n and, less and less, the ratios already learned within two
+octaves of n, and reads interpolate the ratio between learned sizes, so the curve keeps the
+profile's shape around where it is used.
 """
 
 import bisect
+import itertools
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
-
 PROFILE_SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
-OBSERVATION_WEIGHT = 0.1  # weight of one new observation in the moving average
+OBSERVATION_WEIGHT = 0.1  # weight of one new observation in the moving average at its size
+NEIGHBOUR_OCTAVES = 2.0  # an observation at n also corrects learned ratios within this many octaves
 
 
 @dataclass
 class CostModel:
-    """latency_ms[n] for measured n; linear interpolation between, linear extrapolation past.
-    Noise can make a measured n look cheaper than a smaller one; reads use the running maximum,
-    since scoring more tokens never costs less. Reads are on the hot path (the depth controller
-    asks dozens of times a round), so the monotone curve is cached between observations."""
+    """latency_ms[n] (the profile) for measured n; linear interpolation between, linear
+    extrapolation past; times ratio(n), learned from observations. A measured n can cost more
+    than a larger one (llama.cpp's CPU kernels: 12 tokens 273 ms, 16 tokens 257 ms, reproduced
+    on re-profiling); reads use the running maximum, since a batch can always be run as the
+    cheaper larger one. Reads are on the hot path (the depth controller asks dozens of times a
+    round), so the monotone curve is cached between observations."""
 
     latency_ms: dict[int, float] = field(default_factory=dict)
+    ratio: dict[int, float] = field(default_factory=dict)  # observed / profiled, by observed size
     _curve: tuple[list[int], list[float]] | None = field(default=None, repr=False, compare=False)
+    _ratio_curve: tuple[list[int], list[float]] | None = field(default=None, repr=False, compare=False)
 
     def cost_ms(self, num_tokens: int) -> float:
         if num_tokens <= 0:
             return 0.0
+        return self.profiled_ms(num_tokens) * self.ratio_at(num_tokens)
+
+    def profiled_ms(self, num_tokens: int) -> float:
         if not self.latency_ms:
             return float(num_tokens)  # unmeasured: proportional, the pessimistic CPU assumption
         sizes, values = self._monotone_curve()
@@ -38,34 +55,67 @@ class CostModel:
                 return values[0] * num_tokens / sizes[0]
             slope = (values[-1] - values[-2]) / (sizes[-1] - sizes[-2])
             return values[-1] + slope * (num_tokens - sizes[-1])
-        i = bisect.bisect_left(sizes, num_tokens)
-        if sizes[i] == num_tokens or i == 0:
-            return values[i]
-        fraction = (num_tokens - sizes[i - 1]) / (sizes[i] - sizes[i - 1])
-        return values[i - 1] + fraction * (values[i] - values[i - 1])
+        return _interpolate(sizes, values, num_tokens)
+
+    def ratio_at(self, num_tokens: int) -> float:
+        """Learned correction at num_tokens: 1 before any observation, constant past the ends."""
+        if not self.ratio:
+            return 1.0
+        if self._ratio_curve is None:
+            sizes = sorted(self.ratio)
+            self._ratio_curve = (sizes, [self.ratio[n] for n in sizes])
+        sizes, values = self._ratio_curve
+        if num_tokens <= sizes[0]:
+            return values[0]
+        if num_tokens >= sizes[-1]:
+            return values[-1]
+        return _interpolate(sizes, values, num_tokens)
 
     def _monotone_curve(self) -> tuple[list[int], list[float]]:
         if self._curve is None:
             sizes = sorted(self.latency_ms)
-            values = np.maximum.accumulate([self.latency_ms[n] for n in sizes]).tolist()
+            values = list(itertools.accumulate((self.latency_ms[n] for n in sizes), max))
             self._curve = (sizes, values)
         return self._curve
 
     def observe(self, num_tokens: int, elapsed_ms: float) -> None:
+        """A step that scored num_tokens took elapsed_ms: move the ratio at num_tokens toward
+        what it showed, and the learned ratios near it part of the way."""
         if num_tokens <= 0:
             return
-        old = self.latency_ms.get(num_tokens)
-        if old is None:
-            old = self.cost_ms(num_tokens) if self.latency_ms else elapsed_ms
-        self.latency_ms[num_tokens] = old + OBSERVATION_WEIGHT * (elapsed_ms - old)
-        self._curve = None
+        shown = elapsed_ms / self.profiled_ms(num_tokens)
+        if not self.latency_ms and not self.ratio:
+            self.ratio[num_tokens] = shown  # nothing to correct yet: the observation is the curve
+        else:
+            for size in self.ratio:
+                if size != num_tokens:
+                    weight = OBSERVATION_WEIGHT * _closeness(size, num_tokens)
+                    self.ratio[size] += weight * (shown - self.ratio[size])
+            old = self.ratio.get(num_tokens, self.ratio_at(num_tokens))
+            self.ratio[num_tokens] = old + OBSERVATION_WEIGHT * (shown - old)
+        self._ratio_curve = None
 
     def to_json(self) -> dict[str, float]:
-        return {str(n): round(ms, 3) for n, ms in sorted(self.latency_ms.items())}
+        """The profile as corrected so far, at its measured and observed sizes."""
+        sizes = sorted(set(self.latency_ms) | set(self.ratio))
+        return {str(n): round(self.latency_ms.get(n, self.profiled_ms(n)) * self.ratio_at(n), 3) for n in sizes}
 
     @classmethod
     def from_json(cls, data: dict[str, float]) -> "CostModel":
         return cls({int(n): float(ms) for n, ms in data.items()})
+
+
+def _interpolate(sizes: list[int], values: list[float], n: int) -> float:
+    i = bisect.bisect_left(sizes, n)
+    if sizes[i] == n or i == 0:
+        return values[i]
+    fraction = (n - sizes[i - 1]) / (sizes[i] - sizes[i - 1])
+    return values[i - 1] + fraction * (values[i] - values[i - 1])
+
+
+def _closeness(a: int, b: int) -> float:
+    """1 at the same size, falling linearly to 0 at NEIGHBOUR_OCTAVES octaves apart."""
+    return max(0.0, 1.0 - abs(math.log2(a / b)) / NEIGHBOUR_OCTAVES)
 
 
 def measure_cost(
@@ -76,17 +126,17 @@ def measure_cost(
     repeats: int = 5,
 ) -> CostModel:
     """Time forward passes of n tokens on top of a cache of `base_length`; the fastest of the
-    repeats, since interference from other work only ever adds time."""
+    repeats, since interference from other work only ever adds time. Each repeat sweeps every
+    size, so a burst of interference costs each size one sample, not one size all of its samples
+    (which bent the curve: a 16-token batch profiled cheaper than 12)."""
     filler = [1] * max(sizes)
     forward(filler[:1])  # warm-up
     rollback(base_length)
-    latency = {}
-    for n in sizes:
-        samples = []
-        for _ in range(repeats):
+    samples: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(repeats):
+        for n in sizes:
             start = time.perf_counter()
             forward(filler[:n])
-            samples.append((time.perf_counter() - start) * 1000)
+            samples[n].append((time.perf_counter() - start) * 1000)
             rollback(base_length)
-        latency[n] = float(min(samples))
-    return CostModel(latency)
+    return CostModel({n: float(min(times)) for n, times in samples.items()})
