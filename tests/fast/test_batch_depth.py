@@ -83,6 +83,18 @@ def test_idle_sources_get_probed_within_budget():
     assert 1 <= probes <= 10  # about PROBE_BUDGET of the decoding time
 
 
+def test_a_source_that_cannot_pay_in_this_batch_is_not_probed_in_it():
+    """Alone, a draft model at near-perfect acceptance would pay on this curve; among four
+    sequences one more verified token costs as much as a plain one, so probing it there only
+    stalls the batch (a probe also pays the model's catch-up on a whole prompt)."""
+    p = planner({1: 30.0, 2: 32.0, 4: 60.0, 8: 120.0, 16: 240.0}, {1: 5.0, 16: 20.0})
+    set_acceptance(p, "model", 0.2)
+    crowded = sum(sum(p.plan([DraftCandidate("model", 8, True, setup_ms=100.0)] * 4)) for _ in range(300))
+    assert crowded == 0
+    alone = sum(p.plan([DraftCandidate("model", 8, True, setup_ms=100.0)])[0] for _ in range(300))
+    assert alone >= 1
+
+
 def test_serial_runners_sum_per_sequence_costs():
     p = planner({1: 10.0, 2: 11.0, 8: 14.0}, fused=False)
     set_acceptance(p, "ngram6", 0.9)
@@ -106,10 +118,10 @@ def test_a_catch_up_that_a_short_request_cannot_repay_keeps_drafting_off():
 
 
 def test_many_idle_sources_share_one_probe_budget():
-    p = planner({1: 10.0, 2: 19.0, 64: 600.0})
+    p = planner({1: 40.0, 7: 70.0, 64: 355.0})  # 5 ms per token past the plain batch of 7
     sources = [f"ngram{n}" for n in range(2, 9)]
     for source in sources:
-        set_acceptance(p, source, 0.2)  # idle: too low to draft, but each could pay at 99%
+        set_acceptance(p, source, 0.2)  # idle: too low to draft, but each could pay at 99% in this batch
     probes = sum(sum(p.plan([DraftCandidate(s, 4, False) for s in sources])) for _ in range(400))
     step_ms = p._target_ms([1] * len(sources))  # the batch's plain step
     extra = p._target_ms([2] + [1] * (len(sources) - 1)) - step_ms  # one probe token more

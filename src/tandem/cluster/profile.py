@@ -140,7 +140,7 @@ class DeviceProfile:
     def with_observed(self, cost: CostModel, batch: int = 1, context: int | None = None) -> "DeviceProfile":
         """This profile with the (batch, context) curve replaced by an engine-refined CostModel."""
         context = self.contexts[0] if context is None else context
-        points = tuple(sorted((n, ms) for n, ms in cost.latency_ms.items() if n >= 1 and ms > 0))
+        points = tuple(sorted((int(n), ms) for n, ms in cost.to_json().items() if int(n) >= 1 and ms > 0))
         others = tuple(c for c in self.curves if (c.batch, c.context) != (batch, context))
         return replace(self, curves=others + (Curve(batch, context, points),))
 

@@ -228,7 +228,7 @@ class BatchDepthPlanner:
         for source in sorted(idle, key=lambda s: self.last_drafted.get(s, -1)):
             i = idle[source]
             extra = self._probe_cost(candidates, ks, i)
-            if self.probe_credit_ms >= extra and self._could_pay(candidates[i]):
+            if self.probe_credit_ms >= extra and self._could_pay(candidates, ks, i):
                 ks[i] = 1
                 self.probe_credit_ms -= extra
                 self.last_drafted[source] = self.steps
@@ -243,7 +243,13 @@ class BatchDepthPlanner:
             extra += self.draft.cost.cost_ms(1) + candidates[i].setup_ms
         return extra
 
-    def _could_pay(self, candidate: DraftCandidate) -> bool:
-        """Would this source beat plain decoding, alone, even at near-perfect acceptance?"""
-        alone = DraftCandidate(candidate.source, candidate.cap, candidate.uses_model)
-        return any(self._best_plan([alone], [BEST_ACCEPTANCE]))
+    def _could_pay(self, candidates: list[DraftCandidate], ks: list[int], i: int) -> bool:
+        """Would candidate i's source beat plain decoding in this batch (the others keeping their
+        ks, nobody prefilling, the draft model caught up) even at near-perfect acceptance? Asked
+        of the source alone, a draft model was probed in every batch of four on a CPU, where it
+        cannot pay: each probe stalled the batch for the model's catch-up on a whole prompt."""
+        trial = [replace(c, fixed_k=k, prefill_tokens=0) for c, k in zip(candidates, ks)]
+        trial[i] = DraftCandidate(candidates[i].source, candidates[i].cap, candidates[i].uses_model)
+        alphas = [self.acceptance(c.source) for c in candidates]
+        alphas[i] = BEST_ACCEPTANCE
+        return self._best_plan(trial, alphas)[i] > 0

@@ -41,6 +41,10 @@ def test_cost_model_and_observations():
     assert p.cost_model(batch=4, context=512).latency_ms == {1: 50.0, 4: 100.0}
     refined = p.with_observed(CostModel({1: 12.0, 4: 24.0}), batch=1, context=64)
     assert refined.step_ms(1, 4, 64) == 24.0 and refined.step_ms(4, 4, 64) == 60.0
+    served = CostModel({1: 12.0, 4: 24.0})
+    for _ in range(200):
+        served.observe(4, 48.0)  # the device turned out twice as slow as profiled
+    assert p.with_observed(served, batch=1, context=64).step_ms(1, 4, 64) == pytest.approx(48.0, rel=0.01)
 
 
 def test_json_round_trip(tmp_path):
