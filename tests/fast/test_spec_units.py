@@ -169,6 +169,14 @@ def test_observations_at_one_size_keep_the_curves_slope_just_above_it():
     assert curve.ratio_at(1000) == curve.ratio_at(64)  # a prefill-sized step: the nearest correction
 
 
+def test_prefill_sized_observations_share_a_few_places_per_octave():
+    curve = CostModel({1: 30.0, 64: 800.0})
+    for total in range(17, 2048):  # every prompt length a server might prefill
+        curve.observe(total, 12.5 * total)
+    assert len(curve.ratio) <= 8 * 7  # 8 places per octave from 16 to 2048
+    assert curve.cost_ms(1000) == pytest.approx(12500.0, rel=0.02)
+
+
 def test_profiles_sweep_every_size_in_each_repeat():
     order = []
     measure_cost(lambda tokens: order.append(len(tokens)), lambda length: None, 0, sizes=(1, 2, 4), repeats=2)

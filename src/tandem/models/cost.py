@@ -84,15 +84,16 @@ class CostModel:
         if num_tokens <= 0:
             return
         shown = elapsed_ms / self.profiled_ms(num_tokens)
+        key = _bucket(num_tokens)
         if not self.latency_ms and not self.ratio:
-            self.ratio[num_tokens] = shown  # nothing to correct yet: the observation is the curve
+            self.ratio[key] = shown  # nothing to correct yet: the observation is the curve
         else:
             for size in self.ratio:
-                if size != num_tokens:
-                    weight = OBSERVATION_WEIGHT * _closeness(size, num_tokens)
+                if size != key:
+                    weight = OBSERVATION_WEIGHT * _closeness(size, key)
                     self.ratio[size] += weight * (shown - self.ratio[size])
-            old = self.ratio.get(num_tokens, self.ratio_at(num_tokens))
-            self.ratio[num_tokens] = old + OBSERVATION_WEIGHT * (shown - old)
+            old = self.ratio.get(key, self.ratio_at(key))
+            self.ratio[key] = old + OBSERVATION_WEIGHT * (shown - old)
         self._ratio_curve = None
 
     def to_json(self) -> dict[str, float]:
@@ -113,6 +114,15 @@ def _interpolate(sizes: list[int], values: list[float], n: int) -> float:
     return values[i - 1] + fraction * (values[i] - values[i - 1])
 
 
+def _bucket(n: int) -> int:
+    """Where an observation of n tokens is learned: n itself up to 16, then 8 places per octave
+    (prefill steps score every total up to thousands; each needs no ratio of its own)."""
+    if n <= 16:
+        return n
+    step = 1 << (n.bit_length() - 4)
+    return n - n % step
+
+
 def _closeness(a: int, b: int) -> float:
     """1 at the same size, falling linearly to 0 at NEIGHBOUR_OCTAVES octaves apart."""
     return max(0.0, 1.0 - abs(math.log2(a / b)) / NEIGHBOUR_OCTAVES)
@@ -127,8 +137,7 @@ def measure_cost(
 ) -> CostModel:
     """Time forward passes of n tokens on top of a cache of `base_length`; the fastest of the
     repeats, since interference from other work only ever adds time. Each repeat sweeps every
-    size, so a burst of interference costs each size one sample, not one size all of its samples
-    (which bent the curve: a 16-token batch profiled cheaper than 12)."""
+    size, so a burst of interference costs each size one sample, not one size all of its samples."""
     filler = [1] * max(sizes)
     forward(filler[:1])  # warm-up
     rollback(base_length)
