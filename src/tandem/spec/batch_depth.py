@@ -246,8 +246,8 @@ class BatchDepthPlanner:
     def _could_pay(self, candidates: list[DraftCandidate], ks: list[int], i: int) -> bool:
         """Would candidate i's source beat plain decoding in this batch (the others keeping their
         ks, nobody prefilling, the draft model caught up) even at near-perfect acceptance? Asked
-        of the source alone, a draft model was probed in every batch of four on a CPU, where it
-        cannot pay: each probe stalled the batch for the model's catch-up on a whole prompt."""
+        of the source alone, a source that pays only in small batches (a draft model on a CPU)
+        would be probed in every batch, each probe also paying its catch-up on a whole prompt."""
         trial = [replace(c, fixed_k=k, prefill_tokens=0) for c, k in zip(candidates, ks)]
         trial[i] = DraftCandidate(candidates[i].source, candidates[i].cap, candidates[i].uses_model)
         alphas = [self.acceptance(c.source) for c in candidates]
