@@ -133,6 +133,14 @@ def test_cost_interpolates_and_extrapolates():
     assert CostModel().cost_ms(7) == 7.0  # unmeasured: proportional
 
 
+def test_measured_points_are_read_as_measured_even_when_a_larger_call_is_cheaper():
+    torch_cpu = CostModel({1: 61.0, 2: 98.0, 3: 120.0, 4: 84.0, 8: 78.0})  # re-profiled, reproducibly
+    assert torch_cpu.cost_ms(4) == 84.0  # a planner may draft 3 tokens for 23 ms over plain decoding
+    assert torch_cpu.cost_ms(16) == pytest.approx(78.0 * 2)  # a falling last segment: proportional
+    depth = AutoDepth(torch_cpu)
+    assert depth.choose_k("ngram3", NGRAM_COST, limit=8) > 0
+
+
 def test_observe_moves_toward_observations():
     curve = CostModel({1: 27.0, 5: 111.0})
     curve.observe(5, 211.0)

@@ -16,7 +16,6 @@ profile's shape around where it is used.
 """
 
 import bisect
-import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -30,16 +29,22 @@ NEIGHBOUR_OCTAVES = 2.0  # an observation at n also corrects learned ratios with
 @dataclass
 class CostModel:
     """latency_ms[n] (the profile) for measured n; linear interpolation between, linear
-    extrapolation past; times ratio(n), learned from observations. A measured n can cost more
-    than a larger one (llama.cpp's CPU kernels: 12 tokens 273 ms, 16 tokens 257 ms, reproduced
-    on re-profiling); reads use the running maximum, since a batch can always be run as the
-    cheaper larger one. Reads are on the hot path (the depth controller asks dozens of times a
-    round), so the monotone curve is cached between observations."""
+    extrapolation past; times ratio(n), learned from observations. The measured points are read
+    as measured, even where a larger n costs less than a smaller one: that is how the kernels
+    behave (re-profiled, reproducibly: llama.cpp 1.5B Q4 batch 12 tokens 273 ms, 16 tokens
+    257 ms; torch fp32 135M 3 tokens 120 ms, 4 tokens 84 ms), so a planner may rightly draft up
+    to the cheaper size. (Capping them with a running maximum told it 4 tokens cost 120 ms.)
+    Reads are on the hot path (the depth controller asks dozens of times a round), so the
+    sorted curve is cached."""
 
     latency_ms: dict[int, float] = field(default_factory=dict)
     ratio: dict[int, float] = field(default_factory=dict)  # observed / profiled, by observed size
     _curve: tuple[list[int], list[float]] | None = field(default=None, repr=False, compare=False)
     _ratio_curve: tuple[list[int], list[float]] | None = field(default=None, repr=False, compare=False)
+    profiled: bool = field(init=False, default=False)  # False: observations themselves are the curve
+
+    def __post_init__(self) -> None:
+        self.profiled = bool(self.latency_ms)
 
     def cost_ms(self, num_tokens: int) -> float:
         if num_tokens <= 0:
@@ -49,11 +54,13 @@ class CostModel:
     def profiled_ms(self, num_tokens: int) -> float:
         if not self.latency_ms:
             return float(num_tokens)  # unmeasured: proportional, the pessimistic CPU assumption
-        sizes, values = self._monotone_curve()
+        sizes, values = self._profile_curve()
         if num_tokens >= sizes[-1]:
             if len(sizes) == 1:
                 return values[0] * num_tokens / sizes[0]
             slope = (values[-1] - values[-2]) / (sizes[-1] - sizes[-2])
+            if slope < 0:  # a last segment that falls says nothing about larger calls
+                return values[-1] * num_tokens / sizes[-1]
             return values[-1] + slope * (num_tokens - sizes[-1])
         return _interpolate(sizes, values, num_tokens)
 
@@ -71,29 +78,33 @@ class CostModel:
             return values[-1]
         return _interpolate(sizes, values, num_tokens)
 
-    def _monotone_curve(self) -> tuple[list[int], list[float]]:
+    def _profile_curve(self) -> tuple[list[int], list[float]]:
         if self._curve is None:
             sizes = sorted(self.latency_ms)
-            values = list(itertools.accumulate((self.latency_ms[n] for n in sizes), max))
-            self._curve = (sizes, values)
+            self._curve = (sizes, [self.latency_ms[n] for n in sizes])
         return self._curve
 
     def observe(self, num_tokens: int, elapsed_ms: float) -> None:
         """A step that scored num_tokens took elapsed_ms: move the ratio at num_tokens toward
-        what it showed, and the learned ratios near it part of the way."""
+        what it showed, and the learned ratios near it part of the way. Without a profile
+        there is nothing to correct: the observed sizes become the curve's points."""
         if num_tokens <= 0:
+            return
+        if not self.profiled:  # no profile to correct: observed sizes become the curve's points
+            old = self.latency_ms.get(num_tokens)
+            if old is None:
+                old = self.profiled_ms(num_tokens) if self.latency_ms else elapsed_ms
+            self.latency_ms[num_tokens] = old + OBSERVATION_WEIGHT * (elapsed_ms - old)
+            self._curve = None
             return
         shown = elapsed_ms / self.profiled_ms(num_tokens)
         key = _bucket(num_tokens)
-        if not self.latency_ms and not self.ratio:
-            self.ratio[key] = shown  # nothing to correct yet: the observation is the curve
-        else:
-            for size in self.ratio:
-                if size != key:
-                    weight = OBSERVATION_WEIGHT * _closeness(size, key)
-                    self.ratio[size] += weight * (shown - self.ratio[size])
-            old = self.ratio.get(key, self.ratio_at(key))
-            self.ratio[key] = old + OBSERVATION_WEIGHT * (shown - old)
+        for size in self.ratio:
+            if size != key:
+                weight = OBSERVATION_WEIGHT * _closeness(size, key)
+                self.ratio[size] += weight * (shown - self.ratio[size])
+        old = self.ratio.get(key, self.ratio_at(key))
+        self.ratio[key] = old + OBSERVATION_WEIGHT * (shown - old)
         self._ratio_curve = None
 
     def to_json(self) -> dict[str, float]:
