@@ -8,8 +8,8 @@ during generation, so a device that slows down is noticed.
 The correction is a ratio (observed / profiled), not a replacement of single points. A profile
 is taken on one short sequence; serving sixteen long ones can make every token half again as
 dear. Were only the observed size moved (say 16 tokens, the plain batch), the unobserved sizes
-just above it (the same batch with a few drafts) would keep their profiled values, and the
-curve, read as non-decreasing, would be flat there: drafts would look free. An observation at
+just above it (the same batch with a few drafts) would keep their profiled values, below the
+observed one: drafts would look free (an earlier version did this). An observation at
 n therefore moves the ratio at n and, less and less, the ratios already learned within two
 octaves of n, and reads interpolate the ratio between learned sizes, so the curve keeps the
 profile's shape around where it is used.
