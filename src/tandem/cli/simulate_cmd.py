@@ -88,9 +88,10 @@ def _simulate(args: argparse.Namespace) -> int:
                              lockstep=args.coordinator == "lockstep", pipelining=args.pipelining,
                              fused=_fused(args.batching, default=None), host_cores=args.host_cores,
                              fixed_k=args.k, **overhead)
-    workload = _workload(args, _recorded_prompts(args))
+    measured = MeasuredRun.load(args.measured) if args.measured else None
+    workload = _workload(args, _recorded_prompts(args, measured))
     result = simulate(_checked(lambda: simulation_from_cluster(spec, workload, options, plan)))
-    comparison = compare_with_measurement(result, MeasuredRun.load(args.measured)) if args.measured else None
+    comparison = compare_with_measurement(result, measured) if measured else None
     report = {"cluster": args.cluster, "roles": args.roles, "plan": plan.chosen.label() if plan else None,
               "options": vars(args) | {"func": None}, "result": result.to_json(), "comparison": comparison}
     if args.json:
@@ -131,21 +132,16 @@ def _scaling(args: argparse.Namespace) -> int:
     return 0
 
 
-def _recorded_prompts(args: argparse.Namespace):
+def _recorded_prompts(args: argparse.Namespace, measured):
     """A measured run that lists its requests' prompt lengths is replayed with them, unless
     --prompt-tokens says otherwise."""
-    if not args.measured or args.prompt_tokens:
+    if measured is None or args.prompt_tokens or not measured.prompt_tokens:
         return None
     from tandem.cluster.sim.lengths import RecordedLengths
 
-    try:
-        lengths = json.loads(Path(args.measured).read_text()).get("prompt_tokens")
-    except (OSError, json.JSONDecodeError, AttributeError):
-        return None  # MeasuredRun.load reports what is wrong with the file
-    if not lengths:
-        return None
-    print(f"prompt lengths: the {len(lengths)} recorded in {args.measured}, in the order sent", file=sys.stderr)
-    return _checked(lambda: RecordedLengths(tuple(int(n) for n in lengths)))
+    count = len(measured.prompt_tokens)
+    print(f"prompt lengths: the {count} recorded in {args.measured}, in the order sent", file=sys.stderr)
+    return _checked(lambda: RecordedLengths(measured.prompt_tokens))
 
 
 def _workload(args: argparse.Namespace, recorded=None):

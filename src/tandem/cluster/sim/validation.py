@@ -31,6 +31,7 @@ class MeasuredRun:
     latency_ms_p50: float
     ttft_ms_p50: float | None = None
     itl_ms_p50: float | None = None
+    prompt_tokens: tuple[int, ...] = ()  # each request's prompt length in the order sent (bench-cluster)
 
     def __post_init__(self):
         if self.throughput_tok_s <= 0 or self.latency_ms_p50 <= 0:
@@ -44,7 +45,11 @@ class MeasuredRun:
         if data.get("throughput_tok_s") is None or latency is None:
             raise TandemError("a measured run needs throughput_tok_s and latency_ms_p50 (or e2e_s_p50)")
         optional = {key: float(data[key]) for key in ("ttft_ms_p50", "itl_ms_p50") if data.get(key) is not None}
-        return cls(float(data["throughput_tok_s"]), float(latency), **optional)
+        try:
+            prompts = tuple(int(n) for n in data.get("prompt_tokens") or ())
+        except (TypeError, ValueError):
+            raise TandemError("a measured run's prompt_tokens must be a list of token counts") from None
+        return cls(float(data["throughput_tok_s"]), float(latency), **optional, prompt_tokens=prompts)
 
     @classmethod
     def load(cls, path: str | Path) -> "MeasuredRun":
