@@ -5,6 +5,9 @@
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
+# llama.cpp built for AVX2 (not -march=native): a native build on CPUs with AMX (Sapphire Rapids)
+# segfaults on every multi-token llama_decode inside VMs; AVX2 runs on every x86-64 host we use.
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
 HOST ?= 127.0.0.1
 PORT ?= 8000
 PROMPT ?= [{"role": "user", "content": "Write a Python function that checks whether a string is a palindrome, with a docstring and two examples."}]
@@ -17,7 +20,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0   # the CPU build; an unpinned torch pulls CUDA packages
-	$(BIN)/pip install -q -e '.[test]'    # builds llama-cpp-python from source the first time (~5 min)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q --no-cache-dir llama-cpp-python==0.3.36  # from source (~5 min)
+	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
 models: install
