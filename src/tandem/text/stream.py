@@ -1,36 +1,49 @@
-"""Incremental detokenization: turn growing token ids into text deltas that are complete UTF-8
-and never contain (the start of) a stop string."""
+"""Streaming text for a client: growing token ids in, text deltas out that are complete UTF-8
+and never contain any part of a stop string.
 
-from tandem.text.stops import DecodeFn, cut_at_stop, held_back_length
+Decoding is incremental (`IncrementalDetokenizer`) and stop strings are searched only in the
+text not shown yet, so a whole generation costs time linear in its length.
+"""
+
+from tandem.text.detokenizer import DecodeFn, IncrementalDetokenizer
+from tandem.text.stops import first_stop_start, held_back_length
 
 
 class TextStream:
+    """push(new_ids) -> the text now safe to show: final characters (see IncrementalDetokenizer),
+    cut before the first stop string, holding back a trailing piece that may begin one.
+    finish() -> the rest at the end of generation.
+
+    The stream ends at the first stop string to appear (the earliest-starting one if several
+    appear at once), as the engine stops generating there; later calls return "".
+
+    The text shown never holds any part of a stop string, so a stop string can only begin in the
+    held-back text: searching that plus the new text is enough.
+    """
+
     def __init__(self, decode: DecodeFn, stop_strings: list[str] | None = None):
-        self.decode = decode
-        self.stop_strings = stop_strings or []
-        self.token_ids: list[int] = []
-        self.sent = 0  # characters already emitted
+        self.stop_strings = [s for s in stop_strings or [] if s]
+        self._detokenizer = IncrementalDetokenizer(decode)
+        self._held = ""  # final text not shown yet: it may begin a stop string
+        self._done = False
 
     def push(self, new_ids: list[int]) -> str:
         """Add a round's tokens; return the text that is now safe to show."""
-        self.token_ids += new_ids
-        text = self._text()
-        if text.endswith("\ufffd"):  # a multi-byte character is still incomplete
+        if self._done:
             return ""
+        text = self._held + self._detokenizer.push(new_ids)
+        stop = first_stop_start(text, self.stop_strings)
+        if stop is not None:
+            self._done = True
+            return text[:stop]
         safe = len(text) - held_back_length(text, self.stop_strings)
-        return self._emit(text[:safe])
+        self._held = text[safe:]
+        return text[:safe]
 
     def finish(self) -> str:
-        """Flush at the end of generation: everything left, cut at the first stop string."""
-        return self._emit(self._text().rstrip("\ufffd"))
-
-    def full_text(self) -> str:
-        return self._text()
-
-    def _text(self) -> str:
-        return cut_at_stop(self.decode(self.token_ids), self.stop_strings)
-
-    def _emit(self, text: str) -> str:
-        delta = text[self.sent :]
-        self.sent = max(self.sent, len(text))
-        return delta
+        """Flush at the end of generation: the text held back (it holds no stop string, or push
+        would have ended the stream). An incomplete character at the very end has no text."""
+        if self._done:
+            return ""
+        self._done = True
+        return self._held
