@@ -2,31 +2,31 @@
 drafting where verification is cheap, none where it is dear, and less as the batch grows."""
 
 import itertools
-from dataclasses import dataclass
 
 import pytest
 
-from tandem.models.cost import CostModel
-from tandem.spec.batch_depth import MIN_GAIN, BatchDepthPlanner, DraftCandidate
-from tandem.spec.depth import AcceptanceEstimate
+from tandem.models.cost import CostModel, CostView
+from tandem.speculation.batch_depth import MIN_GAIN, BatchDepthPlanner, DraftCandidate
+from tandem.speculation.depth import AcceptanceEstimate
 
 GPU_LIKE = {1: 10.0, 64: 11.0}  # verifying 64 tokens costs about as much as 1
 CPU_LLAMACPP = {1: 34.6, 2: 66.0, 4: 122.0, 16: 279.0, 64: 900.0}  # measured shape, 1.5B Q4
 
 
-@dataclass
-class CostOnly:
-    cost: CostModel
-    fused: bool = True
-
-
 def planner(target_curve, draft_curve=None, fused=True) -> BatchDepthPlanner:
-    draft = CostOnly(CostModel(dict(draft_curve)), fused) if draft_curve else None
-    return BatchDepthPlanner(CostOnly(CostModel(dict(target_curve)), fused), draft)
+    draft = CostView(CostModel(dict(draft_curve)), fused) if draft_curve else None
+    return BatchDepthPlanner(CostView(CostModel(dict(target_curve)), fused), draft)
 
 
 def set_acceptance(p: BatchDepthPlanner, source: str, rate: float) -> None:
     p.estimates[source] = AcceptanceEstimate(rate * 1000, 1000)
+
+
+def plan_ks(p: BatchDepthPlanner, candidates: list[DraftCandidate]) -> list[int]:
+    """The ks of a plan without fallbacks (so none can have been used)."""
+    ks, used_fallback = p.plan(candidates)
+    assert not any(used_fallback)
+    return ks
 
 
 def rate_of(p: BatchDepthPlanner, candidates, ks) -> float:
@@ -49,14 +49,14 @@ def test_cheap_verification_drafts_deep_at_any_concurrency():
     p = planner(GPU_LIKE, {1: 1.0, 64: 2.0})
     set_acceptance(p, "model", 0.7)
     for batch in (1, 4, 16):
-        ks = p.plan([DraftCandidate("model", 16, True) for _ in range(batch)])
+        ks = plan_ks(p, [DraftCandidate("model", 16, True) for _ in range(batch)])
         assert min(ks) >= 3, (batch, ks)
 
 
 def test_dear_verification_falls_to_plain_decoding_as_the_batch_grows():
     p = planner(CPU_LLAMACPP, {1: 19.0, 2: 35.0, 4: 60.0, 16: 150.0, 64: 500.0})
     set_acceptance(p, "ngram8", 0.97)
-    single = p.plan([DraftCandidate("ngram8", 8, False)])
+    single = plan_ks(p, [DraftCandidate("ngram8", 8, False)])
     crowded = p._best_plan([DraftCandidate("ngram8", 8, False)] * 16, [0.97] * 16)
     assert sum(single) > 0 and sum(crowded) < sum(single) * 16
     set_acceptance(p, "model", 0.6)
@@ -72,14 +72,14 @@ def test_plain_decoding_is_kept_unless_drafting_wins_clearly():
 
 def test_fixed_k_is_respected_and_capped():
     p = planner(CPU_LLAMACPP)
-    ks = p.plan([DraftCandidate("model", 3, True, fixed_k=5), DraftCandidate("none", 0, False, fixed_k=0)])
+    ks = plan_ks(p, [DraftCandidate("model", 3, True, fixed_k=5), DraftCandidate("none", 0, False, fixed_k=0)])
     assert ks == [3, 0]
 
 
 def test_idle_sources_get_probed_within_budget():
     p = planner({1: 10.0, 2: 19.0, 64: 600.0}, {1: 0.1, 64: 5.0})
     set_acceptance(p, "model", 0.2)  # too low to draft, but could pay at near-perfect acceptance
-    probes = sum(p.plan([DraftCandidate("model", 8, True)])[0] for _ in range(200))
+    probes = sum(plan_ks(p, [DraftCandidate("model", 8, True)])[0] for _ in range(200))
     assert 1 <= probes <= 10  # about PROBE_BUDGET of the decoding time
 
 
@@ -89,9 +89,9 @@ def test_a_source_that_cannot_pay_in_this_batch_is_not_probed_in_it():
     stalls the batch (a probe also pays the model's catch-up on a whole prompt)."""
     p = planner({1: 30.0, 2: 32.0, 4: 60.0, 8: 120.0, 16: 240.0}, {1: 5.0, 16: 20.0})
     set_acceptance(p, "model", 0.2)
-    crowded = sum(sum(p.plan([DraftCandidate("model", 8, True, setup_ms=100.0)] * 4)) for _ in range(300))
+    crowded = sum(sum(plan_ks(p, [DraftCandidate("model", 8, True, setup_ms=100.0)] * 4)) for _ in range(300))
     assert crowded == 0
-    alone = sum(p.plan([DraftCandidate("model", 8, True, setup_ms=100.0)])[0] for _ in range(300))
+    alone = sum(plan_ks(p, [DraftCandidate("model", 8, True, setup_ms=100.0)])[0] for _ in range(300))
     assert alone >= 1
 
 
@@ -105,7 +105,7 @@ def test_serial_runners_sum_per_sequence_costs():
 def test_a_long_prompt_catch_up_does_not_keep_drafting_off():
     p = planner(GPU_LIKE, {1: 1.0, 64: 2.0})
     set_acceptance(p, "model", 0.7)
-    assert p.plan([DraftCandidate("model", 8, True, setup_ms=500.0)])[0] > 0
+    assert plan_ks(p, [DraftCandidate("model", 8, True, setup_ms=500.0)])[0] > 0
 
 
 def test_a_catch_up_that_a_short_request_cannot_repay_keeps_drafting_off():
@@ -122,7 +122,7 @@ def test_many_idle_sources_share_one_probe_budget():
     sources = [f"ngram{n}" for n in range(2, 9)]
     for source in sources:
         set_acceptance(p, source, 0.2)  # idle: too low to draft, but each could pay at 99% in this batch
-    probes = sum(sum(p.plan([DraftCandidate(s, 4, False) for s in sources])) for _ in range(400))
+    probes = sum(sum(plan_ks(p, [DraftCandidate(s, 4, False) for s in sources])) for _ in range(400))
     step_ms = p._target_ms([1] * len(sources))  # the batch's plain step
     extra = p._target_ms([2] + [1] * (len(sources) - 1)) - step_ms  # one probe token more
     assert 1 <= probes and probes * extra <= 0.02 * 400 * step_ms + extra  # PROBE_BUDGET, for all together
@@ -176,5 +176,5 @@ def test_a_batch_observed_dearer_than_its_profile_stops_drafting_copies():
     for _ in range(100):
         p.target.cost.observe(16, 390.0)
     set_acceptance(p, "shared6", 0.7)
-    ks = p.plan([DraftCandidate("shared6", 4, False) for _ in range(16)])
+    ks = plan_ks(p, [DraftCandidate("shared6", 4, False) for _ in range(16)])
     assert sum(ks) <= 1  # a probe at most

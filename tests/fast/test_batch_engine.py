@@ -1,68 +1,13 @@
-"""The batching engine against the one-sequence engine (the slow reference): greedy outputs of
+"""The batching engine against naive target-only decoding (the slow reference): greedy outputs of
 concurrent requests equal their target-only outputs alone, whatever the drafter, k, arrival
 time, slot reuse or cancellation (fp32 torch, exact)."""
 
-from collections import defaultdict
-
 import pytest
 
-from tandem.engine.batch_engine import BatchEngine
+from engine_support import MAX_TOKENS, PROMPTS, make_engine, run_all
 from tandem.engine.events import SpeculationOptions
-from tandem.engine.generator import SpeculativeGenerator
 from tandem.engine.request import GenerationRequest
-from tandem.models.batch_runner import SerialBatchRunner
-from tandem.models.cost import CostModel
-from tandem.models.torch_runner import TorchRunner
-from tandem.spec.depth import FixedDepth
-from tandem.spec.drafters.none import NoDrafter
-from tandem.spec.sampling import SamplingParams
-
-PROMPTS = [
-    (5, 17, 33, 2, 9, 41),
-    (1, 2, 3, 4, 1, 2, 3, 4, 1, 2),
-    (60, 61, 62, 60, 61, 62, 60, 61),
-    (88,),
-    (5, 17, 33, 2, 9, 41, 7, 7),  # shares a prefix with the first
-]
-MAX_TOKENS = 20
-CHEAP_VERIFY = {1: 1.0, 16: 1.2, 64: 2.0}  # GPU-like: scoring more tokens is almost free
-
-
-def serial_runner(model_dir, slots: int, cost: dict) -> SerialBatchRunner:
-    base = TorchRunner(str(model_dir))
-    base.cost = CostModel(dict(cost))
-    views = iter([base] + [base.fork() for _ in range(slots - 1)])
-    return SerialBatchRunner(lambda: next(views), slots)
-
-
-@pytest.fixture(scope="module")
-def references(tiny_target):
-    runner = TorchRunner(str(tiny_target))
-    generator = SpeculativeGenerator(runner, NoDrafter(), FixedDepth(0))
-    return {p: generator.generate(GenerationRequest(p, max_tokens=MAX_TOKENS))[0] for p in PROMPTS}
-
-
-def make_engine(tiny_target, tiny_draft, drafter="hybrid", k="auto", slots=3, **kwargs) -> BatchEngine:
-    target = serial_runner(tiny_target, slots, CHEAP_VERIFY)
-    draft = serial_runner(tiny_draft, slots, CHEAP_VERIFY) if drafter in ("model", "hybrid") else None
-    return BatchEngine(target, draft, drafter, k, **kwargs)
-
-
-def run_all(engine: BatchEngine, arrivals: dict[int, list[tuple[str, tuple, SpeculationOptions]]]):
-    """Step until idle; `arrivals[step]` lists requests added before that step."""
-    outputs, reasons, step = defaultdict(list), {}, 0
-    while engine.has_work or any(s >= step for s in arrivals):
-        for seq_id, prompt, options in arrivals.get(step, []):
-            engine.add(seq_id, GenerationRequest(prompt, max_tokens=MAX_TOKENS), options)
-        if engine.has_work:
-            updates, report = engine.step()
-            assert report.running <= engine.max_running
-            for update in updates:
-                outputs[update.seq_id] += update.token_ids
-                if update.finished:
-                    reasons[update.seq_id] = update.finish_reason
-        step += 1
-    return outputs, reasons
+from tandem.speculation.sampling import SamplingParams
 
 
 @pytest.mark.parametrize("drafter,k", [("hybrid", "auto"), ("model", 3), ("ngram", "auto"), ("none", 0), ("model", "auto")])

@@ -14,6 +14,7 @@ from tandem.bench.memory import PeakMemory, rss_mb
 from tandem.bench.registry import CONFIGS, parse_config_name, parse_config_names
 from tandem.bench.workload import DEFAULT_WORKLOAD, BenchPrompt, format_prompt, load_prompts, select_prompts
 from tandem.errors import TandemError
+from tandem.speculation.depth import Auto, Fixed
 
 
 def record(tokens, seconds=1.0, prompt_id="p", category="c", **stats) -> RunRecord:
@@ -300,6 +301,6 @@ def test_bad_k_suffix_names_the_config():
 
     models = BenchModels(ModelChoice(RunnerSpec("t", "llamacpp"), RunnerSpec("d", "llamacpp")))
     configs = build_configs(parse_config_names("none,hybrid:k=4,ngram"), models)  # loads nothing
-    assert [(c.label, c.k) for c in configs] == [("none", "auto"), ("hybrid:k=4", 4), ("ngram", "auto")]
-    with pytest.raises(TandemError, match="config 'hybrid:k=99': k must be between"):
+    assert [(c.label, c.k) for c in configs] == [("none", Auto()), ("hybrid:k=4", Fixed(4)), ("ngram", Auto())]
+    with pytest.raises(TandemError, match="config 'hybrid:k=99': k must be 'auto' or an integer from 0 to 64"):
         build_configs(parse_config_names("hybrid:k=99"), models)

@@ -8,7 +8,7 @@ import pytest
 from tandem.engine.events import SpeculationOptions
 from tandem.engine.request import GenerationRequest
 from tandem.engine.worker import EngineStoppedError, EngineWorker, QueueFullError
-from test_batch_engine import MAX_TOKENS, PROMPTS, make_engine, references  # noqa: F401 (fixture)
+from engine_support import MAX_TOKENS, PROMPTS, make_engine  # noqa: F401 (fixture)
 
 
 def collect_sync(handle, timeout=30.0):

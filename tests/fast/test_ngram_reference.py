@@ -2,7 +2,7 @@
 
 import random
 
-from tandem.spec.drafters.ngram import find_ngram_match
+from tandem.speculation.drafters.ngram import find_ngram_match
 
 
 def reference_match(tokens, k, min_ngram, max_ngram):

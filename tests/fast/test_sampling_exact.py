@@ -2,7 +2,8 @@
 whatever the draft's q_draft. Checked by chi-square on a 6-token vocabulary with a p and a q
 chosen to differ (q > p, q < p, q = 0 where p > 0, and p = 0 where q > 0): for one draft
 token, for k = 3 drafts across rounds (token pairs, the bonus token included), for one-hot
-(n-gram) proposals, and after top-k / top-p.
+(n-gram) proposals, and after top-k / top-p; and end to end, through the batching engine with
+a tiny torch target and draft model.
 The same harness run with two wrong rules (accept everything; the "p >= q - tolerance, else
 argmax" shortcut) fails by a wide margin, which shows the test can tell exact from not.
 All seeds are fixed, so a run is deterministic and never flaky.
@@ -11,14 +12,18 @@ All seeds are fixed, so a run is deterministic and never flaky.
 import numpy as np
 import pytest
 
-from tandem.spec.acceptance import AcceptResult, accept_sampling
-from tandem.spec.sampling import SamplingParams, probs_from_logits, sample
+from engine_support import make_engine
+from tandem.engine.generate import generate
+from tandem.engine.request import GenerationRequest
+from tandem.models.torch_runner import TorchRunner
+from tandem.speculation.acceptance import AcceptResult, accept_sampling
+from tandem.speculation.sampling import SamplingParams, probs_from_logits, sample
 
 # Upper 0.001 quantiles of the chi-square distribution, by degrees of freedom; from the
 # NIST/SEMATECH e-Handbook of Statistical Methods, section 1.3.6.7.4 ("Critical Values of the
 # Chi-Square Distribution", upper-tail probability 0.001). A correct sampler exceeds these with
 # probability 0.001.
-CHI2_CRITICAL_P001 = {2: 13.816, 3: 16.266, 4: 18.467, 19: 43.820, 24: 51.179}
+CHI2_CRITICAL_P001 = {2: 13.816, 3: 16.266, 4: 18.467, 8: 26.125, 19: 43.820, 24: 51.179}
 
 VOCAB = 6
 P_TARGET = np.array([0.35, 0.25, 0.20, 0.12, 0.08, 0.00])
@@ -193,6 +198,66 @@ def test_k3_token_pairs_follow_p_target(one_hot):
 def test_wrong_rules_fail_the_k3_check(rule):
     counts = token_pair_counts(RULES[rule], 5_000, seed=6, one_hot=False)
     assert_departs(counts[0], PAIR_P[0])
+
+
+# --- end to end: the batching engine with torch models --------------------------------------
+
+
+class FirstTokens:
+    """A stop condition: keep the first n output tokens, then stop (saves a round)."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def tokens_to_keep(self, output_ids):
+        return self.n if len(output_ids) >= self.n else None
+
+
+ENGINE_PROMPT = (12,)
+ENGINE_SAMPLING = dict(temperature=1.0, top_k=3)  # 3 x 3 token pairs, so a few hundred runs do
+
+
+@pytest.fixture(scope="module")
+def near_draft(tiny_target, tmp_path_factory):
+    """A draft that agrees with the target about 60% of the time: the target's weights with noise
+    on the output layer (tiny_draft, an unrelated model, would be rejected nearly always)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_target)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        model.lm_head.weight.add_(0.06 * torch.randn_like(model.lm_head.weight))
+    folder = tmp_path_factory.mktemp("near-draft")
+    model.save_pretrained(folder)
+    return folder
+
+
+def next_probs(model_dir, tokens) -> np.ndarray:
+    """The processed next-token distribution after `tokens`.  -> [vocab]"""
+    logits = TorchRunner(str(model_dir)).forward(list(tokens), num_logits=1)  # [1, vocab]
+    return probs_from_logits(logits, SamplingParams(**ENGINE_SAMPLING))[0]
+
+
+def test_engine_sampling_follows_the_target_for_the_first_two_tokens(tiny_target, near_draft):
+    """Many seeded one-token-prompt requests through BatchEngine (draft model, k = 2): the pairs
+    of first emitted tokens (accepted drafts, recovered and bonus tokens alike) follow the
+    target's exact p(t0) p(t1 | t0)."""
+    p_first = next_probs(tiny_target, ENGINE_PROMPT)  # [vocab]
+    assert ((next_probs(near_draft, ENGINE_PROMPT) > 0) & (p_first == 0)).any()  # q proposes outside p
+    pair_p = np.zeros((len(p_first), len(p_first)))  # [t0, t1]
+    for t0 in np.flatnonzero(p_first).tolist():
+        pair_p[t0] = p_first[t0] * next_probs(tiny_target, ENGINE_PROMPT + (t0,))
+    engine = make_engine(tiny_target, near_draft, "model", 2, slots=1)
+    counts, drafted, accepted = np.zeros_like(pair_p, dtype=np.int64), 0, 0
+    for seed in range(250):
+        sampling = SamplingParams(**ENGINE_SAMPLING, seed=seed)
+        request = GenerationRequest(ENGINE_PROMPT, max_tokens=3, sampling=sampling, stop_condition=FirstTokens(2))
+        output, stats = generate(engine, request)
+        counts[output[0], output[1]] += 1
+        drafted, accepted = drafted + stats.drafted, accepted + stats.accepted
+    assert 0.2 * drafted < accepted < 0.9 * drafted  # both acceptance and rejection were exercised
+    assert_follows(counts, pair_p)
 
 
 # --- determinism ------------------------------------------------------------------------------

@@ -3,7 +3,15 @@ $TANDEM_HOME), served as Q4 GGUF by llama.cpp and as fp32 weights by torch."""
 
 import pytest
 
+from real_support import MAX_TOKENS, greedy_alone
+
 SMALL = "smollm2-135m-instruct"
+
+
+def pytest_collection_modifyitems(items):
+    """Every test in this folder runs on real pulled models: mark it `real`."""
+    for item in items:
+        item.add_marker(pytest.mark.real)
 
 
 @pytest.fixture(scope="session")
@@ -44,3 +52,17 @@ def chat_prompt_ids(small_tokenizer):
         tuple(small_tokenizer.chat_prompt_ids([{"role": "user", "content": text}]))
         for text in CHAT_PROMPTS
     ]
+
+
+@pytest.fixture(scope="session")
+def torch_target(small_hf):
+    from tandem.models.torch_runner import TorchRunner
+
+    return TorchRunner(small_hf, "cpu", "fp32")
+
+
+@pytest.fixture(scope="session")
+def torch_reference(torch_target, chat_prompt_ids, small_tokenizer):
+    """Each chat prompt's fp32 target-only greedy output, one token per forward."""
+    stops = small_tokenizer.stop_token_ids
+    return [greedy_alone(torch_target.forward, torch_target.reset, p, MAX_TOKENS, stops) for p in chat_prompt_ids]

@@ -5,15 +5,13 @@ from collections import defaultdict
 
 import pytest
 
+from real_support import MAX_TOKENS, NEAR_TIE_LOGITS, first_divergence, greedy_alone, logit_gap
 from tandem.engine.batch_engine import BatchEngine
-from tandem.engine.generator import SpeculativeGenerator
 from tandem.engine.request import GenerationRequest
 from tandem.models.backends import RunnerSpec
 from tandem.models.batch_backends import load_batch_runner
-from tandem.models.llamacpp_runner import LlamaCppRunner
-from tandem.spec.depth import FixedDepth
-from tandem.spec.drafters.none import NoDrafter
-from test_engine_real import MAX_TOKENS, NEAR_TIE_LOGITS, torch_reference, torch_target  # noqa: F401
+from tandem.models.batch_runner import SlotView
+from tandem.models.llamacpp_batch_runner import LlamaCppBatchRunner
 
 SMALL = "smollm2-135m-instruct"
 SLOTS = 3
@@ -52,22 +50,18 @@ def test_llamacpp_fused_batches_diverge_only_on_near_ties(requests, small_gguf):
     target = load_batch_runner(RunnerSpec(SMALL, "llamacpp", threads=2), SLOTS)
     draft = load_batch_runner(RunnerSpec(SMALL, "llamacpp", threads=2), SLOTS)
     together = run_together(BatchEngine(target, draft, "hybrid", "auto"), requests)
-    single = LlamaCppRunner(small_gguf, threads=2)
-    plain = SpeculativeGenerator(single, NoDrafter(), FixedDepth(0))
+    single = SlotView(LlamaCppBatchRunner(small_gguf, 1, threads=2))
     matches = 0
     for request, output in zip(requests, together):
-        reference, _ = plain.generate(request)
+        reference = greedy_alone(single.forward, single.reset, request.prompt_ids, MAX_TOKENS, request.stop_token_ids)
         if output == reference:
             matches += 1
             continue
-        i = next((i for i, (a, b) in enumerate(zip(output, reference)) if a != b), None)
-        if i is None:  # one is a prefix of the other: an end-of-turn token on a near-tie
-            i = min(len(output), len(reference)) - 1
+        i = first_divergence(output, reference)
         single.reset()
         logits = single.forward(list(request.prompt_ids) + reference[:i], num_logits=1)[0]  # [vocab]
-        candidates = [t for t in (output[i:i + 1] + reference[i:i + 1])] or [reference[0]]
-        gap = max(candidates, key=lambda t: logits[t]), min(candidates, key=lambda t: logits[t])
-        assert float(logits[gap[0]] - logits[gap[1]]) < NEAR_TIE_LOGITS, (i, output[:i + 2], reference[:i + 2])
+        gap = logit_gap(logits, output[i:i + 1] + reference[i:i + 1])
+        assert gap < NEAR_TIE_LOGITS, (i, output[:i + 2], reference[:i + 2])
     print(f"llama.cpp batched vs alone: {matches}/{len(requests)} identical")
 
 
@@ -75,8 +69,6 @@ def test_llamacpp_batch_runner_keeps_to_its_threads_for_multi_token_calls(small_
     """llama-cpp-python gives multi-token calls every core unless told otherwise; a one-thread
     cluster worker that took both cores of this machine ran 3-9x slower beside its peers."""
     import llama_cpp
-
-    from tandem.models.llamacpp_batch_runner import LlamaCppBatchRunner
 
     runner = LlamaCppBatchRunner(str(small_gguf), 2, threads=1)
     assert llama_cpp.llama_n_threads(runner._ctx.ctx) == 1

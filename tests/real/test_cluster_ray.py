@@ -9,10 +9,10 @@ from collections import defaultdict
 
 import pytest
 
-from tandem.cluster.actors import start_actor
-from tandem.cluster.coordinator import ClusterEngine
-from tandem.cluster.emulation import Emulation
-from tandem.cluster.pool import Worker
+from tandem.cluster.runtime.actors import start_actor
+from tandem.cluster.runtime.coordinator import ClusterEngine
+from tandem.cluster.runtime.emulation import Emulation
+from tandem.cluster.runtime.pool import Worker
 from tandem.engine.request import GenerationRequest
 from tandem.models.backends import RunnerSpec
 
@@ -112,7 +112,7 @@ def test_simulator_predicts_a_real_local_cluster_run(ray_cluster, chat_prompt_id
     import time
 
     from tandem.bench.cluster.drive import drive
-    from tandem.cluster.measure import ProfileGrid, measure_profile
+    from tandem.cluster.profiles.measure import ProfileGrid, measure_profile
     from tandem.cluster.sim import FixedLength, Network, Simulation, Verifier, Workload, simulate
     from tandem.cluster.sim.from_profile import device_from_profile
     from tandem.cluster.sim.lengths import RecordedLengths

@@ -1,40 +1,21 @@
-"""The engine on a real model pair: smollm2's Q4 GGUF in llama.cpp drafting for its own fp32
-weights in torch (same tokenizer), and llama.cpp as the target."""
+"""The engine on a real model pair, one request at a time as `tandem generate` runs it:
+smollm2's Q4 GGUF in llama.cpp drafting for its own fp32 weights in torch (same tokenizer), and
+llama.cpp as the target."""
 
 import numpy as np
 import pytest
 
-from tandem.engine.generator import SpeculativeGenerator
+from real_support import MAX_TOKENS, NEAR_TIE_LOGITS, first_divergence, greedy_alone, logit_gap
+from tandem.engine.batch_engine import BatchEngine
+from tandem.engine.generate import generate
 from tandem.engine.request import GenerationRequest
-from tandem.models.llamacpp_runner import LlamaCppRunner
-from tandem.models.torch_runner import TorchRunner
-from tandem.spec.depth import AutoDepth, FixedDepth
-from tandem.spec.drafters.hybrid import HybridDrafter
-from tandem.spec.drafters.model import ModelDrafter
-from tandem.spec.drafters.ngram import NgramDrafter
-from tandem.spec.drafters.none import NoDrafter
-
-MAX_TOKENS = 32
-# A near-tie: the two candidate tokens' target logits differ by less than this. Batched and
-# one-token forwards in llama.cpp use different kernels; their logits differ by up to ~0.5.
-NEAR_TIE_LOGITS = 0.5
-
-
-@pytest.fixture(scope="module")
-def torch_target(small_hf):
-    return TorchRunner(small_hf, "cpu", "fp32")
+from tandem.models.batch_runner import SerialBatchRunner, SlotView
+from tandem.models.llamacpp_batch_runner import LlamaCppBatchRunner
 
 
 @pytest.fixture(scope="module")
 def llama_draft(small_gguf):
-    return LlamaCppRunner(small_gguf, threads=2)
-
-
-@pytest.fixture(scope="module")
-def torch_reference(torch_target, chat_prompt_ids, small_tokenizer):
-    generator = SpeculativeGenerator(torch_target, NoDrafter(), FixedDepth(0))
-    stops = small_tokenizer.stop_token_ids
-    return [generator.generate(GenerationRequest(p, MAX_TOKENS, stop_token_ids=stops))[0] for p in chat_prompt_ids]
+    return LlamaCppBatchRunner(small_gguf, 1, threads=2)
 
 
 def test_target_only_equals_transformers_generate(small_hf, chat_prompt_ids, torch_reference):
@@ -47,47 +28,44 @@ def test_target_only_equals_transformers_generate(small_hf, chat_prompt_ids, tor
         assert out[0, len(prompt):].tolist()[: len(reference)] == reference
 
 
-@pytest.mark.parametrize("kind,k", [("model", 3), ("model", "auto"), ("hybrid", "auto"), ("ngram", "auto")])
+@pytest.mark.parametrize("drafter,k", [("model", 3), ("model", "auto"), ("hybrid", "auto"), ("ngram", "auto")])
 def test_fp32_torch_greedy_is_lossless_with_llamacpp_draft(
-    torch_target, llama_draft, chat_prompt_ids, torch_reference, small_tokenizer, kind, k
+    torch_target, llama_draft, chat_prompt_ids, torch_reference, small_tokenizer, drafter, k
 ):
-    model = ModelDrafter(llama_draft)
-    drafter = {"model": model, "hybrid": HybridDrafter(model), "ngram": NgramDrafter()}[kind]
-    depth = AutoDepth(torch_target.cost) if k == "auto" else FixedDepth(k)
-    generator = SpeculativeGenerator(torch_target, drafter, depth)
+    target = SerialBatchRunner(lambda: torch_target, 1)
+    engine = BatchEngine(target, llama_draft if drafter != "ngram" else None, drafter, k)
     drafted = 0
     for prompt, reference in zip(chat_prompt_ids, torch_reference):
         request = GenerationRequest(prompt, MAX_TOKENS, stop_token_ids=small_tokenizer.stop_token_ids)
-        output, stats = generator.generate(request)
+        output, stats = generate(engine, request)
         assert output == reference
         drafted += stats.drafted
-    if kind != "ngram":
+    if drafter != "ngram":
         assert drafted > 0  # speculation really happened
 
 
 def test_llamacpp_target_divergences_are_near_ties(small_gguf, chat_prompt_ids, small_tokenizer):
     """Quantized backend: measure agreement of speculative vs target-only; any divergence must
     sit on a near-tie of the target's logits."""
-    target = LlamaCppRunner(small_gguf, threads=2)
-    draft = LlamaCppRunner(small_gguf, threads=2)
+    target = LlamaCppBatchRunner(small_gguf, 1, threads=2)
+    draft = LlamaCppBatchRunner(small_gguf, 1, threads=2)
+    alone = SlotView(LlamaCppBatchRunner(small_gguf, 1, threads=2))
     stops = small_tokenizer.stop_token_ids
-    plain = SpeculativeGenerator(target, NoDrafter(), FixedDepth(0))
-    speculative = SpeculativeGenerator(target, HybridDrafter(ModelDrafter(draft)), FixedDepth(4))
+    speculative = BatchEngine(target, draft, "hybrid", 4)
     for prompt in chat_prompt_ids:
-        reference, _ = plain.generate(GenerationRequest(prompt, MAX_TOKENS, stop_token_ids=stops))
-        output, stats = speculative.generate(GenerationRequest(prompt, MAX_TOKENS, stop_token_ids=stops))
+        reference = greedy_alone(alone.forward, alone.reset, prompt, MAX_TOKENS, stops)
+        output, stats = generate(speculative, GenerationRequest(prompt, MAX_TOKENS, stop_token_ids=stops))
         assert stats.accepted > 0
         if output == reference:
             continue
-        i = next(i for i, (a, b) in enumerate(zip(output, reference)) if a != b)
-        target.reset()
-        logits = target.forward(list(prompt) + reference[:i], num_logits=1)[0]  # [vocab]
-        gap = abs(float(logits[reference[i]]) - float(logits[output[i]]))
-        assert gap < NEAR_TIE_LOGITS, (i, gap)
+        i = first_divergence(output, reference)
+        alone.reset()
+        logits = alone.forward(list(prompt) + reference[:i], num_logits=1)[0]  # [vocab]
+        assert logit_gap(logits, output[i:i + 1] + reference[i:i + 1]) < NEAR_TIE_LOGITS, i
 
 
 def test_llamacpp_rollback_gives_identical_logits(small_gguf):
-    runner = LlamaCppRunner(small_gguf, threads=2)
+    runner = SlotView(LlamaCppBatchRunner(small_gguf, 1, threads=2))
     ids = list(range(200, 240))
     full = runner.forward(ids)  # [40, vocab]
     runner.rollback(30)

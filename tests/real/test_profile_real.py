@@ -4,7 +4,7 @@ and usable by `tandem plan` (kept small: a few seconds on two cores)."""
 import pytest
 
 from tandem.cli.main import main
-from tandem.cluster.profile import load_profile
+from tandem.cluster.profiles.profile import load_profile
 
 pytestmark = pytest.mark.real
 

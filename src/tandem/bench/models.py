@@ -1,7 +1,8 @@
 """Models shared by every configuration of one benchmark run, each loaded once.
 
 Configurations ask `BenchModels` for what they need: the target's tokenizer (the one that formats
-every prompt), one target and one draft runner shared by all Tandem configurations (two runners
+every prompt), one target and one draft batch runner (one slot each: the batching engine with one
+running sequence, as `tandem generate` runs it) shared by all Tandem configurations (two runners
 even when a model drafts for itself, since each holds its own KV cache), and Hugging Face models
 for the transformers peers.
 A 1.5B model in torch fp32 takes 7 GB, so an HF peer on the same folder, device and dtype as a
@@ -11,10 +12,11 @@ loaded torch runner reuses that runner's model instead of loading a second copy.
 import os
 from dataclasses import dataclass
 
-from tandem.models.backends import RunnerSpec, load_runner
+from tandem.models.backends import RunnerSpec
+from tandem.models.batch_backends import load_batch_runner
+from tandem.models.batch_runner import BatchRunner
 from tandem.models.resolve import hf_path, tokenizer_path
-from tandem.models.runner import ModelRunner
-from tandem.pipeline import parse_k
+from tandem.speculation.depth import Auto, Depth, parse_depth
 from tandem.text.tokenizer import TextTokenizer, check_same_vocabulary
 
 
@@ -24,11 +26,11 @@ class ModelChoice:
 
     target: RunnerSpec
     draft: RunnerSpec
-    k: int | str = "auto"
+    k: Depth = Auto()
     threads: int | None = None
 
     def __post_init__(self):
-        object.__setattr__(self, "k", parse_k(self.k))
+        object.__setattr__(self, "k", parse_depth(self.k))
 
     @property
     def cpu_threads(self) -> int:
@@ -43,7 +45,7 @@ class BenchModels:
     def __init__(self, choice: ModelChoice):
         self.choice = choice
         self._tokenizer: TextTokenizer | None = None
-        self._runners: dict[str, tuple[RunnerSpec, ModelRunner]] = {}  # role -> (resolved spec, runner)
+        self._runners: dict[str, tuple[RunnerSpec, BatchRunner]] = {}  # role -> (resolved spec, runner)
         self._hf_models: dict[RunnerSpec, object] = {}
 
     @property
@@ -56,18 +58,18 @@ class BenchModels:
     def stop_token_ids(self) -> frozenset[int]:
         return self.tokenizer.stop_token_ids
 
-    def target_runner(self) -> ModelRunner:
+    def target_runner(self) -> BatchRunner:
         return self._runner("target", self.choice.target)
 
-    def draft_runner(self) -> ModelRunner:
+    def draft_runner(self) -> BatchRunner:
         if "draft" not in self._runners:
             check_same_vocabulary(self.tokenizer, TextTokenizer(str(tokenizer_path(self.choice.draft.model))))
         return self._runner("draft", self.choice.draft)
 
-    def _runner(self, role: str, spec: RunnerSpec) -> ModelRunner:
+    def _runner(self, role: str, spec: RunnerSpec) -> BatchRunner:
         """One runner per role: a model drafting for itself still needs its own KV cache."""
         if role not in self._runners:
-            self._runners[role] = (spec.resolved(), load_runner(spec))
+            self._runners[role] = (spec.resolved(), load_batch_runner(spec, 1))
         return self._runners[role][1]
 
     def cost_curves(self) -> dict[str, dict[str, float]]:
@@ -86,7 +88,8 @@ class BenchModels:
         for loaded, runner in self._runners.values():
             same = (loaded.backend, loaded.device, loaded.dtype) == (spec.backend, spec.device, spec.dtype)
             if same and hf_path(loaded.model) == hf_path(spec.model):
-                return getattr(runner, "_model", None)  # TorchRunner keeps its transformers model here
+                view = getattr(runner, "views", [runner])[0]  # a serial torch runner's first slot
+                return getattr(view, "_model", None)  # TorchRunner keeps its transformers model here
         return None
 
 

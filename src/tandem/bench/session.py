@@ -71,7 +71,7 @@ def _header(settings: BenchSettings, prompt_count: int) -> dict:
             "configs": settings.configs,
             "target": repr(choice.target.resolved()),
             "draft": repr(choice.draft.resolved()),
-            "default_k": choice.k,
+            "default_k": str(choice.k),
             "threads": choice.cpu_threads,
         },
         "machine": machine_info(),

@@ -1,24 +1,24 @@
-"""Tandem configurations: the speculative engine with one drafter (`none` is the target-only
-baseline that every speedup is measured against).
+"""Tandem configurations: the batching engine with one drafter, one request at a time, exactly
+as `tandem generate` runs it (`none` is the target-only baseline that every speedup is measured
+against).
 
-Unlike `Pipeline`, which loads its own runners, these share one target runner and one draft
-runner across every Tandem configuration of the run, and build the drafter and the depth policy
-per configuration, exactly as `Pipeline` does. Each run starts from empty caches (the drafter is
-reset; the engine resets the target), so no prompt benefits from the previous one.
+They share one target and one draft batch runner across every Tandem configuration of the run;
+each builds its own engine (drafters and planner, which learns across prompts as a server's
+does). Each prompt starts from empty caches (the engine forgets retained prompt caches), so no
+prompt benefits from the previous one.
 """
 
 from typing import Sequence
 
 from tandem.bench.config_base import ConfigSpec
 from tandem.bench.models import BenchModels
-from tandem.engine.generator import SpeculativeGenerator
+from tandem.engine.batch_engine import BatchEngine
+from tandem.engine.generate import generate
 from tandem.engine.request import GenerationRequest
 from tandem.engine.stats import GenerationStats
 from tandem.errors import TandemError
-from tandem.pipeline import parse_k
-from tandem.spec.depth import build_depth
-from tandem.spec.drafters.registry import build_drafter
-from tandem.spec.sampling import SamplingParams
+from tandem.speculation.depth import parse_depth
+from tandem.speculation.sampling import SamplingParams
 
 GREEDY = SamplingParams()
 
@@ -33,25 +33,20 @@ class TandemConfig:
     def __init__(self, spec: ConfigSpec, models: BenchModels):
         self.label = spec.label
         try:
-            self.k = parse_k(spec.option("k", str(models.choice.k)))
+            self.k = parse_depth(spec.option("k", str(models.choice.k)))
         except TandemError as error:
             raise TandemError(f"config {spec.label!r}: {error}") from None
         self.models = models
-        self.target = None
-        self.drafter = None
-        self.depth = None
+        self.engine: BatchEngine | None = None
 
     def setup(self) -> None:
-        self.target = self.models.target_runner()
-        draft_runner = self.models.draft_runner() if self.uses_draft_model else None
-        self.drafter = build_drafter(self.drafter_name, draft_runner)
-        self.depth = build_depth(self.drafter_name, self.k, self.target.cost)  # learns across prompts
+        draft = self.models.draft_runner() if self.uses_draft_model else None
+        self.engine = BatchEngine(self.models.target_runner(), draft, self.drafter_name, self.k, max_running=1)
 
     def run(self, prompt_ids: Sequence[int], max_tokens: int) -> tuple[list[int], dict]:
         request = GenerationRequest(tuple(prompt_ids), max_tokens, GREEDY, self.models.stop_token_ids)
-        if hasattr(self.drafter, "reset"):
-            self.drafter.reset()  # the draft runner is shared: its cache may hold another config's tokens
-        token_ids, stats = SpeculativeGenerator(self.target, self.drafter, self.depth).generate(request)
+        self.engine.clear_caches()  # the runners are shared: their caches may hold another config's tokens
+        token_ids, stats = generate(self.engine, request)
         return token_ids, stats_record(stats)
 
 

@@ -1,4 +1,4 @@
-"""`tandem bench-cluster --cluster FILE`: cluster vs single worker, pipelining, verify-only."""
+"""`tandem bench-cluster --cluster FILE`: cluster vs single worker, draft_ahead, verify-only."""
 
 import argparse
 from pathlib import Path
@@ -9,7 +9,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--cluster", required=True, help="cluster YAML file")
     parser.add_argument("--drafter", default="hybrid", help="model | ngram | hybrid | none (default hybrid)")
     parser.add_argument("--k", default="auto", help="speculation depth: an integer, or auto")
-    parser.add_argument("--configs", default="single,cluster,cluster+pipeline,cluster-verify-only")
+    parser.add_argument("--configs", default="single,cluster,cluster+draft-ahead,cluster-verify-only")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=50)
@@ -20,10 +20,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tandem.bench.cluster.run import CONFIGS, run_cluster_bench
-    from tandem.cluster.launch import ClusterOptions
-    from tandem.cluster.spec import load_cluster
+    from tandem.cluster.runtime.launch import ClusterOptions
+    from tandem.cluster.config.load import load_cluster
     from tandem.errors import TandemError
-    from tandem.pipeline import parse_k
+    from tandem.speculation.depth import parse_depth
 
     configs = tuple(c.strip() for c in args.configs.split(",") if c.strip())
     unknown = [c for c in configs if c not in CONFIGS]
@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     if args.concurrency < 1 or args.requests < 1 or args.max_tokens < 1:
         raise TandemError("--concurrency, --requests and --max-tokens must be positive")
     cluster = ClusterOptions(load_cluster(args.cluster), args.ray_address)
-    run_cluster_bench(cluster, args.drafter, parse_k(args.k), args.concurrency, args.requests,
+    run_cluster_bench(cluster, args.drafter, parse_depth(args.k), args.concurrency, args.requests,
                                args.max_tokens, configs, Path(args.out))
     print((Path(args.out) / "report.md").read_text())
     return 0

@@ -4,11 +4,11 @@ import argparse
 import json
 import sys
 
-from tandem.cli.options import add_model_options, pipeline_config
+from tandem.cli.options import add_model_options, engine_config
 from tandem.engine.stats import GenerationStats
 from tandem.errors import TandemError
-from tandem.pipeline import Pipeline
-from tandem.spec.sampling import SamplingParams
+from tandem.text.generation import TextGenerator
+from tandem.speculation.sampling import SamplingParams
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,12 +31,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     messages = _parse_messages(args.messages) if args.messages is not None else None
-    pipeline = Pipeline(pipeline_config(args))
-    prompt_ids = pipeline.prompt_ids(args.prompt, messages)
-    request = pipeline.request(prompt_ids, args.max_tokens, sampling, args.stop)
+    generator = TextGenerator(engine_config(args))
+    prompt_ids = generator.prompt_ids(args.prompt, messages)
+    request = generator.request(prompt_ids, args.max_tokens, sampling, args.stop)
     stats = GenerationStats()
     text, token_ids = [], []
-    for delta, ids in pipeline.stream_text(request, stats):
+    for delta, ids in generator.stream_text(request, stats):
         token_ids += ids
         text.append(delta)
         if not args.json and delta:

@@ -4,7 +4,8 @@ import argparse
 
 from tandem.models.backends import RunnerSpec
 from tandem.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
-from tandem.pipeline import PipelineConfig
+from tandem.speculation.drafters.registry import USES_MODEL
+from tandem.engine.build import EngineConfig
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -22,9 +23,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--k", default="auto", help="speculation depth: an integer, or auto (default)")
 
 
-def pipeline_config(args: argparse.Namespace) -> PipelineConfig:
+def engine_config(args: argparse.Namespace) -> EngineConfig:
     target = RunnerSpec(args.target, args.backend, args.device, args.dtype, args.threads)
     draft = None
-    if args.drafter in ("model", "hybrid"):
+    if USES_MODEL.get(args.drafter, False):
         draft = RunnerSpec(args.draft, args.draft_backend, args.draft_device, args.draft_dtype, args.threads)
-    return PipelineConfig(target, draft, args.drafter, args.k)
+    return EngineConfig(target, draft, args.drafter, args.k)

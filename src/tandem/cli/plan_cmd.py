@@ -4,11 +4,11 @@ and explain the choice with predicted numbers beside the naive article rule's pl
 import argparse
 import json
 
-from tandem.cluster.drafter_kinds import DRAFTER_KINDS
-from tandem.cluster.plan_report import plan_json, plan_text
-from tandem.cluster.planner import PLAN_K_MAX, options_for, plan_cluster
-from tandem.cluster.profile_store import cluster_profiles
-from tandem.cluster.spec import load_cluster
+from tandem.cluster.planning.drafter_kinds import DRAFTER_KINDS
+from tandem.cluster.planning.plan_report import plan_json, plan_text
+from tandem.cluster.planning.planner import PLAN_K_MAX, options_for, plan_cluster
+from tandem.cluster.profiles.profile_store import cluster_profiles
+from tandem.cluster.config.load import load_cluster
 from tandem.errors import TandemError
 
 

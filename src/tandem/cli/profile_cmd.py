@@ -10,11 +10,11 @@ which is where `tandem plan` looks. The progress bar goes to stderr, the saved p
 import argparse
 import sys
 
-from tandem.cluster.measure import ProfileGrid, measure_profile
-from tandem.cluster.profile import save_profile
-from tandem.cluster.profile_store import default_profile_path, worker_models
-from tandem.cluster.public_profiles import DEVICE_CLASSES
-from tandem.cluster.spec import load_cluster
+from tandem.cluster.profiles.measure import ProfileGrid, measure_profile
+from tandem.cluster.profiles.profile import save_profile
+from tandem.cluster.profiles.profile_store import default_profile_path, worker_models
+from tandem.cluster.profiles.public_profiles import DEVICE_CLASSES
+from tandem.cluster.config.load import load_cluster
 from tandem.errors import TandemError
 from tandem.models.backends import RunnerSpec
 

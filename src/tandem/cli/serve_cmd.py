@@ -3,7 +3,7 @@
 import argparse
 import os
 
-from tandem.cli.options import add_model_options, pipeline_config
+from tandem.cli.options import add_model_options, engine_config
 from tandem.errors import TandemError
 from tandem.serve.settings import DEFAULT_CACHE_TTL_SECONDS, DEFAULT_MAX_BODY_BYTES, ServeSettings
 
@@ -30,14 +30,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cluster = parser.add_argument_group("cluster")
     cluster.add_argument("--cluster", default=None, help="serve on the Ray workers a cluster YAML file describes")
     cluster.add_argument("--ray-address", default=None, help="join this Ray cluster (default: start a local one)")
-    cluster.add_argument("--pipeline", action="store_true", help="draft round i+1 while round i verifies")
+    cluster.add_argument("--draft-ahead", action="store_true", help="draft round i+1 while round i verifies")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     settings = serve_settings(args)
     cluster = cluster_options(args)
-    config = pipeline_config(args) if cluster is None else cluster_pipeline_config(cluster, args)
+    config = engine_config(args) if cluster is None else cluster_engine_config(cluster, args)
     from tandem.serve.server import serve  # fastapi, uvicorn and the models: only when serving
 
     return serve(config, settings, cluster)
@@ -45,26 +45,27 @@ def run(args: argparse.Namespace) -> int:
 
 def cluster_options(args: argparse.Namespace):
     if args.cluster is None:
-        if args.ray_address or args.pipeline:
-            raise TandemError("--ray-address and --pipeline need --cluster FILE")
+        if args.ray_address or args.draft_ahead:
+            raise TandemError("--ray-address and --draft-ahead need --cluster FILE")
         return None
-    from tandem.cluster.launch import ClusterOptions
-    from tandem.cluster.spec import load_cluster
+    from tandem.cluster.runtime.launch import ClusterOptions
+    from tandem.cluster.config.load import load_cluster
 
-    return ClusterOptions(load_cluster(args.cluster), args.ray_address, args.pipeline)
+    return ClusterOptions(load_cluster(args.cluster), args.ray_address, args.draft_ahead)
 
 
-def cluster_pipeline_config(cluster, args: argparse.Namespace):
+def cluster_engine_config(cluster, args: argparse.Namespace):
     """The served model and drafting defaults when the models live on cluster workers."""
     from tandem.models.backends import RunnerSpec
-    from tandem.pipeline import PipelineConfig
+    from tandem.engine.build import EngineConfig
+    from tandem.speculation.drafters.registry import USES_MODEL
 
     target = cluster.target
     drafter = args.drafter if cluster.has_drafter or args.drafter in ("ngram", "none") else "ngram"
     draft_worker = next((w for w in cluster.spec.workers if w.can_draft and w.drafting_model), None)
     draft = RunnerSpec(draft_worker.drafting_model, draft_worker.backend) if draft_worker else None
-    return PipelineConfig(RunnerSpec(target.model, target.backend, target.device, target.dtype, target.threads),
-                          draft if drafter in ("model", "hybrid") else None, drafter, args.k)
+    return EngineConfig(RunnerSpec(target.model, target.backend, target.device, target.dtype, target.threads),
+                        draft if USES_MODEL.get(drafter, False) else None, drafter, args.k)
 
 
 def serve_settings(args: argparse.Namespace) -> ServeSettings:

@@ -45,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--coordinator", choices=("lockstep", "independent"), default="lockstep",
                         help="one lock-step coordinator, as the cluster runs today (default), or a step loop "
                         "per verifier replica")
-    parser.add_argument("--pipelining", action="store_true", help="remote drafters draft the next round ahead")
+    parser.add_argument("--draft-ahead", action="store_true", help="remote drafters draft the next round ahead")
     parser.add_argument("--batching", choices=("backend", "fused", "serial"), default=None,
                         help="how verifiers batch: as the backend does today (llama.cpp fused, torch serial; "
                         "default for --cluster), or fused/serial everywhere (--scaling default: fused)")
@@ -73,19 +73,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from tandem.cluster.planner import plan_cluster
-    from tandem.cluster.profile_store import cluster_profiles
+    from tandem.cluster.planning.planner import plan_cluster
+    from tandem.cluster.profiles.profile_store import cluster_profiles
     from tandem.cluster.sim.adapter import ClusterOptions, simulation_from_cluster
     from tandem.cluster.sim.simulator import simulate
     from tandem.cluster.sim.summary import comparison_lines, summary_lines
     from tandem.cluster.sim.validation import MeasuredRun, compare_with_measurement
-    from tandem.cluster.spec import load_cluster
+    from tandem.cluster.config.load import load_cluster
 
     spec = load_cluster(args.cluster)
     plan = plan_cluster(spec, cluster_profiles(spec)) if args.roles == "plan" else None
     overhead = {} if args.step_overhead_ms is None else {"step_overhead_ms": args.step_overhead_ms}
     options = ClusterOptions(acceptance=args.acceptance, max_batch=args.max_batch, seed=args.seed,
-                             lockstep=args.coordinator == "lockstep", pipelining=args.pipelining,
+                             lockstep=args.coordinator == "lockstep", draft_ahead=args.draft_ahead,
                              fused=_fused(args.batching, default=None), host_cores=args.host_cores,
                              fixed_k=args.k, **overhead)
     measured = MeasuredRun.load(args.measured) if args.measured else None
@@ -114,7 +114,7 @@ def _scaling(args: argparse.Namespace) -> int:
     from tandem.cluster.sim.lengths import FixedLength
     from tandem.cluster.sim.scaling import SWEEP_SIZES, SweepOptions, sweep
     from tandem.cluster.sim.scaling_report import steady, write_scaling
-    from tandem.cluster.spec import load_cluster
+    from tandem.cluster.config.load import load_cluster
 
     if not args.out:
         raise TandemError("--scaling needs --out DIR")

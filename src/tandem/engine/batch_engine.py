@@ -1,33 +1,33 @@
-"""Continuous batching with speculation, on token ids.
+"""Continuous batching with speculation, on token ids: the one engine behind `tandem generate`
+(one sequence), `tandem bench` and `tandem serve`.
 
 Requests join and leave the running batch at every step. A step
 1. admits waiting requests into free slots (reusing cached prompt prefixes); their uncached
    prompt tokens are scored in step 4's forward, beside the other sequences' drafts (one call),
-2. asks each running sequence where its draft would come from and lets the load-aware planner
-   choose every k at once (spec/batch_depth.py; k = 0 is plain decoding),
+2. plans: each running sequence's drafter offers what it could draft, and the load-aware
+   planner chooses every k at once (engine/stages.py; k = 0 is plain decoding),
 3. drafts: n-gram copies are free, the draft model runs in lock-step over its sequences,
 4. verifies every sequence's [last committed token] + drafts in ONE target call,
 5. per sequence: acceptance rule, stops, rollback of its own slot to its committed tokens.
 Each sequence keeps its own rng, acceptance and cache, so a request's greedy output does not
 depend on what else is running (fused llama.cpp batches can still differ on near-ties: measured
-in the tests and the README).
+in the tests and docs/design.md).
 """
 
 import time
-from dataclasses import replace
 
-from tandem.engine.batch_drafting import SequenceDraft, candidate_for, draft_limit, draft_with_model
-from tandem.engine.events import RoundReport, SequenceUpdate, SpeculationOptions, StepReport
-from tandem.engine.generator import fit_vocab
-from tandem.engine.request import GenerationRequest
+from tandem.engine.events import SequenceUpdate, StepReport
 from tandem.engine.sequence import Sequence
 from tandem.engine.sequence_pool import SequencePool
 from tandem.engine.slots import SlotTable
-from tandem.errors import TandemError
+from tandem.engine.stages import commit_round, draft_all, plan_drafts
 from tandem.models.batch_runner import BatchItem, BatchRunner
-from tandem.spec.acceptance import accept_greedy, accept_sampling
-from tandem.spec.batch_depth import BatchDepthPlanner
-from tandem.spec.sampling import probs_from_logits
+from tandem.speculation.acceptance import accept_round
+from tandem.speculation.batch_depth import BatchDepthPlanner
+from tandem.speculation.depth import Auto, Depth, parse_depth
+from tandem.speculation.drafters.base import Drafter, SequenceDraft
+from tandem.speculation.drafters.lockstep import LocalDraftModel
+from tandem.speculation.drafters.registry import build_drafters
 
 PREFILL_TOKEN_BUDGET = 2048  # prompt tokens admitted per step (at least one request always)
 KV_HEADROOM_TOKENS = 64  # per running sequence, for drafts being verified
@@ -35,13 +35,14 @@ KV_HEADROOM_TOKENS = 64  # per running sequence, for drafts being verified
 
 class BatchEngine(SequencePool):
     def __init__(self, target: BatchRunner, draft: BatchRunner | None = None, drafter: str = "hybrid",
-                 k: int | str = "auto", ngram_store=None, max_running: int | None = None):
-        super().__init__()
+                 depth: "Depth | str | int" = Auto(), ngram_store=None, max_running: int | None = None,
+                 drafters: dict[str, Drafter] | None = None):
+        self.draft_model = LocalDraftModel(draft) if draft is not None else None
+        super().__init__(drafters or build_drafters(self.draft_model, ngram_store), ngram_store)
         self.target = target
         self.draft = draft
         self.default_drafter = drafter
-        self.default_k = k
-        self.ngram_store = ngram_store
+        self.default_depth = parse_depth(depth)
         self.max_running = min(max_running or target.max_slots, target.max_slots)
         self.context_length = target.context_length
         self.planner = BatchDepthPlanner(target, draft)
@@ -50,29 +51,19 @@ class BatchEngine(SequencePool):
 
     # -- the worker's interface (the rest is SequencePool's) --------------------------------
 
-    def validate(self, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:
-        super().validate(request, options)
-        drafter = options.drafter or self.default_drafter
-        if drafter in ("model", "hybrid") and self.draft is None:
-            raise TandemError(f"drafter {drafter!r} needs a draft model, and this server has none")
-
-    def cancel(self, seq_id: str) -> SequenceUpdate | None:
-        update = self.cancel_waiting(seq_id)
-        if update is not None:
-            return update
-        seq = self.running.pop(seq_id, None)
-        if seq is None:
-            return None
-        self._release(seq)
-        return SequenceUpdate(seq_id, (), finished=True, finish_reason="cancelled")
+    def clear_caches(self) -> None:
+        """Forget every retained prompt cache (a benchmark starts each prompt cold)."""
+        for slot, owner in enumerate(self.slots.owner):
+            if owner is None:
+                self._forget(slot)
 
     def step(self) -> tuple[list[SequenceUpdate], StepReport]:
         started_at, start = time.time(), time.perf_counter()
         prefilled, prefill_seconds = self._admit()
-        updates, rounds, draft_seconds, verify_seconds, batch_tokens = [], [], 0.0, 0.0, 0
+        updates, rounds, draft_seconds, verify_seconds, batch_tokens, draft_forwards = [], [], 0.0, 0.0, 0, 0
         if self.running:
             seqs = list(self.running.values())
-            drafts, draft_seconds = self._draft(seqs)
+            drafts, draft_seconds, draft_forwards = self._draft(seqs)
             verify_start = time.perf_counter()
             logits = self._verify(seqs, drafts)
             verify_seconds = time.perf_counter() - verify_start
@@ -84,7 +75,8 @@ class BatchEngine(SequencePool):
         step_seconds = time.perf_counter() - start
         self.planner.observe_overhead((step_seconds - prefill_seconds - draft_seconds - verify_seconds) * 1000)
         report = StepReport(started_at, step_seconds, prefill_seconds, draft_seconds, verify_seconds,
-                            len(self.running), len(self.waiting), batch_tokens, tuple(rounds), tuple(prefilled))
+                            len(self.running), len(self.waiting), batch_tokens, tuple(rounds), tuple(prefilled),
+                            draft_forwards=draft_forwards)
         return updates, report
 
     # -- 1. admission and prefill -----------------------------------------------------------
@@ -142,20 +134,13 @@ class BatchEngine(SequencePool):
 
     # -- 2-3. planning and drafting ---------------------------------------------------------
 
-    def _draft(self, seqs: list[Sequence]) -> tuple[list[SequenceDraft], float]:
+    def _draft(self, seqs: list[Sequence]) -> tuple[list[SequenceDraft], float, int]:
         start = time.perf_counter()
-        k_max = self.planner.k_max
-        candidates, copies = zip(*(candidate_for(seq, draft_limit(seq, self.context_length, k_max),
-                                                 self.ngram_store, self.draft) for seq in seqs))
-        candidates = [replace(c, prefill_tokens=len(seq.unprefilled)) if seq.unprefilled else c
-                      for c, seq in zip(candidates, seqs)]
-        ks = self.planner.plan(candidates)
-        drafts = [SequenceDraft(c.source, list(copy[:k])) for c, copy, k in zip(candidates, copies, ks)]
-        jobs = [(seq, k) for seq, c, k in zip(seqs, candidates, ks) if c.uses_model and k > 0]
-        if jobs:
-            by_id, _ = draft_with_model(self.draft, jobs)
-            drafts = [by_id.get(seq.seq_id, d) for seq, d in zip(seqs, drafts)]
-        return drafts, time.perf_counter() - start
+        forwards = self.draft_model.forwards if self.draft_model else 0
+        jobs = plan_drafts(seqs, self.drafters, self.planner, self.context_length)
+        drafts = draft_all(jobs, self.drafters, self.planner)
+        forwards = (self.draft_model.forwards if self.draft_model else 0) - forwards
+        return drafts, time.perf_counter() - start, forwards
 
     # -- 4. verification --------------------------------------------------------------------
 
@@ -172,29 +157,17 @@ class BatchEngine(SequencePool):
 
     # -- 5. acceptance, stops, rollback -----------------------------------------------------
 
-    def _commit(self, seq: Sequence, draft: SequenceDraft, logits) -> tuple[SequenceUpdate, RoundReport]:
-        sampling = seq.request.sampling
-        if sampling.greedy:
-            result = accept_greedy(draft.token_ids, logits)
-        else:
-            p_target = probs_from_logits(logits, sampling)  # [k + 1, vocab]
-            result = accept_sampling(draft.token_ids, fit_vocab(draft.q_draft, p_target.shape[-1]), p_target, seq.rng)
-        k = len(draft.token_ids)
-        self.planner.record(draft.source, k, result.accepted)
-        emitted, reason = seq.commit(result.emitted(draft.token_ids), k, result.accepted, self.context_length)
+    def _commit(self, seq: Sequence, draft: SequenceDraft, logits):
+        result = accept_round(draft.token_ids, draft.q_draft, logits, seq.request.sampling, seq.rng)
+        update, report, reason = commit_round(seq, draft, result.emitted(draft.token_ids), result.accepted,
+                                              self.planner, self.context_length)
         self.target.rollback(seq.slot, len(seq.tokens) - 1)  # the invariant
         self.slots.cached[seq.slot] = seq.tokens[:-1]
         if reason is not None:
             self._finish(seq)
-        update = SequenceUpdate(seq.seq_id, tuple(emitted), k, result.accepted, reason is not None, reason)
-        return update, RoundReport(seq.seq_id, draft.source, k, result.accepted)
+        return update, report
 
     def _finish(self, seq: Sequence) -> None:
-        del self.running[seq.seq_id]
-        if self.ngram_store is not None:
-            self.ngram_store.add(seq.tokens)
-        self._release(seq)
-
-    def _release(self, seq: Sequence) -> None:
+        self.retire(seq)
         self.slots.owner[seq.slot] = None
         self.retained_draft[seq.slot] = seq.draft_cached

@@ -1,21 +1,43 @@
-"""Assemble a batching engine from a pipeline config: batch runners for the target and draft
-(the draft only when the drafter uses a model), the same tokenizer check as the CLI."""
+"""What an engine is built from (`EngineConfig`: target and draft runner specs, the default
+drafter and depth), and `build_engine`: batch runners for the target and the draft (the draft
+only when the drafter uses a model; same tokenizer checked) and the batching engine over them.
+`tandem generate`, `tandem bench` and `tandem serve` all build their engine here."""
+
+from dataclasses import dataclass
 
 from tandem.engine.batch_engine import BatchEngine
 from tandem.errors import TandemError
+from tandem.models.backends import RunnerSpec
 from tandem.models.batch_backends import load_batch_runner
 from tandem.models.resolve import tokenizer_path
-from tandem.pipeline import PipelineConfig
+from tandem.speculation.depth import Auto, Depth, parse_depth
+from tandem.speculation.drafters.registry import USES_MODEL, check_drafter
 from tandem.text.tokenizer import TextTokenizer, check_same_vocabulary
 
 DEFAULT_MAX_RUNNING = 8
 
 
-def build_engine(config: PipelineConfig, max_running: int = DEFAULT_MAX_RUNNING, ngram_store=None) -> BatchEngine:
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    target: RunnerSpec
+    draft: RunnerSpec | None = None
+    drafter: str = "hybrid"
+    k: Depth = Auto()  # "auto" or an int are parsed on creation
+
+    def __post_init__(self):
+        object.__setattr__(self, "k", parse_depth(self.k))
+        check_drafter(self.drafter, has_draft_model=self.draft is not None)
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return USES_MODEL[self.drafter]
+
+
+def build_engine(config: EngineConfig, max_running: int = DEFAULT_MAX_RUNNING, ngram_store=None) -> BatchEngine:
     if not 1 <= max_running <= 64:
         raise TandemError(f"max running sequences must be between 1 and 64, got {max_running}")
     draft = None
-    if config.draft is not None and config.drafter in ("model", "hybrid"):
+    if config.draft is not None and config.uses_draft_model:
         target_tokenizer = TextTokenizer(str(tokenizer_path(config.target.model)))
         check_same_vocabulary(target_tokenizer, TextTokenizer(str(tokenizer_path(config.draft.model))))
         draft = load_batch_runner(config.draft, max_running)

@@ -7,6 +7,8 @@ dashboard. Both are plain frozen records, safe to hand from the engine thread to
 
 from dataclasses import dataclass, field
 
+from tandem.speculation.depth import Depth, parse_depth
+
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
 
 
@@ -15,7 +17,11 @@ class SpeculationOptions:
     """Per-request knobs (the API's `"tandem": {...}` object); None means the server default."""
 
     drafter: str | None = None  # "hybrid" | "model" | "ngram" | "none"
-    k: int | str | None = None  # an int, or "auto"
+    k: Depth | None = None  # Auto() or Fixed(k); "auto" or an int are parsed on creation
+
+    def __post_init__(self):
+        if self.k is not None:
+            object.__setattr__(self, "k", parse_depth(self.k))
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,11 +50,12 @@ class StepReport:
     started_at: float  # time.time() when the step began (for spans and charts)
     step_seconds: float  # wall time of the whole step
     prefill_seconds: float  # separate prompt processing (0 where prefill rides in the verify call)
-    draft_seconds: float  # all draft-model forwards of the step (n-gram drafting is free)
+    draft_seconds: float  # planning and drafting (draft-model forwards; n-gram copies are free)
     verify_seconds: float  # the batched target forward
     running: int  # sequences in the batch after the step
     waiting: int  # requests queued, not yet admitted
     batch_tokens: int  # tokens the target scored in the verify forward
     rounds: tuple[RoundReport, ...] = field(default_factory=tuple)
     prefilled: tuple[str, ...] = field(default_factory=tuple)  # seq ids admitted this step
-    workers: tuple[dict, ...] = field(default_factory=tuple)  # cluster workers' health (see cluster/pool.py)
+    workers: tuple[dict, ...] = field(default_factory=tuple)  # cluster workers' health (see cluster/runtime/pool.py)
+    draft_forwards: int = 0  # draft-model forwards of the step

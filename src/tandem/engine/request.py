@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from tandem.errors import TandemError
-from tandem.spec.sampling import SamplingParams
+from tandem.speculation.sampling import SamplingParams
 
 
 class StopCondition(Protocol):

@@ -1,4 +1,4 @@
-"""One request inside the batching engine: its token ids (the source of truth), its slot, and
+"""One request inside a batching engine: its token ids (the source of truth), its slot, and
 how it drafts.
 
 Invariant between steps: the target slot caches every committed token but the last, except
@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tandem.engine.events import SpeculationOptions
-from tandem.engine.generator import apply_stops
 from tandem.engine.request import GenerationRequest
+from tandem.engine.stops import apply_stops
+from tandem.speculation.depth import K_LIMIT, Auto, Depth, Fixed
 
 
 @dataclass(slots=True)
@@ -20,7 +21,7 @@ class Sequence:
     seq_id: str
     request: GenerationRequest
     drafter: str  # "hybrid" | "model" | "ngram" | "none"
-    fixed_k: int | None  # None: the planner chooses
+    depth: Depth
     rng: np.random.Generator
     slot: int = -1
     tokens: list[int] = field(default_factory=list)  # prompt + committed output
@@ -32,18 +33,24 @@ class Sequence:
 
     @classmethod
     def create(cls, seq_id: str, request: GenerationRequest, options: SpeculationOptions,
-               default_drafter: str, default_k: int | str) -> "Sequence":
+               default_drafter: str, default_depth: Depth = Auto()) -> "Sequence":
         drafter = options.drafter or default_drafter
-        k = options.k if options.k is not None else default_k
-        fixed_k = None if k == "auto" else int(k)
-        if drafter == "none":
-            fixed_k = 0
+        depth = Fixed(0) if drafter == "none" else (options.k if options.k is not None else default_depth)
         rng = np.random.default_rng(request.sampling.seed)
-        return cls(seq_id, request, drafter, fixed_k, rng, tokens=list(request.prompt_ids))
+        return cls(seq_id, request, drafter, depth, rng, tokens=list(request.prompt_ids))
+
+    @property
+    def fixed_k(self) -> int | None:
+        """The k the request fixed; None where the planner chooses."""
+        return self.depth.k if isinstance(self.depth, Fixed) else None
+
+    def draft_limit(self, context_length: int) -> int:
+        """A round always adds one target token: drafts fit in what is left besides it."""
+        return max(0, min(self.room - 1, context_length - len(self.tokens) - 1, K_LIMIT))
 
     def commit(self, proposed: list[int], drafted: int, accepted: int, context_length: int) -> tuple[list[int], str | None]:
         """Append a verified round's tokens up to the first stop; return them and why the
-        sequence ends (None, "stop" or "length"; see engine/generator.apply_stops)."""
+        sequence ends (None, "stop" or "length"; see engine/stops.py)."""
         emitted, reason = apply_stops(proposed, self.output, self.request, context_length - len(self.tokens))
         self.tokens += emitted
         self.output += emitted

@@ -1,6 +1,7 @@
 """What every batching engine keeps the same way (the single-process engine and the cluster
-coordinator): the waiting queue, the running sequences, the counts the worker thread reads,
-the context check on submit, and adding and cancelling requests that are still queued."""
+coordinator): the waiting queue, the running sequences, the drafters, the counts the worker
+thread reads, the checks on submit, adding and cancelling requests that are still queued, and
+retiring a finished or cancelled sequence (its committed tokens feed the shared n-gram store)."""
 
 from collections import deque
 
@@ -8,14 +9,19 @@ from tandem.engine.events import SequenceUpdate, SpeculationOptions
 from tandem.engine.request import GenerationRequest
 from tandem.engine.sequence import Sequence
 from tandem.errors import TandemError
+from tandem.speculation.depth import Depth
+from tandem.speculation.drafters.base import Drafter
+from tandem.speculation.drafters.registry import check_drafter
 
 
 class SequencePool:
     context_length: int
     default_drafter: str
-    default_k: int | str
+    default_depth: Depth
 
-    def __init__(self):
+    def __init__(self, drafters: dict[str, Drafter], ngram_store=None):
+        self.drafters = drafters  # by name: the registry's, or a test's
+        self.ngram_store = ngram_store
         self.waiting: deque[Sequence] = deque()
         self.running: dict[str, Sequence] = {}
 
@@ -35,15 +41,40 @@ class SequencePool:
         if len(request.prompt_ids) >= self.context_length:
             raise TandemError(f"the prompt has {len(request.prompt_ids)} tokens but the context holds "
                               f"{self.context_length}")
+        drafter = options.drafter or self.default_drafter
+        if drafter not in self.drafters:
+            check_drafter(drafter)  # an unknown name gets its own message
+            raise TandemError(f"drafter {drafter!r} needs a draft model, and this engine has none")
 
     def add(self, seq_id: str, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:
         self.validate(request, options)
-        self.waiting.append(Sequence.create(seq_id, request, options, self.default_drafter, self.default_k))
+        self.waiting.append(Sequence.create(seq_id, request, options, self.default_drafter, self.default_depth))
 
-    def cancel_waiting(self, seq_id: str) -> SequenceUpdate | None:
-        """Drop a request that was never admitted; None if it is not waiting."""
+    def cancel(self, seq_id: str) -> SequenceUpdate | None:
+        """Drop a request, waiting or running (its slot and caches are freed); None if unknown."""
+        update = self._cancel_waiting(seq_id)
+        if update is not None:
+            return update
+        seq = self.running.get(seq_id)
+        if seq is None:
+            return None
+        self._finish(seq)
+        return SequenceUpdate(seq_id, (), finished=True, finish_reason="cancelled")
+
+    def _cancel_waiting(self, seq_id: str) -> SequenceUpdate | None:
         for seq in self.waiting:
             if seq.seq_id == seq_id:
                 self.waiting.remove(seq)
                 return SequenceUpdate(seq_id, (), finished=True, finish_reason="cancelled")
         return None
+
+    def _finish(self, seq: Sequence) -> None:
+        """Retire seq and free what it holds (its slot, or its place on a replica)."""
+        raise NotImplementedError
+
+    def retire(self, seq: Sequence) -> None:
+        """Take a finished or cancelled sequence out of the batch; what it committed is target
+        output, so it feeds the shared n-gram store either way."""
+        self.running.pop(seq.seq_id, None)
+        if self.ngram_store is not None:
+            self.ngram_store.add(seq.tokens)

@@ -8,6 +8,8 @@ running sequence's slot, the runner copies it (llama.cpp shares the cells).
 
 from dataclasses import dataclass
 
+from tandem.token_ids import common_prefix
+
 MIN_COPY_TOKENS = 16  # copying a shorter prefix than this is not worth a cache operation
 
 
@@ -16,14 +18,6 @@ class SlotChoice:
     slot: int
     reuse_tokens: int  # cached prompt tokens the new sequence keeps
     copy_from: int | None  # a running slot whose prefix is copied in first
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    limit = min(len(a), len(b))
-    i = 0
-    while i < limit and a[i] == b[i]:
-        i += 1
-    return i
 
 
 class SlotTable:

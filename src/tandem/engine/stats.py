@@ -1,12 +1,14 @@
 """Counters for one generation, and the figures derived from them.
 
 acceptance_rate = accepted / drafted draft tokens; mean_accepted_len = accepted draft tokens per
-verification round that had at least one draft token. Time is split into prefill (the target
-reading the prompt), draft, verify (the target's forwards over drafts) and overhead (everything
-else in the loop).
+verification round that had at least one draft token. Time is split into prefill (the step that
+reads the prompt: its verify call scores the prompt too), draft (planning and drafting), verify
+(the target's later forwards) and overhead (everything else in the step).
 """
 
 from dataclasses import dataclass, field
+
+from tandem.engine.events import StepReport
 
 
 @dataclass
@@ -24,11 +26,27 @@ class GenerationStats:
     rounds_with_draft: int = 0
     accepted_by_position: list[int] = field(default_factory=list)  # [i]: rounds accepting draft i
     drafted_by_position: list[int] = field(default_factory=list)  # [i]: rounds drafting position i
-    chosen_k: list[int] = field(default_factory=list)
+    chosen_k: list[int] = field(default_factory=list)  # per round
+    chosen_sources: list[str] = field(default_factory=list)  # per round: where its draft came from
     sources: dict[str, int] = field(default_factory=dict)  # rounds per draft source
+
+    def record_step(self, report: StepReport, seq_id: str) -> None:
+        """Add one engine step's share for seq_id (the whole step, when it runs alone)."""
+        if seq_id in report.prefilled:
+            self.prefill_seconds += report.verify_seconds
+        else:
+            self.verify_seconds += report.verify_seconds
+        self.draft_seconds += report.draft_seconds
+        self.draft_forwards += report.draft_forwards
+        self.seconds += report.step_seconds
+        for round_ in report.rounds:
+            if round_.seq_id == seq_id:
+                self.target_forwards += 1
+                self.record_round(round_.source, round_.k, round_.accepted)
 
     def record_round(self, source: str, drafted: int, accepted: int) -> None:
         self.chosen_k.append(drafted)
+        self.chosen_sources.append(source)
         if not drafted:
             return
         self.rounds_with_draft += 1

@@ -77,26 +77,26 @@ class RequestHandle:
         self.seq_id = seq_id
         self._worker = worker
         self._loop = loop
-        self._async_queue: asyncio.Queue | None = asyncio.Queue() if loop else None
-        self._sync_queue: queue.SimpleQueue = queue.SimpleQueue()
+        # updates: an asyncio queue read on the submitting loop, or a plain one read by a thread
+        self._queue: asyncio.Queue | queue.SimpleQueue = asyncio.Queue() if loop else queue.SimpleQueue()
         self.finished = False
 
     def _deliver(self, update: SequenceUpdate) -> None:  # engine thread
         if self._loop is not None:
             try:
-                self._loop.call_soon_threadsafe(self._async_queue.put_nowait, update)
+                self._loop.call_soon_threadsafe(self._queue.put_nowait, update)
             except RuntimeError:  # the loop is closed: nobody is listening any more
                 pass
         else:
-            self._sync_queue.put(update)
+            self._queue.put(update)
 
     async def next_update(self) -> SequenceUpdate:
-        update = await self._async_queue.get()
+        update = await self._queue.get()
         self.finished = update.finished
         return update
 
     def next_update_sync(self, timeout: float | None = None) -> SequenceUpdate:
-        update = self._sync_queue.get(timeout=timeout)
+        update = self._queue.get(timeout=timeout)
         self.finished = update.finished
         return update
 

@@ -78,7 +78,12 @@ def load_runner(spec: RunnerSpec, profile: bool = True) -> ModelRunner:
 
 
 def _precision(spec: RunnerSpec) -> str:
-    return "gguf" if spec.backend == "llamacpp" else spec.dtype
+    return precision_of(spec.backend, spec.dtype)
+
+
+def precision_of(backend: str, dtype: str) -> str:
+    """What a model's weights are stored in on a backend: llama.cpp reads a GGUF file as it is."""
+    return "gguf" if backend == "llamacpp" else dtype
 
 
 def cached_profile(spec: RunnerSpec, runner: ModelRunner, sizes: tuple[int, ...] = PROFILE_SIZES,

@@ -8,10 +8,12 @@ sequence ids: cost grows with the total token count) or one pass per item (cost 
 per-item costs); the depth planner reads it with `cost`, the measured ms to score n tokens.
 
 `SerialBatchRunner` gives any single-sequence `ModelRunner` this interface by keeping one runner
-view per slot and running items one after another. It is how the torch backend batches here,
+view per slot and running items one after another (each item's time refines the per-item cost
+curve). It is how the torch backend batches here,
 and the slow reference the fused llama.cpp path is tested against.
 """
 
+import time
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
@@ -50,16 +52,6 @@ class BatchRunner(Protocol):
         ...
 
 
-def batch_cost_ms(runner: BatchRunner, token_counts: Sequence[int]) -> float:
-    """Expected time of one forward_batch call with these per-item token counts."""
-    counts = [n for n in token_counts if n > 0]
-    if not counts:
-        return 0.0
-    if runner.fused:
-        return runner.cost.cost_ms(sum(counts))
-    return sum(runner.cost.cost_ms(n) for n in counts)
-
-
 class SerialBatchRunner:
     """Slots backed by single-sequence runner views that share weights; one item at a time."""
 
@@ -67,7 +59,7 @@ class SerialBatchRunner:
 
     def __init__(self, make_view: Callable[[], ModelRunner], max_slots: int):
         first = make_view()
-        self._views = [first] + [make_view() for _ in range(max_slots - 1)]
+        self.views = [first] + [make_view() for _ in range(max_slots - 1)]
         self.name = first.name
         self.vocab_size = first.vocab_size
         self.context_length = first.context_length
@@ -76,20 +68,27 @@ class SerialBatchRunner:
         self.can_copy_prefix = hasattr(first, "copy_cache_from")
 
     def num_cached_tokens(self, slot: int) -> int:
-        return self._views[slot].num_cached_tokens
+        return self.views[slot].num_cached_tokens
 
     def forward_batch(self, items: Sequence[BatchItem]) -> list[np.ndarray]:
-        return [self._views[item.slot].forward(list(item.token_ids), item.num_logits) for item in items]
+        """Each item in turn; each item's time refines the (per-item) cost curve."""
+        return [self._timed_forward(item) for item in items]
+
+    def _timed_forward(self, item: BatchItem) -> np.ndarray:
+        start = time.perf_counter()
+        logits = self.views[item.slot].forward(list(item.token_ids), item.num_logits)  # [num_logits, vocab]
+        self.cost.observe(len(item.token_ids), (time.perf_counter() - start) * 1000)
+        return logits
 
     def rollback(self, slot: int, length: int) -> None:
-        self._views[slot].rollback(length)
+        self.views[slot].rollback(length)
 
     def copy_prefix(self, source: int, destination: int, length: int) -> None:
-        view = self._views[destination]
+        view = self.views[destination]
         copy = getattr(view, "copy_cache_from", None)
         if copy is None:
             raise NotImplementedError(f"{self.name} cannot copy caches between slots")
-        copy(self._views[source], length)
+        copy(self.views[source], length)
 
 
 class SlotView:

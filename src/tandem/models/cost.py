@@ -117,6 +117,21 @@ class CostModel:
         return cls({int(n): float(ms) for n, ms in data.items()})
 
 
+@dataclass(frozen=True, slots=True)
+class CostView:
+    """What the depth planner reads of a runner (local, remote or simulated): its cost curve, and
+    whether a batch is one fused forward (cost of the total tokens) or one pass per item."""
+
+    cost: CostModel
+    fused: bool = True
+
+
+def catch_up_ms(cost: CostModel, unseen: int) -> float:
+    """Extra cost of a draft model's first forward when it has not seen `unseen` tokens (a whole
+    prompt, the first time), beyond a normal one-token draft step."""
+    return max(0.0, cost.cost_ms(unseen) - cost.cost_ms(1))
+
+
 def _interpolate(sizes: list[int], values: list[float], n: int) -> float:
     i = bisect.bisect_left(sizes, n)
     if sizes[i] == n or i == 0:

@@ -24,7 +24,7 @@ from tandem.serve.redis_link import (
     is_redis_url,
     redact,
 )
-from tandem.spec.sampling import SamplingParams
+from tandem.speculation.sampling import SamplingParams
 
 CACHE_KEY_VERSION = 1  # bump when the key's contents change, so old entries are never read
 DEFAULT_MAX_ENTRIES = 1024
@@ -73,7 +73,7 @@ def response_cache_key(model: str, prompt_ids: Sequence[int], params: dict) -> s
             "top_k": int(_param(params, "top_k", SAMPLING_DEFAULTS.top_k)),
             "seed": int(seed),
             "drafter": params.get("drafter"),
-            "k": params.get("k"),
+            "k": None if params.get("k") is None else str(params["k"]),  # a Depth, "auto" or an int
         }
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()

@@ -17,7 +17,7 @@ from tandem.errors import TandemError
 from tandem.serve.errors import APIError
 from tandem.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from tandem.serve.state import ServerState
-from tandem.spec.sampling import SamplingParams
+from tandem.speculation.sampling import SamplingParams
 from tandem.text.stops import StopStrings
 
 DEFAULT_MAX_TOKENS = 256

@@ -11,10 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator
 from pydantic_core import PydanticCustomError
 
 from tandem.engine.events import SpeculationOptions
-from tandem.pipeline import K_LIMIT
+from tandem.speculation.depth import K_LIMIT
+from tandem.speculation.drafters.registry import DRAFTER_NAMES
 
 MAX_STOP_STRINGS = 16
-DRAFTERS = ("hybrid", "model", "ngram", "none")
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -60,7 +60,7 @@ class TandemOptions(BaseModel):
     """The `"tandem"` extension object: how to speculate for this request."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    drafter: Literal[DRAFTERS] | None = None
+    drafter: Literal[DRAFTER_NAMES] | None = None
     k: Annotated[int | str | None, PlainValidator(_depth)] = None
 
     def speculation(self) -> SpeculationOptions:

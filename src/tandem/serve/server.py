@@ -21,21 +21,23 @@ from tandem.engine.events import SpeculationOptions
 from tandem.engine.worker import EngineWorker
 from tandem.errors import TandemError
 from tandem.models.resolve import tokenizer_path
-from tandem.pipeline import PipelineConfig
+from tandem.engine.build import EngineConfig
 from tandem.serve.app import create_app
 from tandem.serve.cache import open_response_cache, response_cache_key
 from tandem.serve.metrics import ServingMetrics
 from tandem.serve.ngram_store import open_ngram_store
 from tandem.serve.response_store import ResponseStore
 from tandem.serve.settings import CACHE_OFF, ServeSettings
-from tandem.serve.state import ALL_DRAFTERS, ServerState
+from tandem.serve.state import ServerState
 from tandem.serve.tracing import RequestTracer
 from tandem.text.tokenizer import TextTokenizer
+from tandem.models.backends import precision_of
+from tandem.speculation.drafters.registry import DRAFTER_NAMES, USES_MODEL
 
 UVICORN_CLOSE_SECONDS = 5  # after the drain, how long uvicorn waits for connections to close
 
 
-def serve(config: PipelineConfig, settings: ServeSettings, cluster=None) -> int:
+def serve(config: EngineConfig, settings: ServeSettings, cluster=None) -> int:
     model_name = settings.served_model_name or default_model_name(config.target.model)
     ngram_store = open_ngram_store(None if settings.cache_url == CACHE_OFF else settings.cache_url,
                                    namespace=model_name)
@@ -54,19 +56,19 @@ def serve(config: PipelineConfig, settings: ServeSettings, cluster=None) -> int:
     return 0
 
 
-def build_state(config: PipelineConfig, settings: ServeSettings, model_name: str, ngram_store,
+def build_state(config: EngineConfig, settings: ServeSettings, model_name: str, ngram_store,
                 cluster=None) -> ServerState:
     """Load the tokenizer and models and start the engine thread (slow: before the port is bound).
-    With `cluster` (cluster/launch.py's ClusterOptions) the models load on Ray workers instead."""
+    With `cluster` (cluster/runtime/launch.py's ClusterOptions) the models load on Ray workers instead."""
     tokenizer = TextTokenizer(str(tokenizer_path(config.target.model)))
     metrics = ServingMetrics(model_name, settings.alert_threshold)
     tracer = RequestTracer(settings.otlp_endpoint)
     engine = _engine(config, settings, ngram_store, cluster)
     cache = _response_store(settings, _model_identity(config))
     worker = EngineWorker(engine, settings.max_waiting, observers=[metrics.observe_step, tracer.observe_step])
-    has_draft = config.draft is not None and config.drafter in ("model", "hybrid")
+    has_draft = config.draft is not None and config.uses_draft_model
     return ServerState(worker.start(), tokenizer, model_name, engine.context_length, settings, metrics, tracer,
-                       cache, drafters=ALL_DRAFTERS if has_draft else ("ngram", "none"),
+                       cache, drafters=tuple(n for n in DRAFTER_NAMES if has_draft or not USES_MODEL[n]),
                        speculation_defaults=SpeculationOptions(config.drafter, config.k))
 
 
@@ -82,19 +84,18 @@ def _response_store(settings: ServeSettings, identity: str) -> ResponseStore:
     return ResponseStore(open_response_cache(settings.cache_url, settings.cache_ttl_seconds), key)
 
 
-def _model_identity(config: PipelineConfig) -> str:
+def _model_identity(config: EngineConfig) -> str:
     target = config.target.resolved()
-    precision = "gguf" if target.backend == "llamacpp" else target.dtype
-    return f"{target.model}|{target.backend}|{precision}"
+    return f"{target.model}|{target.backend}|{precision_of(target.backend, target.dtype)}"
 
 
-def _engine(config: PipelineConfig, settings: ServeSettings, ngram_store, cluster):
+def _engine(config: EngineConfig, settings: ServeSettings, ngram_store, cluster):
     if cluster is None:
         return build_engine(config, max_running=settings.max_running, ngram_store=ngram_store)
-    from tandem.cluster.launch import launch_cluster
+    from tandem.cluster.runtime.launch import launch_cluster
 
     return launch_cluster(cluster.spec, config.drafter, config.k, cluster.ray_address, settings.max_running,
-                          ngram_store, cluster.pipeline)
+                          ngram_store, cluster.draft_ahead)
 
 
 def close_state(state: ServerState) -> None:

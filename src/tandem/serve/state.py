@@ -6,12 +6,12 @@ from typing import Protocol
 
 from tandem.engine.events import SpeculationOptions
 from tandem.engine.worker import EngineWorker
+from tandem.speculation.drafters.registry import DRAFTER_NAMES
 from tandem.serve.metrics import ServingMetrics
 from tandem.serve.response_store import ResponseStore
 from tandem.serve.settings import ServeSettings
 from tandem.serve.tracing import RequestTracer
 
-ALL_DRAFTERS = ("hybrid", "model", "ngram", "none")
 
 
 class Tokenizer(Protocol):
@@ -36,7 +36,7 @@ class ServerState:
     metrics: ServingMetrics
     tracer: RequestTracer
     cache: ResponseStore
-    drafters: tuple[str, ...] = ALL_DRAFTERS  # drafters a request may ask for (no draft model: ngram, none)
+    drafters: tuple[str, ...] = DRAFTER_NAMES  # drafters a request may ask for (no draft model: ngram, none)
     speculation_defaults: SpeculationOptions = field(default_factory=SpeculationOptions)  # the engine's drafter, k
     created: int = field(default_factory=lambda: int(time.time()))
     draining: bool = False  # set on SIGINT/SIGTERM: new requests are refused with 503

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tandem.spec.sampling import sample
+from tandem.speculation.sampling import SamplingParams, probs_from_logits, sample
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +32,30 @@ class AcceptResult:
 
     def emitted(self, draft_tokens: list[int]) -> list[int]:
         return list(draft_tokens[: self.accepted]) + [self.next_token]
+
+
+def accept_round(
+    draft_tokens: list[int],
+    q_draft: np.ndarray | None,  # [k, draft_vocab] or None (one-hot / greedy)
+    target_logits: np.ndarray,  # [k + 1, vocab]
+    sampling: SamplingParams,
+    rng: np.random.Generator,
+) -> AcceptResult:
+    """One round's acceptance: greedy at temperature 0, else exact speculative sampling on the
+    processed distributions (the one dispatch every engine and verifier uses)."""
+    if sampling.greedy:
+        return accept_greedy(draft_tokens, target_logits)
+    p_target = probs_from_logits(target_logits, sampling)  # [k + 1, vocab]
+    return accept_sampling(draft_tokens, fit_vocab(q_draft, p_target.shape[-1]), p_target, rng)
+
+
+def fit_vocab(q_draft: np.ndarray | None, vocab: int) -> np.ndarray | None:
+    """Draft and target may pad their embeddings differently: q over the target's width."""
+    if q_draft is None or q_draft.shape[-1] == vocab:
+        return q_draft
+    if q_draft.shape[-1] > vocab:
+        return q_draft[:, :vocab]
+    return np.pad(q_draft, ((0, 0), (0, vocab - q_draft.shape[-1])))
 
 
 def accept_greedy(draft_tokens: list[int], target_logits: np.ndarray) -> AcceptResult:

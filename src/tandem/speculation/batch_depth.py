@@ -24,7 +24,7 @@ E / T. All k = 0 (plain batched decoding) is one of the candidates and is kept u
 beats it by MIN_GAIN: as concurrency grows and verification stops being cheap, k falls to 0,
 so speculation on is not slower than off. A request with a fixed k keeps it.
 
-Acceptance is estimated per source across sequences (spec/depth.py's AcceptanceEstimate). A
+Acceptance is estimated per source across sequences (speculation/depth.py's AcceptanceEstimate). A
 source seen for the first time starts from what its family has shown so far (all n-gram
 lengths, all shared-store lengths), not from a fixed prior: a shared store full of other
 requests' text gives a dozen match lengths, and each must not pay to learn the same lesson. A
@@ -34,8 +34,8 @@ time shared by all sources, unless it could not pay even at near-perfect accepta
 
 from dataclasses import dataclass, field, replace
 
-from tandem.models.batch_runner import BatchRunner
-from tandem.spec.depth import BEST_ACCEPTANCE, DEFAULT_K_MAX, PROBE_BUDGET, AcceptanceEstimate, source_family
+from tandem.models.cost import CostView
+from tandem.speculation.depth import AUTO_K_MAX, BEST_ACCEPTANCE, PROBE_BUDGET, AcceptanceEstimate, source_family
 
 MIN_GAIN = 0.10  # drafting must be predicted to beat plain decoding by this share (estimates are noisy)
 STEP_OVERHEAD_MS = 1.0  # engine bookkeeping per step, refined from observation
@@ -74,9 +74,9 @@ class _Walk:
 
 @dataclass
 class BatchDepthPlanner:
-    target: BatchRunner
-    draft: BatchRunner | None = None
-    k_max: int = DEFAULT_K_MAX
+    target: CostView  # anything with .cost and .fused: a batch runner, or a view of a remote one
+    draft: CostView | None = None
+    k_max: int = AUTO_K_MAX
     overhead_ms: float = STEP_OVERHEAD_MS
     estimates: dict[str, AcceptanceEstimate] = field(default_factory=dict)
     families: dict[str, AcceptanceEstimate] = field(default_factory=dict)  # pooled over match lengths
@@ -103,16 +103,55 @@ class BatchDepthPlanner:
     def observe_overhead(self, overhead_ms: float) -> None:
         self.overhead_ms += 0.1 * (overhead_ms - self.overhead_ms)
 
-    def plan(self, candidates: list[DraftCandidate]) -> list[int]:
-        """k per candidate, in order. A draft model is only started on a sequence whose drafting
-        would pay in the steady state (alone, caught up): its catch-up is an investment that only
-        later rounds repay, so a step that looks cheap for other reasons (a big batch, a prefill)
-        must not start it."""
-        alphas = [self.acceptance(c.source) for c in candidates]
-        steady = [self._steady(c, a) for c, a in zip(candidates, alphas)]
-        ks = self._best_plan(steady, alphas)
+    def plan(self, candidates: list[DraftCandidate],
+             fallbacks: list[DraftCandidate | None] | None = None) -> tuple[list[int], list[bool]]:
+        """k per candidate, in order, and whether each sequence's fallback was used instead. A
+        candidate whose k is 0 in the best plan is replaced by its fallback (hybrid: the draft
+        model where the copy does not pay) and the batch planned again. A draft model is only
+        started on a sequence whose drafting would pay in the steady state (alone, caught up):
+        its catch-up is an investment that only later rounds repay, so a step that looks cheap
+        for other reasons (a big batch, a prefill) must not start it."""
+        fallbacks = fallbacks or [None] * len(candidates)
+        ks = self._plan_steady(candidates)
+        used = [f is not None and k == 0 and c.fixed_k is None for c, f, k in zip(candidates, fallbacks, ks)]
+        if any(used):
+            candidates = [f if u else c for c, f, u in zip(candidates, fallbacks, used)]
+            ks = self._plan_steady(candidates)
         self._probe(candidates, ks)  # idle sources, including a draft model not worth starting
-        return ks
+        return ks, used
+
+    def _plan_steady(self, candidates: list[DraftCandidate]) -> list[int]:
+        alphas = [self.acceptance(c.source) for c in candidates]
+        return self._best_plan([self._steady(c, a) for c, a in zip(candidates, alphas)], alphas)
+
+    def keep_drafting(self, source: str, confidences: list[float], others_tokens: int = 0,
+                      batch_size: int = 1) -> bool:
+        """Whether a model draft that pays should go one token deeper: the draft's own
+        P(all drafted so far accepted) times the source's acceptance, per millisecond the token
+        adds (a draft step, one more token in the target call), must beat the step's tokens per
+        millisecond so far. A fused call also scores `others_tokens` of the other sequences;
+        the step's tokens are taken as this sequence's times `batch_size`. For one sequence
+        this is the round's own rate."""
+        drafted = len(confidences)
+        if drafted >= self.k_max:
+            return False
+        survive, tokens = 1.0, 1.0
+        for confidence in confidences:
+            survive *= confidence
+            tokens += survive
+        draft_step = self.draft.cost.cost_ms(1) if self.draft is not None else 0.0
+        target = self.target.cost
+        if self.target.fused:
+            total = others_tokens + drafted + 1
+            target_ms = target.cost_ms(total)
+            extra_target = target.cost_ms(total + 1) - target_ms
+        else:
+            target_ms = target.cost_ms(drafted + 1)
+            extra_target = target.cost_ms(drafted + 2) - target_ms
+        elapsed = drafted * draft_step + target_ms + self.overhead_ms
+        gain = survive * self.acceptance(source)
+        step_tokens = tokens * batch_size if self.target.fused else tokens  # serial: this item's own pass
+        return gain / max(draft_step + extra_target, 1e-6) > step_tokens / max(elapsed, 1e-6)
 
     def _steady(self, candidate: DraftCandidate, alpha: float) -> DraftCandidate:
         if not candidate.uses_model or candidate.fixed_k is not None or candidate.cap == 0 or candidate.setup_ms <= 0:

@@ -1,63 +1,30 @@
-"""A pipeline assembles what one generation needs: the target's tokenizer (the text edge), the
-target and draft runners, the drafter and the depth policy. The CLI and the benchmark both use it.
+"""The text edge of `tandem generate`: the target's tokenizer around a batching engine.
+
+Turns a prompt or chat messages into token ids, builds the engine request (stop token ids, stop
+strings), and streams the engine's token ids back as text deltas (complete UTF-8, never part of
+a stop string). The engine itself only sees token ids.
 """
 
-from dataclasses import dataclass
 from typing import Iterator
 
-from tandem.engine.generator import SpeculativeGenerator
+from tandem.engine.batch_engine import BatchEngine
+from tandem.engine.build import EngineConfig, build_engine
+from tandem.engine.generate import stream_tokens
 from tandem.engine.request import GenerationRequest
 from tandem.engine.stats import GenerationStats
 from tandem.errors import TandemError
-from tandem.models.backends import RunnerSpec, load_runner
 from tandem.models.resolve import tokenizer_path
-from tandem.spec.depth import build_depth
-from tandem.spec.drafters.registry import build_drafter
-from tandem.spec.sampling import SamplingParams
+from tandem.speculation.sampling import SamplingParams
 from tandem.text.stops import StopStrings
 from tandem.text.stream import TextStream
-from tandem.text.tokenizer import TextTokenizer, check_same_vocabulary
-
-K_LIMIT = 64
+from tandem.text.tokenizer import TextTokenizer
 
 
-def parse_k(value: str | int) -> int | str:
-    """`auto` or a non-negative integer up to K_LIMIT."""
-    if value == "auto":
-        return "auto"
-    try:
-        k = int(value)
-    except (TypeError, ValueError):
-        raise TandemError(f"k must be 'auto' or an integer, got {value!r}") from None
-    if not 0 <= k <= K_LIMIT:
-        raise TandemError(f"k must be between 0 and {K_LIMIT}, got {k}")
-    return k
-
-
-@dataclass(frozen=True, slots=True)
-class PipelineConfig:
-    target: RunnerSpec
-    draft: RunnerSpec | None = None
-    drafter: str = "hybrid"
-    k: int | str = "auto"
-
-    def __post_init__(self):
-        object.__setattr__(self, "k", parse_k(self.k))
-        if self.drafter in ("model", "hybrid") and self.draft is None:
-            raise TandemError(f"--drafter {self.drafter} needs a draft model: pass --draft NAME")
-
-
-class Pipeline:
-    def __init__(self, config: PipelineConfig):
+class TextGenerator:
+    def __init__(self, config: EngineConfig, engine: BatchEngine | None = None):
         self.config = config
         self.tokenizer = TextTokenizer(str(tokenizer_path(config.target.model)))
-        draft_runner = None
-        if config.draft is not None and config.drafter in ("model", "hybrid"):
-            check_same_vocabulary(self.tokenizer, TextTokenizer(str(tokenizer_path(config.draft.model))))
-            draft_runner = load_runner(config.draft)
-        self.target = load_runner(config.target)
-        self.drafter = build_drafter(config.drafter, draft_runner)
-        self.depth = build_depth(config.drafter, config.k, self.target.cost)  # learns across requests
+        self.engine = engine or build_engine(config, max_running=1)
 
     def prompt_ids(self, prompt: str | None = None, messages: list[dict] | None = None) -> tuple[int, ...]:
         if messages is not None:
@@ -74,10 +41,9 @@ class Pipeline:
         )
 
     def stream_text(self, request: GenerationRequest, stats: GenerationStats) -> Iterator[tuple[str, list[int]]]:
-        """Yield (text delta, token ids of the round) as generation goes; a final flush at the end."""
-        generator = SpeculativeGenerator(self.target, self.drafter, self.depth)
+        """Yield (text delta, token ids of the step) as generation goes; a final flush at the end."""
         text = TextStream(self.tokenizer.decode, _stop_strings(request))
-        for ids in generator.stream(request, stats):
+        for ids in stream_tokens(self.engine, request, stats):
             yield text.push(ids), ids
         yield text.finish(), []
 

@@ -3,7 +3,7 @@ served, concurrency is honoured, and the figures add up."""
 
 from tandem.bench.cluster.drive import drive
 from tandem.engine.request import GenerationRequest
-from test_batch_engine import MAX_TOKENS, PROMPTS, make_engine
+from engine_support import MAX_TOKENS, PROMPTS, make_engine
 
 
 def test_drive_serves_every_request_and_counts_tokens(tiny_target, tiny_draft):

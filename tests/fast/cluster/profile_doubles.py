@@ -1,8 +1,8 @@
 """Hand-built profiles and clusters for planner tests: a fused device whose forward call costs
 `total_ms[tokens]` for the batch's total token count, the shape llama.cpp and GPUs both have."""
 
-from tandem.cluster.cluster_spec import ClusterSpec, NetworkSpec, WorkerSpec
-from tandem.cluster.profile import Curve, DeviceProfile
+from tandem.cluster.config.cluster_spec import ClusterSpec, NetworkSpec, WorkerSpec
+from tandem.cluster.profiles.profile import Curve, DeviceProfile
 from tandem.models.cost import CostModel
 
 SIZES = (1, 2, 4, 8, 16)

@@ -5,13 +5,13 @@ from collections import defaultdict
 
 import pytest
 
-from tandem.cluster.coordinator import NO_VERIFIER, ClusterEngine
-from tandem.cluster.drafter import DrafterWorker
-from tandem.cluster.endpoints import LocalEndpoint
-from tandem.cluster.pool import Worker
-from tandem.cluster.verifier import VerifierWorker
+from tandem.cluster.runtime.coordinator import NO_VERIFIER, ClusterEngine
+from tandem.cluster.runtime.drafter_worker import DrafterWorker
+from tandem.cluster.runtime.endpoints import LocalEndpoint
+from tandem.cluster.runtime.pool import Worker
+from tandem.cluster.runtime.verifier_worker import VerifierWorker
 from tandem.engine.request import GenerationRequest
-from test_batch_engine import CHEAP_VERIFY, MAX_TOKENS, PROMPTS, references, serial_runner  # noqa: F401
+from engine_support import CHEAP_VERIFY, MAX_TOKENS, PROMPTS, serial_runner  # noqa: F401
 
 
 def make_cluster(tiny_target, tiny_draft, verifiers=2, drafters=1, slots=3, **kwargs):
@@ -34,6 +34,7 @@ def make_cluster(tiny_target, tiny_draft, verifiers=2, drafters=1, slots=3, **kw
           for i in range(verifiers)]
     ds = [worker(f"draft-{i}", "draft", lambda: DrafterWorker(serial_runner(tiny_draft, 8, CHEAP_VERIFY)))
           for i in range(drafters)]
+    kwargs["depth"] = kwargs.pop("k", "auto")
     return ClusterEngine(vs, ds, **kwargs), endpoints
 
 
@@ -88,7 +89,7 @@ def test_drafter_killed_generation_goes_on(tiny_target, tiny_draft, references):
 
     def kill_drafter(step):
         if step == 2:
-            engine.drafters[0].endpoint.kill()
+            engine.drafter_workers[0].endpoint.kill()
 
     outputs, reasons = run(engine, PROMPTS[:3], kill_drafter)
     assert outputs == [references[p] for p in PROMPTS[:3]]
@@ -105,18 +106,18 @@ def test_no_verifier_left_fails_requests_clearly(tiny_target, tiny_draft):
     assert engine.unavailable_reason == NO_VERIFIER
 
 
-def test_pipelined_drafts_keep_greedy_output_and_get_used(tiny_target, references):
-    engine, _ = make_cluster(tiny_target, tiny_target, verifiers=1, drafter="model", k=3, pipeline=True)
+def test_drafts_made_ahead_keep_greedy_output_and_get_used(tiny_target, references):
+    engine, _ = make_cluster(tiny_target, tiny_target, verifiers=1, drafter="model", k=3, draft_ahead=True)
     outputs, _ = run(engine, PROMPTS)
     assert outputs == [references[p] for p in PROMPTS]
-    assert engine.pipeline_hits > 0  # the target drafting for itself: the guesses are right
+    assert engine.remote.ahead_hits > 0  # the target drafting for itself: the guesses are right
 
 
-def test_pipelined_sampling_is_seeded_and_complete(tiny_target, tiny_draft):
-    from tandem.spec.sampling import SamplingParams
+def test_sampling_with_drafts_made_ahead_is_seeded_and_complete(tiny_target, tiny_draft):
+    from tandem.speculation.sampling import SamplingParams
 
     def sampled():
-        engine, _ = make_cluster(tiny_target, tiny_draft, verifiers=1, drafter="model", k=2, pipeline=True)
+        engine, _ = make_cluster(tiny_target, tiny_draft, verifiers=1, drafter="model", k=2, draft_ahead=True)
         engine.add("s", GenerationRequest(PROMPTS[0], MAX_TOKENS, SamplingParams(0.8, seed=3)))
         tokens = []
         while engine.has_work:
@@ -128,7 +129,7 @@ def test_pipelined_sampling_is_seeded_and_complete(tiny_target, tiny_draft):
 
 
 def test_a_workers_round_trip_is_measured_when_it_comes_up_and_feeds_the_depth_planner(tiny_target, tiny_draft):
-    from tandem.cluster.emulation import Emulation
+    from tandem.cluster.runtime.emulation import Emulation
 
     far = Worker("verify-far", "verify", lambda: LocalEndpoint(
         "verify-far", VerifierWorker(serial_runner(tiny_target, 2, CHEAP_VERIFY), Emulation(rtt_ms=30.0))))

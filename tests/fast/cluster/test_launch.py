@@ -5,9 +5,9 @@ import argparse
 
 import pytest
 
-from tandem.cli.serve_cmd import cluster_options, cluster_pipeline_config
-from tandem.cluster.launch import ClusterOptions, coordinator_group, roles_of
-from tandem.cluster.spec import load_cluster
+from tandem.cli.serve_cmd import cluster_options, cluster_engine_config
+from tandem.cluster.runtime.launch import ClusterOptions, coordinator_group, roles_of
+from tandem.cluster.config.load import load_cluster
 from tandem.errors import TandemError
 
 CROSS_REGION = "examples/clusters/cross-region.yaml"
@@ -30,7 +30,7 @@ def test_the_coordinator_sits_with_the_drafter_and_verifiers_pay_the_round_trip(
 
 
 def serve_args(**overrides) -> argparse.Namespace:
-    values = dict(cluster=None, ray_address=None, pipeline=False, drafter="hybrid", k="auto")
+    values = dict(cluster=None, ray_address=None, draft_ahead=False, drafter="hybrid", k="auto")
     values.update(overrides)
     return argparse.Namespace(**values)
 
@@ -38,7 +38,7 @@ def serve_args(**overrides) -> argparse.Namespace:
 def test_serve_cluster_serves_the_first_verifiers_model():
     args = serve_args(cluster=CROSS_REGION)
     options = cluster_options(args)
-    config = cluster_pipeline_config(options, args)
+    config = cluster_engine_config(options, args)
     assert isinstance(options, ClusterOptions)
     assert config.target.model == "qwen2.5-coder-1.5b-instruct"
     assert config.draft.model == "qwen2.5-coder-0.5b-instruct" and config.drafter == "hybrid"
@@ -46,4 +46,4 @@ def test_serve_cluster_serves_the_first_verifiers_model():
 
 def test_ray_options_without_a_cluster_are_refused():
     with pytest.raises(TandemError, match="need --cluster"):
-        cluster_options(serve_args(pipeline=True))
+        cluster_options(serve_args(draft_ahead=True))

@@ -5,13 +5,13 @@ from pathlib import Path
 import pytest
 from profile_doubles import CHEAP_DRAFT, CONTEXT, FLAT, STEEP, both_worker, cluster, drafter, fused_profile, verifier
 
-from tandem.cluster.drafter_kinds import drafter_kind, expected_tokens
-from tandem.cluster.placement import PlacementPricer
-from tandem.cluster.planner import PlanOptions, options_for, plan_cluster
-from tandem.cluster.prediction import DraftSource, WorkerCost, predict_step
-from tandem.cluster.profile_store import cluster_profiles
-from tandem.cluster.spec import load_cluster
-from tandem.spec.batch_depth import STEP_OVERHEAD_MS
+from tandem.cluster.planning.drafter_kinds import drafter_kind, expected_tokens
+from tandem.cluster.planning.placement import PlacementPricer
+from tandem.cluster.planning.planner import PlanOptions, options_for, plan_cluster
+from tandem.cluster.planning.prediction import DraftSource, WorkerCost, predict_step
+from tandem.cluster.profiles.profile_store import cluster_profiles
+from tandem.cluster.config.load import load_cluster
+from tandem.speculation.batch_depth import STEP_OVERHEAD_MS
 
 EXAMPLES = Path(__file__).parents[3] / "examples" / "clusters"
 

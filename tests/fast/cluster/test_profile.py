@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 from profile_doubles import cluster, fused_profile, verifier
 
-from tandem.cluster.profile import Curve, DeviceProfile, load_profile, profile_from_json, profile_to_json, save_profile
-from tandem.cluster.profile_store import cluster_profiles, default_profile_path, worker_profile
-from tandem.cluster.public_profiles import DEVICE_CLASSES, public_profile, roofline_ms
-from tandem.cluster.spec import load_cluster
+from tandem.cluster.profiles.profile import Curve, DeviceProfile, load_profile, profile_from_json, profile_to_json, save_profile
+from tandem.cluster.profiles.profile_store import cluster_profiles, default_profile_path, worker_profile
+from tandem.cluster.profiles.public_profiles import DEVICE_CLASSES, public_profile, roofline_ms
+from tandem.cluster.config.load import load_cluster
 from tandem.errors import TandemError
 from tandem.models.cost import CostModel
 
@@ -138,7 +138,7 @@ class SleepyRunner:
 
 
 def test_measure_sweeps_the_grid_and_caps_noise(monkeypatch):
-    from tandem.cluster import measure
+    from tandem.cluster.profiles import measure
     from tandem.models.backends import RunnerSpec
 
     runner = SleepyRunner()
@@ -156,7 +156,7 @@ def test_measure_sweeps_the_grid_and_caps_noise(monkeypatch):
 
 
 def test_cap_by_more_work():
-    from tandem.cluster.measure import _cap_by_more_work
+    from tandem.cluster.profiles.measure import _cap_by_more_work
 
     samples = {(0, 1, 1): 9.0, (0, 1, 2): 2.0, (0, 2, 1): 3.0, (64, 1, 1): 1.5}
     assert _cap_by_more_work(samples) == {(0, 1, 1): 1.5, (0, 1, 2): 2.0, (0, 2, 1): 3.0, (64, 1, 1): 1.5}

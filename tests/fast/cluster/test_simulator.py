@@ -1,5 +1,5 @@
 """The cluster simulator (cluster/sim): event loop, the one-sequence closed form, and the
-directions a cluster planner relies on (replicas, round trips, pipelining), all in well under
+directions a cluster planner relies on (replicas, round trips, draft_ahead), all in well under
 a second each."""
 
 import dataclasses
@@ -25,18 +25,18 @@ from tandem.cluster.sim.reference import OneSequenceCase, closed_form_tokens_per
 from tandem.cluster.sim.timeline import Host, Timeline
 from tandem.cluster.sim.validation import MeasuredRun, compare_with_measurement
 from tandem.models.cost import CostModel
-from tandem.spec.batch_depth import DraftCandidate
+from tandem.speculation.batch_depth import DraftCandidate
 
 TARGET = CostModel({1: 20.0, 2: 21.0, 4: 23.0, 8: 27.0, 64: 60.0, 512: 300.0})  # a slow-ish fused device
 DRAFT = CostModel({1: 3.0, 8: 4.0, 64: 10.0, 512: 40.0})
 
 
-def one_sequence(alpha=0.7, k=4, rtt=10.0, requests=10, output=400, pipelining=False, seed=1) -> Simulation:
+def one_sequence(alpha=0.7, k=4, rtt=10.0, requests=10, output=400, draft_ahead=False, seed=1) -> Simulation:
     return Simulation(
         verifiers=(Verifier(Device("v", TARGET, group="a"), "m", max_batch=1),),
         drafters=(Drafter("m", GeometricAcceptance(alpha), Device("d", DRAFT, group="b")),),
         workload=Workload(requests, FixedLength(16), FixedLength(output), concurrency=1),
-        network=Network(default_ms=rtt), depth=Depth(fixed_k=k), pipelining=pipelining, seed=seed)
+        network=Network(default_ms=rtt), depth=Depth(fixed_k=k), draft_ahead=draft_ahead, seed=seed)
 
 
 def cluster(replicas=1, concurrency=32, requests=64, rtt=0.0, k=None, output=64, seed=0, **kw) -> Simulation:
@@ -153,9 +153,9 @@ def test_round_trips_add_latency_and_the_planner_drafts_deeper():
     assert auto_far.mean_k > auto_near.mean_k + 1.0
 
 
-def test_pipelining_hides_a_long_round_trip():
+def test_drafting_ahead_hides_a_long_round_trip():
     plain = simulate(one_sequence(alpha=0.8, k=3, rtt=40.0, requests=4, output=300))
-    piped = simulate(one_sequence(alpha=0.8, k=3, rtt=40.0, requests=4, output=300, pipelining=True))
+    piped = simulate(one_sequence(alpha=0.8, k=3, rtt=40.0, requests=4, output=300, draft_ahead=True))
     assert piped.throughput_tok_s > 1.1 * plain.throughput_tok_s
     assert piped.mean_k == plain.mean_k == pytest.approx(3.0, abs=0.05)
 
@@ -187,7 +187,7 @@ def test_steady_throughput_leaves_out_the_tail():
 
 
 def test_utilisation_is_a_share_of_the_run():
-    result = simulate(cluster(replicas=3, concurrency=24, rtt=20.0, pipelining=True))
+    result = simulate(cluster(replicas=3, concurrency=24, rtt=20.0, draft_ahead=True))
     assert set(result.utilisation) == {"v0", "v1", "v2", "d"}
     assert all(0.0 <= u <= 1.0 for u in result.utilisation.values())
     assert max(result.utilisation.values()) > 0.2

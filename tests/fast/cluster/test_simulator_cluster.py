@@ -6,11 +6,11 @@ import json
 import pytest
 
 from tandem.cli.main import main
-from tandem.cluster.cluster_spec import ClusterSpec, NetworkSpec, WorkerSpec
-from tandem.cluster.launch import DEFAULT_SLOTS
-from tandem.cluster.planner import plan_cluster
-from tandem.cluster.profile_store import cluster_profiles
-from tandem.cluster.public_profiles import public_profile
+from tandem.cluster.config.cluster_spec import ClusterSpec, NetworkSpec, WorkerSpec
+from tandem.cluster.runtime.launch import DEFAULT_SLOTS
+from tandem.cluster.planning.planner import plan_cluster
+from tandem.cluster.profiles.profile_store import cluster_profiles
+from tandem.cluster.profiles.public_profiles import public_profile
 from tandem.cluster.sim import FixedLength, Workload, simulate
 from tandem.cluster.sim.adapter import ClusterOptions, simulation_from_cluster
 from tandem.cluster.sim.from_profile import device_from_profile

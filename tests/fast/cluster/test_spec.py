@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.cluster.spec import ClusterSpec, NetworkSpec, WorkerSpec, load_cluster
+from tandem.cluster.config.load import ClusterSpec, NetworkSpec, WorkerSpec, load_cluster
 from tandem.errors import TandemError
 
 EXAMPLES = Path(__file__).parents[3] / "examples" / "clusters"
@@ -109,7 +109,7 @@ def test_profiles_paths_are_relative_to_the_file(tmp_path):
     ("workers: []\n", "1: workers: at least one worker is needed"),
     ("workers:\n" + VERIFY + "drafter: modle\n",
      "5: drafter: must be one of auto, none, ngram, model, hybrid (got 'modle') (did you mean 'model'?)"),
-    ("workers:\n" + VERIFY + "k: 99\n", "5: k: must be <= 16 (got 99)"),
+    ("workers:\n" + VERIFY + "k: 99\n", "5: k: must be <= 64 (got 99)"),
     ("workers:\n" + VERIFY + "acceptance: {model: 1.5}\n",
      "5: acceptance: key 'model': must be < 1.0 (got 1.5)"),
     ("workers:\n" + VERIFY + "worker: {}\n",

@@ -3,8 +3,11 @@ metrics and tracer, and a server built around them (the real app, worker thread 
 
 `ByteTokenizer`: one token per UTF-8 byte (ids 0-255) plus EOS (256), so a multi-byte character
 spans several tokens and a stream cut between them shows "\\ufffd" until it completes.
-`ScriptedEngine`: every running sequence emits the next `tokens_per_step` ids of `script` per
-step (cycling), honouring max_tokens, stop token ids, stop conditions and cancel; `gate` pauses it.
+`ScriptedEngine`: the real `SequencePool` (queue, submit checks, cancel, retire) and the real
+`Sequence.commit` (EOS, stop conditions, max tokens, context, counts); only the model is
+scripted. Each round of a running sequence proposes the next script ids (cycling) as the target
+would: `accepted` draft tokens plus the token the target adds; `gate` pauses it, `fail_with`
+makes its steps raise as a device failure would.
 """
 
 import asyncio
@@ -12,19 +15,21 @@ import functools
 import json
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
 
 import httpx
 
 from tandem.engine.events import SequenceUpdate, SpeculationOptions, StepReport
 from tandem.engine.request import GenerationRequest
+from tandem.engine.sequence import Sequence
+from tandem.engine.sequence_pool import SequencePool
 from tandem.engine.worker import EngineWorker
 from tandem.serve.app import create_app
 from tandem.serve.cache import InProcessResponseCache, response_cache_key
 from tandem.serve.response_store import ResponseStore
 from tandem.serve.settings import ServeSettings
 from tandem.serve.state import ServerState
+from tandem.speculation.depth import Auto
+from tandem.speculation.drafters.registry import DRAFTER_NAMES, build_drafters
 
 EOS = 256
 MODEL = "tiny-test"
@@ -49,107 +54,84 @@ class ByteTokenizer:
         return list(text.encode())
 
     def decode(self, token_ids) -> str:
-        return bytes(t for t in token_ids if t < 256).decode("utf-8", errors="replace")
+        assert all(t < 256 for t in token_ids), "an EOS id reached the text"
+        return bytes(token_ids).decode("utf-8", errors="replace")
 
     def chat_prompt_ids(self, messages: list[dict]) -> list[int]:
         return self.encode("".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>")
 
 
-@dataclass
-class Running:
-    request: GenerationRequest
-    output: list[int] = field(default_factory=list)
+class UnusedDraftModel:
+    """Lets the registry build the drafters that need a model; the script drafts instead."""
+
+    def cost_view(self, seq):
+        return None
+
+    def catch_up_ms(self, seq) -> float:
+        return 0.0
+
+    def draft(self, jobs, keep_drafting):
+        raise AssertionError("ScriptedEngine never drafts")
 
 
-class ScriptedEngine:
+class ScriptedEngine(SequencePool):
+    """A round drafts k = tokens_per_step + 1 tokens (fewer where the sequence's depth or room
+    says so), accepts tokens_per_step - 1 of them, and the target adds one: tokens_per_step
+    script ids per step, cut by the real stops."""
+
     def __init__(self, script: list[int], max_running: int = 2, context_length: int = 512,
-                 tokens_per_step: int = 3, step_seconds: float = 0.0):
+                 tokens_per_step: int = 3, step_seconds: float = 0.0, draft_model: bool = True):
+        super().__init__(build_drafters(UnusedDraftModel() if draft_model else None))
+        self.default_drafter = "hybrid" if draft_model else "ngram"
+        self.default_depth = Auto()
         self.script = script
         self.max_running = max_running
         self.context_length = context_length
         self.tokens_per_step = tokens_per_step
         self.step_seconds = step_seconds
-        self.waiting: deque[tuple[str, GenerationRequest]] = deque()
-        self.running: dict[str, Running] = {}
         self.added: list[tuple[str, GenerationRequest, SpeculationOptions]] = []
         self.cancelled: list[str] = []
         self.gate = threading.Event()
         self.gate.set()
-        self.fail_with: str | None = None  # the next step fails every running sequence with this
+        self.fail_with: str | None = None  # steps raise this (the worker fails every sequence)
 
-    @property
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
-
-    @property
-    def num_running(self) -> int:
-        return len(self.running)
-
-    @property
-    def num_waiting(self) -> int:
-        return len(self.waiting)
-
-    def validate(self, request, options) -> None:
-        pass
-
-    def add(self, seq_id, request, options) -> None:
+    def add(self, seq_id: str, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:
+        super().add(seq_id, request, options)
         self.added.append((seq_id, request, options))
-        self.waiting.append((seq_id, request))
 
-    def cancel(self, seq_id):
+    def cancel(self, seq_id: str) -> SequenceUpdate | None:
         self.cancelled.append(seq_id)
-        for item in self.waiting:
-            if item[0] == seq_id:
-                self.waiting.remove(item)
-                return SequenceUpdate(seq_id, (), finished=True, finish_reason="cancelled")
-        if self.running.pop(seq_id, None) is None:
-            return None
-        return SequenceUpdate(seq_id, (), finished=True, finish_reason="cancelled")
+        return super().cancel(seq_id)
 
-    def step(self):
+    def _finish(self, seq: Sequence) -> None:
+        self.retire(seq)  # no slot or cache to free
+
+    def step(self) -> tuple[list[SequenceUpdate], StepReport]:
         if not self.gate.is_set():
             time.sleep(PAUSED_STEP_SECONDS)
-            return [], self._report()
+            return [], self._report(0)
         time.sleep(self.step_seconds)
-        while self.waiting and len(self.running) < self.max_running:
-            seq_id, request = self.waiting.popleft()
-            self.running[seq_id] = Running(request)
-        updates = [self._advance(seq_id, seq) for seq_id, seq in list(self.running.items())]
-        for update in updates:
-            if update.finished:
-                del self.running[update.seq_id]
-        return updates, self._report()
-
-    def _advance(self, seq_id: str, seq: Running) -> SequenceUpdate:
         if self.fail_with is not None:
-            return SequenceUpdate(seq_id, (), finished=True, finish_reason="error", error=self.fail_with)
-        start, new = len(seq.output), []
-        reason = None
-        for i in range(self.tokens_per_step):
-            token = self.script[(start + i) % len(self.script)]
-            new.append(token)
-            seq.output.append(token)
-            reason = self._finish_reason(seq)
-            if reason is not None:
-                break
-        if reason == "stop" and seq.request.stop_condition is not None:
-            keep = seq.request.stop_condition.tokens_to_keep(seq.output)
-            if keep is not None:
-                new = new[: max(0, keep - start)]
-        return SequenceUpdate(seq_id, tuple(new), drafted=len(new) + 1, accepted=len(new) - 1 if new else 0,
-                              finished=reason is not None, finish_reason=reason)
+            raise RuntimeError(self.fail_with)
+        while self.waiting and len(self.running) < self.max_running:
+            seq = self.waiting.popleft()
+            self.running[seq.seq_id] = seq
+        rounds = [self._round(seq) for seq in list(self.running.values())]
+        return [update for update, _ in rounds], self._report(sum(k + 1 for _, k in rounds))
 
-    def _finish_reason(self, seq: Running) -> str | None:
-        if seq.output[-1] in seq.request.stop_token_ids:
-            return "stop"
-        if seq.request.stop_condition is not None and seq.request.stop_condition.tokens_to_keep(seq.output):
-            return "stop"
-        if len(seq.output) >= seq.request.max_tokens:
-            return "length"
-        return None
+    def _round(self, seq: Sequence) -> tuple[SequenceUpdate, int]:
+        k = seq.fixed_k if seq.fixed_k is not None else self.tokens_per_step + 1
+        k = min(k, seq.draft_limit(self.context_length))
+        accepted = min(self.tokens_per_step - 1, k)
+        start = len(seq.output)
+        proposed = [self.script[(start + i) % len(self.script)] for i in range(accepted + 1)]
+        emitted, reason = seq.commit(proposed, k, accepted, self.context_length)
+        if reason is not None:
+            self._finish(seq)
+        return SequenceUpdate(seq.seq_id, tuple(emitted), k, accepted, reason is not None, reason), k
 
-    def _report(self) -> StepReport:
-        return StepReport(time.time(), 0.0, 0.0, 0.0, 0.0, len(self.running), len(self.waiting), 0)
+    def _report(self, batch_tokens: int) -> StepReport:
+        return StepReport(time.time(), 0.0, 0.0, 0.0, 0.0, len(self.running), len(self.waiting), batch_tokens)
 
 
 class RecordingMetrics:
@@ -206,9 +188,10 @@ class TestServer:
 
     __test__ = False  # not a pytest class
 
-    def __init__(self, engine: ScriptedEngine | None = None, drafters=("hybrid", "model", "ngram", "none"),
-                 **settings):
+    def __init__(self, engine: ScriptedEngine | None = None, drafters: tuple[str, ...] | None = None, **settings):
         self.engine = engine or ScriptedEngine(reply_script())
+        if drafters is None:  # what the server offers: what its engine can run
+            drafters = tuple(name for name in DRAFTER_NAMES if name in self.engine.drafters)
         self.settings = ServeSettings(**{"served_model_name": MODEL, **settings})
         self.worker = EngineWorker(self.engine, self.settings.max_waiting).start()
         self.metrics, self.tracer = RecordingMetrics(), RecordingTracer()

@@ -3,6 +3,8 @@ engine was asked, the response cache, and what metrics and traces are told."""
 
 from api_doubles import MODEL, REPLY, ScriptedEngine, TestServer, async_test, chat_body, completion_body, reply_script
 
+from tandem.speculation.depth import Auto
+
 
 @async_test
 async def test_completion_has_openai_shape_and_speculative_usage():
@@ -14,12 +16,14 @@ async def test_completion_has_openai_shape_and_speculative_usage():
         assert body["id"].startswith("cmpl-") and body["object"] == "text_completion"
         assert body["model"] == MODEL and isinstance(body["created"], int)
         assert body["choices"] == [{"index": 0, "text": REPLY, "logprobs": None, "finish_reason": "stop"}]
-        generated = len(reply_script())
+        generated = len(REPLY.encode())  # the EOS that ends the reply is not output
         usage = body["usage"]
         assert usage["prompt_tokens"] == len("Say hi") and usage["completion_tokens"] == generated
         assert usage["total_tokens"] == usage["prompt_tokens"] + generated
-        steps = -(-generated // server.engine.tokens_per_step)
-        assert usage["speculative"] == {"drafted_tokens": generated + steps, "accepted_tokens": generated - steps}
+        per_step = server.engine.tokens_per_step  # each round drafts per_step + 1, accepts per_step - 1
+        steps = -(-(generated + 1) // per_step)
+        assert usage["speculative"] == {"drafted_tokens": steps * (per_step + 1),
+                                        "accepted_tokens": steps * (per_step - 1)}
         assert body["tandem"] == {"cached": False}
 
 
@@ -50,7 +54,7 @@ async def test_request_fields_reach_the_engine():
         assert request.max_tokens == 7 and request.stop_token_ids == {256}
         assert (request.sampling.temperature, request.sampling.top_p, request.sampling.top_k,
                 request.sampling.seed) == (0.5, 0.9, 40, 3)
-        assert (options.drafter, options.k) == ("ngram", "auto")
+        assert (options.drafter, options.k) == ("ngram", Auto())
         assert server.tracer.started[seq_id]["tandem.drafter"] == "ngram"
 
 
@@ -108,7 +112,7 @@ async def test_metrics_and_traces_are_told_once_per_request():
         async with server.client() as client:
             await client.post("/v1/completions", json=completion_body(prompt="abc"))
         [(status, prompt, completion, ttft, e2e, gaps)] = server.metrics.finished
-        generated = len(reply_script())
+        generated = len(REPLY.encode())  # the EOS is not output
         assert (status, prompt, completion) == ("stop", 3, generated)
         assert 0 <= ttft <= e2e and len(gaps) == generated - 1 and all(g >= 0 for g in gaps)
         [(seq_id, started)] = server.tracer.started.items()

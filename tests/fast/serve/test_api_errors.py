@@ -2,7 +2,9 @@
 refusal is counted. Statuses follow OpenAI: 400 for malformed JSON and for invalid values alike."""
 
 import pytest
-from api_doubles import MODEL, TestServer, async_test, chat_body, completion_body
+from api_doubles import MODEL, ScriptedEngine, TestServer, async_test, chat_body, completion_body, reply_script
+
+from tandem.speculation.depth import Fixed
 
 CONTEXT = 512  # ScriptedEngine's default context length
 
@@ -150,13 +152,23 @@ async def test_max_tokens_beyond_the_context_is_400_naming_the_numbers():
 
 @async_test
 async def test_a_drafter_the_server_cannot_run_is_400():
-    with TestServer(drafters=("ngram", "none")) as server:
+    with TestServer(ScriptedEngine(reply_script(), draft_model=False)) as server:
         async with server.client() as client:
             response = await client.post("/v1/completions", json=completion_body(tandem={"drafter": "model"}))
             assert_error(response, 400, param="tandem.drafter", says="ngram")
             ok = await client.post("/v1/completions", json=completion_body(tandem={"drafter": "ngram", "k": 3}))
             assert ok.status_code == 200
-        assert server.engine.added[0][2].drafter == "ngram" and server.engine.added[0][2].k == 3
+        assert server.engine.added[0][2].drafter == "ngram" and server.engine.added[0][2].k == Fixed(3)
+
+
+@async_test
+async def test_the_engine_refuses_a_drafter_it_cannot_run_even_if_the_server_offers_it():
+    engine = ScriptedEngine(reply_script(), draft_model=False)
+    with TestServer(engine, drafters=("model", "ngram", "none")) as server:  # SequencePool.validate decides
+        async with server.client() as client:
+            response = await client.post("/v1/completions", json=completion_body(tandem={"drafter": "model"}))
+        assert_error(response, 400, code="invalid_value", says="needs a draft model")
+        assert not server.engine.added
 
 
 @async_test

@@ -57,7 +57,7 @@ async def test_completion_stream_with_usage_chunk():
         assert all(c["object"] == "text_completion" and c["usage"] is None for c in chunks)
         assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
         assert "".join(chunk_texts(chunks, "text")) == REPLY
-        assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == len(reply_script())
+        assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] == len(REPLY.encode())
         assert usage_chunk["usage"]["speculative"]["drafted_tokens"] > 0
 
 

@@ -3,7 +3,7 @@
 - `single`: the same target (and draft) models in one process with all of this machine's
   threads, the batching engine: what the cluster has to beat on the same hardware,
 - `cluster`: the coordinator over the cluster file's Ray workers, the file's drafting,
-- `cluster+pipeline`: the same with drafting of round i+1 during round i's verification,
+- `cluster+draft-ahead`: the same with drafting of round i+1 during round i's verification,
 - `cluster-verify-only`: the same workers decoding without drafts (k = 0): the baseline of the
   cross-region case, paying the same round trips.
 Configurations run one after another on the same requests; each run's figures are in
@@ -16,15 +16,15 @@ from pathlib import Path
 
 from tandem.bench.cluster.drive import drive
 from tandem.bench.workload import DEFAULT_WORKLOAD, format_prompt, load_prompts
-from tandem.cluster.launch import ClusterOptions, launch_cluster
-from tandem.engine.build import build_engine
+from tandem.cluster.runtime.launch import ClusterOptions, launch_cluster
 from tandem.engine.request import GenerationRequest
 from tandem.models.backends import RunnerSpec
 from tandem.models.resolve import tokenizer_path
-from tandem.pipeline import PipelineConfig
+from tandem.engine.build import EngineConfig, build_engine
+from tandem.speculation.depth import parse_depth
 from tandem.text.tokenizer import TextTokenizer
 
-CONFIGS = ("single", "cluster", "cluster+pipeline", "cluster-verify-only")
+CONFIGS = ("single", "cluster", "cluster+draft-ahead", "cluster-verify-only")
 
 
 def requests_for(target_model: str, count: int, max_tokens: int, prompts_file=DEFAULT_WORKLOAD) -> list:
@@ -43,7 +43,7 @@ def run_cluster_bench(cluster: ClusterOptions, drafter: str, k, concurrency: int
     if "single" in configs:
         progress("single process, all threads ...")
         draft = next((w for w in cluster.spec.workers if w.can_draft and w.drafting_model), None)
-        config = PipelineConfig(RunnerSpec(target.model, target.backend, target.device, target.dtype),
+        config = EngineConfig(RunnerSpec(target.model, target.backend, target.device, target.dtype),
                                 RunnerSpec(draft.drafting_model, draft.backend) if draft else None,
                                 drafter if draft else "ngram", k)
         results["single"] = drive(build_engine(config, concurrency), requests, concurrency, "single").to_json()
@@ -53,14 +53,14 @@ def run_cluster_bench(cluster: ClusterOptions, drafter: str, k, concurrency: int
         engine = launch_cluster(cluster.spec, drafter, k, cluster.ray_address, concurrency)
         for name in cluster_configs:
             progress(f"{name} ...")
-            engine.pipeline = name == "cluster+pipeline"
+            engine.draft_ahead = name == "cluster+draft-ahead"
             engine.default_drafter = "none" if name == "cluster-verify-only" else drafter
-            engine.default_k = 0 if name == "cluster-verify-only" else k
+            engine.default_depth = parse_depth(0 if name == "cluster-verify-only" else k)
             figures = drive(engine, requests, concurrency, name.replace("+", "_").replace("-", "_"))
-            results[name] = {**figures.to_json(), "pipeline_hits": engine.pipeline_hits,
-                             "pipeline_misses": engine.pipeline_misses}
-            engine.pipeline_hits = engine.pipeline_misses = 0
-    report = {"cluster_file": cluster.spec.source, "drafter": drafter, "k": k, "concurrency": concurrency,
+            results[name] = {**figures.to_json(), "draft_ahead_hits": engine.remote.ahead_hits,
+                             "draft_ahead_misses": engine.remote.ahead_misses}
+            engine.remote.ahead_hits = engine.remote.ahead_misses = 0
+    report = {"cluster_file": cluster.spec.source, "drafter": drafter, "k": str(k), "concurrency": concurrency,
               "requests": count, "max_tokens": max_tokens, "results": results}
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(report, indent=1))

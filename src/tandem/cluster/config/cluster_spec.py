@@ -14,10 +14,10 @@ from dataclasses import MISSING, dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from tandem.cluster import rules
+from tandem.cluster.config import rules
 from tandem.errors import TandemError
-from tandem.spec.depth import DEFAULT_K_MAX
-from tandem.spec.drafters.registry import DRAFTERS
+from tandem.speculation.depth import K_LIMIT
+from tandem.speculation.drafters.registry import DRAFTER_NAMES
 
 ROLES = ("draft", "verify", "both")
 BACKENDS = ("llamacpp", "torch")
@@ -196,8 +196,8 @@ class ClusterSpec:
 
 
 TOP_RULES: Mapping[str, rules.Rule] = MappingProxyType({
-    "drafter": rules.one_of("auto", *DRAFTERS),
-    "k": rules.optional(rules.integer(minimum=0, maximum=DEFAULT_K_MAX)),
+    "drafter": rules.one_of("auto", *DRAFTER_NAMES),
+    "k": rules.optional(rules.integer(minimum=0, maximum=K_LIMIT)),
     "latency_target_ms": rules.optional(rules.number(minimum=0.001)),
     "context_tokens": rules.integer(minimum=1),
     "acceptance": rules.mapping_of(rules.one_of(*ACCEPTANCE_SOURCES), rules.number(minimum=0.0, below=1.0)),

@@ -32,8 +32,8 @@ Errors read `FILE:LINE: workers[2].role: must be one of draft, verify, both (got
 
 from pathlib import Path
 
-from tandem.cluster import rules
-from tandem.cluster.cluster_spec import (
+from tandem.cluster.config import rules
+from tandem.cluster.config.cluster_spec import (
     TOP_RULES,
     WORKER_RULES,
     ClusterSpec,
@@ -43,7 +43,7 @@ from tandem.cluster.cluster_spec import (
     defaults,
     worker_problems,
 )
-from tandem.cluster.yaml_nodes import Located, compose_file
+from tandem.cluster.config.yaml_nodes import Located, compose_file
 from tandem.errors import TandemError
 
 __all__ = ["ClusterSpec", "NetworkSpec", "WorkerSpec", "load_cluster"]

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from yaml.constructor import SafeConstructor
 
-from tandem.cluster.rules import Rule, RuleError, did_you_mean
+from tandem.cluster.config.rules import Rule, RuleError, did_you_mean
 from tandem.errors import TandemError
 
 

@@ -3,7 +3,7 @@
 The planner does not run drafters; it needs, per kind, whether drafting costs draft-model
 steps (and what share of draft tokens does) and a per-token acceptance `a`, from which a step
 drafting k tokens is expected to emit E(k) = 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a) tokens
-per sequence. The kinds are the engine's (spec/drafters/registry.py):
+per sequence. The kinds are the engine's (speculation/drafters/registry.py):
 
 - none:   no drafts, k = 0: plain batched decoding.
 - ngram:  copies continuations from the context; free to propose, needs no draft model.
@@ -11,7 +11,7 @@ per sequence. The kinds are the engine's (spec/drafters/registry.py):
 - hybrid: n-gram copies where the context repeats, the draft model elsewhere.
 
 Default acceptance (override in the cluster file's `acceptance:` or with `--acceptance`):
-model 0.6 is the engine's own prior for a draft model (spec/depth.py); ngram 0.4 sits near the
+model 0.6 is the engine's own prior for a draft model (speculation/depth.py); ngram 0.4 sits near the
 engine's prior for a 2-token match (0.42), since on fresh text most matches are short; hybrid
 0.65 assumes copies where they exist beat the model a little, with HYBRID_MODEL_SHARE of its
 tokens from the model. Measure acceptance on your workload (`tandem bench`) and pass it in.
@@ -22,7 +22,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from tandem.errors import TandemError
-from tandem.spec.depth import PRIOR_ACCEPTANCE
+from tandem.speculation.depth import PRIOR_ACCEPTANCE
 
 HYBRID_MODEL_SHARE = 0.7  # share of a hybrid drafter's tokens proposed by the draft model
 

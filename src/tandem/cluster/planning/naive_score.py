@@ -20,9 +20,9 @@ worker's emulated slowdown.
 from dataclasses import dataclass
 from typing import Mapping
 
-from tandem.cluster.cluster_spec import ClusterSpec, WorkerSpec
-from tandem.cluster.model_shapes import model_shape
-from tandem.cluster.profile import DeviceProfile
+from tandem.cluster.config.cluster_spec import ClusterSpec, WorkerSpec
+from tandem.cluster.profiles.model_shapes import model_shape
+from tandem.cluster.profiles.profile import DeviceProfile
 
 COMPUTE_WEIGHT = 0.6
 BANDWIDTH_WEIGHT = 0.4

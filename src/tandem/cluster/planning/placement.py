@@ -14,9 +14,9 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
-from tandem.cluster.cluster_spec import ClusterSpec, WorkerSpec
-from tandem.cluster.drafter_kinds import DRAFTER_KINDS, DrafterKind
-from tandem.cluster.prediction import DraftSource, StepPrediction, WorkerCost, predict_step
+from tandem.cluster.config.cluster_spec import ClusterSpec, WorkerSpec
+from tandem.cluster.planning.drafter_kinds import DRAFTER_KINDS, DrafterKind
+from tandem.cluster.planning.prediction import DraftSource, StepPrediction, WorkerCost, predict_step
 
 EPSILON = 1e-9
 

@@ -7,9 +7,9 @@ workers' cost curves, and the text says so.
 
 import math
 
-from tandem.cluster.naive_score import NAIVE_K
-from tandem.cluster.placement import Assignment, Placement
-from tandem.cluster.planner import Plan
+from tandem.cluster.planning.naive_score import NAIVE_K
+from tandem.cluster.planning.placement import Assignment, Placement
+from tandem.cluster.planning.planner import Plan
 
 _ASSIGNMENT_COLUMNS = ("verifier", "replicas", "drafter", "k", "batch", "verify ms", "draft ms", "net ms",
                        "step ms", "tok/step", "tok/s", "ms/tok", "ms/tok@1")

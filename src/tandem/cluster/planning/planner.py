@@ -16,14 +16,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from tandem.cluster.cluster_spec import ClusterSpec
-from tandem.cluster.drafter_kinds import DEFAULT_ACCEPTANCE, DRAFTER_KINDS, drafter_kind
-from tandem.cluster.naive_score import NAIVE_DRAFTER, NAIVE_K, DeviceScore, device_scores, naive_roles
-from tandem.cluster.placement import Placement, PlacementPricer
-from tandem.cluster.prediction import WorkerCost
-from tandem.cluster.profile import DeviceProfile
+from tandem.cluster.config.cluster_spec import ClusterSpec
+from tandem.cluster.planning.drafter_kinds import DEFAULT_ACCEPTANCE, DRAFTER_KINDS, drafter_kind
+from tandem.cluster.planning.naive_score import NAIVE_DRAFTER, NAIVE_K, DeviceScore, device_scores, naive_roles
+from tandem.cluster.planning.placement import Placement, PlacementPricer
+from tandem.cluster.planning.prediction import WorkerCost
+from tandem.cluster.profiles.profile import DeviceProfile
 from tandem.errors import TandemError
-from tandem.spec.batch_depth import STEP_OVERHEAD_MS
+from tandem.speculation.batch_depth import STEP_OVERHEAD_MS
 
 PLAN_K_MAX = 8
 MAX_SPLITS = 64  # role splits of `both` workers tried per (kind, k)

@@ -19,9 +19,9 @@ divided by `1 - utilization` (the share of the device left to us).
 
 from dataclasses import dataclass
 
-from tandem.cluster.cluster_spec import WorkerSpec
-from tandem.cluster.drafter_kinds import DrafterKind, expected_tokens
-from tandem.cluster.profile import DeviceProfile
+from tandem.cluster.config.cluster_spec import WorkerSpec
+from tandem.cluster.planning.drafter_kinds import DrafterKind, expected_tokens
+from tandem.cluster.profiles.profile import DeviceProfile
 
 
 @dataclass(frozen=True, slots=True)

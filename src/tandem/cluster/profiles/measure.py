@@ -20,9 +20,9 @@ from datetime import datetime, timezone
 
 from tqdm import tqdm
 
-from tandem.cluster.profile import Curve, DeviceProfile, MemoryUse
+from tandem.cluster.profiles.profile import Curve, DeviceProfile, MemoryUse
 from tandem.errors import TandemError
-from tandem.models.backends import RunnerSpec
+from tandem.models.backends import RunnerSpec, precision_of
 from tandem.models.batch_backends import load_batch_runner
 from tandem.models.batch_runner import BatchItem, BatchRunner
 
@@ -71,7 +71,7 @@ def measure_profile(spec: RunnerSpec, grid: ProfileGrid = ProfileGrid(), progres
                    for context in grid.contexts for batch in grid.batches)
     return DeviceProfile(
         model=spec.model, backend=spec.backend, device=spec.device,
-        dtype="gguf" if spec.backend == "llamacpp" else spec.dtype,
+        dtype=precision_of(spec.backend, spec.dtype),
         threads=spec.threads or os.cpu_count(), source="measured", curves=curves,
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         memory=MemoryUse(loaded, _peak_rss_bytes(), _device_bytes(spec.device)),

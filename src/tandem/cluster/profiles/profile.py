@@ -144,10 +144,6 @@ class DeviceProfile:
         others = tuple(c for c in self.curves if (c.batch, c.context) != (batch, context))
         return replace(self, curves=others + (Curve(batch, context, points),))
 
-    def describe(self) -> str:
-        where = self.hardware or self.device
-        return f"{self.model} on {where} [{self.backend}/{self.dtype}, {self.source}]"
-
 
 def profile_to_json(profile: DeviceProfile) -> dict:
     data = {"format": FORMAT}

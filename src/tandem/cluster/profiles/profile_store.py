@@ -15,15 +15,16 @@ import os
 import re
 from pathlib import Path
 
-from tandem.cluster.cluster_spec import ClusterSpec, WorkerSpec
-from tandem.cluster.profile import DeviceProfile, load_profile
-from tandem.cluster.public_profiles import DEVICE_CLASSES, public_profile
+from tandem.cluster.config.cluster_spec import ClusterSpec, WorkerSpec
+from tandem.cluster.profiles.profile import DeviceProfile, load_profile
+from tandem.cluster.profiles.public_profiles import DEVICE_CLASSES, public_profile
 from tandem.errors import TandemError
 from tandem.paths import profiles_dir
+from tandem.models.backends import precision_of
 
 
 def default_profile_path(model: str, backend: str, device: str, dtype: str, threads: int | None) -> Path:
-    precision = "gguf" if backend == "llamacpp" else dtype
+    precision = precision_of(backend, dtype)
     count = threads or os.cpu_count() or 1
     parts = (_slug(model), backend, _slug(device), precision, f"{count}t")
     return profiles_dir() / "devices" / ("__".join(parts) + ".json")
@@ -67,7 +68,7 @@ def cluster_profiles(spec: ClusterSpec) -> dict[tuple[str, str], DeviceProfile]:
 
 
 def _precision(worker: WorkerSpec) -> str:
-    return "gguf" if worker.backend == "llamacpp" else worker.dtype
+    return precision_of(worker.backend, worker.dtype)
 
 
 def _pick(paths: tuple[str, ...], model: str, where: str) -> DeviceProfile:

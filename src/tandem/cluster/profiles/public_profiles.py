@@ -16,8 +16,8 @@ CPUs) and their ratios. Every profile built here has source "public-spec" and ci
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from tandem.cluster.model_shapes import model_shape
-from tandem.cluster.profile import Curve, DeviceProfile
+from tandem.cluster.profiles.model_shapes import model_shape
+from tandem.cluster.profiles.profile import Curve, DeviceProfile
 from tandem.errors import TandemError
 
 PUBLIC_SIZES = (1, 2, 4, 8, 16, 32, 64)  # n new tokens per sequence

@@ -1,10 +1,10 @@
 """Thin Ray actors: each builds its runner inside its own worker process and forwards calls to
-the plain worker class (cluster/verifier.py, cluster/drafter.py). No logic lives here."""
+the plain worker class (cluster/runtime/verifier_worker.py, cluster/runtime/drafter_worker.py). No logic lives here."""
 
-from tandem.cluster.drafter import DrafterWorker
-from tandem.cluster.emulation import Emulation
-from tandem.cluster.endpoints import RayEndpoint
-from tandem.cluster.verifier import VerifierWorker
+from tandem.cluster.runtime.drafter_worker import DrafterWorker
+from tandem.cluster.runtime.emulation import Emulation
+from tandem.cluster.runtime.endpoints import RayEndpoint
+from tandem.cluster.runtime.verifier_worker import VerifierWorker
 from tandem.models.backends import RunnerSpec
 
 

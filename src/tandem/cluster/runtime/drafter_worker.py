@@ -1,5 +1,5 @@
 """A drafter worker: the draft model with a KV slot per sequence it drafts for, drafting for
-many sequences in lock-step (engine/batch_drafting.py). A plain class; the Ray actor wraps it.
+many sequences in lock-step (speculation/drafters/lockstep.py). A plain class; the Ray actor wraps it.
 
 It is stateless apart from caches: it holds each sequence's token ids as built from the deltas
 the coordinator sends, and when it has lost a sequence (restarted, evicted) it answers
@@ -12,17 +12,21 @@ from collections import OrderedDict
 
 import numpy as np
 
-from tandem.cluster.emulation import Emulation
-from tandem.cluster.messages import DraftItem, DraftReply
-from tandem.engine.batch_drafting import draft_with_model
+from tandem.cluster.runtime.emulation import Emulation
+from tandem.cluster.runtime.messages import DraftItem, DraftReply
 from tandem.engine.request import GenerationRequest
 from tandem.engine.sequence import Sequence
 from tandem.models.batch_runner import BatchRunner
+from tandem.speculation.batch_depth import DraftCandidate
+from tandem.speculation.depth import Fixed
+from tandem.speculation.drafters.base import DraftJob, DraftOffer
+from tandem.speculation.drafters.lockstep import LocalDraftModel
 
 
 class DrafterWorker:
     def __init__(self, runner: BatchRunner, emulation: Emulation = Emulation()):
         self.runner = runner
+        self.model = LocalDraftModel(runner)
         self.emulation = emulation
         self._seqs: OrderedDict[str, Sequence] = OrderedDict()  # least recently used first
         self._free = list(range(runner.max_slots))
@@ -52,11 +56,9 @@ class DrafterWorker:
                     replies[item.seq_id] = DraftReply(item.seq_id, (), needs_sync=True)
                 elif item.k > 0:
                     seq.rng = np.random.default_rng(item.seed)
-                    jobs.append((seq, item.k))
-            if jobs:
-                drafts, _ = draft_with_model(self.runner, jobs)
-                for seq_id, draft in drafts.items():
-                    replies[seq_id] = DraftReply(seq_id, tuple(draft.token_ids), draft.q_draft)
+                    jobs.append(DraftJob(seq, DraftOffer(DraftCandidate("model", item.k, True)), item.k))
+            for job, draft in zip(jobs, self.model.draft(jobs)):
+                replies[job.seq.seq_id] = DraftReply(job.seq.seq_id, tuple(draft.token_ids), draft.q_draft)
             return [replies.get(item.seq_id, DraftReply(item.seq_id, ())) for item in items]
 
     def _update(self, item: DraftItem) -> Sequence | None:
@@ -79,7 +81,7 @@ class DrafterWorker:
             oldest = next(iter(self._seqs))
             self.forget([oldest])
         request = GenerationRequest(tuple(item.delta), 1, item.sampling)
-        seq = Sequence(item.seq_id, request, "model", None, np.random.default_rng(item.seed),
+        seq = Sequence(item.seq_id, request, "model", Fixed(0), np.random.default_rng(item.seed),
                        slot=self._free.pop(), tokens=list(item.delta))
         self.runner.rollback(seq.slot, 0)
         self._seqs[item.seq_id] = seq

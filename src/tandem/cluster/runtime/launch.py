@@ -14,13 +14,14 @@ and the coordinator's.
 import os
 from dataclasses import dataclass
 
-from tandem.cluster.actors import start_actor
-from tandem.cluster.cluster_spec import ClusterSpec, WorkerSpec
-from tandem.cluster.coordinator import ClusterEngine
-from tandem.cluster.emulation import Emulation
-from tandem.cluster.pool import Worker
+from tandem.cluster.runtime.actors import start_actor
+from tandem.cluster.config.cluster_spec import ClusterSpec, WorkerSpec
+from tandem.cluster.runtime.coordinator import ClusterEngine
+from tandem.cluster.runtime.emulation import Emulation
+from tandem.cluster.runtime.pool import Worker
 from tandem.errors import TandemError
 from tandem.models.backends import RunnerSpec
+from tandem.speculation.drafters.registry import USES_MODEL
 
 DEFAULT_SLOTS = 8  # sequences per verifier replica
 DRAFTER_SLOTS = 32  # sequences a drafter keeps caches for
@@ -93,11 +94,11 @@ def _starter(worker: WorkerSpec, role: Role, name: str, rtt_ms: float):
 
 @dataclass(frozen=True, slots=True)
 class ClusterOptions:
-    """`tandem serve --cluster FILE [--ray-address ADDR] [--pipeline]`."""
+    """`tandem serve --cluster FILE [--ray-address ADDR] [--draft-ahead]`."""
 
     spec: ClusterSpec
     ray_address: str | None = None
-    pipeline: bool = False
+    draft_ahead: bool = False
 
     @property
     def target(self) -> WorkerSpec:
@@ -110,11 +111,11 @@ class ClusterOptions:
 
 
 def launch_cluster(spec: ClusterSpec, drafter: str, k: int | str, ray_address: str | None = None,
-                   max_running: int | None = None, ngram_store=None, pipeline: bool = False) -> ClusterEngine:
+                   max_running: int | None = None, ngram_store=None, draft_ahead: bool = False) -> ClusterEngine:
     start_ray(spec, ray_address)
     verifiers, drafters = build_workers(spec)
     if not verifiers:
         raise TandemError("the cluster has no verifier")
-    if drafter in ("model", "hybrid") and not drafters:
+    if USES_MODEL[drafter] and not drafters:
         drafter = "ngram"  # no draft model anywhere: copy from the context instead
-    return ClusterEngine(verifiers, drafters, drafter, k, ngram_store, max_running, pipeline)
+    return ClusterEngine(verifiers, drafters, drafter, k, ngram_store, max_running, draft_ahead)

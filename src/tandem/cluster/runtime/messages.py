@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tandem.spec.sampling import SamplingParams
+from tandem.speculation.sampling import SamplingParams
 
 
 @dataclass(frozen=True, slots=True)

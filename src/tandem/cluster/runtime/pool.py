@@ -10,19 +10,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from tandem.cluster.endpoints import Endpoint, Pending, WorkerDiedError
-from tandem.models.cost import CostModel
+from tandem.cluster.runtime.endpoints import Endpoint, Pending, WorkerDiedError
+from tandem.models.cost import CostModel, CostView
 
 MAX_RESTARTS = 5
 RTT_SAMPLES = 3  # calls timed to learn a worker's round trip
-
-
-@dataclass
-class CostView:
-    """What the depth planner needs from a runner that lives in another process."""
-
-    cost: CostModel
-    fused: bool = True
 
 
 @dataclass
@@ -36,7 +28,7 @@ class Worker:
     restarts: int = 0
     max_slots: int = 1
     context_length: int = 4096
-    cost: CostView = field(default_factory=lambda: CostView(CostModel()))
+    cost: CostView = field(default_factory=lambda: CostView(CostModel()))  # replaced whole on (re)start
     pid: int | None = None
     sequences: set[str] = field(default_factory=set)
     _starting: Pending | None = None

@@ -1,6 +1,6 @@
 """A verifier worker: the target model with one KV slot per sequence; verifies the drafts of
 many sequences in one batched forward and applies the acceptance rule. A plain class (the Ray
-actor in cluster/actors.py only wraps it), testable without Ray.
+actor in cluster/runtime/actors.py only wraps it), testable without Ray.
 
 Per sequence it keeps the committed token ids it knows and the invariant of the engine: its slot
 caches every committed token but the last. Sampled acceptance draws from an rng seeded by the
@@ -13,13 +13,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from tandem.cluster.emulation import Emulation
-from tandem.cluster.messages import VerifyItem, VerifyResult
-from tandem.engine.generator import fit_vocab
+from tandem.cluster.runtime.emulation import Emulation
+from tandem.cluster.runtime.messages import VerifyItem, VerifyResult
 from tandem.errors import TandemError
 from tandem.models.batch_runner import BatchItem, BatchRunner
-from tandem.spec.acceptance import accept_greedy, accept_sampling
-from tandem.spec.sampling import probs_from_logits
+from tandem.speculation.acceptance import accept_round
 
 
 @dataclass
@@ -90,12 +88,8 @@ class VerifierWorker:
 
     def _accept(self, held: _Held, item: VerifyItem, logits: np.ndarray) -> VerifyResult:
         draft = list(item.draft_tokens)
-        if item.sampling.greedy:
-            result = accept_greedy(draft, logits)
-        else:
-            rng = np.random.default_rng(None if item.sampling.seed is None else [item.sampling.seed, len(held.tokens)])
-            p_target = probs_from_logits(logits, item.sampling)  # [k + 1, vocab]
-            result = accept_sampling(draft, fit_vocab(item.q_draft, p_target.shape[-1]), p_target, rng)
+        rng = np.random.default_rng(None if item.sampling.seed is None else [item.sampling.seed, len(held.tokens)])
+        result = accept_round(draft, item.q_draft, logits, item.sampling, rng)
         emitted = result.emitted(draft)
         held.tokens += emitted
         self.runner.rollback(held.slot, len(held.tokens) - 1)

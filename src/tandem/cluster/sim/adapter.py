@@ -1,8 +1,8 @@
-"""`simulation_from_cluster`: a Simulation from a cluster file (cluster/spec.py), either with the
-roles as the file writes them or with a placement chosen by the planner (cluster/planner.py).
+"""`simulation_from_cluster`: a Simulation from a cluster file (cluster/config/load.py), either with the
+roles as the file writes them or with a placement chosen by the planner (cluster/planning/planner.py).
 
 Each replica of a worker is one device, named `worker/i`. Costs are the worker's profile for the
-model in question (cluster/profile_store.py: listed files, else the public-spec roofline of its
+model in question (cluster/profiles/profile_store.py: listed files, else the public-spec roofline of its
 hardware class, else the default profile path), priced at the file's `context_tokens` and
 scaled by slowdown / (1 - utilization), as the planner prices them. Roles as written:
 - `verify` replicas verify; `draft` replicas draft for them, dealt out in turn, same network
@@ -12,7 +12,7 @@ scaled by slowdown / (1 - utilization), as the planner prices them. Roles as wri
 With a plan, plan_adapter.py follows the placement instead. k: the file's `k` fixes it, else
 the engine's E/T planner chooses (`use_plan_k` takes the placement's k). Acceptance per token:
 the options, else the file's `acceptance`, else the planner's defaults (drafter_kinds.py).
-The coordinator sits where cluster/launch.py puts it (the first drafting worker's group, else
+The coordinator sits where cluster/runtime/launch.py puts it (the first drafting worker's group, else
 "local"; `coordinator_group` overrides) and every call pays the round trip from there; as written,
 each verifier replica holds launch.DEFAULT_SLOTS sequences unless `max_batch` says otherwise.
 With `host_cores`, every CPU worker is taken to run on one machine with that many cores (a local
@@ -25,16 +25,16 @@ agree.
 
 from dataclasses import dataclass, replace
 
-from tandem.cluster.cluster_spec import ClusterSpec, WorkerSpec
-from tandem.cluster.drafter_kinds import DEFAULT_ACCEPTANCE
-from tandem.cluster.launch import DEFAULT_SLOTS, coordinator_group
-from tandem.cluster.planner import Plan
-from tandem.cluster.profile_store import worker_profile
+from tandem.cluster.config.cluster_spec import ClusterSpec, WorkerSpec
+from tandem.cluster.planning.drafter_kinds import DEFAULT_ACCEPTANCE
+from tandem.cluster.runtime.launch import DEFAULT_SLOTS, coordinator_group
+from tandem.cluster.planning.planner import Plan
+from tandem.cluster.profiles.profile_store import worker_profile
 from tandem.cluster.sim.acceptance import GeometricAcceptance
 from tandem.cluster.sim.config import Depth, Device, Drafter, Network, Simulation, Verifier, Workload
 from tandem.cluster.sim.from_profile import device_from_profile
 from tandem.errors import TandemError
-from tandem.spec.batch_depth import STEP_OVERHEAD_MS
+from tandem.speculation.batch_depth import STEP_OVERHEAD_MS
 
 NGRAM = "ngram"
 LOCAL_HOST = "local-cpu"  # with host_cores: the one machine every CPU worker runs on
@@ -46,9 +46,9 @@ class ClusterOptions:
     acceptance: float | None = None  # per-token acceptance of draft models (hybrid too)
     ngram_acceptance: float | None = None
     max_batch: int | None = None  # None: the plan's batch per replica, or the launcher's slots
-    lockstep: bool = True  # one coordinator steps every replica (cluster/coordinator.py)
-    coordinator_group: str | None = None  # None: where cluster/launch.py puts it
-    pipelining: bool = False
+    lockstep: bool = True  # one coordinator steps every replica (cluster/runtime/coordinator.py)
+    coordinator_group: str | None = None  # None: where cluster/runtime/launch.py puts it
+    draft_ahead: bool = False
     fused: bool | None = None  # None: as the backend batches today (llama.cpp fused, torch serial)
     use_plan_k: bool = False
     step_overhead_ms: float = STEP_OVERHEAD_MS  # per step, besides the calls (Ray, bookkeeping)
@@ -149,7 +149,7 @@ def assemble(spec: ClusterSpec, verifiers: list[Verifier], drafters: list[Drafte
         fixed_k = options.fixed_k
     network = Network(tuple((a, b, ms) for (a, b), ms in spec.network.latency_ms.items()))
     return Simulation(tuple(verifiers), workload, tuple(drafters), network, Depth(fixed_k=fixed_k),
-                      pipelining=options.pipelining, lockstep=options.lockstep,
+                      draft_ahead=options.draft_ahead, lockstep=options.lockstep,
                       coordinator_group=options.coordinator_group or coordinator_group(spec),
                       step_overhead_ms=options.step_overhead_ms, seed=options.seed,
                       host_cores=() if options.host_cores is None else ((LOCAL_HOST, options.host_cores),))

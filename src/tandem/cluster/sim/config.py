@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from tandem.cluster.sim.acceptance import AcceptanceModel
 from tandem.cluster.sim.lengths import LengthModel
 from tandem.models.cost import CostModel
-from tandem.spec.batch_depth import STEP_OVERHEAD_MS
-from tandem.spec.depth import DEFAULT_K_MAX
+from tandem.speculation.batch_depth import STEP_OVERHEAD_MS
+from tandem.speculation.depth import AUTO_K_MAX
 
 PREFILL_TOKEN_BUDGET = 2048  # prompt tokens admitted per replica step, as engine/batch_engine.py
 
@@ -85,7 +85,7 @@ class Drafter:
 
     @property
     def source(self) -> str:
-        """The acceptance source the depth planner tracks (spec/batch_depth.py)."""
+        """The acceptance source the depth planner tracks (speculation/batch_depth.py)."""
         return "model" if self.uses_model else "ngram"
 
 
@@ -150,7 +150,7 @@ class Depth:
     """A fixed k for every round, or (fixed_k None) the engine's E/T planner up to k_max."""
 
     fixed_k: int | None = None
-    k_max: int = DEFAULT_K_MAX
+    k_max: int = AUTO_K_MAX
 
     def __post_init__(self):
         if self.fixed_k is not None and self.fixed_k < 0:
@@ -162,8 +162,8 @@ class Depth:
 @dataclass(frozen=True, slots=True)
 class Simulation:
     """Everything one run needs. `lockstep`: one coordinator steps every replica together and
-    waits for the slowest (how cluster/coordinator.py works); otherwise each replica runs its own
-    step loop with its coordinator beside it. `pipelining`: a remote draft model drafts round
+    waits for the slowest (how cluster/runtime/coordinator.py works); otherwise each replica runs its own
+    step loop with its coordinator beside it. `draft_ahead`: a remote draft model drafts round
     i + 1 while round i verifies, assuming every draft is accepted; the drafts are discarded on
     a rejection."""
 
@@ -172,7 +172,7 @@ class Simulation:
     drafters: tuple[Drafter, ...] = ()
     network: Network = Network()
     depth: Depth = Depth()
-    pipelining: bool = False
+    draft_ahead: bool = False
     lockstep: bool = False
     coordinator_group: str | None = None  # lockstep only; None: the first verifier's group
     step_overhead_ms: float = STEP_OVERHEAD_MS

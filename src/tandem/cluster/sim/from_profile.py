@@ -1,4 +1,4 @@
-"""A simulated Device from a `DeviceProfile` (cluster/profile.py): its cost by total tokens.
+"""A simulated Device from a `DeviceProfile` (cluster/profiles/profile.py): its cost by total tokens.
 
 The simulator prices a fused batch by its total token count plus a per-sequence term, so from a
 profile priced at one context it takes
@@ -10,7 +10,7 @@ profile priced at one context it takes
 `slowdown` multiplies every time (a worker made slower, or shared with other work).
 """
 
-from tandem.cluster.profile import DeviceProfile
+from tandem.cluster.profiles.profile import DeviceProfile
 from tandem.cluster.sim.config import Device
 from tandem.models.cost import CostModel
 

@@ -1,4 +1,4 @@
-"""A Simulation of the placement a plan chose (cluster/planner.py, placement.py).
+"""A Simulation of the placement a plan chose (cluster/planning/planner.py, placement.py).
 
 Each Assignment (a verifier worker's replicas drafting from one source) becomes that many
 verifier replicas, numbered per worker in order, each with at most the plan's batch (or the
@@ -10,8 +10,8 @@ A hybrid plan is simulated as a draft model with the hybrid acceptance, drafting
 (the planner prices only HYBRID_MODEL_SHARE of them on the model: a pessimistic reading).
 """
 
-from tandem.cluster.cluster_spec import ClusterSpec
-from tandem.cluster.planner import Plan
+from tandem.cluster.config.cluster_spec import ClusterSpec
+from tandem.cluster.planning.planner import Plan
 from tandem.cluster.sim.acceptance import GeometricAcceptance
 from tandem.cluster.sim.adapter import (
     NGRAM,
@@ -22,13 +22,14 @@ from tandem.cluster.sim.adapter import (
     colocated_drafter,
     ngram_drafter,
 )
+from tandem.cluster.planning.drafter_kinds import drafter_kind
 from tandem.cluster.sim.config import Drafter, Simulation, Verifier, Workload
 
 
 def simulation_from_plan(spec: ClusterSpec, plan: Plan, workload: Workload, options: ClusterOptions) -> Simulation:
     placement = plan.chosen
     kind = placement.drafter_kind
-    alpha = acceptance_of(spec, kind if kind in ("model", "hybrid") else "model", options)
+    alpha = acceptance_of(spec, kind if drafter_kind(kind).uses_model else "model", options)
     if options.acceptance is None and kind in plan.options.acceptance:
         alpha = plan.options.acceptance[kind]
     remote = {name: _drafters(spec, name, busy, placement.verifying.get(name, 0), alpha, options)

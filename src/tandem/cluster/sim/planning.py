@@ -1,10 +1,10 @@
-"""What one round costs and how deep it drafts, as the engine plans it (spec/batch_depth.py).
+"""What one round costs and how deep it drafts, as the engine plans it (speculation/batch_depth.py).
 
 The simulator reuses the engine's BatchDepthPlanner unchanged: it gets cost views of the
 simulated devices, and its per-step overhead is the step's bookkeeping plus the network round
-trips the step pays (coordinator to verifier, and to a remote drafter), as cluster/coordinator.py
+trips the step pays (coordinator to verifier, and to a remote drafter), as cluster/runtime/coordinator.py
 sets it, so a long round trip makes deeper drafts pay. It learns acceptance from the rounds
-it sees, like the engine. It is not told about pipelining.
+it sees, like the engine. It is not told about draft_ahead.
 
 Planning is most of a simulation's time (the walk prices every candidate draft token), and most
 steps plan the same batch again, so `MemoPlanner` remembers plans by their candidates and their
@@ -15,19 +15,11 @@ from dataclasses import dataclass, field
 
 from tandem.cluster.sim.config import Depth, Device, Drafter
 from tandem.cluster.sim.state import SimSequence
-from tandem.models.cost import CostModel
-from tandem.spec.batch_depth import BatchDepthPlanner, DraftCandidate
+from tandem.models.cost import CostView, catch_up_ms
+from tandem.speculation.batch_depth import BatchDepthPlanner, DraftCandidate
 
 ACCEPTANCE_DIGITS = 3
 MEMO_SIZE = 4096  # plans kept per replica before the memo starts over
-
-
-@dataclass(frozen=True, slots=True)
-class CostView:
-    """What the planner reads of a runner: its cost curve and whether batches are fused."""
-
-    cost: CostModel
-    fused: bool
 
 
 @dataclass
@@ -60,8 +52,7 @@ def candidate(seq: SimSequence, drafter: Drafter | None, depth: Depth) -> DraftC
     fixed = None if depth.fixed_k is None else min(depth.fixed_k, cap)
     if not drafter.uses_model:
         return DraftCandidate(drafter.source, cap, False, fixed_k=fixed)
-    cost = drafter.device.cost
-    setup = max(0.0, cost.cost_ms(seq.unseen_by_drafter()) - cost.cost_ms(1))
+    setup = catch_up_ms(drafter.device.cost, seq.unseen_by_drafter())
     return DraftCandidate(drafter.source, cap, True, setup, fixed)
 
 
@@ -71,7 +62,7 @@ def levels(ks: list[int]) -> list[int]:
 
 
 def draft_call_ms(device: Device, unseen: list[int], ks: list[int]) -> float:
-    """A draft model's lock-step call (engine/batch_drafting.py): the first forward feeds every
+    """A draft model's lock-step call (speculation/drafters/lockstep.py): the first forward feeds every
     sequence's unseen tokens and drafts its first token; each later forward drafts one more."""
     return device.forward_ms(unseen) + device.lockstep_draft_ms(levels(ks)[1:])
 

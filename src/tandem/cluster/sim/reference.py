@@ -15,7 +15,7 @@ the simulated throughput slightly lower than the closed form; long outputs make 
 import random
 from dataclasses import dataclass
 
-from tandem.models.cost import CostModel
+from tandem.models.cost import CostModel, catch_up_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +54,7 @@ def reference_tokens_per_s(case: OneSequenceCase, prompts: list[int], outputs: l
         while emitted < output:
             k = min(case.k, output - emitted - 1)
             if k:  # the draft model first catches up on the tokens it has not seen
-                clock_ms += max(0.0, case.draft.cost_ms(draft_catch_up) - case.draft.cost_ms(1))
+                clock_ms += catch_up_ms(case.draft, draft_catch_up)
             clock_ms += round_ms(case, k)
             accepted = 0
             while accepted < k and coin.random() < case.alpha:

@@ -5,7 +5,7 @@ A replica holding n sequences (running, or admitted and about to prefill) runs t
 batch once it takes one more, so its expected completion is its profiled step cost for a batch
 of n + 1: a fast fused device takes sequences until its batch is full before a slow one gets
 any. When every replica is full the sequence waits in the cluster's queue and is placed as soon
-as a slot frees, as cluster/coordinator.py does (it scores (n + 1) x cost(n + 1)). Ties go to
+as a slot frees, as cluster/runtime/coordinator.py does (it scores (n + 1) x cost(n + 1)). Ties go to
 the replica listed first.
 """
 

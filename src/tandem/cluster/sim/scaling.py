@@ -2,10 +2,10 @@
 
 At each size every worker keeps its share of the devices (largest remainder; at least one
 device that can verify), network links to groups left empty are dropped, the planner chooses a
-placement (cluster/planner.py) and the simulator runs it at the planned load: closed-loop
+placement (cluster/planning/planner.py) and the simulator runs it at the planned load: closed-loop
 clients, one per planned batch slot, `waves` requests each. Each size is simulated with each
 coordinator mode: `independent` (every verifier replica steps on its own) and `lockstep` (one
-coordinator steps all replicas together and waits for the slowest, as cluster/coordinator.py
+coordinator steps all replicas together and waits for the slowest, as cluster/runtime/coordinator.py
 does today). Accelerators are simulated with fused batches by default: Tandem's torch runner
 verifies a batch one sequence at a time today, which no 64-device deployment would keep.
 """
@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass
 
 from tandem.bench.workload import DEFAULT_WORKLOAD
-from tandem.cluster.cluster_spec import ClusterSpec, NetworkSpec
-from tandem.cluster.planner import Plan, options_for, plan_cluster
-from tandem.cluster.profile_store import cluster_profiles
+from tandem.cluster.config.cluster_spec import ClusterSpec, NetworkSpec
+from tandem.cluster.planning.planner import Plan, options_for, plan_cluster
+from tandem.cluster.profiles.profile_store import cluster_profiles
 from tandem.cluster.sim.adapter import ClusterOptions, simulation_from_cluster
 from tandem.cluster.sim.config import Workload
 from tandem.cluster.sim.lengths import FixedLength, LengthModel, workload_prompt_lengths

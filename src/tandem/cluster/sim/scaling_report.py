@@ -31,7 +31,7 @@ def scaling_markdown(result: dict) -> str:
     rule = "|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"
     lines = [f"# Scaling: {result['cluster']}", "", intro, "", header, rule]
     lines += [_row(row) for row in result["rows"]]
-    lines += ["", ("Planned tok/s is the planner's analytic prediction at saturation (cluster/prediction.py); "
+    lines += ["", ("Planned tok/s is the planner's analytic prediction at saturation (cluster/planning/prediction.py); "
                    "the simulation adds prefill, admission, ramp-up and the coordinator mode. Steady tok/s counts "
                    "tokens until the last request was sent (full load); whole-run tok/s divides all tokens by the "
                    "whole run, as `tandem bench-serve` does, so it also pays for the tail in which slow replicas "

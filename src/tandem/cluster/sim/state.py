@@ -5,12 +5,12 @@ from dataclasses import dataclass, field
 
 from tandem.cluster.sim.config import Drafter, Verifier
 from tandem.cluster.sim.timeline import BackgroundJob, Timeline
-from tandem.spec.batch_depth import BatchDepthPlanner
+from tandem.speculation.batch_depth import BatchDepthPlanner
 
 
 @dataclass(slots=True)
 class Predraft:
-    """Drafts a pipelined drafter made ahead for a sequence's next round."""
+    """Drafts a drafter drafting ahead made ahead for a sequence's next round."""
 
     k: int
     job: BackgroundJob  # the drafter's work; discarded if a real call preempted it
@@ -27,7 +27,7 @@ class SimSequence:
     drafter_seen: int = 0  # leading committed tokens the draft model holds
     first_token_ms: float | None = None
     last_token_ms: float | None = None
-    predraft: Predraft | None = None  # valid drafts made ahead (pipelining)
+    predraft: Predraft | None = None  # valid drafts made ahead (draft_ahead)
     pending: Predraft | None = None  # drafts made ahead of the round being verified
 
     @property
@@ -65,6 +65,6 @@ class Replica:
         return bool(self.waiting or self.running)
 
     @property
-    def can_pipeline(self) -> bool:
+    def can_draft_ahead(self) -> bool:
         """Drafting ahead needs a draft model on a device other than the one verifying."""
         return self.drafter_device is not None and self.drafter_device is not self.device

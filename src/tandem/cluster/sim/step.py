@@ -1,11 +1,11 @@
 """One coordinator stepping its verifier replicas: the simulated twin of an engine step.
 
-A step, as engine/batch_engine.py and cluster/coordinator.py run it:
+A step, as engine/batch_engine.py and cluster/runtime/coordinator.py run it:
 1. admit: each replica takes waiting sequences into free batch slots (PREFILL_TOKEN_BUDGET
    prompt tokens a step, at least one sequence) and prefills them in one call,
 2. plan: each replica's depth planner picks k for every running sequence,
 3. draft: one lock-step call per drafter for the sequences that need fresh drafts (n-gram
-   drafts are free); with pipelining, drafts made ahead and still valid are used instead,
+   drafts are free); with draft_ahead, drafts made ahead and still valid are used instead,
 4. verify: one batched call per replica,
 5. commit: acceptance is drawn per sequence, tokens are emitted, finished sequences leave;
    the next step starts after the step overhead.
@@ -88,7 +88,7 @@ class StepGroup:
         for replica in self.replicas:
             if replica.running:
                 depth = self.ctx.sim.depth
-                ks = replica.planner.plan([candidate(s, replica.drafter, depth) for s in replica.running])
+                ks, _ = replica.planner.plan([candidate(s, replica.drafter, depth) for s in replica.running])
                 self._round += [(replica, seq, k) for seq, k in zip(replica.running, ks)]
         parts = self._draft_parts(now)
         join = Join(len(parts) + 1, self._verify)
@@ -124,7 +124,7 @@ class StepGroup:
         call_ms = draft_call_ms(drafter.device, [s.unseen_by_drafter() for _, s, _ in jobs], ks)
         rtt = self.rtt_ms(drafter.device.group)
         ahead = None
-        if self.ctx.sim.pipelining and replica.can_pipeline:
+        if self.ctx.sim.draft_ahead and replica.can_draft_ahead:
             ahead = partial(self._draft_ahead, jobs, rtt=rtt)
         return partial(remote_call, self.ctx.events, now, rtt, replica.drafter_device, call_ms,
                        on_device_done=ahead)

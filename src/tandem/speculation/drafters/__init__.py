@@ -1,1 +1,1 @@
-"""Drafters: everything that proposes draft tokens, behind one `propose` interface."""
+"""Drafters: everything that proposes draft tokens, behind one `offer` / `propose_batch` interface."""

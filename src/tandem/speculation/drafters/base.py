@@ -1,51 +1,75 @@
-"""The drafter interface.
+"""The drafter interface, for a batch of sequences.
 
-A drafter looks at a sequence's committed token ids and proposes draft tokens for the target to
-verify; how many (k) it asks the depth policy, naming its source so acceptance is tracked per
-source. It never sees text. `q_draft` holds the draft's processed probabilities for
-each proposed token (None means a deterministic proposal: a one-hot q), so the acceptance rule
-can stay exact.
+A drafter proposes draft tokens for the target to verify; it never sees text. An engine step
+asks every running sequence's drafter for an `offer` (what it could draft: a copied
+continuation, or the draft model, priced as a `DraftCandidate`), lets the load-aware planner
+choose every k at once, then asks each drafter to `propose_batch` for its sequences with the
+chosen ks. An offer may carry a `fallback` (hybrid: the draft model, when the planner gives its
+copy k = 0). `q_draft` holds the draft's processed probabilities for each proposed token (None:
+a deterministic proposal, i.e. a one-hot q), so the acceptance rule stays exact.
 """
 
-from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
 
-from tandem.spec.depth import DepthPolicy
-from tandem.spec.sampling import SamplingParams
+from tandem.speculation.batch_depth import DraftCandidate
 
+if TYPE_CHECKING:
+    from tandem.engine.sequence import Sequence
 
-
-@dataclass(frozen=True, slots=True)
-class DraftRequest:
-    sampling: SamplingParams
-    rng: np.random.Generator
-    depth: DepthPolicy  # chooses k for the source the drafter picks, and may stop it early
-    limit: int  # hard cap on k (remaining max tokens, context room)
+NO_CANDIDATE = DraftCandidate("none", 0, False, fixed_k=0)
 
 
 @dataclass(slots=True)
-class Draft:
+class SequenceDraft:
+    """A proposal for one sequence: token ids, and q_draft [k, vocab] when sampled by a model."""
+
+    source: str  # "none", "model", "ngram3", "shared5", ...
     token_ids: list[int]
-    q_draft: np.ndarray | None = None  # [len(token_ids), draft_vocab] or None (one-hot)
-    source: str = "none"  # which drafter produced it: "model", "ngram", "none"
-    draft_forwards: int = 0
-    confidences: list[float] = field(default_factory=list)
+    q_draft: np.ndarray | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DraftOffer:
+    candidate: DraftCandidate
+    copy: tuple[int, ...] = ()  # the copied continuation (copy sources); empty for the model
+    fallback: "DraftOffer | None" = None  # used when the planner gives `candidate` k = 0
 
     @property
-    def k(self) -> int:
-        return len(self.token_ids)
+    def uses_model(self) -> bool:
+        return self.candidate.uses_model
 
 
-EMPTY_DRAFT = Draft([])
+NO_OFFER = DraftOffer(NO_CANDIDATE)
+
+
+@dataclass(frozen=True, slots=True)
+class DraftJob:
+    seq: "Sequence"
+    offer: DraftOffer  # the offer the planner chose (the fallback, where it was used)
+    k: int
+
+
+# (sequence, draft confidences so far) -> draft one more token? (auto depth, model drafts)
+KeepDrafting = Callable[["Sequence", list[float]], bool]
 
 
 class Drafter(Protocol):
-    name: str
+    name: str  # "none" | "ngram" | "model" | "hybrid"
+    uses_model: bool  # needs a draft model
 
-    def propose(self, token_ids: Sequence[int], request: DraftRequest) -> Draft: ...
-
-    def cost_ms(self, num_tokens: int) -> float:
-        """Expected time to propose `num_tokens` draft tokens."""
+    def offer(self, seq: "Sequence", limit: int) -> DraftOffer:
+        """What seq could draft this step, at most `limit` tokens."""
         ...
+
+    def propose_batch(self, jobs: list[DraftJob], keep_drafting: KeepDrafting | None = None) -> list[SequenceDraft]:
+        """One draft per job, in order, of at most job.k tokens (model drafts of auto-depth
+        sequences may go deeper while `keep_drafting` says so)."""
+        ...
+
+
+def copy_drafts(jobs: list[DraftJob]) -> list[SequenceDraft]:
+    """Drafts that copy their offer's continuation: free to propose."""
+    return [SequenceDraft(job.offer.candidate.source, list(job.offer.copy[: job.k])) for job in jobs]

@@ -1,34 +1,38 @@
-"""Hybrid drafting: an n-gram match from the context when there is a good one, else the model.
+"""Hybrid drafting: a copy where the context (or the shared store) repeats, the model elsewhere.
 
-A match of at least `min_ngram` tokens whose source is expected to pay off (the depth policy
-gives it k > 0) is copied; otherwise the draft model drafts. The default when a draft model is
-given.
+A match of at least `min_ngram` tokens is offered as a copy with the draft model as its
+fallback: when the planner gives the copy k = 0 (its acceptance does not pay here), the model
+drafts instead. With no match the model is offered directly. The default drafter.
 """
 
-from typing import Sequence
+from dataclasses import replace
 
-from tandem.spec.drafters.base import Draft, DraftRequest
-from tandem.spec.drafters.model import ModelDrafter
-from tandem.spec.drafters.ngram import NgramDrafter, find_ngram_match
+from tandem.speculation.drafters.base import DraftJob, SequenceDraft, copy_drafts
+from tandem.speculation.drafters.model import ModelDrafter
+from tandem.speculation.drafters.ngram import NgramDrafter
+
+HYBRID_NGRAM = (3, 8)  # hybrid only trusts longer matches: the model is its fallback
 
 
 class HybridDrafter:
     name = "hybrid"
+    uses_model = True
 
-    def __init__(self, model: ModelDrafter, ngram: NgramDrafter | None = None):
+    def __init__(self, model: ModelDrafter, ngram: NgramDrafter):
         self.model = model
-        self.ngram = ngram or NgramDrafter(min_ngram=3, max_ngram=8)
+        self.ngram = ngram
 
-    def cost_ms(self, num_tokens: int) -> float:
-        return self.model.cost_ms(num_tokens)
+    def offer(self, seq, limit: int):
+        model_offer = self.model.offer(seq, limit)
+        copy = self.ngram.offer(seq, limit)
+        if copy.candidate.cap == 0:
+            return model_offer
+        if not model_offer.uses_model:
+            return copy
+        return replace(copy, fallback=model_offer)
 
-    def reset(self) -> None:
-        self.model.reset()
-
-    def propose(self, token_ids: Sequence[int], request: DraftRequest) -> Draft:
-        match = find_ngram_match(token_ids, request.limit, self.ngram.min_ngram, self.ngram.max_ngram)
-        if match is not None and match.continuation:
-            draft = self.ngram.draft_from(match, request)
-            if draft.k:
-                return draft
-        return self.model.propose(token_ids, request)
+    def propose_batch(self, jobs: list[DraftJob], keep_drafting=None) -> list[SequenceDraft]:
+        by_model = [job for job in jobs if job.offer.uses_model]
+        from_model = iter(self.model.propose_batch(by_model, keep_drafting))
+        copies = iter(copy_drafts([job for job in jobs if not job.offer.uses_model]))
+        return [next(from_model) if job.offer.uses_model else next(copies) for job in jobs]

@@ -1,8 +1,10 @@
-"""Prompt-lookup drafting: copy what followed the latest earlier occurrence of the context's tail.
+"""Copy drafting: propose what followed an earlier occurrence of the context's tail.
 
-Model-free. For n from `max_ngram` down to `min_ngram`, find the most recent earlier position
-where the last n tokens also occur, and propose the tokens that followed it. Code edits and
-extraction copy long spans from the prompt, which is where this shines.
+Model-free. Prompt lookup: for n from `max_ngram` down to `min_ngram`, find the most recent
+earlier position where the last n tokens also occur, and propose the tokens that followed it
+(source "ngram<n>"). Failing that, the shared n-gram store (what earlier requests produced;
+serve/ngram_store.py) may have a continuation (source "shared<n>"). Code edits and extraction
+copy long spans from the prompt, which is where this shines.
 """
 
 from dataclasses import dataclass
@@ -10,9 +12,10 @@ from typing import Sequence
 
 import numpy as np
 
-from tandem.spec.drafters.base import EMPTY_DRAFT, Draft, DraftRequest
+from tandem.speculation.batch_depth import DraftCandidate
+from tandem.speculation.drafters.base import NO_OFFER, DraftJob, DraftOffer, SequenceDraft, copy_drafts
 
-NGRAM_COST_MS = 0.05  # a numpy search over the context, measured well under 0.1 ms
+SHARED_MIN_NGRAM = 3  # shorter matches in the shared store are too often coincidences
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,9 +24,7 @@ class NgramMatch:
     continuation: list[int]
 
 
-def find_ngram_match(
-    token_ids: Sequence[int], k: int, min_ngram: int, max_ngram: int
-) -> NgramMatch | None:
+def find_ngram_match(token_ids: Sequence[int], k: int, min_ngram: int, max_ngram: int) -> NgramMatch | None:
     """The longest earlier match (at most max_ngram) of the context's tail, the most recent among
     equally long ones; None if shorter than min_ngram. The tail never matches itself."""
     tokens = token_ids if isinstance(token_ids, list) else list(token_ids)
@@ -47,21 +48,26 @@ def find_ngram_match(
 
 class NgramDrafter:
     name = "ngram"
+    uses_model = False
 
-    def __init__(self, min_ngram: int = 2, max_ngram: int = 4):
+    def __init__(self, min_ngram: int = 2, max_ngram: int = 4, store=None):
         self.min_ngram = min_ngram
         self.max_ngram = max_ngram
+        self.store = store  # shared n-gram store, or None
 
-    def propose(self, token_ids: Sequence[int], request: DraftRequest) -> Draft:
-        match = find_ngram_match(token_ids, request.limit, self.min_ngram, self.max_ngram)
-        if match is None or not match.continuation:
-            return EMPTY_DRAFT
-        return self.draft_from(match, request)
+    def offer(self, seq, limit: int) -> DraftOffer:
+        match = find_ngram_match(seq.tokens, limit, self.min_ngram, self.max_ngram)
+        if match is not None and match.continuation:
+            return _copy_offer(f"ngram{match.ngram_len}", match.continuation, seq)
+        if self.store is not None:
+            length, continuation = self.store.continuation(seq.tokens, limit)
+            if length >= SHARED_MIN_NGRAM and continuation:
+                return _copy_offer(f"shared{length}", continuation, seq)
+        return NO_OFFER
 
-    def draft_from(self, match: NgramMatch, request: DraftRequest) -> Draft:
-        source = f"{self.name}{match.ngram_len}"
-        k = request.depth.choose_k(source, self.cost_ms, len(match.continuation))
-        return Draft(match.continuation[:k], None, source=source)
+    def propose_batch(self, jobs: list[DraftJob], keep_drafting=None) -> list[SequenceDraft]:
+        return copy_drafts(jobs)
 
-    def cost_ms(self, num_tokens: int) -> float:
-        return NGRAM_COST_MS
+
+def _copy_offer(source: str, continuation: list[int], seq) -> DraftOffer:
+    return DraftOffer(DraftCandidate(source, len(continuation), False, fixed_k=seq.fixed_k), tuple(continuation))

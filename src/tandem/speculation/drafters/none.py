@@ -1,15 +1,14 @@
 """The `none` drafter: proposes nothing, so the engine decodes with the target alone."""
 
-from typing import Sequence
-
-from tandem.spec.drafters.base import EMPTY_DRAFT, Draft, DraftRequest
+from tandem.speculation.drafters.base import NO_OFFER, DraftJob, DraftOffer, SequenceDraft
 
 
 class NoDrafter:
     name = "none"
+    uses_model = False
 
-    def propose(self, token_ids: Sequence[int], request: DraftRequest) -> Draft:
-        return EMPTY_DRAFT
+    def offer(self, seq, limit: int) -> DraftOffer:
+        return NO_OFFER
 
-    def cost_ms(self, num_tokens: int) -> float:
-        return 0.0
+    def propose_batch(self, jobs: list[DraftJob], keep_drafting=None) -> list[SequenceDraft]:
+        return [SequenceDraft("none", []) for _ in jobs]

@@ -1,34 +1,34 @@
-"""Drafter registry: `--drafter model|ngram|hybrid|none` maps to a constructor here."""
+"""The drafter registry: `--drafter none|ngram|model|hybrid` (and the API's `"drafter"`) name a
+class here. `generate`, `serve` and the cluster all build their drafters with `build_drafters`;
+they differ only in where the draft model runs (a `DraftModel`)."""
 
-from typing import Callable
+from types import MappingProxyType
 
 from tandem.errors import TandemError
-from tandem.models.runner import ModelRunner
-from tandem.spec.drafters.base import Drafter
-from tandem.spec.drafters.hybrid import HybridDrafter
-from tandem.spec.drafters.model import ModelDrafter
-from tandem.spec.drafters.ngram import NgramDrafter
-from tandem.spec.drafters.none import NoDrafter
+from tandem.speculation.drafters.base import Drafter
+from tandem.speculation.drafters.hybrid import HYBRID_NGRAM, HybridDrafter
+from tandem.speculation.drafters.model import DraftModel, ModelDrafter
+from tandem.speculation.drafters.ngram import NgramDrafter
+from tandem.speculation.drafters.none import NoDrafter
+
+DRAFTER_NAMES = ("none", "ngram", "model", "hybrid")
+USES_MODEL = MappingProxyType({"none": False, "ngram": False, "model": True, "hybrid": True})
 
 
-def _needs_model(build: Callable[[ModelRunner], Drafter]) -> Callable[[ModelRunner | None], Drafter]:
-    def checked(draft_runner: ModelRunner | None) -> Drafter:
-        if draft_runner is None:
-            raise TandemError("this drafter needs a draft model: pass --draft NAME")
-        return build(draft_runner)
-
-    return checked
-
-
-DRAFTERS: dict[str, Callable[[ModelRunner | None], Drafter]] = {
-    "none": lambda draft_runner: NoDrafter(),
-    "ngram": lambda draft_runner: NgramDrafter(),
-    "model": _needs_model(ModelDrafter),
-    "hybrid": _needs_model(lambda runner: HybridDrafter(ModelDrafter(runner))),
-}
+def check_drafter(name: str, has_draft_model: bool = True) -> str:
+    """The name, if it is a drafter this engine can run; a clear error otherwise."""
+    if name not in USES_MODEL:
+        raise TandemError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTER_NAMES)}")
+    if USES_MODEL[name] and not has_draft_model:
+        raise TandemError(f"drafter {name!r} needs a draft model: pass --draft NAME")
+    return name
 
 
-def build_drafter(name: str, draft_runner: ModelRunner | None) -> Drafter:
-    if name not in DRAFTERS:
-        raise TandemError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
-    return DRAFTERS[name](draft_runner)
+def build_drafters(draft_model: DraftModel | None, ngram_store=None) -> dict[str, Drafter]:
+    """Every drafter this engine can run, by name (those needing a model only with one)."""
+    drafters: dict[str, Drafter] = {"none": NoDrafter(), "ngram": NgramDrafter(store=ngram_store)}
+    if draft_model is not None:
+        model = ModelDrafter(draft_model)
+        drafters["model"] = model
+        drafters["hybrid"] = HybridDrafter(model, NgramDrafter(*HYBRID_NGRAM, store=ngram_store))
+    return drafters

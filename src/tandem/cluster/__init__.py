@@ -1,0 +1,1 @@
+"""Cluster mode: a coordinator over verifier and drafter workers on Ray."""

@@ -1,0 +1,1 @@
+"""Device profiles: measured, stored, or derived from public peak numbers."""

@@ -1,0 +1,1 @@
+"""The running cluster: coordinator, worker classes, their Ray actors, endpoints and launch."""

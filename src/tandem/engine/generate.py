@@ -1,0 +1,41 @@
+"""One request through the batching engine, in this thread: add it, step until it finishes.
+
+This is all `tandem generate` and `tandem bench` run (as nano-vllm's `generate` is add-request
+plus step): the same engine and step as `tandem serve`, with one running sequence.
+"""
+
+import itertools
+from typing import Iterator
+
+from tandem.engine.batch_engine import BatchEngine
+from tandem.engine.events import SpeculationOptions
+from tandem.engine.request import GenerationRequest
+from tandem.engine.stats import GenerationStats
+
+_ids = itertools.count()
+
+
+def stream_tokens(engine: BatchEngine, request: GenerationRequest, stats: GenerationStats,
+                  options: SpeculationOptions = SpeculationOptions()) -> Iterator[list[int]]:
+    """Yield each step's committed token ids for this request; fill `stats` as it goes."""
+    seq_id = f"generate-{next(_ids)}"
+    engine.add(seq_id, request, options)
+    stats.prompt_tokens = len(request.prompt_ids)
+    finished = False
+    while not finished:
+        updates, report = engine.step()
+        stats.record_step(report, seq_id)
+        for update in updates:
+            if update.seq_id != seq_id:
+                continue
+            finished = update.finished
+            stats.new_tokens += len(update.token_ids)
+            if update.token_ids:
+                yield list(update.token_ids)
+
+
+def generate(engine: BatchEngine, request: GenerationRequest,
+             options: SpeculationOptions = SpeculationOptions()) -> tuple[list[int], GenerationStats]:
+    stats = GenerationStats()
+    output = [token for chunk in stream_tokens(engine, request, stats, options) for token in chunk]
+    return output, stats

@@ -1,0 +1,96 @@
+"""A draft model in this process, drafting for many sequences in lock-step.
+
+One batched forward per depth: the first feeds every sequence the committed tokens its draft
+slot has not seen (its slot rolled back to what is still valid: synced lazily) and drafts the
+first token; each later forward drafts one more token for the sequences still drafting. A
+sequence stops at a stop token, at its k, or, for an auto-depth sequence (once the planner
+decided its drafting pays), where the planner's `keep_drafting` says one more token is not worth
+it given the draft's own confidence in what it drafted.
+The drafter worker of the cluster runs the same code (cluster/runtime/drafter_worker.py).
+"""
+
+import time
+
+import numpy as np
+
+from tandem.models.batch_runner import BatchItem, BatchRunner
+from tandem.models.cost import CostView, catch_up_ms
+from tandem.speculation.drafters.base import DraftJob, KeepDrafting, SequenceDraft
+from tandem.speculation.sampling import probs_from_logits, sample
+from tandem.token_ids import common_prefix
+
+
+def reusable(seq) -> int:
+    """Draft-cache tokens still valid; the last token is always fed again for fresh logits."""
+    return min(common_prefix(seq.draft_cached, seq.tokens), len(seq.tokens) - 1)
+
+
+class LocalDraftModel:
+    def __init__(self, runner: BatchRunner):
+        self.runner = runner
+        self.forwards = 0  # lock-step forwards run so far (for stats)
+
+    def cost_view(self, seq) -> CostView:
+        return CostView(self.runner.cost, self.runner.fused)
+
+    def catch_up_ms(self, seq) -> float:
+        return catch_up_ms(self.runner.cost, len(seq.tokens) - reusable(seq))
+
+    def draft(self, jobs: list[DraftJob], keep_drafting: KeepDrafting | None = None) -> list[SequenceDraft]:
+        drafts = [SequenceDraft("model", []) for _ in jobs]
+        q_rows: list[list[np.ndarray]] = [[] for _ in jobs]
+        confidences: list[list[float]] = [[] for _ in jobs]
+        items = [self._sync(job.seq) for job in jobs]  # 1. sync every draft slot
+        active = list(range(len(jobs)))
+        while active:
+            start = time.perf_counter()
+            logits = self.runner.forward_batch(items)  # per item [1, vocab]
+            self._observe(items, start)
+            still, items = [], []
+            for index, rows in zip(active, logits):
+                job = jobs[index]
+                token, q_row, confidence = _pick(rows[0], job.seq)
+                drafts[index].token_ids.append(token)
+                q_rows[index].append(q_row)
+                confidences[index].append(confidence)
+                if self._goes_on(job, drafts[index].token_ids, confidences[index], keep_drafting):
+                    still.append(index)  # 2. the next depth feeds the token just drafted
+                    items.append(BatchItem(job.seq.slot, (token,), 1))
+                    job.seq.draft_cached.append(token)
+            active = still
+        for job, draft, rows in zip(jobs, drafts, q_rows):
+            if not job.seq.request.sampling.greedy:
+                draft.q_draft = np.stack(rows)  # [k, vocab]
+        return drafts
+
+    def _sync(self, seq) -> BatchItem:
+        keep = reusable(seq)
+        self.runner.rollback(seq.slot, keep)
+        seq.draft_cached = list(seq.tokens)
+        return BatchItem(seq.slot, tuple(seq.tokens[keep:]), 1)
+
+    def _observe(self, items: list[BatchItem], start: float) -> None:
+        self.forwards += 1
+        if self.runner.fused:
+            tokens = sum(len(item.token_ids) for item in items)
+            self.runner.cost.observe(tokens, (time.perf_counter() - start) * 1000)
+
+    @staticmethod
+    def _goes_on(job: DraftJob, tokens: list[int], confidences: list[float], keep_drafting) -> bool:
+        if tokens[-1] in job.seq.request.stop_token_ids or len(tokens) >= job.offer.candidate.cap:
+            return False
+        if job.seq.fixed_k is None and keep_drafting is not None:
+            return keep_drafting(job.seq, confidences)  # confidence decides how deep
+        return len(tokens) < job.k
+
+
+def _pick(logits: np.ndarray, seq) -> tuple[int, np.ndarray | None, float]:
+    """The draft token from next-token logits [vocab], its q row (sampling), its confidence."""
+    sampling = seq.request.sampling
+    if sampling.greedy:
+        token = int(np.argmax(logits))
+        shifted = np.exp(logits - logits[token])
+        return token, None, float(1.0 / shifted.sum())
+    q_row = probs_from_logits(logits[None, :], sampling)[0]  # [vocab]
+    token = sample(q_row, seq.rng)
+    return token, q_row, float(q_row[token])

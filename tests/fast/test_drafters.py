@@ -1,0 +1,171 @@
+"""The drafters behind `offer` / `propose_batch`, without a model: the n-gram drafter's sources
+(a copy from the context, or from the shared store), hybrid's copy with the model as fallback,
+the registry's errors, and the lock-step draft model stopping at a stop token or where
+`keep_drafting` says."""
+
+import numpy as np
+import pytest
+
+from tandem.engine.events import SpeculationOptions
+from tandem.engine.request import GenerationRequest
+from tandem.engine.sequence import Sequence
+from tandem.errors import TandemError
+from tandem.models.batch_runner import BatchItem
+from tandem.models.cost import CostModel, CostView
+from tandem.speculation.batch_depth import DraftCandidate
+from tandem.speculation.drafters.base import DraftJob, DraftOffer, SequenceDraft
+from tandem.speculation.drafters.hybrid import HybridDrafter
+from tandem.speculation.drafters.lockstep import LocalDraftModel
+from tandem.speculation.drafters.model import ModelDrafter
+from tandem.speculation.drafters.ngram import NgramDrafter
+from tandem.speculation.drafters.registry import build_drafters, check_drafter
+
+VOCAB = 16
+
+
+def sequence(tokens, k=4, stop_token_ids=frozenset(), max_tokens=32) -> Sequence:
+    request = GenerationRequest(tuple(tokens), max_tokens=max_tokens, stop_token_ids=stop_token_ids)
+    seq = Sequence.create("s", request, SpeculationOptions(k=k), "ngram")
+    seq.slot = 0
+    return seq
+
+
+class FakeStore:
+    """A shared n-gram store that always knows `continuation` after a match of `length`."""
+
+    def __init__(self, length: int, continuation: list[int]):
+        self.length = length
+        self.continuation_ids = continuation
+
+    def continuation(self, context, max_tokens: int):
+        return self.length, self.continuation_ids[:max_tokens]
+
+
+class FakeDraftModel:
+    """A DraftModel that is always available and costs nothing to catch up."""
+
+    def cost_view(self, seq):
+        return CostView(CostModel(), fused=False)
+
+    def catch_up_ms(self, seq):
+        return 0.0
+
+    def draft(self, jobs, keep_drafting):
+        raise AssertionError("offers never draft")
+
+
+# --- n-gram and hybrid offers -----------------------------------------------------------------
+
+
+def test_ngram_offer_names_its_source_by_match_length():
+    offer = NgramDrafter(min_ngram=2, max_ngram=4).offer(sequence([1, 2, 3, 9, 9, 1, 2, 3]), limit=4)
+    assert (offer.candidate.source, offer.copy, offer.uses_model) == ("ngram3", (9, 9, 1, 2), False)
+    assert offer.candidate.cap == 4 and offer.candidate.fixed_k == 4
+    assert NgramDrafter().offer(sequence([1, 2, 3]), limit=4).candidate.cap == 0  # no match, no offer
+
+
+def test_ngram_offer_respects_the_limit_and_proposes_its_copy():
+    seq = sequence([1, 2, 3, 4, 5, 6, 7, 1, 2])
+    drafter = NgramDrafter()
+    assert drafter.offer(seq, limit=2).copy == (3, 4)
+    offer = drafter.offer(seq, limit=8)
+    (draft,) = drafter.propose_batch([DraftJob(seq, offer, 3)])
+    assert (draft.source, draft.token_ids, draft.q_draft) == ("ngram2", [3, 4, 5], None)
+
+
+def test_ngram_offer_falls_back_to_the_shared_store():
+    seq = sequence([1, 2, 3, 4])  # no match in the context
+    offer = NgramDrafter(store=FakeStore(5, [8, 9, 10])).offer(seq, limit=2)
+    assert (offer.candidate.source, offer.copy) == ("shared5", (8, 9))
+    assert NgramDrafter(store=FakeStore(2, [8, 9])).offer(seq, limit=2).candidate.cap == 0  # too short to trust
+    in_context = NgramDrafter(store=FakeStore(5, [8])).offer(sequence([1, 2, 3, 1, 2]), limit=2)
+    assert in_context.candidate.source == "ngram2"  # the context's own match comes first
+
+
+def test_hybrid_offers_a_long_copy_with_the_model_as_fallback():
+    hybrid = HybridDrafter(ModelDrafter(FakeDraftModel()), NgramDrafter(3, 8))
+    offer = hybrid.offer(sequence([1, 2, 3, 4, 8, 1, 2, 3]), limit=4)
+    assert (offer.candidate.source, offer.copy) == ("ngram3", (4, 8, 1, 2))
+    assert offer.fallback is not None and offer.fallback.candidate.source == "model"
+    assert offer.fallback.uses_model and offer.fallback.candidate.cap == 4
+    only_model = hybrid.offer(sequence([5, 2, 3, 4, 8, 1, 2, 3]), limit=4)  # only "2 3" repeats
+    assert only_model.candidate.source == "model" and only_model.fallback is None
+
+
+def test_hybrid_copies_for_copy_jobs_and_asks_the_model_for_the_rest():
+    class CountingModel(FakeDraftModel):
+        def draft(self, jobs, keep_drafting):
+            self.jobs = jobs
+            return [SequenceDraft("model", [42]) for _ in jobs]
+
+    model = CountingModel()
+    hybrid = HybridDrafter(ModelDrafter(model), NgramDrafter(3, 8))
+    copy_seq, model_seq = sequence([1, 2, 3, 4, 8, 1, 2, 3]), sequence([5, 6])
+    copy_offer, model_offer = hybrid.offer(copy_seq, 4), hybrid.offer(model_seq, 4)
+    drafts = hybrid.propose_batch([DraftJob(copy_seq, copy_offer, 2), DraftJob(model_seq, model_offer, 2)])
+    assert [d.token_ids for d in drafts] == [[4, 8], [42]]
+    assert [job.seq for job in model.jobs] == [model_seq]
+
+
+# --- the registry -------------------------------------------------------------------------------
+
+
+def test_registry_builds_by_name_and_explains_mistakes():
+    assert set(build_drafters(None)) == {"none", "ngram"}
+    assert set(build_drafters(FakeDraftModel())) == {"none", "ngram", "model", "hybrid"}
+    assert check_drafter("ngram", has_draft_model=False) == "ngram"
+    for name in ("hybrid", "model"):
+        with pytest.raises(TandemError, match="draft model"):
+            check_drafter(name, has_draft_model=False)
+    with pytest.raises(TandemError, match="unknown drafter"):
+        check_drafter("medusa")
+
+
+# --- the lock-step draft model ------------------------------------------------------------------
+
+
+class CountingRunner:
+    """A batch runner double whose greedy next token is always the last token fed plus one."""
+
+    name = "counting"
+    vocab_size = VOCAB
+    context_length = 256
+    max_slots = 1
+    fused = False
+    can_copy_prefix = False
+
+    def __init__(self):
+        self.cost = CostModel()
+
+    def forward_batch(self, items: list[BatchItem]) -> list[np.ndarray]:
+        return [np.eye(VOCAB, dtype=np.float32)[[(item.token_ids[-1] + 1) % VOCAB]] * 10 for item in items]
+
+    def rollback(self, slot: int, length: int) -> None:
+        pass
+
+
+def model_job(seq: Sequence, k: int) -> DraftJob:
+    return DraftJob(seq, DraftOffer(DraftCandidate("model", 8, True, fixed_k=seq.fixed_k)), k)
+
+
+def test_local_draft_model_stops_at_a_stop_token_and_at_k():
+    model = LocalDraftModel(CountingRunner())
+    (plain,) = model.draft([model_job(sequence([1, 2, 3], k=5), 5)])
+    assert plain.token_ids == [4, 5, 6, 7, 8]
+    (stopped,) = model.draft([model_job(sequence([1, 2, 3], k=5, stop_token_ids=frozenset({6})), 5)])
+    assert stopped.token_ids == [4, 5, 6]  # a draft past a stop token could never be emitted
+    assert model.forwards == 5 + 3
+
+
+def test_local_draft_model_goes_as_deep_as_keep_drafting_says_for_auto_depth():
+    model = LocalDraftModel(CountingRunner())
+    asked = []
+
+    def keep_drafting(seq, confidences):
+        asked.append(len(confidences))
+        return len(confidences) < 3
+
+    (draft,) = model.draft([model_job(sequence([1, 2], k="auto"), 1)], keep_drafting)
+    assert draft.token_ids == [3, 4, 5] and asked == [1, 2, 3]  # beyond the planned k = 1
+    (fixed,) = model.draft([model_job(sequence([1, 2], k=1), 1)], keep_drafting)
+    assert fixed.token_ids == [3]  # a fixed k ignores confidence
