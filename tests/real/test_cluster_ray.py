@@ -98,7 +98,7 @@ def test_verifier_kill_9_mid_generation_loses_nothing(cluster, requests):
 
 def test_drafter_kill_9_generation_goes_on(cluster, requests):
     uninterrupted = run(cluster, requests, "calm")
-    drafter = cluster.drafters[0]
+    drafter = cluster.drafter_workers[0]
     killed = run(cluster, requests, "storm", lambda step: step == 2 and kill(drafter.pid))
     assert killed == uninterrupted
     assert any("draft-0 died" in e for e in cluster.events)

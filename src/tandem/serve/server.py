@@ -32,7 +32,7 @@ from tandem.serve.state import ServerState
 from tandem.serve.tracing import RequestTracer
 from tandem.text.tokenizer import TextTokenizer
 from tandem.models.backends import precision_of
-from tandem.speculation.drafters.registry import DRAFTER_NAMES, USES_MODEL
+from tandem.speculation.drafters.registry import DRAFTER_NAMES
 
 UVICORN_CLOSE_SECONDS = 5  # after the drain, how long uvicorn waits for connections to close
 
@@ -66,9 +66,8 @@ def build_state(config: EngineConfig, settings: ServeSettings, model_name: str, 
     engine = _engine(config, settings, ngram_store, cluster)
     cache = _response_store(settings, _model_identity(config))
     worker = EngineWorker(engine, settings.max_waiting, observers=[metrics.observe_step, tracer.observe_step])
-    has_draft = config.draft is not None and config.uses_draft_model
     return ServerState(worker.start(), tokenizer, model_name, engine.context_length, settings, metrics, tracer,
-                       cache, drafters=tuple(n for n in DRAFTER_NAMES if has_draft or not USES_MODEL[n]),
+                       cache, drafters=tuple(n for n in DRAFTER_NAMES if n in engine.drafters),
                        speculation_defaults=SpeculationOptions(config.drafter, config.k))
 
 
