@@ -3,7 +3,7 @@
 Both models draw a *run*: the number of draft tokens the target would accept in a row before
 its first rejection, were the draft unbounded. A round that drafted k tokens accepts
 min(run, k); the round was accepted whole, and the target's bonus token agrees with the draft's
-next token, exactly when run > k (what a drafter drafting ahead that drafted ahead needs).
+next token, exactly when run > k (what a drafter that drafted ahead needs).
 """
 
 from dataclasses import dataclass

@@ -1,7 +1,7 @@
 """A device's time, and a call over the network.
 
 A device runs one call at a time, first come first served. It can also run *background* work
-(a drafter drafting ahead drafting ahead) while it has nothing else to do: a call that arrives
+(a drafter drafting ahead) while it has nothing else to do: a call that arrives
 preempts background work, which is then discarded, so speculative work never delays real work.
 
 Devices on one host (several CPU workers of one machine) share its cores: a call or background
@@ -104,7 +104,7 @@ def remote_call(events: EventQueue, sent_ms: float, rtt_ms: float, device: Timel
                 duration_ms: float, then: Action, on_device_done: Action | None = None) -> None:
     """Request at `sent_ms` + rtt/2; runs `duration_ms` on `device` when it is free; the reply
     reaches the caller rtt/2 after the device finishes, and `then(reply_time)` runs. An optional
-    `on_device_done(end)` runs as the device finishes (a drafter drafting ahead drafting ahead)."""
+    `on_device_done(end)` runs as the device finishes (a drafter drafting ahead)."""
     half = rtt_ms / 2
 
     def arrive(now: float) -> None:
