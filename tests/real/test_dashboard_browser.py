@@ -125,7 +125,7 @@ def test_dashboard_charts_update_and_alert_fires(dashboard_app):
 
 
 SERVE_COMMAND = [str(Path(sys.executable).parent / "tandem"), "serve", "--target", "smollm2-135m-instruct", "--draft", "smollm2-135m-instruct",
-                 "--backend", "llamacpp", "--draft-backend", "llamacpp", "--port", "0"]
+                 "--backend", "llamacpp", "--draft-backend", "llamacpp", "--k", "2", "--port", "0"]  # fixed k: drafts happen
 SERVE_START_SECONDS = 240
 BANNER = re.compile(r"at (http://\S+)/v1\b")
 CHAT_QUESTIONS = ("Count from one to twenty in words.", "Name five animals that live in the sea.",
