@@ -1,5 +1,5 @@
 """Helpers for the fast engine tests (plain functions; fixtures live in conftest.py): tiny
-prompts, a serial torch batch runner over a tiny model, the batching engine over it, a driver
+prompts, serial and fused torch batch runners over a tiny model, the batching engine over it, a driver
 that steps it with requests arriving at given steps, and the slow reference: naive target-only
 greedy decoding, one full forward per token, no cache tricks."""
 
@@ -12,6 +12,7 @@ from tandem.engine.events import SpeculationOptions
 from tandem.engine.request import GenerationRequest
 from tandem.models.batch_runner import SerialBatchRunner
 from tandem.models.cost import CostModel
+from tandem.models.paged.fused_runner import FusedTorchRunner
 from tandem.models.torch_runner import TorchRunner
 from tandem.speculation.drafters.registry import USES_MODEL
 
@@ -33,9 +34,21 @@ def serial_runner(model_dir, slots: int, cost: dict = CHEAP_VERIFY) -> SerialBat
     return SerialBatchRunner(lambda: next(views), slots)
 
 
-def make_engine(tiny_target, tiny_draft, drafter="hybrid", k="auto", slots=3, **kwargs) -> BatchEngine:
-    target = serial_runner(tiny_target, slots, CHEAP_VERIFY)
-    draft = serial_runner(tiny_draft, slots, CHEAP_VERIFY) if USES_MODEL[drafter] else None
+def fused_runner(model_dir, slots: int, cost: dict = CHEAP_VERIFY, context: int = 256) -> FusedTorchRunner:
+    runner = FusedTorchRunner.load(str(model_dir), "cpu", "fp32", slots, context)
+    runner.cost = CostModel(dict(cost))
+    return runner
+
+
+RUNNERS = {"serial": serial_runner, "fused": fused_runner}
+
+
+def make_engine(tiny_target, tiny_draft, drafter="hybrid", k="auto", slots=3, runner="serial",
+                **kwargs) -> BatchEngine:
+    """runner: "serial" (transformers, one slot at a time) or "fused" (one paged forward)."""
+    load = RUNNERS[runner]
+    target = load(tiny_target, slots, CHEAP_VERIFY)
+    draft = load(tiny_draft, slots, CHEAP_VERIFY) if USES_MODEL[drafter] else None
     return BatchEngine(target, draft, drafter, k, **kwargs)
 
 

@@ -26,3 +26,19 @@ def build_tiny_model(folder: Path, seed: int, hidden: int = 32, layers: int = 2)
         model.lm_head.weight.mul_(8.0)
     model.save_pretrained(folder)
     return folder
+
+
+def build_tiny_llama(folder: Path, seed: int, hidden: int = 32, layers: int = 2) -> Path:
+    """A tiny Llama (SmolLM2's architecture: no attention biases, tied embeddings)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=hidden * 2,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=256, tie_word_embeddings=True)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(4.0)
+    model.save_pretrained(folder)
+    return folder

@@ -97,9 +97,9 @@ def _load_hf_model(spec: RunnerSpec):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from tandem.models.torch_runner import _torch_dtype
+    from tandem.models.torch_runner import torch_dtype
 
     if spec.threads:
         torch.set_num_threads(spec.threads)
-    model = AutoModelForCausalLM.from_pretrained(str(hf_path(spec.model)), dtype=_torch_dtype(spec.dtype))
+    model = AutoModelForCausalLM.from_pretrained(str(hf_path(spec.model)), dtype=torch_dtype(spec.dtype))
     return model.to(torch.device(spec.device)).eval()

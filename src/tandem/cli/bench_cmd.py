@@ -10,7 +10,7 @@ from tandem.bench.registry import CONFIGS
 from tandem.bench.report import main_table
 from tandem.bench.session import BenchSettings, run_session
 from tandem.bench.workload import DEFAULT_WORKLOAD
-from tandem.cli.options import add_model_options
+from tandem.cli.options import add_model_options, draft_spec, target_spec
 from tandem.models.backends import RunnerSpec
 
 DEFAULT_CONFIGS = "none,ngram,model,hybrid,llamacpp-plain"
@@ -55,6 +55,4 @@ def run(args: argparse.Namespace) -> int:
 
 
 def model_choice(args: argparse.Namespace) -> ModelChoice:
-    target = RunnerSpec(args.target, args.backend, args.device, args.dtype, args.threads)
-    draft = RunnerSpec(args.draft, args.draft_backend, args.draft_device, args.draft_dtype, args.threads)
-    return ModelChoice(target, draft, args.k, args.threads)
+    return ModelChoice(target_spec(args), draft_spec(args), args.k, args.threads)

@@ -2,7 +2,8 @@
 
 import argparse
 
-from tandem.models.backends import RunnerSpec
+from tandem.errors import TandemError
+from tandem.models.backends import TORCH_RUNNERS, RunnerSpec
 from tandem.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from tandem.speculation.drafters.registry import USES_MODEL
 from tandem.engine.build import EngineConfig
@@ -21,11 +22,32 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--draft-dtype", default="fp32", help="draft dtype for torch")
     group.add_argument("--threads", type=int, default=None, help="CPU threads per model (default: all)")
     group.add_argument("--k", default="auto", help="speculation depth: an integer, or auto (default)")
+    group.add_argument("--torch-runner", default="fused", choices=TORCH_RUNNERS,
+                       help="torch backend: fused (one paged forward for all sequences, default) or serial "
+                       "(transformers, one sequence at a time)")
+    group.add_argument("--kv-memory", default=None, type=kv_memory_option,
+                       help="KV pool size for the fused torch runner, e.g. 2G (default: a quarter of free memory)")
+
+
+def kv_memory_option(text: str) -> int:
+    from tandem.models.paged.kv_budget import parse_memory
+
+    try:
+        return parse_memory(text)
+    except TandemError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def target_spec(args: argparse.Namespace) -> RunnerSpec:
+    return RunnerSpec(args.target, args.backend, args.device, args.dtype, args.threads,
+                      torch_runner=args.torch_runner, kv_memory=args.kv_memory)
+
+
+def draft_spec(args: argparse.Namespace) -> RunnerSpec:
+    return RunnerSpec(args.draft, args.draft_backend, args.draft_device, args.draft_dtype, args.threads,
+                      torch_runner=args.torch_runner)
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    target = RunnerSpec(args.target, args.backend, args.device, args.dtype, args.threads)
-    draft = None
-    if USES_MODEL.get(args.drafter, False):
-        draft = RunnerSpec(args.draft, args.draft_backend, args.draft_device, args.draft_dtype, args.threads)
-    return EngineConfig(target, draft, args.drafter, args.k)
+    draft = draft_spec(args) if USES_MODEL.get(args.drafter, False) else None
+    return EngineConfig(target_spec(args), draft, args.drafter, args.k)

@@ -7,7 +7,7 @@ dtype and threads, so the profile is measured once per machine and refined while
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from tandem.errors import TandemError
@@ -17,6 +17,7 @@ from tandem.paths import profiles_dir
 
 PROFILE_BASE_LENGTH = 64  # cost is measured on top of a cache of this many tokens
 BACKENDS = ("llamacpp", "torch")
+TORCH_RUNNERS = ("fused", "serial")  # one paged forward for all slots | transformers, one slot at a time
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,10 +28,14 @@ class RunnerSpec:
     dtype: str = "fp32"
     threads: int | None = None
     context_length: int = 4096
+    torch_runner: str = "fused"  # how the torch backend batches slots (see TORCH_RUNNERS)
+    kv_memory: int | None = None  # bytes for the fused runner's KV pool (None: a share of free memory)
 
     def __post_init__(self):
         if self.backend not in BACKENDS + ("auto",):
             raise TandemError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if self.torch_runner not in TORCH_RUNNERS:
+            raise TandemError(f"unknown torch runner {self.torch_runner!r}; choose one of {', '.join(TORCH_RUNNERS)}")
 
     def resolved(self) -> "RunnerSpec":
         backend, device = self.backend, self.device
@@ -40,7 +45,7 @@ class RunnerSpec:
             device = (_gpu_device() or "cpu") if backend == "torch" else "cpu"
         if backend == "llamacpp" and device != "cpu":
             raise TandemError(f"the llamacpp backend runs on the cpu here, not {device!r}: use --backend torch")
-        return RunnerSpec(self.model, backend, device, self.dtype, self.threads, self.context_length)
+        return replace(self, backend=backend, device=device)
 
 
 def _gpu_device() -> str | None:

@@ -1,9 +1,12 @@
 """Build a batch runner (several sequences, one model) from a `RunnerSpec`, with its measured
-cost curve. llama.cpp gets one context with a sequence id per slot (fused batches, profiled up
-to BATCH_PROFILE_SIZES tokens, since a batch scores many sequences' tokens at once); torch gets
-one cache per slot over shared weights (serial batches).
+cost curve. llama.cpp gets one context with a sequence id per slot, and torch (by default) the fused
+runner over a paged KV cache: both score every slot's tokens in one forward (fused batches,
+profiled up to BATCH_PROFILE_SIZES tokens, since a batch scores many sequences' tokens at once).
+`torch_runner="serial"` gives torch one transformers cache per slot over shared weights (serial
+batches: the slow reference).
 """
 
+import sys
 from typing import Callable
 
 from tandem.models.backends import RunnerSpec, cached_profile, load_runner
@@ -25,9 +28,24 @@ def _load_llamacpp(spec: RunnerSpec, slots: int) -> BatchRunner:
 
 
 def _load_torch(spec: RunnerSpec, slots: int) -> BatchRunner:
+    if spec.torch_runner == "fused":
+        return _load_torch_fused(spec, slots)
     base = load_runner(spec)
     views = iter([base] + [base.fork() for _ in range(slots - 1)])
     return SerialBatchRunner(lambda: next(views), slots)
+
+
+def _load_torch_fused(spec: RunnerSpec, slots: int) -> BatchRunner:
+    from tandem.models.paged.fused_runner import FusedTorchRunner
+    from tandem.models.resolve import hf_path
+
+    runner = FusedTorchRunner.load(str(hf_path(spec.model)), spec.device, spec.dtype, slots, spec.context_length,
+                                   spec.threads, spec.kv_memory)
+    runner.name = f"{spec.model} [torch-fused/{spec.device}/{spec.dtype}/x{slots}]"
+    print(f"{runner.name}: {runner.describe_pool()}", file=sys.stderr)
+    runner.cost = cached_profile(spec, SlotView(runner), BATCH_PROFILE_SIZES, variant="-fused")
+    runner.rollback(0, 0)
+    return runner
 
 
 BATCH_LOADERS: dict[str, Callable[[RunnerSpec, int], BatchRunner]] = {

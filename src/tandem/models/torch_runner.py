@@ -16,13 +16,22 @@ from tandem.models.cost import CostModel
 DTYPES = ("fp32", "bf16", "fp16")
 
 
-def _torch_dtype(name: str):
+def torch_dtype(name: str):
     import torch
 
     table = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     if name not in table:
         raise TandemError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}")
     return table[name]
+
+
+def torch_device(name: str):
+    import torch
+
+    try:
+        return torch.device(name)
+    except RuntimeError as error:
+        raise TandemError(f"unknown torch device {name!r}: {error}") from None
 
 
 class TorchRunner:
@@ -33,12 +42,9 @@ class TorchRunner:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         if threads:
             torch.set_num_threads(threads)
+        self._device = torch_device(device)
         try:
-            self._device = torch.device(device)
-        except RuntimeError as error:
-            raise TandemError(f"unknown torch device {device!r}: {error}") from None
-        try:
-            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_torch_dtype(dtype))
+            model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype(dtype))
             self._model = model.to(self._device).eval()
         except (OSError, ValueError, RuntimeError) as error:
             raise TandemError(f"cannot load {model_dir} on {device} ({dtype}): {error}") from None

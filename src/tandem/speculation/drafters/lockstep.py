@@ -85,7 +85,10 @@ class LocalDraftModel:
 
 
 def _pick(logits: np.ndarray, seq) -> tuple[int, np.ndarray | None, float]:
-    """The draft token from next-token logits [vocab], its q row (sampling), its confidence."""
+    """The draft token from next-token logits [vocab], its q row (sampling), its confidence.
+    A device runner's tensor is read on the host (free on a CPU; one row per token on a GPU)."""
+    if not isinstance(logits, np.ndarray):
+        logits = logits.float().cpu().numpy()
     sampling = seq.request.sampling
     if sampling.greedy:
         token = int(np.argmax(logits))

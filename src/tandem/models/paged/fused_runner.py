@@ -1,0 +1,127 @@
+"""The torch backend's engine runner: every slot's new tokens in ONE forward pass over a paged
+KV cache (`fused = True`), logits kept on the device.
+
+`forward_batch` lays the items out flat (paged/layout.py), makes their blocks writable
+(paged/kv_blocks.py: allocation and copy-on-write), runs the compact decoder
+(paged/decoder.py) once, and returns each item's logits [num_logits, vocab] as a float32
+tensor on the model's device; acceptance runs there too (speculation/device_acceptance.py), so
+only token ids cross to the host. A step the pool cannot hold raises KvPoolFullError before
+any state changes. `SerialBatchRunner` over transformers' model stays the slow reference.
+"""
+
+import os
+import time
+from typing import Sequence
+
+import torch
+
+from tandem.errors import TandemError
+from tandem.models.batch_runner import BatchItem
+from tandem.models.cost import CostModel
+from tandem.models.paged.decoder import PagedDecoder
+from tandem.models.paged.kv_blocks import BlockManager, KvPoolFullError
+from tandem.models.paged.kv_cache import PagedKvCache
+from tandem.models.paged.kv_budget import kv_budget_bytes
+from tandem.models.paged.layout import SlotSpan, build_layout
+
+BLOCK_SIZE = 16  # tokens per KV block
+
+__all__ = ["FusedTorchRunner", "KvPoolFullError"]
+
+
+class FusedTorchRunner:
+    fused = True
+    can_copy_prefix = True
+    device_logits = True  # forward_batch returns torch tensors on `device`
+
+    def __init__(self, decoder: PagedDecoder, max_slots: int, context_length: int,
+                 kv_memory: int | None = None, name: str = "torch-fused"):
+        config = decoder.config
+        self.decoder = decoder
+        self.device = decoder.device
+        self.name = name
+        self.vocab_size = config.vocab_size
+        self.context_length = min(context_length, config.max_positions)
+        self.max_slots = max_slots
+        self.cost = CostModel()
+        row_bytes = PagedKvCache.bytes_per_row(config.num_layers, config.num_kv_heads, config.head_dim, decoder.dtype)
+        wanted_blocks = -(-max_slots * self.context_length // BLOCK_SIZE)
+        budget = kv_budget_bytes(decoder.device, kv_memory)
+        num_blocks = min(wanted_blocks, budget // (row_bytes * BLOCK_SIZE))
+        if num_blocks * BLOCK_SIZE < self.context_length:
+            raise TandemError(f"a KV budget of {budget / 2**20:.0f} MiB holds {num_blocks * BLOCK_SIZE} tokens, "
+                              f"less than one context of {self.context_length}: raise --kv-memory")
+        self.blocks = BlockManager(num_blocks, BLOCK_SIZE, max_slots)
+        self.cache = PagedKvCache(config.num_layers, num_blocks * BLOCK_SIZE, config.num_kv_heads,
+                                  config.head_dim, decoder.dtype, decoder.device)
+        self.pool_tokens = self.blocks.pool_tokens
+        self.kv_bytes = num_blocks * BLOCK_SIZE * row_bytes
+        self.last_model_ms = 0.0  # the decoder's share of the last forward_batch (the rest is overhead)
+
+    @classmethod
+    def load(cls, model_dir: str, device: str, dtype: str, max_slots: int, context_length: int,
+             threads: int | None = None, kv_memory: int | None = None) -> "FusedTorchRunner":
+        from tandem.models.torch_runner import torch_device, torch_dtype
+
+        if threads:
+            torch.set_num_threads(threads)
+        decoder = PagedDecoder.load(model_dir, torch_dtype(dtype), torch_device(device))
+        name = f"{os.path.basename(os.path.normpath(model_dir))} [torch-fused/{device}/{dtype}/x{max_slots}]"
+        return cls(decoder, max_slots, context_length, kv_memory, name)
+
+    def describe_pool(self) -> str:
+        return (f"KV pool: {self.blocks.num_blocks} blocks x {BLOCK_SIZE} tokens = {self.pool_tokens} tokens, "
+                f"{self.kv_bytes / 2**20:.0f} MiB on {self.device}")
+
+    def num_cached_tokens(self, slot: int) -> int:
+        return self.blocks.length(slot)
+
+    def rollback(self, slot: int, length: int) -> None:
+        self.blocks.rollback(slot, length)
+
+    def copy_prefix(self, source: int, destination: int, length: int) -> None:
+        self.blocks.share_prefix(source, destination, length)
+
+    def forward_batch(self, items: Sequence[BatchItem]) -> list[torch.Tensor]:
+        """Per item, float32 logits [num_logits, vocab] on the device, in the order of `items`."""
+        live = [item for item in items if item.token_ids]
+        if len({item.slot for item in live}) != len(live):
+            raise ValueError("a fused step takes each slot at most once")
+        for item in live:
+            if self.blocks.length(item.slot) + len(item.token_ids) > self.context_length:
+                raise TandemError(f"slot {item.slot} would exceed the context of {self.context_length} tokens")
+        self.blocks.check_free(sum(self.blocks.blocks_needed(i.slot, len(i.token_ids)) for i in live))
+        if not live:
+            return [self._empty() for _ in items]
+        spans, logit_rows, offset = [], [], 0
+        for item in live:
+            self.cache.copy_blocks(self.blocks.prepare_write(item.slot, len(item.token_ids)), BLOCK_SIZE)
+            count = len(item.token_ids)
+            spans.append(SlotSpan(item.slot, self.blocks.length(item.slot), count, offset))
+            logit_rows.extend(range(offset + count - min(item.num_logits, count), offset + count))
+            offset += count
+        layout = build_layout(spans, logit_rows, self.blocks, self.device)
+        token_ids = torch.tensor([t for item in live for t in item.token_ids], device=self.device)  # [tokens]
+        model_start = time.perf_counter()
+        logits = self.decoder.forward(token_ids, layout, self.cache)  # [logits, vocab]
+        self._synchronize()
+        self.last_model_ms = (time.perf_counter() - model_start) * 1000
+        for item in live:
+            self.blocks.advance(item.slot, len(item.token_ids))
+        return self._split(items, logits)
+
+    def _synchronize(self) -> None:
+        """Make the model time true on an asynchronous device (a no-op on the CPU)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _split(self, items: Sequence[BatchItem], logits: torch.Tensor) -> list[torch.Tensor]:
+        out, row = [], 0
+        for item in items:
+            wanted = min(item.num_logits, len(item.token_ids))
+            out.append(logits[row: row + wanted])  # [num_logits, vocab]
+            row += wanted
+        return out
+
+    def _empty(self) -> torch.Tensor:
+        return torch.zeros((0, self.vocab_size), dtype=torch.float32, device=self.device)

@@ -1,0 +1,99 @@
+"""The one engine on the fused torch runner: every sequence's greedy output, in any batch mix
+(1..16 running, joining and leaving at random steps, drafts of random lengths and their
+rollbacks, cancellations), equals the slow reference token for token; and the KV pool gets
+every block back."""
+
+import random
+
+import pytest
+
+from engine_support import PROMPTS, fused_runner, make_engine, naive_greedy
+from tandem.engine.batch_engine import BatchEngine
+from tandem.engine.events import SpeculationOptions
+from tandem.engine.request import GenerationRequest
+from tiny_models import VOCAB
+
+MAX_TOKENS = 16
+
+
+def _random_prompts(rng: random.Random, count: int) -> list[tuple[int, ...]]:
+    prompts = list(PROMPTS)
+    while len(prompts) < count:
+        base = rng.choice(prompts) if rng.random() < 0.3 else ()  # some share a prefix
+        prompts.append(tuple(base) + tuple(rng.randrange(VOCAB) for _ in range(rng.randint(1, 40))))
+    return prompts
+
+
+@pytest.fixture(scope="module")
+def mix(tiny_target):
+    rng = random.Random(11)
+    prompts = _random_prompts(rng, 24)
+    references = {p: naive_greedy(tiny_target, p, MAX_TOKENS) for p in set(prompts)}
+    return prompts, references
+
+
+def _drive(engine: BatchEngine, prompts, rng: random.Random, cancel_share: float):
+    """Requests arrive at random steps with random drafters and depths; some are cancelled."""
+    arrivals = {}
+    for index, prompt in enumerate(prompts):
+        arrivals.setdefault(rng.randrange(30), []).append((f"r{index}", prompt))
+    drafters = [d for d in ("ngram", "model", "hybrid", "none") if d in engine.drafters]
+    outputs, finished, cancelled, step = {}, {}, set(), 0
+    while engine.has_work or any(s >= step for s in arrivals):
+        for seq_id, prompt in arrivals.get(step, []):
+            options = SpeculationOptions(drafter=rng.choice(drafters), k=rng.choice([None, 0, 1, 3, 7]))
+            engine.add(seq_id, GenerationRequest(prompt, max_tokens=MAX_TOKENS), options)
+            outputs[seq_id] = []
+        if engine.running and rng.random() < cancel_share:
+            victim = rng.choice(list(engine.running))
+            engine.cancel(victim)
+            cancelled.add(victim)
+        if engine.has_work:
+            updates, report = engine.step()
+            assert report.running <= 16
+            for update in updates:
+                outputs[update.seq_id] += update.token_ids
+                if update.finished:
+                    finished[update.seq_id] = update.finish_reason
+        step += 1
+    return outputs, finished, cancelled
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_greedy_outputs_in_random_mixes_equal_the_reference(tiny_target, tiny_draft, mix, seed):
+    prompts, references = mix
+    engine = make_engine(tiny_target, tiny_draft, "hybrid", slots=16, runner="fused")
+    outputs, finished, cancelled = _drive(engine, prompts, random.Random(seed), cancel_share=0.05)
+    for index, prompt in enumerate(prompts):
+        seq_id = f"r{index}"
+        if seq_id in cancelled:
+            assert outputs[seq_id] == references[prompt][: len(outputs[seq_id])]
+        else:
+            assert finished[seq_id] == "length" and outputs[seq_id] == references[prompt], seq_id
+
+
+def test_every_block_is_free_after_requests_cancellations_and_retained_caches(tiny_target, tiny_draft, mix):
+    prompts, _ = mix
+    engine = make_engine(tiny_target, tiny_draft, "hybrid", slots=8, runner="fused")
+    _drive(engine, prompts, random.Random(5), cancel_share=0.3)
+    assert not engine.has_work
+    engine.clear_caches()  # retained prompt caches hold blocks until then
+    for runner in (engine.target, engine.draft):
+        assert runner.blocks.num_free == runner.blocks.num_blocks, "a KV block leaked"
+        assert not any(runner.blocks.refs)
+
+
+def test_a_full_pool_waits_instead_of_failing(tiny_target):
+    """A pool that holds two contexts' worth: requests queue for room and all finish."""
+    target = fused_runner(tiny_target, slots=6, context=64)
+    small = type(target)(target.decoder, 6, 64, kv_memory=target.kv_bytes // target.pool_tokens * 160)
+    small.cost = target.cost
+    engine = BatchEngine(small, None, "none")
+    for index, prompt in enumerate(PROMPTS * 2):
+        engine.add(f"r{index}", GenerationRequest(prompt + (3,) * 30, max_tokens=MAX_TOKENS))
+    finished = {}
+    while engine.has_work:
+        for update in engine.step()[0]:
+            if update.finished:
+                finished[update.seq_id] = update.finish_reason
+    assert len(finished) == 10 and set(finished.values()) == {"length"}
