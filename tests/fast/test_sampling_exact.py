@@ -239,16 +239,22 @@ def next_probs(model_dir, tokens) -> np.ndarray:
     return probs_from_logits(logits, SamplingParams(**ENGINE_SAMPLING))[0]
 
 
-def test_engine_sampling_follows_the_target_for_the_first_two_tokens(tiny_target, near_draft):
+@pytest.mark.parametrize("runner", ["serial", "fused", "fused-device-rule"])
+def test_engine_sampling_follows_the_target_for_the_first_two_tokens(tiny_target, near_draft, runner, monkeypatch):
     """Many seeded one-token-prompt requests through BatchEngine (draft model, k = 2): the pairs
     of first emitted tokens (accepted drafts, recovered and bonus tokens alike) follow the
-    target's exact p(t0) p(t1 | t0)."""
+    target's exact p(t0) p(t1 | t0). The fused runner keeps logits on the device; on the CPU
+    numpy reads them in place, and "fused-device-rule" sends them through the torch rule that
+    a GPU uses."""
+    if runner == "fused-device-rule":
+        monkeypatch.setattr("tandem.speculation.acceptance.HOST_DEVICES", ())
+        runner = "fused"
     p_first = next_probs(tiny_target, ENGINE_PROMPT)  # [vocab]
     assert ((next_probs(near_draft, ENGINE_PROMPT) > 0) & (p_first == 0)).any()  # q proposes outside p
     pair_p = np.zeros((len(p_first), len(p_first)))  # [t0, t1]
     for t0 in np.flatnonzero(p_first).tolist():
         pair_p[t0] = p_first[t0] * next_probs(tiny_target, ENGINE_PROMPT + (t0,))
-    engine = make_engine(tiny_target, near_draft, "model", 2, slots=1)
+    engine = make_engine(tiny_target, near_draft, "model", 2, slots=1, runner=runner)
     counts, drafted, accepted = np.zeros_like(pair_p, dtype=np.int64), 0, 0
     for seed in range(250):
         sampling = SamplingParams(**ENGINE_SAMPLING, seed=seed)
