@@ -32,6 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         f"{REQUESTS_PER_CLIENT} x C))")
     parser.add_argument("--max-tokens", type=int, default=50, help="max new tokens per request (default 50)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads per server and model (default: all)")
+    parser.add_argument("--backend", default="llamacpp", choices=("llamacpp", "torch"),
+                        help="Tandem's backend for target and draft (default llamacpp)")
+    parser.add_argument("--dtype", default="fp32", help="Tandem's torch dtype: fp32 | bf16 | fp16 (default fp32)")
     parser.add_argument("--out", default="bench-serve-results", help="output folder (default bench-serve-results)")
     parser.set_defaults(func=run)
 
@@ -50,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         threads=args.threads,
         command=shlex.join(["tandem"] + sys.argv[1:]),
+        backend=args.backend,
+        dtype=args.dtype,
     )
     results = run_serve_bench(settings)
     print("\n".join(throughput_table(results)))

@@ -2,10 +2,13 @@
 
 A kind knows its command line, where its API lives once started (`base_url`), which GET path
 answers 200 when it is ready (`health_path`), and what it adds to every request body
-(`request_extras`). Every kind serves the same target GGUF with the same CPU threads.
+(`request_extras`). Every kind serves the same target model with the same CPU threads (Tandem on the backend
+`--backend` names; llama-cpp-python always on the GGUF).
 
 - `tandem-spec`: `tandem serve` with its default speculation (`--drafter hybrid --k auto`).
 - `tandem-nospec`: `tandem serve --drafter none`: the same server, target only.
+- `tandem-nospec-serial`: the same with `--torch-runner serial` (torch backend only: one
+  sequence per forward, the runner the fused one replaced).
 - `llamacpp-server`: llama-cpp-python's own OpenAI-compatible server. Choices that make it a fair
   peer: `--n_threads` and `--n_threads_batch` = the Tandem threads; `--n_ctx` = Tandem's context
   length; `--logits_all False`, as Tandem's runners (its default True computes the vocabulary
@@ -38,6 +41,8 @@ class ServerLaunch:
     threads: int
     max_running: int  # the largest concurrency level
     context_length: int
+    backend: str = "llamacpp"  # Tandem's backend for target and draft
+    dtype: str = "fp32"  # Tandem's torch dtype
 
     def __post_init__(self):
         if self.threads < 1 or self.max_running < 1 or self.context_length < 1:
@@ -67,7 +72,8 @@ class TandemSpecServer:
     def command(self, launch: ServerLaunch, port: int) -> list[str]:
         """`port` is unused: the server picks a free one (--port 0) and prints its URL."""
         return [sys.executable, "-m", "tandem.cli.main", "serve", "--target", launch.target,
-                "--draft", launch.draft, "--backend", "llamacpp", "--draft-backend", "llamacpp",
+                "--draft", launch.draft, "--backend", launch.backend, "--draft-backend", launch.backend,
+                "--dtype", launch.dtype, "--draft-dtype", launch.dtype,
                 "--port", "0", "--max-running", str(launch.max_running), "--threads", str(launch.threads),
                 *self.drafter_options]
 
@@ -81,6 +87,13 @@ class TandemNoSpecServer(TandemSpecServer):
     needs_draft = False
     drafter_options = ("--drafter", "none")
     notes = "`tandem serve --drafter none`: the same server, target only"
+
+
+class TandemSerialServer(TandemSpecServer):
+    label = "tandem-nospec-serial"
+    needs_draft = False
+    drafter_options = ("--drafter", "none", "--torch-runner", "serial")
+    notes = "`tandem serve --drafter none --torch-runner serial`: torch, one sequence per forward (the old path)"
 
 
 class LlamaCppServer:
@@ -103,5 +116,5 @@ class LlamaCppServer:
 
 
 SERVER_KINDS: Mapping[str, type] = MappingProxyType(
-    {kind.label: kind for kind in (TandemSpecServer, TandemNoSpecServer, LlamaCppServer)}
+    {kind.label: kind for kind in (TandemSpecServer, TandemNoSpecServer, TandemSerialServer, LlamaCppServer)}
 )

@@ -48,6 +48,8 @@ def server_launch(settings: ServeBenchSettings, kinds: list) -> ServerLaunch:
         threads=settings.threads or os.cpu_count() or 1,
         max_running=max(settings.concurrency),
         context_length=RunnerSpec(settings.target).context_length,  # Tandem's default context
+        backend=settings.backend,
+        dtype=settings.dtype,
     )
 
 
@@ -77,6 +79,8 @@ def header(settings: ServeBenchSettings, launch: ServerLaunch, plans: list[Level
             "max_tokens": settings.max_tokens,
             "threads": launch.threads,
             "context_length": launch.context_length,
+            "backend": launch.backend,
+            "dtype": launch.dtype,
         },
         "machine": machine_info(),
     }

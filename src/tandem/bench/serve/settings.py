@@ -54,8 +54,12 @@ class ServeBenchSettings:
     max_tokens: int = 50
     threads: int | None = None  # per server (and per model in Tandem); None = all cores
     command: str = "tandem bench-serve"
+    backend: str = "llamacpp"  # Tandem's target and draft backend: llamacpp | torch
+    dtype: str = "fp32"  # torch dtype of Tandem's models
 
     def __post_init__(self):
+        if self.backend not in ("llamacpp", "torch"):
+            raise TandemError(f"--backend must be llamacpp or torch, got {self.backend!r}")
         if self.max_tokens < 1:
             raise TandemError(f"--max-tokens must be a positive integer, got {self.max_tokens}")
         if self.threads is not None and self.threads < 1:

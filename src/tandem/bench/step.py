@@ -1,0 +1,89 @@
+"""`tandem bench-step`: what one fused torch step costs, by batch size, and where the time goes.
+
+For each batch size B, B slots hold a prompt of `context` tokens; a step then scores `tokens`
+new tokens per slot (1: plain decode; k + 1: a verify round) in one `forward_batch`. Reported:
+the step's wall time, the decoder's share (the model's forward, device synchronised), the rest
+(overhead: block bookkeeping, the layout tensors, Python), and the throughput against B = 1.
+The memory floor of a one-token decode is the bytes of weights it must read divided by the
+measured memory bandwidth (a large copy on the device): no runner can decode faster than that.
+The serial runner (transformers, one slot at a time) is measured beside it for the same B.
+"""
+
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from tandem.models.batch_runner import BatchItem, BatchRunner
+
+BANDWIDTH_BYTES = 2**30  # copied to measure memory bandwidth
+
+
+@dataclass(frozen=True, slots=True)
+class StepTiming:
+    runner: str
+    batch: int
+    tokens_per_slot: int
+    step_ms: float
+    model_ms: float | None  # None where the runner cannot tell (serial)
+
+    @property
+    def overhead_ms(self) -> float | None:
+        return None if self.model_ms is None else self.step_ms - self.model_ms
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "overhead_ms": self.overhead_ms}
+
+
+def load_runners(model: str, device: str, dtype: str, slots: int, threads: int | None,
+                 serial: bool) -> dict[str, BatchRunner]:
+    """The fused runner and, if asked, the serial one over transformers (no cost profiles: the
+    step times are what is measured)."""
+    from tandem.models.batch_runner import SerialBatchRunner
+    from tandem.models.paged.fused_runner import FusedTorchRunner
+    from tandem.models.resolve import hf_path
+    from tandem.models.torch_runner import TorchRunner
+
+    folder = str(hf_path(model))
+    runners: dict[str, BatchRunner] = {"fused": FusedTorchRunner.load(folder, device, dtype, slots, 4096, threads)}
+    if serial:
+        base = TorchRunner(folder, device, dtype, threads)
+        views = iter([base] + [base.fork() for _ in range(slots - 1)])
+        runners["serial"] = SerialBatchRunner(lambda: next(views), slots)
+    return runners
+
+
+def fill_slots(runner: BatchRunner, batch: int, context: int) -> None:
+    for slot in range(batch):
+        runner.rollback(slot, 0)
+        runner.forward_batch([BatchItem(slot, tuple(100 + (i * 7 + slot) % 5000 for i in range(context)), 0)])
+
+
+def time_step(runner: BatchRunner, label: str, batch: int, tokens: int, repeats: int) -> StepTiming:
+    """The fastest of `repeats` steps (interference only ever adds time); slots roll back after each."""
+    lengths = [runner.num_cached_tokens(slot) for slot in range(batch)]
+    items = [BatchItem(slot, tuple(range(11, 11 + tokens)), tokens) for slot in range(batch)]
+    best_step, best_model = float("inf"), None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        runner.forward_batch(items)
+        step_ms = (time.perf_counter() - start) * 1000
+        for slot, length in enumerate(lengths):
+            runner.rollback(slot, length)
+        if step_ms < best_step:
+            best_step, best_model = step_ms, getattr(runner, "last_model_ms", None)
+    return StepTiming(label, batch, tokens, best_step, best_model)
+
+
+def memory_bandwidth(device: torch.device, repeats: int = 5) -> float:
+    """Bytes per second of a large device copy (read + write counted)."""
+    source = torch.empty(BANDWIDTH_BYTES // 2, dtype=torch.bfloat16, device=device)
+    destination = torch.empty_like(source)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        destination.copy_(source)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * BANDWIDTH_BYTES / best
