@@ -6,6 +6,7 @@ from tandem.errors import TandemError
 from tandem.models.backends import TORCH_RUNNERS, RunnerSpec
 from tandem.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from tandem.speculation.drafters.registry import USES_MODEL
+from tandem.engine.batch_engine import STEP_TOKEN_BUDGET
 from tandem.engine.build import EngineConfig
 
 
@@ -22,6 +23,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--draft-dtype", default="fp32", help="draft dtype for torch")
     group.add_argument("--threads", type=int, default=None, help="CPU threads per model (default: all)")
     group.add_argument("--k", default="auto", help="speculation depth: an integer, or auto (default)")
+    group.add_argument("--step-tokens", type=int, default=STEP_TOKEN_BUDGET,
+                       help=f"most tokens one engine step scores; long prompts are prefilled in chunks "
+                       f"(default {STEP_TOKEN_BUDGET})")
     group.add_argument("--torch-runner", default="fused", choices=TORCH_RUNNERS,
                        help="torch backend: fused (one paged forward for all sequences, default) or serial "
                        "(transformers, one sequence at a time)")
@@ -50,4 +54,4 @@ def draft_spec(args: argparse.Namespace) -> RunnerSpec:
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     draft = draft_spec(args) if USES_MODEL.get(args.drafter, False) else None
-    return EngineConfig(target_spec(args), draft, args.drafter, args.k)
+    return EngineConfig(target_spec(args), draft, args.drafter, args.k, step_token_budget=args.step_tokens)

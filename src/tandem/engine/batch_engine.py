@@ -1,17 +1,28 @@
 """Continuous batching with speculation, on token ids: the one engine behind `tandem generate`
 (one sequence), `tandem bench` and `tandem serve`.
 
-Requests join and leave the running batch at every step. A step
-1. admits waiting requests into free slots (reusing cached prompt prefixes); their uncached
-   prompt tokens are scored in step 4's forward, beside the other sequences' drafts (one call),
-2. plans: each running sequence's drafter offers what it could draft, and the load-aware
-   planner chooses every k at once (engine/stages.py; k = 0 is plain decoding),
-3. drafts: n-gram copies are free, the draft model runs in lock-step over its sequences,
-4. verifies every sequence's [last committed token] + drafts in ONE target call,
-5. per sequence: acceptance rule, stops, rollback of its own slot to its committed tokens.
+Requests join and leave the running batch at every step. A step's target forward scores at most
+`step_token_budget` tokens (chunked prefill), and on a fused runner, while streams decode, no more
+than costs STALL_FACTOR times their rounds alone (read off the measured cost curve): the decoding
+sequences' rounds come first, and prompts are scored in chunks, oldest first, in what they
+leave, so a long prompt joining does not stall the running streams. A step
+1. admits waiting requests into free slots (reusing cached prompt prefixes); what their slot
+   lacks of the prompt is `unprefilled`,
+2. splits the running sequences: those verifying a round (decoding ones, and prefilling ones
+   whose remaining prompt fits the budget left: it is scored in front of their round) and those
+   still prefilling,
+3. plans the rounds: each drafter offers what it could draft, and the load-aware planner
+   chooses every k at once (engine/stages.py; k = 0 is plain decoding),
+4. drafts: n-gram copies are free, the draft model runs in lock-step over its sequences,
+5. fits the budget: drafts come first, so where the rounds outgrow it, prompts that were to
+   finish without a draft wait; what is left goes to chunks of the still-prefilling prompts,
+6. verifies every round's [rest of prompt] + last committed token + drafts, and scores the
+   prompt chunks, in ONE target call,
+7. per round: acceptance rule, stops, rollback of its own slot to its committed tokens. A
+   sequence still prefilling commits nothing: its slot caches one more chunk.
 Each sequence keeps its own rng, acceptance and cache, so a request's greedy output does not
-depend on what else is running (fused llama.cpp batches can still differ on near-ties: measured
-in the tests and docs/design.md).
+depend on what else is running or how its prompt was chunked (fused llama.cpp batches can still
+differ on near-ties: measured in the tests and docs/design.md).
 """
 
 import time
@@ -21,7 +32,8 @@ from tandem.engine.sequence import Sequence
 from tandem.engine.sequence_pool import SequencePool
 from tandem.engine.slots import SlotTable
 from tandem.engine.stages import commit_round, draft_all, plan_drafts
-from tandem.models.batch_runner import BatchItem, BatchRunner
+from tandem.errors import TandemError
+from tandem.models.batch_runner import BatchItem, BatchRunner, KvPoolFullError
 from tandem.speculation.acceptance import accept_round
 from tandem.speculation.batch_depth import BatchDepthPlanner
 from tandem.speculation.depth import Auto, Depth, parse_depth
@@ -29,14 +41,27 @@ from tandem.speculation.drafters.base import Drafter, SequenceDraft
 from tandem.speculation.drafters.lockstep import LocalDraftModel
 from tandem.speculation.drafters.registry import build_drafters
 
-PREFILL_TOKEN_BUDGET = 2048  # prompt tokens admitted per step (at least one request always)
+# A step exceeds its budget only where the rounds alone do (then the oldest prompt still gets its
+# minimum chunk), or where auto-depth drafts outgrow the one token reserved for each beside a
+# prompt that finishes with drafts of its fixed k.
+STEP_TOKEN_BUDGET = 512  # tokens one step's target forward scores: rounds first, prompt chunks after
+MIN_PREFILL_CHUNK = 16  # prompt tokens the oldest prompt still gets when the rounds fill the budget
+STALL_FACTOR = 3.0  # a step with prompt chunks costs at most this many times the decoding rounds alone
 KV_HEADROOM_TOKENS = 64  # per running sequence, for drafts being verified
+
+Chunk = tuple[Sequence, int]  # a still-prefilling sequence and how many prompt tokens it scores
+
+
+def check_step_token_budget(tokens: int) -> None:
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        raise TandemError(f"the step token budget must be a positive integer, got {tokens!r}")
 
 
 class BatchEngine(SequencePool):
     def __init__(self, target: BatchRunner, draft: BatchRunner | None = None, drafter: str = "hybrid",
                  depth: "Depth | str | int" = Auto(), ngram_store=None, max_running: int | None = None,
-                 drafters: dict[str, Drafter] | None = None):
+                 drafters: dict[str, Drafter] | None = None, step_token_budget: int = STEP_TOKEN_BUDGET):
+        check_step_token_budget(step_token_budget)
         self.draft_model = LocalDraftModel(draft) if draft is not None else None
         super().__init__(drafters or build_drafters(self.draft_model, ngram_store), ngram_store)
         self.target = target
@@ -45,9 +70,11 @@ class BatchEngine(SequencePool):
         self.default_depth = parse_depth(depth)
         self.max_running = min(max_running or target.max_slots, target.max_slots)
         self.context_length = target.context_length
+        self.step_token_budget = step_token_budget
         self.planner = BatchDepthPlanner(target, draft)
         self.slots = SlotTable(target.max_slots)
         self.retained_draft: dict[int, list[int]] = {}  # draft cache of each free slot
+        self.kv_tight = False  # the pool overflowed since a sequence last finished: admit nothing
 
     # -- the worker's interface (the rest is SequencePool's) --------------------------------
 
@@ -59,46 +86,47 @@ class BatchEngine(SequencePool):
 
     def step(self) -> tuple[list[SequenceUpdate], StepReport]:
         started_at, start = time.time(), time.perf_counter()
-        prefilled, prefill_seconds = self._admit()
-        updates, rounds, draft_seconds, verify_seconds, batch_tokens, draft_forwards = [], [], 0.0, 0.0, 0, 0
-        if self.running:
-            seqs = list(self.running.values())
-            drafts, draft_seconds, draft_forwards = self._draft(seqs)
+        self._admit()
+        budget = self._step_budget()
+        rounds, prefilling = self._split(budget)
+        drafts, draft_seconds, draft_forwards = self._draft(rounds)
+        rounds, drafts, chunks = self._fit(rounds, drafts, prefilling, budget)
+        prefilled = tuple(seq.seq_id for seq in [*rounds, *(seq for seq, _ in chunks)] if not seq.output)
+        prefill_tokens = sum(len(seq.unprefilled) for seq in rounds) + sum(n for _, n in chunks)
+        updates, reports, verify_seconds = [], [], 0.0
+        if rounds or chunks:
             verify_start = time.perf_counter()
-            logits = self._verify(seqs, drafts)
+            try:
+                logits = self._verify(rounds, drafts, chunks)
+            except KvPoolFullError:
+                self._free_kv(rounds + [seq for seq, _ in chunks])
+                rounds, logits = [], []
             verify_seconds = time.perf_counter() - verify_start
-            batch_tokens = sum(len(d.token_ids) + 1 for d in drafts)
-            for seq, draft, seq_logits in zip(seqs, drafts, logits):
-                update, report = self._commit(seq, draft, seq_logits)
+            for seq, draft, seq_logits in zip(rounds, drafts, logits):
+                update, round_report = self._commit(seq, draft, seq_logits)
                 updates.append(update)
-                rounds.append(report)
+                reports.append(round_report)
         step_seconds = time.perf_counter() - start
-        self.planner.observe_overhead((step_seconds - prefill_seconds - draft_seconds - verify_seconds) * 1000)
-        report = StepReport(started_at, step_seconds, prefill_seconds, draft_seconds, verify_seconds,
-                            len(self.running), len(self.waiting), batch_tokens, tuple(rounds), tuple(prefilled),
-                            draft_forwards=draft_forwards)
+        self.planner.observe_overhead((step_seconds - draft_seconds - verify_seconds) * 1000)
+        report = StepReport(started_at, step_seconds, 0.0, draft_seconds, verify_seconds, len(self.running),
+                            len(self.waiting), sum(len(d.token_ids) + 1 for d in drafts), tuple(reports),
+                            prefilled, draft_forwards=draft_forwards, prefill_tokens=prefill_tokens)
         return updates, report
 
-    # -- 1. admission and prefill -----------------------------------------------------------
+    # -- 1. admission -----------------------------------------------------------------------
 
-    def _admit(self) -> tuple[list[str], float]:
-        """Place waiting requests; their prefill happens in this step's verify call."""
-        admitted, budget = [], PREFILL_TOKEN_BUDGET
+    def _admit(self) -> None:
+        """Place waiting requests while slots are free; the step budget spreads their prefill."""
         while self.waiting and len(self.running) < self.max_running and self.slots.num_free:
-            seq = self.waiting[0]
-            prefix = seq.tokens[:-1]
-            if admitted and len(prefix) > budget:
+            if self.kv_tight and self.running:  # the pool overflowed: wait for a sequence to finish
                 break
-            if not self._make_room(len(prefix)):
+            if not self._make_room(len(self.waiting[0].tokens) - 1):
                 break
-            self.waiting.popleft()
-            self._place(seq, prefix)
-            budget -= len(seq.unprefilled)
-            admitted.append(seq.seq_id)
-        return admitted, 0.0
+            self._place(self.waiting.popleft())
 
-    def _place(self, seq: Sequence, prefix: list[int]) -> None:
+    def _place(self, seq: Sequence) -> None:
         """Give seq a slot holding as much of its prompt as is cached; the rest is unprefilled."""
+        prefix = seq.tokens[:-1]
         choice = self.slots.choose(prefix, self.target.can_copy_prefix)
         seq.slot = choice.slot
         if choice.copy_from is not None:
@@ -107,7 +135,7 @@ class BatchEngine(SequencePool):
             self.target.rollback(choice.slot, choice.reuse_tokens)
         seq.draft_cached = self.retained_draft.get(choice.slot, [])
         self.slots.owner[choice.slot] = seq.seq_id
-        self.slots.cached[choice.slot] = prefix[: choice.reuse_tokens]  # until prefilled
+        self.slots.cached[choice.slot] = prefix[: choice.reuse_tokens]  # grows chunk by chunk
         self.running[seq.seq_id] = seq
         seq.unprefilled = tuple(prefix[choice.reuse_tokens:])
 
@@ -123,7 +151,8 @@ class BatchEngine(SequencePool):
         return self._kv_needed(new_tokens) <= pool or not self.running
 
     def _kv_needed(self, new_tokens: int) -> int:
-        return self.slots.cached_total() + new_tokens + KV_HEADROOM_TOKENS * (len(self.running) + 1)
+        pending = sum(len(seq.unprefilled) for seq in self.running.values())  # prompts not yet cached
+        return self.slots.cached_total() + pending + new_tokens + KV_HEADROOM_TOKENS * (len(self.running) + 1)
 
     def _forget(self, slot: int) -> None:
         self.target.rollback(slot, 0)
@@ -132,9 +161,48 @@ class BatchEngine(SequencePool):
             self.draft.rollback(slot, 0)
         self.retained_draft.pop(slot, None)
 
-    # -- 2-3. planning and drafting ---------------------------------------------------------
+    # -- 2. who verifies a round, who goes on prefilling ------------------------------------
+
+    def _step_budget(self) -> int:
+        """step_token_budget; while streams decode, also no more tokens than cost STALL_FACTOR
+        times what their rounds alone cost on the target's curve, so a prompt chunk slows their
+        step (a bounded inter-token latency) instead of stalling it for a whole prefill."""
+        decoding = sum(self._round_bound(s) for s in self.running.values() if not s.unprefilled)
+        if not decoding or not self.target.fused:
+            return self.step_token_budget
+        limit, cost = STALL_FACTOR * self.target.cost.cost_ms(decoding), self.target.cost.cost_ms
+        low, high = decoding, self.step_token_budget  # the largest n in [low, high] with cost(n) <= limit
+        while low < high:
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if cost(middle) <= limit else (low, middle - 1)
+        return max(low, min(decoding + MIN_PREFILL_CHUNK, self.step_token_budget))
+
+    def _split(self, budget: int) -> tuple[list[Sequence], list[Sequence]]:
+        """The running sequences that verify a round this step and those still prefilling, both
+        oldest first. Decoding ones always verify; a prefilling one does when its whole round
+        fits in the budget left by the decoding ones and the older prompts (to keep the order,
+        none after the first that does not)."""
+        left = budget - sum(self._round_bound(s) for s in self.running.values() if not s.unprefilled)
+        rounds, prefilling = [], []
+        for seq in self.running.values():
+            if seq.unprefilled and (prefilling or self._round_bound(seq) > left):
+                prefilling.append(seq)
+                continue
+            rounds.append(seq)
+            if seq.unprefilled:
+                left -= self._round_bound(seq)
+        return rounds, prefilling
+
+    def _round_bound(self, seq: Sequence) -> int:
+        """Tokens seq's round scores, at most: its rest of prompt, its last token and the drafts
+        a fixed k allows (an auto-depth round's drafts are not known before drafting)."""
+        return len(seq.unprefilled) + 1 + min(seq.fixed_k or 0, seq.draft_limit(self.context_length))
+
+    # -- 3-4. planning and drafting ---------------------------------------------------------
 
     def _draft(self, seqs: list[Sequence]) -> tuple[list[SequenceDraft], float, int]:
+        if not seqs:
+            return [], 0.0, 0
         start = time.perf_counter()
         forwards = self.draft_model.forwards if self.draft_model else 0
         jobs = plan_drafts(seqs, self.drafters, self.planner, self.context_length)
@@ -142,20 +210,80 @@ class BatchEngine(SequencePool):
         forwards = (self.draft_model.forwards if self.draft_model else 0) - forwards
         return drafts, time.perf_counter() - start, forwards
 
-    # -- 4. verification --------------------------------------------------------------------
+    # -- 5. fitting the budget --------------------------------------------------------------
 
-    def _verify(self, seqs: list[Sequence], drafts: list[SequenceDraft]):
+    def _fit(self, rounds: list[Sequence], drafts: list[SequenceDraft], prefilling: list[Sequence],
+             budget: int) -> tuple[list[Sequence], list[SequenceDraft], list[Chunk]]:
+        """The rounds that fit, their drafts, and the prompt chunks. Drafts come first: while the
+        rounds outgrow the budget, the youngest round that was to finish a prompt without a
+        draft waits, prefilling on (one that drafted keeps its round: its drafts may have drawn
+        on its rng)."""
+        over = _round_tokens(rounds, drafts) - budget
+        rounds, drafts, waits = list(rounds), list(drafts), []
+        for i in reversed(range(len(rounds))):
+            if over <= 0:
+                break
+            if rounds[i].unprefilled and not drafts[i].token_ids:
+                over -= len(rounds[i].unprefilled) + 1
+                waits.insert(0, rounds.pop(i))
+                drafts.pop(i)
+        left = budget - _round_tokens(rounds, drafts)
+        return rounds, drafts, self._chunks(waits + prefilling, left, any(seq.unprefilled for seq in rounds))
+
+    @staticmethod
+    def _chunks(prefilling: list[Sequence], left: int, progress: bool) -> list[Chunk]:
+        """Prompt chunks from the budget left, oldest first. Where the rounds leave nothing and
+        no prompt finishes this step (no progress), the oldest still gets MIN_PREFILL_CHUNK
+        tokens (or its rest), so no prompt starves."""
+        chunks = []
+        for seq in prefilling:
+            n = min(len(seq.unprefilled), left)
+            if n <= 0 and not chunks and not progress:
+                n = min(len(seq.unprefilled), MIN_PREFILL_CHUNK)
+            if n <= 0:
+                break
+            chunks.append((seq, n))
+            left -= n
+        return chunks
+
+    # -- 6. verification --------------------------------------------------------------------
+
+    def _verify(self, rounds: list[Sequence], drafts: list[SequenceDraft], chunks: list[Chunk]):
+        """One target call; per round its logits [k + 1, vocab]. Chunks ask for no logits."""
         items = [BatchItem(seq.slot, (*seq.unprefilled, seq.tokens[-1], *d.token_ids), len(d.token_ids) + 1)
-                 for seq, d in zip(seqs, drafts)]
-        for seq in seqs:
-            seq.unprefilled = ()
+                 for seq, d in zip(rounds, drafts)]
+        items += [BatchItem(seq.slot, seq.unprefilled[:n], 0) for seq, n in chunks]
         start = time.perf_counter()
-        logits = self.target.forward_batch(items)  # per sequence [k + 1, vocab]
+        logits = self.target.forward_batch(items)  # per item [num_logits, vocab]
+        for seq in rounds:
+            seq.unprefilled = ()
         if self.target.fused:
             self.target.cost.observe(sum(len(i.token_ids) for i in items), (time.perf_counter() - start) * 1000)
-        return logits
+        for seq, n in chunks:
+            seq.unprefilled = seq.unprefilled[n:]
+            self.slots.cached[seq.slot] = seq.tokens[: len(seq.tokens) - 1 - len(seq.unprefilled)]
+        return logits[: len(rounds)]
 
-    # -- 5. acceptance, stops, rollback -----------------------------------------------------
+    def _free_kv(self, seqs: list[Sequence]) -> None:
+        """The pool could not hold the step: undo any partial write, then free room for the next
+        step: retained prompt caches first, else the youngest sequence goes back to the front of
+        the queue (preempted: its prompt and output are recomputed when it is placed again)."""
+        for seq in seqs:
+            self.target.rollback(seq.slot, len(seq.tokens) - 1 - len(seq.unprefilled))
+        retained = self.slots.retained_slots()
+        for slot in retained:
+            self._forget(slot)
+        if retained or len(self.running) < 2:
+            return
+        youngest = list(self.running.values())[-1]
+        self.running.pop(youngest.seq_id)
+        self.slots.owner[youngest.slot] = None
+        self._forget(youngest.slot)
+        youngest.slot, youngest.unprefilled, youngest.draft_cached = -1, (), []
+        self.waiting.appendleft(youngest)
+        self.kv_tight = True
+
+    # -- 7. acceptance, stops, rollback -----------------------------------------------------
 
     def _commit(self, seq: Sequence, draft: SequenceDraft, logits):
         result = accept_round(draft.token_ids, draft.q_draft, logits, seq.request.sampling, seq.rng)
@@ -168,6 +296,13 @@ class BatchEngine(SequencePool):
         return update, report
 
     def _finish(self, seq: Sequence) -> None:
+        """Free seq's slot; its cache (the prompt chunks so far, mid-prefill) stays for reuse."""
         self.retire(seq)
+        self.kv_tight = False
         self.slots.owner[seq.slot] = None
         self.retained_draft[seq.slot] = seq.draft_cached
+
+
+def _round_tokens(rounds: list[Sequence], drafts: list[SequenceDraft]) -> int:
+    """Tokens the rounds score: each one's rest of prompt, last token and drafts."""
+    return sum(len(seq.unprefilled) + 1 + len(d.token_ids) for seq, d in zip(rounds, drafts))

@@ -1,11 +1,12 @@
 """What an engine is built from (`EngineConfig`: target and draft runner specs, the default
-drafter and depth), and `build_engine`: batch runners for the target and the draft (the draft
-only when the drafter uses a model; same tokenizer checked) and the batching engine over them.
+drafter and depth, the tokens one step's target forward may score), and `build_engine`: batch
+runners for the target and the draft (the draft only when the drafter uses a model; same
+tokenizer checked) and the batching engine over them.
 `tandem generate`, `tandem bench` and `tandem serve` all build their engine here."""
 
 from dataclasses import dataclass
 
-from tandem.engine.batch_engine import BatchEngine
+from tandem.engine.batch_engine import STEP_TOKEN_BUDGET, BatchEngine, check_step_token_budget
 from tandem.errors import TandemError
 from tandem.models.backends import RunnerSpec
 from tandem.models.batch_backends import load_batch_runner
@@ -23,9 +24,11 @@ class EngineConfig:
     draft: RunnerSpec | None = None
     drafter: str = "hybrid"
     k: Depth = Auto()  # "auto" or an int are parsed on creation
+    step_token_budget: int = STEP_TOKEN_BUDGET  # rounds first, prompt chunks fill the rest
 
     def __post_init__(self):
         object.__setattr__(self, "k", parse_depth(self.k))
+        check_step_token_budget(self.step_token_budget)
         check_drafter(self.drafter, has_draft_model=self.draft is not None)
 
     @property
@@ -42,4 +45,5 @@ def build_engine(config: EngineConfig, max_running: int = DEFAULT_MAX_RUNNING, n
         check_same_vocabulary(target_tokenizer, TextTokenizer(str(tokenizer_path(config.draft.model))))
         draft = load_batch_runner(config.draft, max_running)
     target = load_batch_runner(config.target, max_running)
-    return BatchEngine(target, draft, config.drafter, config.k, ngram_store, max_running)
+    return BatchEngine(target, draft, config.drafter, config.k, ngram_store, max_running,
+                       step_token_budget=config.step_token_budget)

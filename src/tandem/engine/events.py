@@ -54,8 +54,9 @@ class StepReport:
     verify_seconds: float  # the batched target forward
     running: int  # sequences in the batch after the step
     waiting: int  # requests queued, not yet admitted
-    batch_tokens: int  # tokens the target scored in the verify forward
+    batch_tokens: int  # round tokens the verify forward scored: per round its last token + drafts
     rounds: tuple[RoundReport, ...] = field(default_factory=tuple)
-    prefilled: tuple[str, ...] = field(default_factory=tuple)  # seq ids admitted this step
+    prefilled: tuple[str, ...] = field(default_factory=tuple)  # seq ids whose prompt (or a chunk) this step scored
     workers: tuple[dict, ...] = field(default_factory=tuple)  # cluster workers' health (see cluster/runtime/pool.py)
     draft_forwards: int = 0  # draft-model forwards of the step
+    prefill_tokens: int = 0  # prompt tokens the verify forward scored besides batch_tokens (chunked prefill)

@@ -19,8 +19,14 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from tandem.errors import TandemError
 from tandem.models.cost import CostModel
 from tandem.models.runner import ModelRunner
+
+
+class KvPoolFullError(TandemError):
+    """A batch runner's KV pool cannot hold a step; raised before the runner changes any state
+    (the engine frees room, preempting its youngest sequence if it must, and steps again)."""
 
 
 @dataclass(frozen=True, slots=True)

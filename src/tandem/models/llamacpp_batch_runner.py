@@ -14,16 +14,12 @@ from typing import Sequence
 import numpy as np
 
 from tandem.errors import TandemError
-from tandem.models.batch_runner import BatchItem
+from tandem.models.batch_runner import BatchItem, KvPoolFullError
 from tandem.models.cost import CostModel
 
 DEFAULT_CONTEXT = 4096  # per sequence
 MAX_POOL_TOKENS = 32768  # KV cells shared by all slots
 BATCH_TOKENS = 512  # tokens per llama_decode call; longer inputs are split
-
-
-class KvPoolFullError(TandemError):
-    pass
 
 
 class LlamaCppBatchRunner:

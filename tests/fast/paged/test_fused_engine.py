@@ -97,3 +97,29 @@ def test_a_full_pool_waits_instead_of_failing(tiny_target):
             if update.finished:
                 finished[update.seq_id] = update.finish_reason
     assert len(finished) == 10 and set(finished.values()) == {"length"}
+
+
+def test_a_pool_that_overflows_mid_generation_preempts_and_recomputes(tiny_target, monkeypatch):
+    """Admission without headroom lets three sequences start in an 80-token pool that cannot
+    hold them all: the step that overflows is undone, the youngest sequence goes back to the
+    queue and is recomputed later, and every output still equals the reference."""
+    monkeypatch.setattr("tandem.engine.batch_engine.KV_HEADROOM_TOKENS", 0)
+    target = fused_runner(tiny_target, slots=3, context=64)
+    small = type(target)(target.decoder, 3, 64, kv_memory=target.kv_bytes // target.pool_tokens * 80)
+    small.cost = target.cost
+    engine = BatchEngine(small, None, "none")
+    prompts = [PROMPTS[0] + (9,) * 14, PROMPTS[1] + (4,) * 10, PROMPTS[2] + (7,) * 12]
+    for index, prompt in enumerate(prompts):
+        engine.add(f"r{index}", GenerationRequest(prompt, max_tokens=30))
+    outputs, preempted = {f"r{i}": [] for i in range(3)}, 0
+    while engine.has_work:
+        waiting = engine.num_waiting
+        updates, _ = engine.step()
+        preempted += engine.num_waiting > waiting
+        for update in updates:
+            outputs[update.seq_id] += update.token_ids
+    assert preempted >= 1
+    for index, prompt in enumerate(prompts):
+        assert outputs[f"r{index}"] == naive_greedy(tiny_target, prompt, 30)
+    engine.clear_caches()
+    assert small.blocks.num_free == small.blocks.num_blocks

@@ -14,10 +14,7 @@ counted, so a prompt prefix is shared by pointing two tables at the same blocks.
 from dataclasses import dataclass, field
 
 from tandem.errors import TandemError
-
-
-class KvPoolFullError(TandemError):
-    """The KV pool has no free block for a write (the server answers 503 and retries later)."""
+from tandem.models.batch_runner import KvPoolFullError
 
 
 @dataclass(slots=True)

@@ -1,0 +1,244 @@
+"""Chunked prefill in the batching engine: a step's target forward scores at most the step token
+budget (decoding rounds first, prompt chunks in what is left), so a long prompt joining never
+stalls a running stream; chunking changes no output (greedy against the naive reference,
+seeded sampling against the unchunked engine), and a cancel mid-prefill frees the slot."""
+
+import math
+
+import pytest
+
+from engine_support import MAX_TOKENS, PROMPTS, make_engine, naive_greedy, run_all
+from tandem.engine.batch_engine import MIN_PREFILL_CHUNK, STEP_TOKEN_BUDGET, BatchEngine
+from tandem.engine.build import EngineConfig
+from tandem.engine.events import SpeculationOptions
+from tandem.engine.request import GenerationRequest
+from tandem.errors import TandemError
+from tandem.models.backends import RunnerSpec
+from tandem.speculation.sampling import SamplingParams
+
+LONG = tuple((11 * i + 5) % 97 for i in range(40))  # a prompt many budgets long
+LONG_TWIN = LONG[:30] + (3, 1, 4, 1, 5)  # shares 30 prompt tokens with LONG
+STREAM_TOKENS = 40  # a stream that outlives the long prompt's prefill
+
+
+@pytest.fixture(scope="module")
+def long_references(tiny_target):
+    return {p: naive_greedy(tiny_target, p, MAX_TOKENS) for p in (LONG, LONG_TWIN)}
+
+
+def count_forward_tokens(engine: BatchEngine) -> list[int]:
+    """Tokens each target forward of the engine scores, in order."""
+    scored = []
+    forward = engine.target.forward_batch
+
+    def counted(items):
+        scored.append(sum(len(item.token_ids) for item in items))
+        return forward(items)
+
+    engine.target.forward_batch = counted
+    return scored
+
+
+def check_slots_each_step(engine: BatchEngine) -> list:
+    """Wrap engine.step: after each step every slot caches what the slot table says, and a
+    running sequence's slot holds its tokens but the last, less what is still unprefilled.
+    Returns the step reports, filled as the engine steps."""
+    reports, step = [], engine.step
+
+    def checked_step():
+        updates, report = step()
+        for slot, cached in enumerate(engine.slots.cached):
+            assert engine.target.num_cached_tokens(slot) == len(cached)
+        for seq in engine.running.values():
+            assert engine.slots.cached[seq.slot] == seq.tokens[: len(seq.tokens) - 1 - len(seq.unprefilled)]
+        reports.append(report)
+        return updates, report
+
+    engine.step = checked_step
+    return reports
+
+
+def step_until_first_token(engine: BatchEngine, seq_id: str, stream_id: str, scored: list[int]):
+    """Step until seq_id commits; check the stream gets a token every step. Returns each step's
+    report and seq_id's first committed tokens."""
+    reports = []
+    while True:
+        updates, report = engine.step()
+        reports.append(report)
+        tokens = {u.seq_id: u.token_ids for u in updates}
+        assert len(tokens[stream_id]) >= 1  # the running stream never waits for the prefill
+        assert report.batch_tokens + report.prefill_tokens == scored[-1]
+        if tokens.get(seq_id):
+            return reports, list(tokens[seq_id])
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_while_a_stream_decodes(tiny_target, tiny_draft, references,
+                                                                    long_references):
+    budget = 8
+    engine = make_engine(tiny_target, tiny_draft, "none", 0, slots=2, step_token_budget=budget)
+    scored = count_forward_tokens(engine)
+    engine.add("stream", GenerationRequest(PROMPTS[0], max_tokens=STREAM_TOKENS))
+    engine.step()
+    engine.add("long", GenerationRequest(LONG, max_tokens=MAX_TOKENS))
+    reports, first = step_until_first_token(engine, "long", "stream", scored)
+    steps = len(reports)
+    # the stream's round takes 1 token a step, the prompt the other 7; the last chunk rides with
+    # the long prompt's first round (its last token)
+    assert steps == math.ceil(len(LONG) / (budget - 1))
+    assert all(tokens <= budget for tokens in scored)
+    assert [r.prefill_tokens for r in reports] == [7] * (steps - 1) + [len(LONG) - 1 - 7 * (steps - 1)]
+    assert all("long" in r.prefilled for r in reports)
+    assert all([x.seq_id for x in r.rounds] == ["stream"] for r in reports[:-1])  # none mid-prefill
+    outputs, _ = run_all(engine, {})
+    assert first + outputs["long"] == long_references[LONG]
+
+
+def test_rounds_over_the_budget_still_leave_the_oldest_prompt_its_minimum_chunk(tiny_target, tiny_draft):
+    engine = make_engine(tiny_target, tiny_draft, "none", 0, slots=3, step_token_budget=1)
+    scored = count_forward_tokens(engine)
+    for seq_id, prompt in (("s0", PROMPTS[0]), ("s1", PROMPTS[2])):
+        engine.add(seq_id, GenerationRequest(prompt, max_tokens=STREAM_TOKENS))
+    while len(engine.running) < 2 or not all(seq.output for seq in engine.running.values()):
+        engine.step()  # both streams decode
+    engine.add("long", GenerationRequest(LONG, max_tokens=MAX_TOKENS))
+    reports, _ = step_until_first_token(engine, "long", "s0", scored)
+    steps = len(reports)
+    chunks = math.ceil((len(LONG) - 1) / MIN_PREFILL_CHUNK)
+    assert steps == chunks + 1  # the chunks took the whole prompt: its first round comes alone
+    last = len(LONG) - 1 - MIN_PREFILL_CHUNK * (chunks - 1)
+    assert [r.prefill_tokens for r in reports[:chunks]] == [MIN_PREFILL_CHUNK] * (chunks - 1) + [last]
+    assert all(tokens <= 2 + MIN_PREFILL_CHUNK for tokens in scored[-steps:])  # the documented exception
+
+
+def arrivals(prompts, options=None):
+    """Three prompts at a time: more requests than slots, joining at different steps."""
+    by_step = {0: [], 1: [], 4: []}
+    for i, prompt in enumerate(prompts):
+        by_step[[0, 1, 4][i % 3]].append((f"r{i}", prompt, options[i] if options else SpeculationOptions()))
+    return by_step
+
+
+MIXED_PROMPTS = [LONG, PROMPTS[0], LONG_TWIN, PROMPTS[1], PROMPTS[2], PROMPTS[4]]
+
+
+@pytest.mark.parametrize("budget", [1, 7, 64])
+@pytest.mark.parametrize("drafter,k", [("none", 0), ("ngram", "auto"), ("model", 3), ("model", "auto"),
+                                       ("hybrid", "auto")])
+def test_chunked_greedy_equals_target_only(tiny_target, tiny_draft, references, long_references, budget, drafter, k):
+    expected = references | long_references
+    engine = make_engine(tiny_target, tiny_draft, drafter, k, slots=3, step_token_budget=budget)
+    reports = check_slots_each_step(engine)
+    outputs, reasons = run_all(engine, arrivals(MIXED_PROMPTS))
+    for i, prompt in enumerate(MIXED_PROMPTS):
+        assert outputs[f"r{i}"] == expected[prompt], (budget, drafter, k, i)
+        assert reasons[f"r{i}"] in ("stop", "length")
+    assert not engine.running and engine.slots.num_free == 3
+    assert (sum(1 for r in reports if "r0" in r.prefilled) > 1) == (budget < len(LONG))  # LONG was chunked
+
+
+@pytest.mark.parametrize("budget", [1, 7, 64])
+def test_per_request_drafters_mix_with_chunks(tiny_target, tiny_draft, references, long_references, budget):
+    expected = references | long_references
+    options = [SpeculationOptions("model", 4), SpeculationOptions("ngram", "auto"), SpeculationOptions("none"),
+               SpeculationOptions("ngram", 2), SpeculationOptions(None, "auto"), SpeculationOptions("model", "auto")]
+    engine = make_engine(tiny_target, tiny_draft, slots=3, step_token_budget=budget)
+    check_slots_each_step(engine)
+    outputs, _ = run_all(engine, arrivals(MIXED_PROMPTS, options))
+    for i, prompt in enumerate(MIXED_PROMPTS):
+        assert outputs[f"r{i}"] == expected[prompt], (budget, i)
+
+
+def test_the_default_budget_prefills_short_prompts_in_one_step(tiny_target, tiny_draft):
+    engine = make_engine(tiny_target, tiny_draft, "model", 4, slots=3)
+    assert engine.step_token_budget == STEP_TOKEN_BUDGET
+    engine.add("a", GenerationRequest(LONG, max_tokens=MAX_TOKENS))
+    engine.add("b", GenerationRequest(PROMPTS[0], max_tokens=MAX_TOKENS))
+    updates, report = engine.step()
+    assert [u.seq_id for u in updates if u.token_ids] == ["a", "b"]
+    assert report.prefilled == ("a", "b") and report.prefill_tokens == len(LONG) - 1 + len(PROMPTS[0]) - 1
+    assert [r.k for r in report.rounds] == [4, 4]  # a fixed k drafts in the prefill round
+
+
+def test_cancel_mid_prefill_frees_the_slot_and_keeps_its_chunks(tiny_target, tiny_draft, references,
+                                                               long_references):
+    engine = make_engine(tiny_target, tiny_draft, "none", 0, slots=2, step_token_budget=8)
+    check_slots_each_step(engine)
+    engine.add("long", GenerationRequest(LONG, max_tokens=MAX_TOKENS))
+    engine.add("short", GenerationRequest(PROMPTS[1], max_tokens=MAX_TOKENS))
+    engine.step()
+    engine.step()
+    seq = engine.running["long"]
+    assert seq.unprefilled and not seq.output
+    slot, cached = seq.slot, len(LONG) - 1 - len(seq.unprefilled)
+    update = engine.cancel("long")
+    assert update.finished and update.finish_reason == "cancelled"
+    assert "long" not in engine.running and engine.slots.owner[slot] is None and engine.slots.num_free == 1
+    assert engine.slots.cached[slot] == list(LONG[:cached]) and engine.target.num_cached_tokens(slot) == cached
+    outputs, _ = run_all(engine, {})  # the engine goes on
+    assert outputs["short"] == references[PROMPTS[1]]
+    reports = check_slots_each_step(engine)
+    outputs, _ = run_all(engine, {0: [("again", LONG, SpeculationOptions())]})
+    assert outputs["again"] == long_references[LONG]
+    assert sum(r.prefill_tokens for r in reports) == len(LONG) - 1 - cached  # the cancelled chunks were reused
+
+
+def test_a_prompt_copies_what_a_prefilling_slot_caches_so_far(tiny_target, tiny_draft, long_references):
+    engine = make_engine(tiny_target, tiny_draft, "none", 0, slots=2, step_token_budget=8)
+    check_slots_each_step(engine)
+    engine.add("long", GenerationRequest(LONG, max_tokens=MAX_TOKENS))
+    for _ in range(3):
+        engine.step()
+    engine.add("twin", GenerationRequest(LONG_TWIN, max_tokens=MAX_TOKENS))
+    engine._admit()  # what the next step does first
+    twin = engine.running["twin"]
+    assert len(twin.unprefilled) == len(LONG_TWIN) - 1 - 24  # 3 chunks of 8 copied, not the 30 shared
+    outputs, _ = run_all(engine, {})
+    assert outputs["twin"] == long_references[LONG_TWIN]
+
+
+@pytest.mark.parametrize("drafter,k", [("none", 0), ("model", 3), ("ngram", 2)])
+def test_seeded_sampling_is_the_same_chunked_or_not(tiny_target, tiny_draft, drafter, k):
+    prompts = [LONG, PROMPTS[0], LONG_TWIN, PROMPTS[2]]
+
+    def sampled(budget):
+        engine = make_engine(tiny_target, tiny_draft, drafter, k, slots=3, step_token_budget=budget)
+        for i, prompt in enumerate(prompts):
+            engine.add(f"s{i}", GenerationRequest(prompt, MAX_TOKENS, SamplingParams(0.9, seed=7 + i)))
+        outputs, _ = run_all(engine, {})
+        return dict(outputs)
+
+    whole = sampled(STEP_TOKEN_BUDGET)
+    assert all(len(whole[f"s{i}"]) > 0 for i in range(len(prompts)))
+    for budget in (1, 7):
+        assert sampled(budget) == whole, budget
+
+
+def test_the_budget_must_be_positive(tiny_target, tiny_draft):
+    with pytest.raises(TandemError, match="step token budget"):
+        make_engine(tiny_target, tiny_draft, "none", 0, step_token_budget=0)
+    with pytest.raises(TandemError, match="step token budget"):
+        EngineConfig(RunnerSpec("some-model"), drafter="ngram", step_token_budget=0)
+    assert EngineConfig(RunnerSpec("some-model"), drafter="ngram", step_token_budget=64).step_token_budget == 64
+
+
+def test_on_a_fused_runner_a_chunk_costs_at_most_stall_factor_times_the_rounds(tiny_target):
+    """Linear cost (10 ms a token): beside one decoding stream (a 1-token round, 10 ms) a step may
+    cost 30 ms, so the joining prompt gets the minimum chunk; alone, it gets the whole budget."""
+    from engine_support import fused_runner
+    from tandem.models.cost import CostModel
+
+    target = fused_runner(tiny_target, slots=2, context=256)
+    target.cost = CostModel({1: 10.0, 64: 640.0})
+    engine = BatchEngine(target, None, "none")
+    engine.add("stream", GenerationRequest((5, 6, 7), max_tokens=30))
+    engine.step()
+    engine.add("long", GenerationRequest(tuple(range(1, 90)) * 2, max_tokens=2))
+    chunked = []
+    while "long" not in {u.seq_id for u in engine.step()[0]}:
+        chunked.append(engine.running["long"].unprefilled)
+    sizes = [len(a) - len(b) for a, b in zip([tuple(range(177))] + chunked, chunked)]
+    assert sizes and all(size <= 16 for size in sizes)  # MIN_PREFILL_CHUNK beside the stream
+    alone = BatchEngine(target, None, "none")
+    alone.add("long", GenerationRequest(tuple(range(1, 90)) * 2, max_tokens=2))
+    updates, report = alone.step()
+    assert report.prefill_tokens == 177 and updates  # the whole prompt in one step
