@@ -1,4 +1,4 @@
-"""The batching engine on smollm2: fp32 torch target (exact), llama.cpp fused batches (measured:
+"""The batching engine on smollm2: fp32 torch target, fused and serial (exact), llama.cpp fused batches (measured:
 any divergence from the request run alone sits on a near-tie of the target's logits)."""
 
 from collections import defaultdict
@@ -38,8 +38,10 @@ def requests(chat_prompt_ids, small_tokenizer):
             for p in chat_prompt_ids[:PROMPTS]]
 
 
-def test_fp32_torch_batched_greedy_equals_each_request_alone(requests, torch_reference):
-    target = load_batch_runner(RunnerSpec(SMALL, "torch", "cpu", "fp32", 2), SLOTS)
+@pytest.mark.parametrize("torch_runner", ["fused", "serial"])
+def test_fp32_torch_batched_greedy_equals_each_request_alone(requests, torch_reference, torch_runner):
+    """The fused runner (one paged forward, the compact decoder) and the serial one (transformers)."""
+    target = load_batch_runner(RunnerSpec(SMALL, "torch", "cpu", "fp32", 2, torch_runner=torch_runner), SLOTS)
     draft = load_batch_runner(RunnerSpec(SMALL, "llamacpp", threads=2), SLOTS)
     engine = BatchEngine(target, draft, "hybrid", 3)
     assert run_together(engine, requests) == torch_reference[:PROMPTS]

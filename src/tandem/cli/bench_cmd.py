@@ -11,7 +11,6 @@ from tandem.bench.report import main_table
 from tandem.bench.session import BenchSettings, run_session
 from tandem.bench.workload import DEFAULT_WORKLOAD
 from tandem.cli.options import add_model_options, draft_spec, target_spec
-from tandem.models.backends import RunnerSpec
 
 DEFAULT_CONFIGS = "none,ngram,model,hybrid,llamacpp-plain"
 

@@ -34,6 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--threads", type=int, default=None, help="CPU threads per server and model (default: all)")
     parser.add_argument("--backend", default="llamacpp", choices=("llamacpp", "torch"),
                         help="Tandem's backend for target and draft (default llamacpp)")
+    parser.add_argument("--draft-backend", default=None, choices=("llamacpp", "torch"),
+                        help="Tandem's draft backend (default: as --backend)")
     parser.add_argument("--dtype", default="fp32", help="Tandem's torch dtype: fp32 | bf16 | fp16 (default fp32)")
     parser.add_argument("--out", default="bench-serve-results", help="output folder (default bench-serve-results)")
     parser.set_defaults(func=run)
@@ -55,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         command=shlex.join(["tandem"] + sys.argv[1:]),
         backend=args.backend,
         dtype=args.dtype,
+        draft_backend=args.draft_backend,
     )
     results = run_serve_bench(settings)
     print("\n".join(throughput_table(results)))

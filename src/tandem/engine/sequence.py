@@ -2,7 +2,7 @@
 how it drafts.
 
 Invariant between steps: the target slot caches every committed token but the last, except
-`unprefilled` ones (a newly admitted prompt's uncached part, scored in its first verify forward);
+`unprefilled` ones (a newly admitted prompt's uncached part, scored in chunks, the rest with its first round);
 the draft slot caches `draft_cached` (a prefix of the tokens, synced lazily before drafting).
 """
 
@@ -27,7 +27,7 @@ class Sequence:
     tokens: list[int] = field(default_factory=list)  # prompt + committed output
     output: list[int] = field(default_factory=list)
     draft_cached: list[int] = field(default_factory=list)  # tokens in the draft slot's cache
-    unprefilled: tuple[int, ...] = ()  # prompt tokens the target slot still lacks (first round only)
+    unprefilled: tuple[int, ...] = ()  # prompt tokens the target slot still lacks (until prefilled)
     drafted: int = 0  # totals over the request
     accepted: int = 0
 

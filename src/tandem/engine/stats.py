@@ -1,8 +1,8 @@
 """Counters for one generation, and the figures derived from them.
 
 acceptance_rate = accepted / drafted draft tokens; mean_accepted_len = accepted draft tokens per
-verification round that had at least one draft token. Time is split into prefill (the step that
-reads the prompt: its verify call scores the prompt too), draft (planning and drafting), verify
+verification round that had at least one draft token. Time is split into prefill (the steps that
+read the prompt, in chunks: the last one's verify call scores the first round too), draft (planning and drafting), verify
 (the target's later forwards) and overhead (everything else in the step).
 """
 

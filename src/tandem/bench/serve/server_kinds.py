@@ -43,6 +43,7 @@ class ServerLaunch:
     context_length: int
     backend: str = "llamacpp"  # Tandem's backend for target and draft
     dtype: str = "fp32"  # Tandem's torch dtype
+    draft_backend: str | None = None  # None: the target's backend
 
     def __post_init__(self):
         if self.threads < 1 or self.max_running < 1 or self.context_length < 1:
@@ -72,7 +73,7 @@ class TandemSpecServer:
     def command(self, launch: ServerLaunch, port: int) -> list[str]:
         """`port` is unused: the server picks a free one (--port 0) and prints its URL."""
         return [sys.executable, "-m", "tandem.cli.main", "serve", "--target", launch.target,
-                "--draft", launch.draft, "--backend", launch.backend, "--draft-backend", launch.backend,
+                "--draft", launch.draft, "--backend", launch.backend, "--draft-backend", launch.draft_backend or launch.backend,
                 "--dtype", launch.dtype, "--draft-dtype", launch.dtype,
                 "--port", "0", "--max-running", str(launch.max_running), "--threads", str(launch.threads),
                 *self.drafter_options]

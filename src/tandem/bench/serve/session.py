@@ -50,6 +50,7 @@ def server_launch(settings: ServeBenchSettings, kinds: list) -> ServerLaunch:
         context_length=RunnerSpec(settings.target).context_length,  # Tandem's default context
         backend=settings.backend,
         dtype=settings.dtype,
+        draft_backend=settings.draft_backend,
     )
 
 
@@ -81,6 +82,7 @@ def header(settings: ServeBenchSettings, launch: ServerLaunch, plans: list[Level
             "context_length": launch.context_length,
             "backend": launch.backend,
             "dtype": launch.dtype,
+            "draft_backend": launch.draft_backend or launch.backend,
         },
         "machine": machine_info(),
     }

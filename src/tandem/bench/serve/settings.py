@@ -56,6 +56,7 @@ class ServeBenchSettings:
     command: str = "tandem bench-serve"
     backend: str = "llamacpp"  # Tandem's target and draft backend: llamacpp | torch
     dtype: str = "fp32"  # torch dtype of Tandem's models
+    draft_backend: str | None = None  # Tandem's draft backend (None: as the target)
 
     def __post_init__(self):
         if self.backend not in ("llamacpp", "torch"):

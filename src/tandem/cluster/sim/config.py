@@ -28,7 +28,7 @@ from tandem.models.cost import CostModel
 from tandem.speculation.batch_depth import STEP_OVERHEAD_MS
 from tandem.speculation.depth import AUTO_K_MAX
 
-PREFILL_TOKEN_BUDGET = 2048  # prompt tokens admitted per replica step, as engine/batch_engine.py
+PREFILL_TOKEN_BUDGET = 2048  # prompt tokens admitted per replica step (the engine itself now chunks prefill: --step-tokens)
 
 
 @dataclass(frozen=True, slots=True)

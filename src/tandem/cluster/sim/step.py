@@ -1,6 +1,7 @@
 """One coordinator stepping its verifier replicas: the simulated twin of an engine step.
 
-A step, as engine/batch_engine.py and cluster/runtime/coordinator.py run it:
+A step, as cluster/runtime/coordinator.py runs it (engine/batch_engine.py now prefills in
+chunks under --step-tokens; the coordinator and this twin admit whole prompts):
 1. admit: each replica takes waiting sequences into free batch slots (PREFILL_TOKEN_BUDGET
    prompt tokens a step, at least one sequence) and prefills them in one call,
 2. plan: each replica's depth planner picks k for every running sequence,
