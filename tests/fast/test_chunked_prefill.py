@@ -242,16 +242,3 @@ def test_on_a_fused_runner_a_chunk_costs_at_most_stall_factor_times_the_rounds(t
     alone.add("long", GenerationRequest(tuple(range(1, 90)) * 2, max_tokens=2))
     updates, report = alone.step()
     assert report.prefill_tokens == 177 and updates  # the whole prompt in one step
-
-
-def test_the_draft_model_prefills_in_the_same_chunks(tiny_target, tiny_draft):
-    """The draft model's copy of the prompt follows the target's chunks, so the first draft
-    round feeds the draft only what the last chunk left, not the whole prompt."""
-    engine = make_engine(tiny_target, tiny_draft, "model", 3, slots=2, step_token_budget=8)
-    sizes = []
-    forward = engine.draft.forward_batch
-    engine.draft.forward_batch = lambda items: sizes.extend(len(i.token_ids) for i in items) or forward(items)
-    prompt = tuple(range(3, 43))
-    outputs, _ = run_all(engine, {0: [("long", prompt, SpeculationOptions())]})
-    assert outputs["long"] == naive_greedy(tiny_target, prompt, MAX_TOKENS)
-    assert max(sizes) <= 8 + 1, sizes  # a chunk, or the last chunk's rest and the last token

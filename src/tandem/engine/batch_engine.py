@@ -39,7 +39,7 @@ from tandem.speculation.batch_depth import BatchDepthPlanner
 from tandem.speculation.depth import Auto, Depth, parse_depth
 from tandem.speculation.drafters.base import Drafter, SequenceDraft
 from tandem.speculation.drafters.lockstep import LocalDraftModel
-from tandem.speculation.drafters.registry import USES_MODEL, build_drafters
+from tandem.speculation.drafters.registry import build_drafters
 
 # A step exceeds its budget only where the rounds alone do (then the oldest prompt still gets its
 # minimum chunk), or where auto-depth drafts outgrow the one token reserved for each beside a
@@ -262,9 +262,6 @@ class BatchEngine(SequencePool):
         for seq, n in chunks:
             seq.unprefilled = seq.unprefilled[n:]
             self.slots.cached[seq.slot] = seq.tokens[: len(seq.tokens) - 1 - len(seq.unprefilled)]
-        if self.draft_model is not None:  # the draft model's prompt follows in the same chunks
-            self.draft_model.prefill([(seq, len(self.slots.cached[seq.slot])) for seq, _ in chunks
-                                      if USES_MODEL[seq.drafter]])
         return logits[: len(rounds)]
 
     def _free_kv(self, seqs: list[Sequence]) -> None:

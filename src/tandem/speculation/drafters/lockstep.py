@@ -63,23 +63,6 @@ class LocalDraftModel:
                 draft.q_draft = np.stack(rows)  # [k, vocab]
         return drafts
 
-    def prefill(self, targets: list[tuple[object, int]]) -> None:
-        """Bring each (seq, length) draft slot up to seq.tokens[:length] in one call, beside the
-        target's prompt chunks, so a sequence's first draft round does not carry the draft
-        model's whole prompt (an unchunked catch-up that stalled every stream in its step)."""
-        items = []
-        for seq, length in targets:
-            keep = min(common_prefix(seq.draft_cached, seq.tokens), length)
-            if keep >= length:
-                continue
-            self.runner.rollback(seq.slot, keep)
-            items.append(BatchItem(seq.slot, tuple(seq.tokens[keep:length]), 0))
-            seq.draft_cached = list(seq.tokens[:length])
-        if items:
-            start = time.perf_counter()
-            self.runner.forward_batch(items)
-            self._observe(items, start)
-
     def _sync(self, seq) -> BatchItem:
         keep = reusable(seq)
         self.runner.rollback(seq.slot, keep)
