@@ -4,13 +4,14 @@ A slot is one sequence's KV cache. `forward_batch` appends tokens to several slo
 and returns each item's logits for its last `num_logits` positions; `rollback` truncates one
 slot; `copy_prefix` makes a slot start with the first tokens of another (shared prompt prefixes
 reuse cached KV). `fused` says whether a call is one forward pass over all items (llama.cpp
-sequence ids: cost grows with the total token count) or one pass per item (cost is the sum of
-per-item costs); the depth planner reads it with `cost`, the measured ms to score n tokens.
+sequence ids, the fused torch runner: cost grows with the total token count) or one pass per
+item (cost is the sum of per-item costs); the depth planner reads it with `cost`, the measured
+ms to score n tokens.
 
 `SerialBatchRunner` gives any single-sequence `ModelRunner` this interface by keeping one runner
 view per slot and running items one after another (each item's time refines the per-item cost
-curve). It is how the torch backend batches here,
-and the slow reference the fused llama.cpp path is tested against.
+curve). It is the torch backend's `--torch-runner serial`, and the slow reference the fused
+llama.cpp and torch paths are tested against.
 """
 
 import time
@@ -48,7 +49,9 @@ class BatchRunner(Protocol):
     def num_cached_tokens(self, slot: int) -> int: ...
 
     def forward_batch(self, items: Sequence[BatchItem]) -> list[np.ndarray]:
-        """Per item, logits [num_logits, vocab] float32, in the order of `items`."""
+        """Per item, logits [num_logits, vocab] float32, in the order of `items`: numpy arrays,
+        or torch tensors left on the device by runners with `device_logits = True` (the fused
+        torch runner; speculation/acceptance.py takes either)."""
         ...
 
     def rollback(self, slot: int, length: int) -> None: ...

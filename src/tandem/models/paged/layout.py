@@ -49,8 +49,8 @@ def build_layout(spans: list[SlotSpan], logit_rows: list[int], blocks: BlockMana
     short = [s for s in spans if s.count <= GROUP_QUERY_LIMIT]
     groups = ([_group(short, blocks)] if short else []) + [_group([s], blocks) for s in spans
                                                            if s.count > GROUP_QUERY_LIMIT]
-    return StepLayout(positions.to(device), write_rows.to(device), torch.tensor(logit_rows, dtype=torch.long, device=device),
-                      tuple(_to(g, device) for g in groups))
+    logits = torch.tensor(logit_rows, dtype=torch.long, device=device)  # [logits]
+    return StepLayout(positions.to(device), write_rows.to(device), logits, tuple(_to(g, device) for g in groups))
 
 
 def _rows(blocks: BlockManager, slot: int, positions: torch.Tensor) -> torch.Tensor:
