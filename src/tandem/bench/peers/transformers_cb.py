@@ -42,7 +42,7 @@ from tandem.bench.serve.metrics import summarize
 from tandem.bench.serve.report import level_table, throughput_table
 from tandem.bench.serve.requests import BenchRequest, level_requests, warmup_request
 from tandem.bench.serve.results import request_entry
-from tandem.bench.serve.settings import MIN_REQUESTS, REQUESTS_PER_CLIENT
+from tandem.bench.serve.settings import check_num_prompts, requests_per_level
 from tandem.bench.session import prepare_out_dir
 from tandem.bench.workload import load_prompts
 from tandem.errors import TandemError
@@ -86,15 +86,10 @@ class CbPeerSettings:
                             ("--max-batch-tokens", self.max_batch_tokens), ("--page-size", self.page_size)):
             if value is not None and value < 1:
                 raise TandemError(f"{name} must be a positive integer, got {value}")
-        if self.num_prompts is not None and self.num_prompts < max(self.concurrency):
-            raise TandemError(f"--num-prompts {self.num_prompts} is below the largest concurrency "
-                              f"{max(self.concurrency)}, which would never be reached")
+        check_num_prompts(self.num_prompts, self.concurrency)
 
     def requests_at(self, concurrency: int) -> int:
-        """As bench-serve: --num-prompts, else max(MIN_REQUESTS, REQUESTS_PER_CLIENT * C)."""
-        if self.num_prompts is not None:
-            return self.num_prompts
-        return max(MIN_REQUESTS, REQUESTS_PER_CLIENT * concurrency)
+        return requests_per_level(self.num_prompts, concurrency)
 
 
 @dataclass(frozen=True, slots=True)

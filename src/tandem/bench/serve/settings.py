@@ -65,11 +65,20 @@ class ServeBenchSettings:
             raise TandemError(f"--max-tokens must be a positive integer, got {self.max_tokens}")
         if self.threads is not None and self.threads < 1:
             raise TandemError(f"--threads must be a positive integer, got {self.threads}")
-        if self.num_prompts is not None and self.num_prompts < max(self.concurrency):
-            raise TandemError(f"--num-prompts {self.num_prompts} is below the largest concurrency "
-                              f"{max(self.concurrency)}, which would never be reached")
+        check_num_prompts(self.num_prompts, self.concurrency)
 
     def requests_at(self, concurrency: int) -> int:
-        if self.num_prompts is not None:
-            return self.num_prompts
-        return max(MIN_REQUESTS, REQUESTS_PER_CLIENT * concurrency)
+        return requests_per_level(self.num_prompts, concurrency)
+
+
+def check_num_prompts(num_prompts: int | None, concurrency: tuple[int, ...]) -> None:
+    if num_prompts is not None and num_prompts < max(concurrency):
+        raise TandemError(f"--num-prompts {num_prompts} is below the largest concurrency "
+                          f"{max(concurrency)}, which would never be reached")
+
+
+def requests_per_level(num_prompts: int | None, concurrency: int) -> int:
+    """--num-prompts, else max(MIN_REQUESTS, REQUESTS_PER_CLIENT * C)."""
+    if num_prompts is not None:
+        return num_prompts
+    return max(MIN_REQUESTS, REQUESTS_PER_CLIENT * concurrency)
