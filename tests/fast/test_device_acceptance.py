@@ -28,6 +28,13 @@ from tandem.speculation.acceptance import accept_round  # noqa: E402
 from tandem.speculation.device_acceptance import accept_sampling_on_device  # noqa: E402
 from tandem.speculation.sampling import SamplingParams, probs_from_logits  # noqa: E402
 
+
+@pytest.fixture(autouse=True)
+def device_rule_for_cpu_tensors(monkeypatch):
+    """accept_round reads CPU float32 tensors with the numpy rule (HOST_DEVICES); here every
+    tensor takes the torch rule, as a GPU's logits do, so the tests compare the two rules."""
+    monkeypatch.setattr("tandem.speculation.acceptance.HOST_DEVICES", ())
+
 GREEDY = SamplingParams()
 SAMPLING_SETTINGS = [
     SamplingParams(temperature=1.0),
