@@ -64,7 +64,10 @@ class BatchingEngine(Protocol):
 
     def cancel(self, seq_id: str) -> SequenceUpdate | None: ...
 
-    def step(self) -> tuple[list[SequenceUpdate], StepReport]: ...
+    def step(self) -> tuple[list[SequenceUpdate], StepReport | None]:
+        """One step's updates and report (None: no work was done, e.g. a cluster coordinator
+        whose replicas finished no round while it waited)."""
+        ...
 
 
 StepObserver = Callable[[StepReport], None]
@@ -169,6 +172,9 @@ class EngineWorker:
         self._commands.put(("drain", None, grace_seconds, None))
         if self._thread.is_alive():
             self._thread.join(timeout=grace_seconds + 30)
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
 
     # -- engine thread --------------------------------------------------------------------------
 
@@ -214,8 +220,10 @@ class EngineWorker:
             log.exception("engine step failed")
             self._fail_all(f"engine step failed: {error}")
             return
-        self.last_report = report
         self._dispatch(updates)
+        if report is None:
+            return
+        self.last_report = report
         for observer in self.observers:
             try:
                 observer(report)

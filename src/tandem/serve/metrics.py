@@ -88,7 +88,8 @@ class ServingMetrics:
         """Called on the engine thread after every engine step."""
         self._observe_timings(report)
         self._observe_rounds(report)
-        self._observe_workers(report)
+        if report.workers:
+            self.observe_workers(list(report.workers))
         ended_at = report.started_at + report.step_seconds
         with self._lock:
             for round_ in report.rounds:
@@ -112,15 +113,16 @@ class ServingMetrics:
         if report.rounds:
             m.verify_step_seconds.observe(report.verify_seconds)
 
-    def _observe_workers(self, report: StepReport) -> None:
+    def observe_workers(self, workers: list[dict]) -> None:
+        """Cluster workers' states: after every step, and from the health monitor's checks
+        (cluster/runtime/health.py), so a worker that dies while idle shows as down."""
         m = self._m
-        for worker in report.workers:
+        for worker in workers:
             m.worker_up.labels(self.model_name, worker["name"], worker["role"]).set(1 if worker["alive"] else 0)
             m.worker_sequences.labels(self.model_name, worker["name"]).set(worker["sequences"])
             m.worker_restarts.labels(self.model_name, worker["name"]).set(worker["restarts"])
-        if report.workers:
-            with self._lock:
-                self._workers = [dict(worker) for worker in report.workers]
+        with self._lock:
+            self._workers = [dict(worker) for worker in workers]
 
     def _observe_rounds(self, report: StepReport) -> None:
         """Tallied per step first: one increment per label value, not per round."""

@@ -66,6 +66,9 @@ def build_state(config: EngineConfig, settings: ServeSettings, model_name: str, 
     engine = _engine(config, settings, ngram_store, cluster)
     cache = _response_store(settings, _model_identity(config))
     worker = EngineWorker(engine, settings.max_waiting, observers=[metrics.observe_step, tracer.observe_step])
+    health = getattr(engine, "health", None)  # a cluster: workers' states between steps too
+    if health is not None:
+        health.listeners.append(metrics.observe_workers)
     return ServerState(worker.start(), tokenizer, model_name, engine.context_length, settings, metrics, tracer,
                        cache, drafters=tuple(n for n in DRAFTER_NAMES if n in engine.drafters),
                        speculation_defaults=SpeculationOptions(config.drafter, config.k))
@@ -94,7 +97,7 @@ def _engine(config: EngineConfig, settings: ServeSettings, ngram_store, cluster)
     from tandem.cluster.runtime.launch import launch_cluster
 
     return launch_cluster(cluster.spec, config.drafter, config.k, cluster.ray_address, settings.max_running,
-                          ngram_store, cluster.draft_ahead)
+                          ngram_store, cluster.draft_ahead, cluster.loop, cluster.health_period_s)
 
 
 def close_state(state: ServerState) -> None:

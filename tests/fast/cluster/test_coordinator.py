@@ -1,12 +1,16 @@
-"""The coordinator over in-process workers (no Ray): greedy output equals target-only output,
-and a verifier or drafter dying mid-generation loses and duplicates nothing."""
+"""The coordinator over in-process workers (no Ray; each worker on its own thread, as an actor):
+greedy output equals target-only output in both loops, replicas step on their own clocks in
+the independent loop, a verifier or drafter dying mid-generation loses and duplicates nothing,
+and the health monitor finds idle dead workers."""
 
+import time
 from collections import defaultdict
 
 import pytest
 
 from tandem.cluster.runtime.coordinator import NO_VERIFIER, ClusterEngine
 from tandem.cluster.runtime.drafter_worker import DrafterWorker
+from tandem.cluster.runtime.emulation import Emulation
 from tandem.cluster.runtime.endpoints import LocalEndpoint
 from tandem.cluster.runtime.pool import Worker
 from tandem.cluster.runtime.verifier_worker import VerifierWorker
@@ -14,7 +18,18 @@ from tandem.engine.request import GenerationRequest
 from engine_support import CHEAP_VERIFY, MAX_TOKENS, PROMPTS, serial_runner  # noqa: F401
 
 
-def make_cluster(tiny_target, tiny_draft, verifiers=2, drafters=1, slots=3, **kwargs):
+LOOPS = ("independent", "lockstep")
+ENGINES = []  # closed after each test: their replica loops and health monitors stop
+
+
+@pytest.fixture(autouse=True)
+def close_engines():
+    yield
+    while ENGINES:
+        ENGINES.pop().close()
+
+
+def make_cluster(tiny_target, tiny_draft, verifiers=2, drafters=1, slots=3, emulations=(), **kwargs):
     endpoints = []
 
     def starter(name, make_worker):
@@ -30,12 +45,17 @@ def make_cluster(tiny_target, tiny_draft, verifiers=2, drafters=1, slots=3, **kw
         assert w.wait_ready()
         return w
 
-    vs = [worker(f"verify-{i}", "verify", lambda: VerifierWorker(serial_runner(tiny_target, slots, CHEAP_VERIFY)))
-          for i in range(verifiers)]
+    def verifier(i):
+        emulation = emulations[i] if i < len(emulations) else Emulation()
+        return lambda: VerifierWorker(serial_runner(tiny_target, slots, CHEAP_VERIFY), emulation)
+
+    vs = [worker(f"verify-{i}", "verify", verifier(i)) for i in range(verifiers)]
     ds = [worker(f"draft-{i}", "draft", lambda: DrafterWorker(serial_runner(tiny_draft, 8, CHEAP_VERIFY)))
           for i in range(drafters)]
     kwargs["depth"] = kwargs.pop("k", "auto")
-    return ClusterEngine(vs, ds, **kwargs), endpoints
+    engine = ClusterEngine(vs, ds, **kwargs)
+    ENGINES.append(engine)
+    return engine, endpoints
 
 
 def run(engine, prompts, on_step=None):
@@ -55,9 +75,10 @@ def run(engine, prompts, on_step=None):
     return [outputs[f"r{i}"] for i in range(len(prompts))], reasons
 
 
+@pytest.mark.parametrize("loop", LOOPS)
 @pytest.mark.parametrize("drafter,k", [("hybrid", "auto"), ("model", 3), ("none", 0)])
-def test_cluster_greedy_equals_target_only(tiny_target, tiny_draft, references, drafter, k):
-    engine, _ = make_cluster(tiny_target, tiny_draft, drafter=drafter, k=k)
+def test_cluster_greedy_equals_target_only(tiny_target, tiny_draft, references, drafter, k, loop):
+    engine, _ = make_cluster(tiny_target, tiny_draft, drafter=drafter, k=k, loop=loop)
     outputs, _ = run(engine, PROMPTS)
     assert outputs == [references[p] for p in PROMPTS]
     assert all(len(v.sequences) == 0 for v in engine.verifiers)
@@ -71,8 +92,9 @@ def test_sequences_spread_over_replicas(tiny_target, tiny_draft):
     assert sorted(len(v.sequences) for v in engine.verifiers) == [2, 2]
 
 
-def test_verifier_killed_mid_generation_loses_nothing(tiny_target, tiny_draft, references):
-    engine, endpoints = make_cluster(tiny_target, tiny_draft, verifiers=2, drafter="model", k=3)
+@pytest.mark.parametrize("loop", LOOPS)
+def test_verifier_killed_mid_generation_loses_nothing(tiny_target, tiny_draft, references, loop):
+    engine, endpoints = make_cluster(tiny_target, tiny_draft, verifiers=2, drafter="model", k=3, loop=loop)
 
     def kill_first_verifier(step):
         if step == 3:
@@ -84,8 +106,9 @@ def test_verifier_killed_mid_generation_loses_nothing(tiny_target, tiny_draft, r
     assert engine.verifiers[0].restarts == 1
 
 
-def test_drafter_killed_generation_goes_on(tiny_target, tiny_draft, references):
-    engine, _ = make_cluster(tiny_target, tiny_draft, verifiers=1, drafters=1, drafter="model", k=3)
+@pytest.mark.parametrize("loop", LOOPS)
+def test_drafter_killed_generation_goes_on(tiny_target, tiny_draft, references, loop):
+    engine, _ = make_cluster(tiny_target, tiny_draft, verifiers=1, drafters=1, drafter="model", k=3, loop=loop)
 
     def kill_drafter(step):
         if step == 2:
@@ -106,8 +129,9 @@ def test_no_verifier_left_fails_requests_clearly(tiny_target, tiny_draft):
     assert engine.unavailable_reason == NO_VERIFIER
 
 
-def test_drafts_made_ahead_keep_greedy_output_and_get_used(tiny_target, references):
-    engine, _ = make_cluster(tiny_target, tiny_target, verifiers=1, drafter="model", k=3, draft_ahead=True)
+@pytest.mark.parametrize("loop", LOOPS)
+def test_drafts_made_ahead_keep_greedy_output_and_get_used(tiny_target, references, loop):
+    engine, _ = make_cluster(tiny_target, tiny_target, verifiers=1, drafter="model", k=3, draft_ahead=True, loop=loop)
     outputs, _ = run(engine, PROMPTS)
     assert outputs == [references[p] for p in PROMPTS]
     assert engine.remote.ahead_hits > 0  # the target drafting for itself: the guesses are right
@@ -141,3 +165,69 @@ def test_a_workers_round_trip_is_measured_when_it_comes_up_and_feeds_the_depth_p
     while engine.has_work:
         engine.step()
     assert min(planner.overhead_ms for planner in engine.planners.values()) >= 30.0
+
+
+def time_verify_calls(worker) -> list[float]:
+    """Record when each verify call on an in-process verifier starts."""
+    times, verify = [], worker.verify
+
+    def timed(items):
+        times.append(time.perf_counter())
+        return verify(items)
+
+    worker.verify = timed
+    return times
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_slow_replica_does_not_hold_back_a_fast_one(tiny_target, tiny_draft, references, loop):
+    """One replica pays 40 ms a call. In the independent loop the fast one runs its rounds on its
+    own clock, milliseconds apart; in lock-step every round waits for the slow one."""
+    engine, _ = make_cluster(tiny_target, tiny_draft, verifiers=2, drafter="none", k=0,
+                             emulations=(Emulation(), Emulation(rtt_ms=40.0)), loop=loop)
+    fast_rounds = time_verify_calls(engine.verifiers[0].endpoint.worker)
+    outputs, _ = run(engine, PROMPTS)
+    assert outputs == [references[p] for p in PROMPTS]
+    gaps = sorted(b - a for a, b in zip(fast_rounds, fast_rounds[1:]))
+    median_gap_ms = 1000 * gaps[len(gaps) // 2]
+    if loop == "independent":
+        assert median_gap_ms < 20
+    else:
+        assert median_gap_ms >= 35
+
+
+def test_draft_requests_from_several_replicas_share_a_drafter_call(tiny_target, tiny_draft, references):
+    engine, _ = make_cluster(tiny_target, tiny_draft, verifiers=3, drafter="model", k=2, slots=2)
+    outputs, _ = run(engine, PROMPTS)
+    assert outputs == [references[p] for p in PROMPTS]
+    batcher = engine.remote.batchers["draft-0"]
+    assert batcher.requests > batcher.calls  # some calls carried several replicas' requests
+
+
+def test_health_monitor_restarts_an_idle_dead_drafter_and_tells_listeners(tiny_target, tiny_draft, references):
+    engine, _ = make_cluster(tiny_target, tiny_draft, verifiers=1, drafter="model", k=2)
+    seen = []
+    engine.health.listeners.append(seen.append)
+    drafter = engine.drafter_workers[0]
+    drafter.endpoint.kill()  # idle: no sequence would ever call it
+    engine.health.check()  # pings it, finds it dead, starts a replacement
+    assert drafter.restarts == 1
+    assert [s["alive"] for s in seen[-1] if s["name"] == "draft-0"] == [False]
+    engine.health.check()  # the replacement answered
+    assert drafter.alive and [s["alive"] for s in seen[-1] if s["name"] == "draft-0"] == [True]
+    engine.health.check()
+    assert sum("draft-0 is down" in e for e in engine.events) == 1  # each transition once
+    outputs, _ = run(engine, PROMPTS[:2])
+    assert outputs == [references[p] for p in PROMPTS[:2]]
+
+
+def test_an_idle_dead_verifier_gets_no_sequence_until_it_is_back(tiny_target, tiny_draft, references):
+    engine, _ = make_cluster(tiny_target, tiny_draft, verifiers=2, drafter="none", k=0)
+    victim = engine.verifiers[0]
+    victim.restarts = 99  # no restart left: it stays down
+    victim.endpoint.kill()
+    engine.health.check()
+    assert not victim.alive and not victim.restarting
+    outputs, reasons = run(engine, PROMPTS[:4])
+    assert outputs == [references[p] for p in PROMPTS[:4]]
+    assert all(reason[0] in ("stop", "length") for reason in reasons.values())

@@ -30,7 +30,8 @@ def test_the_coordinator_sits_with_the_drafter_and_verifiers_pay_the_round_trip(
 
 
 def serve_args(**overrides) -> argparse.Namespace:
-    values = dict(cluster=None, ray_address=None, draft_ahead=False, drafter="hybrid", k="auto")
+    values = dict(cluster=None, ray_address=None, draft_ahead=False, drafter="hybrid", k="auto", cluster_loop=None,
+                  health_period=None)
     values.update(overrides)
     return argparse.Namespace(**values)
 
@@ -42,8 +43,19 @@ def test_serve_cluster_serves_the_first_verifiers_model():
     assert isinstance(options, ClusterOptions)
     assert config.target.model == "qwen2.5-coder-1.5b-instruct"
     assert config.draft.model == "qwen2.5-coder-0.5b-instruct" and config.drafter == "hybrid"
+    assert options.loop == "independent" and options.health_period_s == 2.0
+
+
+def test_cluster_loop_and_health_period_are_read_and_checked():
+    options = cluster_options(serve_args(cluster=CROSS_REGION, cluster_loop="lockstep", health_period="0.5"))
+    assert options.loop == "lockstep" and options.health_period_s == 0.5
+    for bad in ("soon", "0", "-1"):
+        with pytest.raises(TandemError, match="health"):
+            cluster_options(serve_args(cluster=CROSS_REGION, health_period=bad))
 
 
 def test_ray_options_without_a_cluster_are_refused():
     with pytest.raises(TandemError, match="need --cluster"):
         cluster_options(serve_args(draft_ahead=True))
+    with pytest.raises(TandemError, match="need --cluster"):
+        cluster_options(serve_args(health_period="1"))

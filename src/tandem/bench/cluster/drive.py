@@ -42,9 +42,10 @@ def drive(engine, requests: list[GenerationRequest], concurrency: int, tag: str)
             started[index] = time.perf_counter()
         updates, report = engine.step()
         now = time.perf_counter()
-        steps += 1
-        overhead_s += max(0.0, report.step_seconds - report.prefill_seconds - report.draft_seconds
-                          - report.verify_seconds)
+        if report is not None:  # None: a cluster's replicas finished no round meanwhile
+            steps += 1
+            overhead_s += max(0.0, report.step_seconds - report.prefill_seconds - report.draft_seconds
+                              - report.verify_seconds)
         for update in updates:
             index = int(update.seq_id.rsplit("-", 1)[1])
             if update.token_ids:

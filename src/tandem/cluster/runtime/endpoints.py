@@ -1,8 +1,10 @@
 """How the coordinator calls a worker: `call(method, *args)` starts the call and returns a
 `Pending` whose `result()` gives the value or raises `WorkerDiedError`. `RayEndpoint` talks to
-a Ray actor (calls to several actors run concurrently); `LocalEndpoint` calls a plain object in
-this process (tests and the single-machine default need no Ray)."""
+a Ray actor; `LocalEndpoint` calls a plain object in this process (tests need no Ray). Both run
+calls as an actor does: those to one worker one at a time, in order; those to several workers
+concurrently."""
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Protocol
 
 
@@ -22,29 +24,26 @@ class Endpoint(Protocol):
     def call(self, method: str, *args) -> Pending: ...
 
 
-class _Done:
-    def __init__(self, compute: Callable[[], Any]):
-        try:
-            self._value, self._error = compute(), None
-        except WorkerDiedError as error:
-            self._value, self._error = None, error
+class _FuturePending:
+    def __init__(self, future: Future):
+        self._future = future
 
     def ready(self) -> bool:
-        return True
+        return self._future.done()
 
     def result(self) -> Any:
-        if self._error is not None:
-            raise self._error
-        return self._value
+        return self._future.result()
 
 
 class LocalEndpoint:
-    """A worker object in this process; `kill()` makes later calls fail like a dead process."""
+    """A worker object in this process, called on its own thread; `kill()` makes every call not
+    yet started, and every later one, fail like calls to a dead process."""
 
     def __init__(self, name: str, worker: Any):
         self.name = name
         self.worker = worker
         self.dead = False
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"local-{name}")
 
     def kill(self) -> None:
         self.dead = True
@@ -55,7 +54,14 @@ class LocalEndpoint:
                 raise WorkerDiedError(f"{self.name} is dead")
             return getattr(self.worker, method)(*args)
 
-        return _Done(compute)
+        if not self.dead:
+            try:
+                return _FuturePending(self._thread.submit(compute))
+            except RuntimeError:  # the interpreter is exiting: no thread takes calls any more
+                pass
+        failed = Future()
+        failed.set_exception(WorkerDiedError(f"{self.name} is dead"))
+        return _FuturePending(failed)
 
 
 class _RayPending:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from tandem.cluster.runtime.actors import start_actor
 from tandem.cluster.config.cluster_spec import ClusterSpec, WorkerSpec
-from tandem.cluster.runtime.coordinator import ClusterEngine
+from tandem.cluster.runtime.coordinator import ClusterEngine, check_loop
+from tandem.cluster.runtime.health import DEFAULT_PERIOD_S, check_period
 from tandem.cluster.runtime.emulation import Emulation
 from tandem.cluster.runtime.pool import Worker
 from tandem.errors import TandemError
@@ -94,11 +95,14 @@ def _starter(worker: WorkerSpec, role: Role, name: str, rtt_ms: float):
 
 @dataclass(frozen=True, slots=True)
 class ClusterOptions:
-    """`tandem serve --cluster FILE [--ray-address ADDR] [--draft-ahead]`."""
+    """`tandem serve --cluster FILE [--ray-address ADDR] [--draft-ahead] [--cluster-loop L]
+    [--health-period S]`."""
 
     spec: ClusterSpec
     ray_address: str | None = None
     draft_ahead: bool = False
+    loop: str = "independent"  # or "lockstep" (cluster/runtime/coordinator.py)
+    health_period_s: float = DEFAULT_PERIOD_S
 
     @property
     def target(self) -> WorkerSpec:
@@ -111,11 +115,17 @@ class ClusterOptions:
 
 
 def launch_cluster(spec: ClusterSpec, drafter: str, k: int | str, ray_address: str | None = None,
-                   max_running: int | None = None, ngram_store=None, draft_ahead: bool = False) -> ClusterEngine:
+                   max_running: int | None = None, ngram_store=None, draft_ahead: bool = False,
+                   loop: str = "independent", health_period_s: float = DEFAULT_PERIOD_S) -> ClusterEngine:
+    check_loop(loop)
+    check_period(health_period_s)
     start_ray(spec, ray_address)
     verifiers, drafters = build_workers(spec)
     if not verifiers:
         raise TandemError("the cluster has no verifier")
     if USES_MODEL[drafter] and not drafters:
         drafter = "ngram"  # no draft model anywhere: copy from the context instead
-    return ClusterEngine(verifiers, drafters, drafter, k, ngram_store, max_running, draft_ahead)
+    engine = ClusterEngine(verifiers, drafters, drafter, k, ngram_store, max_running, draft_ahead, loop,
+                           health_period_s)
+    engine.health.start()  # workers are watched from now on, with or without requests
+    return engine

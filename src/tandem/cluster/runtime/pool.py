@@ -30,7 +30,9 @@ class Worker:
     context_length: int = 4096
     cost: CostView = field(default_factory=lambda: CostView(CostModel()))  # replaced whole on (re)start
     pid: int | None = None
-    sequences: set[str] = field(default_factory=set)
+    sequences: set[str] = field(default_factory=set)  # placed here (a verifier) or drafted for here
+    to_open: list[str] = field(default_factory=list)  # verifier: placed, not yet prefilled
+    closing: list[str] = field(default_factory=list)  # verifier: left the cluster, slot not yet freed
     _starting: Pending | None = None
 
     def launch(self) -> None:
@@ -52,12 +54,12 @@ class Worker:
             self._starting = None
             return False
         self._starting = None
-        self.alive = True
         self.pid = info["pid"]
         self.max_slots = info.get("max_slots", self.max_slots)
         self.context_length = info.get("context_length", self.context_length)
         self.cost = CostView(CostModel.from_json(info["cost_ms"]))
         self._measure_round_trip()
+        self.alive = True  # last: replica loops and placement read it without the coordinator's lock
         return True
 
     def _measure_round_trip(self) -> None:
@@ -76,6 +78,7 @@ class Worker:
     def mark_dead(self) -> set[str]:
         """Forget the worker's sequences (returned) and start a replacement if allowed."""
         orphans, self.sequences = self.sequences, set()
+        self.to_open, self.closing = [], []  # a new process holds nothing
         self.alive = False
         if self.restarts < MAX_RESTARTS:
             self.restarts += 1

@@ -11,11 +11,17 @@ Draft ahead: while a replica verifies round i, the drafter already drafts round 
 of round i were accepted, one token longer (its first token is the drafter's guess of the
 target's bonus token). If the whole round is accepted and the bonus token equals that guess,
 round i+1's draft is ready without waiting for the drafter; otherwise it is discarded.
+
+Calls go through one DraftBatcher per drafter (cluster/runtime/draft_batcher.py): replica loops
+that ask while a drafter is busy share its next call. The bookkeeping is done under `lock` (the
+coordinator's), the waiting outside it.
 """
 
+import threading
 import zlib
 from collections import deque
 
+from tandem.cluster.runtime.draft_batcher import DraftBatcher
 from tandem.cluster.runtime.endpoints import WorkerDiedError
 from tandem.cluster.runtime.messages import DraftItem, VerifyResult
 from tandem.cluster.runtime.pool import Worker
@@ -27,8 +33,10 @@ MAX_EVENTS = 256  # failovers and restarts kept for logs and tests
 
 
 class RemoteDraftModel:
-    def __init__(self, drafters: list[Worker], events: deque | None = None):
+    def __init__(self, drafters: list[Worker], events: deque | None = None, lock=None):
         self.drafters = drafters
+        self.lock = lock if lock is not None else threading.RLock()
+        self.batchers = {d.name: DraftBatcher(d) for d in drafters}
         self.events = events if events is not None else deque(maxlen=MAX_EVENTS)
         self.drafter_of: dict[str, Worker] = {}
         self.drafter_length: dict[str, int] = {}  # committed tokens the sequence's drafter holds
@@ -39,29 +47,38 @@ class RemoteDraftModel:
     # -- the DraftModel interface ---------------------------------------------------------------
 
     def cost_view(self, seq: Sequence) -> CostView | None:
-        drafter = self._drafter_for(seq)
+        with self.lock:
+            drafter = self._drafter_for(seq)
         return None if drafter is None else drafter.cost
 
     def catch_up_ms(self, seq: Sequence) -> float:
-        drafter = self._drafter_for(seq)
-        if drafter is None:
-            return 0.0
-        held = min(self.drafter_length.get(seq.seq_id, 0), len(seq.tokens) - 1)
+        with self.lock:
+            drafter = self._drafter_for(seq)
+            if drafter is None:
+                return 0.0
+            held = min(self.drafter_length.get(seq.seq_id, 0), len(seq.tokens) - 1)
         return catch_up_ms(drafter.cost.cost, len(seq.tokens) - held)
 
     def draft(self, jobs: list[DraftJob], keep_drafting=None) -> list[SequenceDraft]:
         """Drafts made ahead where still valid; the rest from every drafter concurrently."""
         drafts: dict[str, SequenceDraft] = {}
         calls: dict[str, list[tuple[Sequence, int]]] = {}
-        for job in jobs:
-            ready = self.ready.pop(job.seq.seq_id, None)
-            if ready is not None:
-                q = None if ready.q_draft is None else ready.q_draft[: job.k]
-                drafts[job.seq.seq_id] = SequenceDraft("model", ready.token_ids[: job.k], q)
-            elif (drafter := self._drafter_for(job.seq)) is not None:
-                calls.setdefault(drafter.name, []).append((job.seq, job.k))
+        with self.lock:
+            for job in jobs:
+                ready = self.ready.pop(job.seq.seq_id, None)
+                if ready is not None:
+                    q = None if ready.q_draft is None else ready.q_draft[: job.k]
+                    drafts[job.seq.seq_id] = SequenceDraft("model", ready.token_ids[: job.k], q)
+                elif (drafter := self._drafter_for(job.seq)) is not None:
+                    calls.setdefault(drafter.name, []).append((job.seq, job.k))
         self._call_drafters(calls, drafts)
         return [drafts.get(job.seq.seq_id, SequenceDraft("none", [])) for job in jobs]
+
+    def discard_ready(self, seq_ids: list[str]) -> None:
+        """These sequences drafted this round: drafts made ahead that it did not use are stale."""
+        with self.lock:
+            for seq_id in seq_ids:
+                self.ready.pop(seq_id, None)
 
     # -- assignment and failure -------------------------------------------------------------------
 
@@ -80,39 +97,42 @@ class RemoteDraftModel:
         return chosen
 
     def drafter_died(self, drafter: Worker) -> None:
-        if not drafter.alive:
-            return
-        for seq_id in drafter.mark_dead():
-            self.drafter_of.pop(seq_id, None)
-            self.drafter_length.pop(seq_id, None)
-        self.events.append(f"{drafter.name} died; its sequences draft elsewhere")
+        with self.lock:
+            if not drafter.alive:
+                return
+            for seq_id in drafter.mark_dead():
+                self.drafter_of.pop(seq_id, None)
+                self.drafter_length.pop(seq_id, None)
+            self.events.append(f"{drafter.name} died; its sequences draft elsewhere")
 
     def forget(self, seq_id: str) -> None:
         """The sequence left the cluster: free its drafter's cache."""
-        self.ready.pop(seq_id, None)
-        self.drafter_length.pop(seq_id, None)
-        drafter = self.drafter_of.pop(seq_id, None)
-        if drafter is not None:
-            drafter.sequences.discard(seq_id)
-            if drafter.alive:
-                drafter.endpoint.call("forget", [seq_id])
+        with self.lock:
+            self.ready.pop(seq_id, None)
+            self.drafter_length.pop(seq_id, None)
+            drafter = self.drafter_of.pop(seq_id, None)
+            if drafter is not None:
+                drafter.sequences.discard(seq_id)
+                if drafter.alive:
+                    drafter.endpoint.call("forget", [seq_id])
 
     def _call_drafters(self, calls: dict[str, list[tuple[Sequence, int]]], drafts: dict[str, SequenceDraft]) -> None:
-        by_name = {d.name: d for d in self.drafters}
-        pending = [(by_name[name], group, by_name[name].endpoint.call("propose", [self._item(s, k) for s, k in group]))
-                   for name, group in calls.items()]
-        for drafter, group, call in pending:
+        with self.lock:
+            tickets = [(name, group, self.batchers[name].submit([self._item(s, k) for s, k in group]))
+                       for name, group in calls.items()]
+        for name, group, ticket in tickets:
             try:
-                replies = call.result()
+                replies = self.batchers[name].wait(ticket)
             except WorkerDiedError:
-                self.drafter_died(drafter)
+                self.drafter_died(self.batchers[name].drafter)
                 continue
-            for (seq, _), reply in zip(group, replies):
-                if reply.needs_sync:
-                    self.drafter_length[seq.seq_id] = 0
-                    continue
-                self.drafter_length[seq.seq_id] = len(seq.tokens)
-                drafts[seq.seq_id] = SequenceDraft("model", list(reply.token_ids), reply.q_draft)
+            with self.lock:
+                for (seq, _), reply in zip(group, replies):
+                    if reply.needs_sync:
+                        self.drafter_length[seq.seq_id] = 0
+                        continue
+                    self.drafter_length[seq.seq_id] = len(seq.tokens)
+                    drafts[seq.seq_id] = SequenceDraft("model", list(reply.token_ids), reply.q_draft)
 
     def _item(self, seq: Sequence, k: int, extra: tuple[int, ...] = (), tag: str = "") -> DraftItem:
         base = self.drafter_length.get(seq.seq_id, 0)
@@ -124,28 +144,32 @@ class RemoteDraftModel:
     def start_ahead(self, seqs: list[Sequence], drafts: dict[str, SequenceDraft]) -> list:
         """Ask each drafter for round i+1 now, assuming round i is accepted whole."""
         jobs: dict[str, list[DraftItem]] = {}
-        for seq in seqs:
-            draft, drafter = drafts[seq.seq_id], self.drafter_of.get(seq.seq_id)
-            if draft.source != "model" or not draft.token_ids or drafter is None or not drafter.alive:
-                continue
-            item = self._item(seq, len(draft.token_ids) + 1, tuple(draft.token_ids), "/ahead")
-            jobs.setdefault(drafter.name, []).append(item)
-        by_name = {d.name: d for d in self.drafters}
-        return [(by_name[name], by_name[name].endpoint.call("propose", items)) for name, items in jobs.items()]
+        with self.lock:
+            for seq in seqs:
+                draft, drafter = drafts[seq.seq_id], self.drafter_of.get(seq.seq_id)
+                if draft.source != "model" or not draft.token_ids or drafter is None or not drafter.alive:
+                    continue
+                item = self._item(seq, len(draft.token_ids) + 1, tuple(draft.token_ids), "/ahead")
+                jobs.setdefault(drafter.name, []).append(item)
+            return [(name, self.batchers[name].submit(items)) for name, items in jobs.items()]
 
-    def gather_ahead(self, calls: list) -> dict:
+    def gather_ahead(self, tickets: list) -> dict:
         replies = {}
-        for drafter, call in calls:
+        for name, ticket in tickets:
             try:
-                replies.update({r.seq_id: r for r in call.result()})
+                replies.update({r.seq_id: r for r in self.batchers[name].wait(ticket)})
             except WorkerDiedError:
-                self.drafter_died(drafter)
+                self.drafter_died(self.batchers[name].drafter)
         return replies
 
     def keep_ahead(self, seq: Sequence, draft: SequenceDraft, result: VerifyResult, reply) -> None:
         """Keep the draft made ahead if its assumption held; note what the drafter now holds."""
         if reply is None or reply.needs_sync:
             return
+        with self.lock:
+            self._keep_ahead(seq, draft, result, reply)
+
+    def _keep_ahead(self, seq: Sequence, draft: SequenceDraft, result: VerifyResult, reply) -> None:
         k = len(draft.token_ids)
         self.drafter_length[seq.seq_id] = len(seq.tokens) + result.accepted  # what agrees
         guess = reply.token_ids[:1]
