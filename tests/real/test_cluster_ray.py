@@ -43,6 +43,7 @@ def cluster(ray_cluster):
     drafters = [worker("draft-0", "draft", DRAFT)]
     engine = ClusterEngine(verifiers, drafters, "model", 3)
     yield engine
+    engine.close()  # first: its health monitor would restart the workers killed below
     for w in verifiers + drafters:
         ray_cluster.kill(w.endpoint.actor)
 
@@ -130,7 +131,11 @@ def test_simulator_predicts_a_real_local_cluster_run(ray_cluster, chat_prompt_id
             round_trips.append((time.perf_counter() - start) * 1000)
         prompts = (chat_prompt_ids * 2)[:8]
         requests = [GenerationRequest(p, 32) for p in prompts]  # no stop tokens: every request runs 32
-        runs = [drive(ClusterEngine([verifier], [], "none", 0), requests, 2, f"sim{i}") for i in range(3)]
+        runs = []
+        for i in range(3):
+            engine = ClusterEngine([verifier], [], "none", 0)
+            runs.append(drive(engine, requests, 2, f"sim{i}"))
+            engine.close()
     finally:
         ray_cluster.kill(verifier.endpoint.actor)
     median = lambda values: sorted(values)[len(values) // 2]  # noqa: E731  (this machine's noise: ±10% a run)

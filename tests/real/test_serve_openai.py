@@ -10,9 +10,7 @@ from the response cache) carry a stop string that never occurs, which changes th
 import concurrent.futures
 import json
 import os
-import re
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -20,10 +18,10 @@ import time
 import httpx
 import openai
 import pytest
+from serve_support import start_server
 
 SMALL = "smollm2-135m-instruct"
 API_KEY = "tandem-test-key"
-STARTUP_SECONDS = 240
 MAX_BODY_BYTES = 65536
 QUESTIONS = [
     "What is the capital of France?",
@@ -36,73 +34,15 @@ QUESTIONS = [
 MAX_TOKENS = 24
 
 
-class Server:
-    def __init__(self, process: subprocess.Popen, url: str):
-        self.process = process
-        self.url = url  # http://127.0.0.1:PORT
-        self.output: list[str] = []
-        self.reader: threading.Thread | None = None
-
-    def client(self, **kwargs) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=API_KEY, max_retries=0, timeout=120, **kwargs)
-
-    def http(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120)
-
-    def health(self) -> dict:
-        return httpx.get(f"{self.url}/health", timeout=10).json()
-
-
 @pytest.fixture(scope="module")
 def server():
     command = [sys.executable, "-m", "tandem.cli.main", "serve", "--target", SMALL, "--draft", SMALL,
                "--backend", "llamacpp", "--draft-backend", "llamacpp", "--threads", "2", "--port", "0",
                "--api-key", API_KEY, "--max-running", "4", "--max-waiting", "16",
                "--max-body-bytes", str(MAX_BODY_BYTES), "--grace-seconds", "60"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    url, lines = _read_url(process)
-    served = Server(process, url)
-    served.output = lines
-    served.reader = threading.Thread(target=_keep_reading, args=(process, served.output), daemon=True)
-    served.reader.start()
-    _wait_healthy(served)
+    served = start_server(command, API_KEY)
     yield served
-    if process.poll() is None:
-        process.kill()
-        process.wait(30)
-
-
-def _read_url(process: subprocess.Popen) -> tuple[str, list[str]]:
-    lines, deadline = [], time.monotonic() + STARTUP_SECONDS
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            pytest.fail(f"tandem serve exited ({process.wait()}):\n{''.join(lines)}")
-        lines.append(line)
-        match = re.search(r"Tandem serving \S+ at (http://\S+?)/v1 — dashboard: (http://\S+)/", line)
-        if match:
-            assert match.group(1) == match.group(2)
-            return match.group(1), lines
-    process.kill()
-    pytest.fail(f"no URL printed within {STARTUP_SECONDS}s:\n{''.join(lines)}")
-
-
-def _keep_reading(process: subprocess.Popen, lines: list[str]) -> None:
-    for line in process.stdout:
-        lines.append(line)
-
-
-def _wait_healthy(served: Server) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if served.health()["status"] == "ok":
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    pytest.fail("the server never became healthy")
+    served.stop()
 
 
 def chat(client: openai.OpenAI, question: str, max_tokens: int = MAX_TOKENS, **kwargs):

@@ -9,7 +9,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--cluster", required=True, help="cluster YAML file")
     parser.add_argument("--drafter", default="hybrid", help="model | ngram | hybrid | none (default hybrid)")
     parser.add_argument("--k", default="auto", help="speculation depth: an integer, or auto")
-    parser.add_argument("--configs", default="single,cluster,cluster+draft-ahead,cluster-verify-only")
+    parser.add_argument("--configs", default="single,cluster,cluster+draft-ahead,cluster-verify-only",
+                        help="comma-separated, run in this order: single, solo (each verifier replica alone), "
+                        "cluster (replicas on their own loops), cluster-lockstep, cluster+draft-ahead, "
+                        "cluster-verify-only")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=50)

@@ -2,8 +2,13 @@
 
 - `single`: the same target (and draft) models in one process with all of this machine's
   threads, the batching engine: what the cluster has to beat on the same hardware,
-- `cluster`: the coordinator over the cluster file's Ray workers, the file's drafting,
-- `cluster+draft-ahead`: the same with drafting of round i+1 during round i's verification,
+- `solo`: each verifier replica of the cluster alone (the same actor, the file's drafting): what
+  each device does on its own; their sum is what a cluster that adds up reaches,
+- `cluster`: the coordinator over the cluster file's Ray workers, the file's drafting, each
+  replica on its own loop (the default),
+- `cluster-lockstep`: the same, with every replica stepping together,
+- `cluster+draft-ahead`: the default loop with drafting of round i+1 during round i's
+  verification (`--pipeline`),
 - `cluster-verify-only`: the same workers decoding without drafts (k = 0): the baseline of the
   cross-region case, paying the same round trips.
 Configurations run one after another on the same requests; each run's figures are in
@@ -16,6 +21,7 @@ from pathlib import Path
 
 from tandem.bench.cluster.drive import drive
 from tandem.bench.workload import DEFAULT_WORKLOAD, format_prompt, load_prompts
+from tandem.cluster.runtime.coordinator import ClusterEngine
 from tandem.cluster.runtime.launch import ClusterOptions, launch_cluster
 from tandem.engine.request import GenerationRequest
 from tandem.models.backends import RunnerSpec
@@ -24,7 +30,8 @@ from tandem.engine.build import EngineConfig, build_engine
 from tandem.speculation.depth import parse_depth
 from tandem.text.tokenizer import TextTokenizer
 
-CONFIGS = ("single", "cluster", "cluster+draft-ahead", "cluster-verify-only")
+CONFIGS = ("single", "solo", "cluster", "cluster-lockstep", "cluster+draft-ahead", "cluster-verify-only")
+DEFAULT_CONFIGS = ("single", "cluster", "cluster+draft-ahead", "cluster-verify-only")
 
 
 def requests_for(target_model: str, count: int, max_tokens: int, prompts_file=DEFAULT_WORKLOAD) -> list:
@@ -52,14 +59,19 @@ def run_cluster_bench(cluster: ClusterOptions, drafter: str, k, concurrency: int
         progress("starting the cluster ...")
         engine = launch_cluster(cluster.spec, drafter, k, cluster.ray_address, concurrency)
         for name in cluster_configs:
+            if name == "solo":
+                results.update(_solo_runs(engine, requests, concurrency, drafter, k, progress))
+                continue
             progress(f"{name} ...")
             engine.draft_ahead = name == "cluster+draft-ahead"
+            engine.loop = "lockstep" if name == "cluster-lockstep" else "independent"
             engine.default_drafter = "none" if name == "cluster-verify-only" else drafter
             engine.default_depth = parse_depth(0 if name == "cluster-verify-only" else k)
             figures = drive(engine, requests, concurrency, name.replace("+", "_").replace("-", "_"))
             results[name] = {**figures.to_json(), "draft_ahead_hits": engine.remote.ahead_hits,
                              "draft_ahead_misses": engine.remote.ahead_misses}
             engine.remote.ahead_hits = engine.remote.ahead_misses = 0
+        engine.close()
     report = {"cluster_file": cluster.spec.source, "drafter": drafter, "k": str(k), "concurrency": concurrency,
               "requests": count, "max_tokens": max_tokens, "results": results}
     out.mkdir(parents=True, exist_ok=True)
@@ -72,10 +84,28 @@ def run_cluster_bench(cluster: ClusterOptions, drafter: str, k, concurrency: int
     return report
 
 
+def _solo_runs(engine: ClusterEngine, requests: list, concurrency: int, drafter: str, k, progress) -> dict:
+    """Each verifier replica alone, on its running actor, with the cluster's drafters."""
+    engine.close()  # its replica loops would take the solo engine's placements
+    results, total = {}, 0.0
+    for replica in engine.verifiers:
+        progress(f"solo {replica.name} ...")
+        solo = ClusterEngine([replica], engine.drafter_workers, drafter, k, engine.ngram_store, concurrency)
+        figures = drive(solo, requests, concurrency, f"solo_{replica.name}".replace("-", "_")).to_json()
+        solo.close()
+        results[f"solo {replica.name}"] = figures
+        total += figures["throughput_tok_s"]
+    results["solo sum"] = {"throughput_tok_s": total, "note": "the sum of the solo runs' throughputs"}
+    return results
+
+
 def markdown(report: dict) -> str:
     rows = ["| config | tok/s | latency p50 ms | latency p99 ms | TTFT p50 ms | ms/token p50 | acceptance |",
             "|---|---:|---:|---:|---:|---:|---:|"]
     for name, r in report["results"].items():
+        if "latency_ms_p50" not in r:  # a derived figure
+            rows.append(f"| {name} | {r['throughput_tok_s']:.1f} | | | | | |")
+            continue
         acceptance = "—" if r["acceptance"] is None else f"{r['acceptance']:.2f}"
         rows.append(f"| {name} | {r['throughput_tok_s']:.1f} | {r['latency_ms_p50']:.0f} | {r['latency_ms_p99']:.0f} "
                     f"| {r['ttft_ms_p50']:.0f} | {r['ms_per_token_p50']:.1f} | {acceptance} |")

@@ -84,6 +84,10 @@ class ClusterEngine(SequencePool):
         self._rounds_done: deque[tuple[list[SequenceUpdate], StepReport]] = deque()
         self._round_done = threading.Condition(self.lock)
         self._loops: dict[str, ReplicaLoop] = {}
+        # per replica: sequences placed there and not yet prefilled; sequences gone whose slot the
+        # replica's loop frees before its next calls
+        self._to_open: dict[str, list[str]] = {w.name: [] for w in verifiers}
+        self._closing: dict[str, list[str]] = {w.name: [] for w in verifiers}
         self.health = HealthMonitor(verifiers + drafters, self._worker_died, self.lock, self.events, health_period_s)
 
     # -- the worker thread's interface (the rest is SequencePool's) --------------------------
@@ -131,12 +135,16 @@ class ClusterEngine(SequencePool):
             return updates, None
 
     def close(self) -> None:
-        """Stop the replica loops and the health monitor (the workers stay up)."""
+        """Stop the replica loops and the health monitor (the workers stay up; a later step
+        starts them again)."""
         self.health.stop()
         with self.lock:
-            for loop in self._loops.values():
+            loops, self._loops = list(self._loops.values()), {}
+            for loop in loops:
                 loop.stop()
             self._round_done.notify_all()
+        for loop in loops:
+            loop.join()
 
     # -- placement and failover ---------------------------------------------------------------
 
@@ -165,7 +173,7 @@ class ClusterEngine(SequencePool):
             if replica is None:
                 break  # replicas restarting or full: try again next step
             replica.sequences.add(seq.seq_id)
-            replica.to_open.append(seq.seq_id)
+            self._to_open[replica.name].append(seq.seq_id)
             self.replica_of[seq.seq_id] = replica
         self._round_done.notify_all()  # wakes idle replica loops
 
@@ -186,6 +194,7 @@ class ClusterEngine(SequencePool):
         if not replica.alive:
             return
         orphans = replica.mark_dead()
+        self._to_open[replica.name], self._closing[replica.name] = [], []  # a new process holds nothing
         for seq_id in orphans:
             self.replica_of.pop(seq_id, None)
         self.events.append(f"{replica.name} died; re-placing {len(orphans)} sequences")
@@ -194,8 +203,8 @@ class ClusterEngine(SequencePool):
         """Free the slots of sequences that left, prefill those placed here; the opened ids.
         Called by the loop that owns the replica, without the lock while the calls run."""
         with self.lock:
-            closing, replica.closing = replica.closing, []
-            to_open, replica.to_open = replica.to_open, []
+            closing, self._closing[replica.name] = self._closing[replica.name], []
+            to_open, self._to_open[replica.name] = self._to_open[replica.name], []
             if closing and replica.alive:
                 replica.endpoint.call("close", closing)  # first: the opens need the slots
             calls = []
@@ -219,7 +228,7 @@ class ClusterEngine(SequencePool):
     def _ready_group(self, replica: Worker) -> list[Sequence]:
         """The replica's sequences that are prefilled and still running (lock held)."""
         return [self.running[s] for s in replica.sequences
-                if s in self.running and s not in replica.to_open and self.replica_of.get(s) is replica]
+                if s in self.running and s not in self._to_open[replica.name] and self.replica_of.get(s) is replica]
 
     def _plan(self, replica: Worker, group: list[Sequence]) -> list:
         return plan_drafts(group, self.drafters, self._planner_for(replica, group), self.context_length)
@@ -264,7 +273,7 @@ class ClusterEngine(SequencePool):
         if replica is not None:
             replica.sequences.discard(seq.seq_id)
             if replica.alive:
-                replica.closing.append(seq.seq_id)  # freed by the replica's loop, after its calls
+                self._closing[replica.name].append(seq.seq_id)  # freed by the replica's loop, after its calls
         self.remote.forget(seq.seq_id)
 
     def _report(self, started_at: float, start: float, prefill_s: float, draft_s: float, verify_s: float,
@@ -283,7 +292,7 @@ class ClusterEngine(SequencePool):
     def wait_for_work(self, replica: Worker, timeout: float) -> None:
         """A replica loop with nothing to do sleeps until a placement (or timeout)."""
         with self.lock:
-            if not replica.to_open and not replica.closing and not self._ready_group(replica):
+            if not self._to_open[replica.name] and not self._closing[replica.name] and not self._ready_group(replica):
                 self._round_done.wait(timeout)
 
     def replica_round(self, replica: Worker) -> bool:

@@ -5,7 +5,7 @@ calls as an actor does: those to one worker one at a time, in order; those to se
 concurrently."""
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 
 class WorkerDiedError(Exception):

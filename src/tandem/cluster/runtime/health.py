@@ -47,14 +47,16 @@ class HealthMonitor:
 
     def start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="tandem-health", daemon=True)
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._run, args=(self._stop,), name="tandem-health", daemon=True)
             self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        self._thread = None
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.period_s / 2):
+    def _run(self, stop: threading.Event) -> None:
+        while not stop.wait(self.period_s / 2):
             if sys.is_finalizing():  # the process is exiting: restarting workers now would only fail
                 return
             try:

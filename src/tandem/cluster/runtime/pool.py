@@ -31,8 +31,6 @@ class Worker:
     cost: CostView = field(default_factory=lambda: CostView(CostModel()))  # replaced whole on (re)start
     pid: int | None = None
     sequences: set[str] = field(default_factory=set)  # placed here (a verifier) or drafted for here
-    to_open: list[str] = field(default_factory=list)  # verifier: placed, not yet prefilled
-    closing: list[str] = field(default_factory=list)  # verifier: left the cluster, slot not yet freed
     _starting: Pending | None = None
 
     def launch(self) -> None:
@@ -78,7 +76,6 @@ class Worker:
     def mark_dead(self) -> set[str]:
         """Forget the worker's sequences (returned) and start a replacement if allowed."""
         orphans, self.sequences = self.sequences, set()
-        self.to_open, self.closing = [], []  # a new process holds nothing
         self.alive = False
         if self.restarts < MAX_RESTARTS:
             self.restarts += 1

@@ -24,6 +24,9 @@ class ReplicaLoop:
     def stop(self) -> None:
         self._stop.set()
 
+    def join(self, timeout: float = 30.0) -> None:
+        self._thread.join(timeout)
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
