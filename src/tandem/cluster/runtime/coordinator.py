@@ -119,6 +119,8 @@ class ClusterEngine(SequencePool):
         """Independent loop: place sequences, then hand back one replica round that finished
         (waiting up to ROUND_WAIT_S for one; None when none did). Lock-step: one round of all."""
         if self.loop == "lockstep":
+            if self._loops:  # switched from the independent loop: its threads must not run rounds too
+                self._stop_loops()
             with self.lock:
                 return self._lockstep_step()
         self.health.start()  # launch_cluster starts it; a coordinator built by hand starts it here
@@ -138,6 +140,9 @@ class ClusterEngine(SequencePool):
         """Stop the replica loops and the health monitor (the workers stay up; a later step
         starts them again)."""
         self.health.stop()
+        self._stop_loops()
+
+    def _stop_loops(self) -> None:
         with self.lock:
             loops, self._loops = list(self._loops.values()), {}
             for loop in loops:
