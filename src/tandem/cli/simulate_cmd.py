@@ -42,13 +42,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--roles", choices=("plan", "as-written"), default="plan",
                         help="simulate the planner's placement (default) or the file's roles as written")
-    parser.add_argument("--coordinator", choices=("lockstep", "independent"), default="lockstep",
-                        help="one lock-step coordinator, as the cluster runs today (default), or a step loop "
-                        "per verifier replica")
+    parser.add_argument("--coordinator", choices=("lockstep", "independent"), default="independent",
+                        help="a step loop per verifier replica, as `serve --cluster` runs by default, or one "
+                        "lock-step coordinator (`--cluster-loop lockstep`); default independent")
     parser.add_argument("--draft-ahead", action="store_true", help="remote drafters draft the next round ahead")
     parser.add_argument("--batching", choices=("backend", "fused", "serial"), default=None,
-                        help="how verifiers batch: as the backend does today (llama.cpp fused, torch serial; "
-                        "default for --cluster), or fused/serial everywhere (--scaling default: fused)")
+                        help="how verifiers batch: as the backends do today (fused: llama.cpp and torch's fused "
+                        "runner; the default), or serial (torch's --torch-runner serial)")
     parser.add_argument("--max-batch", type=int, default=None, help="sequences per verifier step (default: the plan's)")
     parser.add_argument("--step-overhead-ms", type=float, default=None,
                         help="per-step time besides the calls: bookkeeping, RPC (default 1.0, the engine's prior)")

@@ -207,6 +207,9 @@ class ClusterEngine(SequencePool):
     def _open(self, replica: Worker) -> list[str]:
         """Free the slots of sequences that left, prefill those placed here; the opened ids.
         Called by the loop that owns the replica, without the lock while the calls run."""
+        return self._opened(replica, self._start_open(replica))
+
+    def _start_open(self, replica: Worker) -> list:
         with self.lock:
             closing, self._closing[replica.name] = self._closing[replica.name], []
             to_open, self._to_open[replica.name] = self._to_open[replica.name], []
@@ -217,6 +220,9 @@ class ClusterEngine(SequencePool):
                 seq = self.running.get(seq_id)
                 if seq is not None and self.replica_of.get(seq_id) is replica:
                     calls.append((seq_id, replica.endpoint.call("open", seq_id, list(seq.tokens))))
+            return calls
+
+    def _opened(self, replica: Worker, calls: list) -> list[str]:
         opened = []
         for seq_id, call in calls:
             try:
@@ -363,7 +369,8 @@ class ClusterEngine(SequencePool):
         self._revive()
         updates: list[SequenceUpdate] = []
         self._place(updates)
-        prefilled = [seq_id for replica in self.verifiers if replica.alive for seq_id in self._open(replica)]
+        opening = [(replica, self._start_open(replica)) for replica in self.verifiers if replica.alive]
+        prefilled = [seq_id for replica, calls in opening for seq_id in self._opened(replica, calls)]
         prefill_s = time.perf_counter() - start
         groups = [(replica, self._ready_group(replica)) for replica in self.verifiers if replica.alive]
         groups = [(replica, group) for replica, group in groups if group]

@@ -46,10 +46,10 @@ class ClusterOptions:
     acceptance: float | None = None  # per-token acceptance of draft models (hybrid too)
     ngram_acceptance: float | None = None
     max_batch: int | None = None  # None: the plan's batch per replica, or the launcher's slots
-    lockstep: bool = True  # one coordinator steps every replica (cluster/runtime/coordinator.py)
+    lockstep: bool = False  # True: one coordinator steps every replica together (--cluster-loop lockstep)
     coordinator_group: str | None = None  # None: where cluster/runtime/launch.py puts it
     draft_ahead: bool = False
-    fused: bool | None = None  # None: as the backend batches today (llama.cpp fused, torch serial)
+    fused: bool | None = None  # None: as the backends batch today (llama.cpp and torch's fused runner: fused)
     use_plan_k: bool = False
     step_overhead_ms: float = STEP_OVERHEAD_MS  # per step, besides the calls (Ray, bookkeeping)
     host_cores: int | None = None  # the CPU workers share one machine with this many cores
@@ -117,7 +117,7 @@ class _DrafterChoice:
 # -- pieces shared with plan_adapter.py ------------------------------------------------------------
 
 def cluster_device(spec: ClusterSpec, worker: WorkerSpec, model: str, index: int, options: ClusterOptions) -> Device:
-    fused = worker.backend == "llamacpp" if options.fused is None else options.fused
+    fused = True if options.fused is None else options.fused
     slowdown = worker.slowdown / (1.0 - worker.utilization)
     device = device_from_profile(f"{worker.name}/{index}", worker_profile(spec, worker, model),
                                  group=worker.group, context=spec.context_tokens, slowdown=slowdown, fused=fused)

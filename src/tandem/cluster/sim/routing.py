@@ -2,11 +2,10 @@
 among those with a free batch slot.
 
 A replica holding n sequences (running, or admitted and about to prefill) runs them all in one
-batch once it takes one more, so its expected completion is its profiled step cost for a batch
-of n + 1: a fast fused device takes sequences until its batch is full before a slow one gets
-any. When every replica is full the sequence waits in the cluster's queue and is placed as soon
-as a slot frees, as cluster/runtime/coordinator.py does (it scores (n + 1) x cost(n + 1)). Ties go to
-the replica listed first.
+batch once it takes one more; its score is (n + 1) x its profiled step cost for a batch of
+n + 1, as cluster/runtime/coordinator.py scores it, so a slow device gets sequences once the
+fast one's batch makes it the later finisher. When every replica is full the sequence waits in
+the cluster's queue and is placed as soon as a slot frees. Ties go to the replica listed first.
 """
 
 from tandem.cluster.sim.state import Replica
@@ -17,7 +16,9 @@ def has_room(replica: Replica) -> bool:
 
 
 def expected_completion_ms(replica: Replica) -> float:
-    return replica.spec.device.forward_ms([1] * (replica.load + 1))
+    """As the coordinator scores it: (n + 1) x the cost of a step of n + 1 sequences."""
+    n = replica.load + 1
+    return n * replica.spec.device.forward_ms([1] * n)
 
 
 def route(replicas: list[Replica]) -> Replica | None:
