@@ -92,6 +92,19 @@ def test_sequences_spread_over_replicas(tiny_target, tiny_draft):
     assert sorted(len(v.sequences) for v in engine.verifiers) == [2, 2]
 
 
+def test_new_sequences_go_where_their_steps_cost_least(tiny_target, tiny_draft):
+    """A replica emulating a 3x slower device reports its slower curve; on these flat curves the
+    fast replica takes sequences until its batch is full."""
+    engine, _ = make_cluster(tiny_target, tiny_draft, verifiers=2, slots=3, drafter="none", k=0,
+                             emulations=(Emulation(slowdown=3.0), Emulation()))
+    slow, fast = engine.verifiers
+    assert slow.cost.cost.cost_ms(1) == pytest.approx(3 * fast.cost.cost.cost_ms(1))
+    for i, prompt in enumerate(PROMPTS[:4]):
+        engine.add(f"r{i}", GenerationRequest(prompt, max_tokens=MAX_TOKENS))
+    engine.step()
+    assert (len(fast.sequences), len(slow.sequences)) == (3, 1)  # the fourth only when the fast one is full
+
+
 @pytest.mark.parametrize("loop", LOOPS)
 def test_verifier_killed_mid_generation_loses_nothing(tiny_target, tiny_draft, references, loop):
     engine, endpoints = make_cluster(tiny_target, tiny_draft, verifiers=2, drafter="model", k=3, loop=loop)

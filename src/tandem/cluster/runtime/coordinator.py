@@ -2,8 +2,8 @@
 and drafter workers in other processes (Ray actors), so the HTTP server runs unchanged on top.
 
 It owns every sequence's token ids and sends deltas (cluster/runtime/messages.py). A sequence is
-placed on the live verifier replica with the least expected completion time (its sequences x
-its profiled step cost, among those with a free slot), which prefills it from the coordinator's
+placed on the live verifier replica with the least expected completion time (its cost of a step
+with one more sequence, among those with a free slot), which prefills it from the coordinator's
 token ids. Then each round of that replica
 1. plans k per sequence with the replica's planner, whose costs are the replica's curve plus
    the network round trips (a long round trip makes longer drafts pay),
@@ -118,12 +118,12 @@ class ClusterEngine(SequencePool):
     def step(self) -> tuple[list[SequenceUpdate], StepReport | None]:
         """Independent loop: place sequences, then hand back one replica round that finished
         (waiting up to ROUND_WAIT_S for one; None when none did). Lock-step: one round of all."""
+        self.health.start()  # launch_cluster starts it; a coordinator built by hand starts it here
         if self.loop == "lockstep":
             if self._loops:  # switched from the independent loop: its threads must not run rounds too
                 self._stop_loops()
             with self.lock:
                 return self._lockstep_step()
-        self.health.start()  # launch_cluster starts it; a coordinator built by hand starts it here
         with self.lock:
             self._revive()
             updates: list[SequenceUpdate] = []
@@ -183,10 +183,12 @@ class ClusterEngine(SequencePool):
         self._round_done.notify_all()  # wakes idle replica loops
 
     def _least_loaded(self) -> Worker | None:
-        """Least expected completion time: (its sequences + 1) x its cost of one step."""
+        """Least expected completion time for the new sequence: the cost of the step it would
+        share with the replica's sequences (each of its tokens costs one such step). A flat
+        accelerator curve fills the fast replica first; a compute-bound one spreads sequences
+        until their steps cost the same everywhere. Ties go to the replica listed first."""
         live = [w for w in self.verifiers if w.alive and len(w.sequences) < w.max_slots]
-        return min(live, key=lambda w: (len(w.sequences) + 1) * w.cost.cost.cost_ms(len(w.sequences) + 1),
-                   default=None)
+        return min(live, key=lambda w: w.cost.cost.cost_ms(len(w.sequences) + 1), default=None)
 
     def _worker_died(self, worker: Worker) -> None:
         """The health monitor or a failed call found a worker dead (called with the lock held)."""

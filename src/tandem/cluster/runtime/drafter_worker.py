@@ -32,8 +32,8 @@ class DrafterWorker:
         self._free = list(range(runner.max_slots))
 
     def info(self) -> dict:
-        return {"pid": os.getpid(), "name": self.runner.name, "sequences": len(self._seqs),
-                "cost_ms": self.runner.cost.to_json()}
+        cost = {n: ms * self.emulation.slowdown for n, ms in self.runner.cost.to_json().items()}
+        return {"pid": os.getpid(), "name": self.runner.name, "sequences": len(self._seqs), "cost_ms": cost}
 
     def ping(self) -> int:
         """A call that does nothing but travel: the coordinator times it to learn the round trip."""

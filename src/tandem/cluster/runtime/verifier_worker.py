@@ -34,8 +34,10 @@ class VerifierWorker:
         self._free = list(range(runner.max_slots))
 
     def info(self) -> dict:
+        """`cost_ms` is the device this worker is: an emulated slower one reports its slower curve."""
+        cost = {n: ms * self.emulation.slowdown for n, ms in self.runner.cost.to_json().items()}
         return {"pid": os.getpid(), "name": self.runner.name, "running": len(self._held),
-                "free_slots": len(self._free), "cost_ms": self.runner.cost.to_json(),
+                "free_slots": len(self._free), "cost_ms": cost,
                 "context_length": self.runner.context_length, "max_slots": self.runner.max_slots}
 
     def ping(self) -> int:

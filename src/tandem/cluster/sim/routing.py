@@ -2,10 +2,11 @@
 among those with a free batch slot.
 
 A replica holding n sequences (running, or admitted and about to prefill) runs them all in one
-batch once it takes one more; its score is (n + 1) x its profiled step cost for a batch of
-n + 1, as cluster/runtime/coordinator.py scores it, so a slow device gets sequences once the
-fast one's batch makes it the later finisher. When every replica is full the sequence waits in
-the cluster's queue and is placed as soon as a slot frees. Ties go to the replica listed first.
+batch once it takes one more, so its expected completion is its profiled step cost for a batch
+of n + 1, as cluster/runtime/coordinator.py scores it: a fast fused device takes sequences until
+its batch is full before a slow one gets any; on compute-bound curves sequences spread until
+their steps cost the same. When every replica is full the sequence waits in the cluster's queue
+and is placed as soon as a slot frees. Ties go to the replica listed first.
 """
 
 from tandem.cluster.sim.state import Replica
@@ -16,9 +17,8 @@ def has_room(replica: Replica) -> bool:
 
 
 def expected_completion_ms(replica: Replica) -> float:
-    """As the coordinator scores it: (n + 1) x the cost of a step of n + 1 sequences."""
-    n = replica.load + 1
-    return n * replica.spec.device.forward_ms([1] * n)
+    """As the coordinator scores it: the cost of a step of n + 1 sequences."""
+    return replica.spec.device.forward_ms([1] * (replica.load + 1))
 
 
 def route(replicas: list[Replica]) -> Replica | None:
