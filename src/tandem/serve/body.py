@@ -33,7 +33,20 @@ def parse_json_object(body: bytes) -> dict:
     if not isinstance(value, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(value).__name__}",
                        code="invalid_json")
+    _check_unicode(value)
     return value
+
+
+def _check_unicode(value: dict) -> None:
+    """JSON may escape a lone UTF-16 surrogate ("\\ud83d"), which is no Unicode text: no
+    tokenizer can take it, so it is the client's mistake (400), found before anything reads it."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as error:
+        bad = error.object[error.start:error.end]
+        raise APIError(400, f"the request body holds a lone UTF-16 surrogate ({ascii(bad)}), which is not valid "
+                       "Unicode text; send whole surrogate pairs or the characters themselves",
+                       code="invalid_value") from None
 
 
 async def read_request(request: Request, model: type[M], limit: int) -> M:

@@ -96,6 +96,26 @@ async def test_malformed_json_is_400(raw):
         assert_error(response, 400, code="invalid_json", says="JSON")
 
 
+@pytest.mark.parametrize("path,raw", [
+    ("/v1/chat/completions", b'{"model": "M", "messages": [{"role": "user", "content": "\\ud83d"}]}'),
+    ("/v1/chat/completions", b'{"model": "M", "messages": [{"role": "user", "content": "hi"}], "stop": ["\\udc00x"]}'),
+    ("/v1/completions", b'{"model": "M", "prompt": "a \\ud83d b"}'),
+    ("/v1/completions", b'{"model": "M", "prompt": "hi", "\\ud800": 1}'),
+])
+@async_test
+async def test_a_lone_surrogate_escape_is_400_not_a_crash(path, raw):
+    with TestServer() as server:
+        async with server.client() as client:
+            response = await client.post(path, content=raw.replace(b'"M"', f'"{MODEL}"'.encode()),
+                                         headers={"content-type": "application/json"})
+        assert_error(response, 400, code="invalid_value", says="surrogate")
+        assert not server.engine.added
+        async with server.client() as client:  # an escaped pair is one character: served
+            pair = f'{{"model": "{MODEL}", "prompt": "\\ud83d\\ude00 smile", "max_tokens": 2}}'.encode()
+            response = await client.post("/v1/completions", content=pair, headers={"content-type": "application/json"})
+            assert response.status_code == 200, response.text
+
+
 @async_test
 async def test_unknown_fields_are_ignored_like_openai():
     with TestServer() as server:
