@@ -92,6 +92,25 @@ def test_sequences_spread_over_replicas(tiny_target, tiny_draft):
     assert sorted(len(v.sequences) for v in engine.verifiers) == [2, 2]
 
 
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_closed_coordinator_leaves_its_workers_slots_free(tiny_target, tiny_draft, references, loop):
+    """Sequences that finish in the last round free their slots when the coordinator closes, so
+    another coordinator can use every slot of the same workers (bench-cluster's solo runs)."""
+    first, _ = make_cluster(tiny_target, tiny_draft, verifiers=1, slots=3, drafter="none", k=0, loop=loop)
+    run(first, PROMPTS[:3])
+    first.close()
+    second = ClusterEngine(first.verifiers, first.drafter_workers, "none", 0, loop=loop)
+    ENGINES.append(second)
+    for i, prompt in enumerate(PROMPTS[:3]):  # new ids: the verifier cannot reuse the old slots by name
+        second.add(f"again-{i}", GenerationRequest(prompt, max_tokens=MAX_TOKENS))
+    outputs = {}
+    while second.has_work:
+        for update in second.step()[0]:
+            outputs.setdefault(update.seq_id, []).extend(update.token_ids)
+            assert update.finish_reason in (None, "stop", "length"), update
+    assert [outputs[f"again-{i}"] for i in range(3)] == [references[p] for p in PROMPTS[:3]]
+
+
 def test_new_sequences_go_where_their_steps_cost_least(tiny_target, tiny_draft):
     """A replica emulating a 3x slower device reports its slower curve; on these flat curves the
     fast replica takes sequences until its batch is full."""

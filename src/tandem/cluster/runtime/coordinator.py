@@ -150,6 +150,11 @@ class ClusterEngine(SequencePool):
             self._round_done.notify_all()
         for loop in loops:
             loop.join()
+        with self.lock:  # slots of sequences that left after their loop's last round
+            for replica in self.verifiers:
+                closing, self._closing[replica.name] = self._closing[replica.name], []
+                if closing and replica.alive:
+                    replica.endpoint.call("close", closing)
 
     # -- placement and failover ---------------------------------------------------------------
 
