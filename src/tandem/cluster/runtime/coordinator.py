@@ -54,6 +54,7 @@ from tandem.speculation.drafters.registry import build_drafters
 NO_VERIFIER = "no verifier is alive in the cluster"
 LOOPS = ("independent", "lockstep")
 ROUND_WAIT_S = 0.02  # how long step() waits for a replica's round before giving the engine thread back
+REFILL_WAIT_S = 0.05  # how long a replica that freed slots waits for the engine thread to refill them
 
 
 def check_loop(loop: str) -> str:
@@ -84,6 +85,7 @@ class ClusterEngine(SequencePool):
         self._rounds_done: deque[tuple[list[SequenceUpdate], StepReport]] = deque()
         self._round_done = threading.Condition(self.lock)
         self._loops: dict[str, ReplicaLoop] = {}
+        self._steps_entered = 0  # step() calls so far: replica loops wait for the next after freeing slots
         # per replica: sequences placed there and not yet prefilled; sequences gone whose slot the
         # replica's loop frees before its next calls
         self._to_open: dict[str, list[str]] = {w.name: [] for w in verifiers}
@@ -125,10 +127,12 @@ class ClusterEngine(SequencePool):
             with self.lock:
                 return self._lockstep_step()
         with self.lock:
+            self._steps_entered += 1
             self._revive()
             updates: list[SequenceUpdate] = []
             self._place(updates)
             self._start_loops()
+            self._round_done.notify_all()  # loops waiting for this step (and its placements) go on
             if not self._rounds_done and not updates:
                 self._round_done.wait(ROUND_WAIT_S)
             if self._rounds_done:
@@ -352,7 +356,18 @@ class ClusterEngine(SequencePool):
                 rounds.append(report)
             self._post(updates, self._report(started_at, start, prefill_s, verify_start - draft_start, verify_s,
                                              drafts, rounds, prefilled))
+            if any(update.finished for update in updates):
+                self._let_slots_refill()
         return True
+
+    def _let_slots_refill(self) -> None:
+        """A round freed slots: before the replica's next round, let the engine thread take this
+        one and come back to step(), so requests added meanwhile (a closed loop's next one) are
+        placed and join that round rather than the one after (lock held)."""
+        target = self._steps_entered + 1
+        deadline = time.monotonic() + REFILL_WAIT_S
+        while self._steps_entered < target and (left := deadline - time.monotonic()) > 0:
+            self._round_done.wait(left)
 
     def round_failed(self, replica: Worker, message: str) -> None:
         """A round raised: its replica's sequences end with the error (the server keeps going)."""
