@@ -31,7 +31,6 @@ from tandem.speculation.depth import parse_depth
 from tandem.text.tokenizer import TextTokenizer
 
 CONFIGS = ("single", "solo", "cluster", "cluster-lockstep", "cluster+draft-ahead", "cluster-verify-only")
-DEFAULT_CONFIGS = ("single", "cluster", "cluster+draft-ahead", "cluster-verify-only")
 
 
 def requests_for(target_model: str, count: int, max_tokens: int, prompts_file=DEFAULT_WORKLOAD) -> list:

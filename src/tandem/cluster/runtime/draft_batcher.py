@@ -5,8 +5,8 @@ Independent replica loops (cluster/runtime/replica_loop.py) ask a drafter for dr
 clocks. `submit` returns a ticket at once: the request goes out now if the drafter is idle, or
 joins the queue that goes out, whole, as one `propose` call when the call in flight returns.
 `wait(ticket)` blocks until the ticket's replies are in (in the order of its items), or raises
-WorkerDiedError when the call carrying it failed. Any waiting thread may be the one that finds a
-call finished; it hands out the replies and sends the queue.
+WorkerDiedError when the call carrying it failed. Every waiting thread waits on the call in
+flight; the first to see it finish hands out the replies and sends the queue.
 """
 
 import threading
@@ -29,7 +29,7 @@ class DraftTicket:
 class DraftBatcher:
     def __init__(self, drafter: Worker):
         self.drafter = drafter
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._queued: list[DraftTicket] = []
         self._in_flight: tuple[list[DraftTicket], Pending] | None = None
         self.calls = 0  # propose calls sent
@@ -37,7 +37,7 @@ class DraftBatcher:
 
     def submit(self, items: list[DraftItem]) -> DraftTicket:
         ticket = DraftTicket(items)
-        with self._cond:
+        with self._lock:
             self._queued.append(ticket)
             if self._in_flight is None:
                 self._send()
@@ -45,26 +45,24 @@ class DraftBatcher:
 
     def wait(self, ticket: DraftTicket) -> list[DraftReply]:
         while True:
-            with self._cond:  # a ticket not done is queued or carried by the call in flight
+            with self._lock:  # a ticket not done is queued or carried by the call in flight
                 if ticket.done:
                     if ticket.error is not None:
                         raise ticket.error
                     return ticket.replies
                 carried, pending = self._in_flight
-                if ticket not in carried:
-                    self._cond.wait()
-                    continue
+            # Wait for the call in flight, ours or the one before ours: whoever sees it finish sends
+            # the queue, so a queued ticket never waits on a thread busy elsewhere.
             try:  # outside the lock: other loops may queue meanwhile
                 replies, error = pending.result(), None
             except WorkerDiedError as died:
                 replies, error = None, died
-            with self._cond:
+            with self._lock:
                 if self._in_flight is not None and self._in_flight[1] is pending:
                     self._hand_out(carried, replies, error)
                     self._in_flight = None
                     if self._queued:
                         self._send()
-                    self._cond.notify_all()
 
     def _send(self) -> None:
         """With the lock held: one call for everything queued."""
