@@ -24,6 +24,7 @@ class RunFigures:
     acceptance: float | None
     steps: int = 0  # engine steps the run took
     step_overhead_ms_mean: float = 0.0  # per step, outside prefill, draft and verify calls
+    call_seconds: float = 0.0  # summed over steps: the wall time of their prefill, draft and verify calls
 
     def to_json(self) -> dict:
         return {key: (round(value, 3) if isinstance(value, float) else value) for key, value in asdict(self).items()}
@@ -33,7 +34,7 @@ def drive(engine, requests: list[GenerationRequest], concurrency: int, tag: str)
     pending = deque(enumerate(requests))
     started, first, ended, produced = {}, {}, {}, {}
     drafted = accepted = steps = 0
-    overhead_s = 0.0
+    overhead_s = calls_s = 0.0
     begin = time.perf_counter()
     while pending or engine.has_work:
         while pending and len(started) - len(ended) < concurrency:
@@ -44,8 +45,9 @@ def drive(engine, requests: list[GenerationRequest], concurrency: int, tag: str)
         now = time.perf_counter()
         if report is not None:  # None: a cluster's replicas finished no round meanwhile
             steps += 1
-            overhead_s += max(0.0, report.step_seconds - report.prefill_seconds - report.draft_seconds
-                              - report.verify_seconds)
+            step_calls_s = report.prefill_seconds + report.draft_seconds + report.verify_seconds
+            calls_s += step_calls_s
+            overhead_s += max(0.0, report.step_seconds - step_calls_s)
         for update in updates:
             index = int(update.seq_id.rsplit("-", 1)[1])
             if update.token_ids:
@@ -63,4 +65,4 @@ def drive(engine, requests: list[GenerationRequest], concurrency: int, tag: str)
                       percentile(latency, 50), percentile(latency, 99),
                       percentile([(first[i] - started[i]) * 1000 for i in first], 50),
                       percentile(per_token, 50), accepted / drafted if drafted else None,
-                      steps, 1000 * overhead_s / steps if steps else 0.0)
+                      steps, 1000 * overhead_s / steps if steps else 0.0, calls_s)
