@@ -1,13 +1,14 @@
 """The OpenAI request bodies Tandem accepts, as pydantic models. Shapes only: no tokens, no engine.
 
-Types are strict (`"max_tokens": "5"` is refused, as OpenAI does); unknown top-level fields are
+Types are strict (`"max_tokens": "5"` is refused, as OpenAI does), except that a whole number
+written as a float (`1.0`) is an integer, as JSON Schema says; unknown top-level fields are
 ignored, as OpenAI does. Tandem's own extension object `"tandem": {"drafter": ..., "k": ...}`
 refuses unknown fields, so a typo there is reported rather than silently ignored.
 """
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator
 from pydantic_core import PydanticCustomError
 
 from tandem.engine.events import SpeculationOptions
@@ -15,7 +16,20 @@ from tandem.speculation.depth import K_LIMIT
 from tandem.speculation.drafters.registry import DRAFTER_NAMES
 
 MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256  # per stop string
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def _whole_number(value):
+    """1.0 is the integer 1 (JSON Schema's rule; JSON has one number type); 1.5 stays a float and is refused."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        return int(value)
+    return value
+
+
+def integer(**bounds):
+    """An int field type with bounds (ge, lt, ...) that takes whole-number floats."""
+    return Annotated[int, Field(**bounds), BeforeValidator(_whole_number)]  # this order keeps the schema's bounds
 
 
 def _one_prompt(value) -> str:
@@ -34,15 +48,30 @@ def _stop_strings(value) -> list[str]:
         raise PydanticCustomError("invalid_type", "must be a string or a list of strings")
     if len(strings) > MAX_STOP_STRINGS:
         raise PydanticCustomError("invalid_value", f"at most {MAX_STOP_STRINGS} stop strings are allowed")
+    if any(len(s) > MAX_STOP_CHARS for s in strings):
+        raise PydanticCustomError("invalid_value", f"a stop string may hold at most {MAX_STOP_CHARS} characters")
     return [s for s in strings if s]
 
 
 def _depth(value) -> int | str | None:
     if value is None or value == "auto":
         return value
+    value = _whole_number(value)
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= K_LIMIT:
         return value
     raise PydanticCustomError("invalid_value", f"must be 'auto' or an integer from 0 to {K_LIMIT}")
+
+
+def _no_logit_bias(value) -> None:
+    """Not supported: refused when it would change tokens, rather than silently ignored."""
+    if value is None or value == {}:
+        return None
+    raise PydanticCustomError("unsupported_value", "logit_bias is not supported by this server")
+
+
+class TextPart(BaseModel):  # for the schema only: _message_text checks content parts
+    type: Literal["text"]
+    text: str
 
 
 def _message_text(value) -> str:
@@ -61,7 +90,8 @@ class TandemOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
     drafter: Literal[DRAFTER_NAMES] | None = None
-    k: Annotated[int | str | None, PlainValidator(_depth)] = None
+    k: Annotated[int | str | None, PlainValidator(_depth, json_schema_input_type=Literal["auto"] | Annotated[
+        int, Field(ge=0, le=K_LIMIT)] | None)] = None
 
     def speculation(self) -> SpeculationOptions:
         return SpeculationOptions(drafter=self.drafter, k=self.k)
@@ -77,13 +107,16 @@ class SamplingFields(BaseModel):
 
     model_config = ConfigDict(extra="ignore", strict=True)
     model: str
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: integer(ge=1) | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)  # not OpenAI's; accepted as vLLM does
-    seed: int | None = Field(None, ge=0, lt=2**63)
-    stop: Annotated[list[str], PlainValidator(_stop_strings)] = Field(default_factory=list)
-    n: int | None = Field(None, ge=1)
+    top_k: integer(ge=0) | None = None  # not OpenAI's; accepted as vLLM does
+    seed: integer(ge=0, lt=2**63) | None = None
+    stop: Annotated[list[str], PlainValidator(_stop_strings, json_schema_input_type=str | Annotated[
+        list[str], Field(max_length=MAX_STOP_STRINGS)] | None)] = Field(default_factory=list)
+    logit_bias: Annotated[None, PlainValidator(_no_logit_bias, json_schema_input_type=Annotated[
+        dict, Field(max_length=0)] | None)] = None
+    n: integer(ge=1) | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     tandem: TandemOptions | None = None
@@ -102,13 +135,14 @@ class SamplingFields(BaseModel):
 class CompletionRequest(SamplingFields):
     """POST /v1/completions."""
 
-    prompt: Annotated[str, PlainValidator(_one_prompt)]
+    prompt: Annotated[str, PlainValidator(_one_prompt, json_schema_input_type=str | Annotated[
+        list[str], Field(min_length=1, max_length=1)])]
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal[CHAT_ROLES]
-    content: Annotated[str, PlainValidator(_message_text)]
+    content: Annotated[str, PlainValidator(_message_text, json_schema_input_type=str | list[TextPart])]
 
     def as_template_message(self) -> dict:
         """Chat templates know system/user/assistant/tool; OpenAI's "developer" is a system turn."""
@@ -120,7 +154,7 @@ class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: integer(ge=1) | None = None
 
     def new_token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
