@@ -78,6 +78,11 @@ class BatchEngine(SequencePool):
 
     # -- the worker's interface (the rest is SequencePool's) --------------------------------
 
+    @property
+    def kv_slots_in_use(self) -> int:
+        """Target KV slots owned by a sequence (retained prompt caches of free slots not counted)."""
+        return len(self.slots.owner) - self.slots.num_free
+
     def clear_caches(self) -> None:
         """Forget every retained prompt cache (a benchmark starts each prompt cold)."""
         for slot, owner in enumerate(self.slots.owner):

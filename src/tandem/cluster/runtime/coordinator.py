@@ -101,6 +101,11 @@ class ClusterEngine(SequencePool):
             return bool(self.waiting or self.running or self._rounds_done)
 
     @property
+    def kv_slots_in_use(self) -> int:
+        """Sequences holding a KV slot on a verifier replica."""
+        return sum(len(replica.sequences) for replica in self.verifiers)
+
+    @property
     def unavailable_reason(self) -> str | None:
         if any(w.alive or w.restarting for w in self.verifiers):
             return None

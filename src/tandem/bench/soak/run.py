@@ -1,0 +1,153 @@
+"""The soak itself: C clients in a closed loop for a fixed time against one server, the server's
+/metrics sampled at a fixed period, then, once the clients stop and the server has drained, one
+idle sample.
+
+Requests are the workload's chat prompts in turn, greedy and streamed, each marked on every pass
+after the first (bench/serve/requests.py) so the response cache never answers one. Every
+`abandon_every`-th request is dropped after its first token, as a client that goes away: the
+server must free its sequence. A failed request (an HTTP error, an error event, a broken stream)
+counts as an error; its first few messages are kept.
+"""
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import httpx
+
+from tandem.bench.serve.client import stream_chat
+from tandem.bench.serve.requests import BenchRequest, chat_payload, level_requests
+from tandem.bench.serve.sse import parse_chunk, sse_payloads
+from tandem.bench.soak.samples import ServerSample, read_metrics
+from tandem.bench.workload import BenchPrompt
+
+IDLE_WAIT_S = 60.0  # after the load, how long the server gets to finish what it holds
+REQUEST_TIMEOUT_S = 600.0
+KEPT_ERRORS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class SoakSettings:
+    base_url: str  # the server's API root, ending in /v1
+    model: str
+    prompts: tuple[BenchPrompt, ...]
+    concurrency: int = 8
+    duration_s: float = 1800.0
+    sample_every_s: float = 60.0
+    max_tokens: int = 64
+    abandon_every: int = 10  # every n-th request is dropped after its first token; 0: none
+    api_key: str | None = None
+
+    def __post_init__(self):
+        if self.concurrency < 1 or self.duration_s <= 0 or self.sample_every_s <= 0 or self.max_tokens < 1:
+            raise ValueError(f"concurrency, duration, sample period and max tokens must be positive: {self}")
+        if self.abandon_every < 0:
+            raise ValueError("abandon_every must be 0 (never) or a positive request count")
+
+
+@dataclass(slots=True)
+class SoakTally:
+    started: int = 0
+    done: int = 0
+    errors: int = 0
+    abandoned: int = 0
+    completion_tokens: int = 0
+    error_messages: list[str] = field(default_factory=list)
+
+    def failed(self, message: str) -> None:
+        self.errors += 1
+        if len(self.error_messages) < KEPT_ERRORS:
+            self.error_messages.append(message)
+
+
+@dataclass(frozen=True, slots=True)
+class SoakResult:
+    settings: SoakSettings
+    samples: tuple[ServerSample, ...]
+    tally: SoakTally
+    load_seconds: float
+
+
+def request_cycle(prompts: tuple[BenchPrompt, ...]) -> Iterator[BenchRequest]:
+    """The workload's prompts in turn, forever, each pass after the first marked."""
+    for offset in itertools.count(0, len(prompts)):
+        yield from level_requests(prompts, len(prompts), offset)
+
+
+async def soak(settings: SoakSettings, on_sample: Callable[[ServerSample], None] = lambda s: None) -> SoakResult:
+    tally = SoakTally()
+    samples: list[ServerSample] = []
+    requests = request_cycle(settings.prompts)
+    root = settings.base_url.removesuffix("/").removesuffix("/v1")
+    chat_url = root + "/v1/chat/completions"
+    headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+    limits = httpx.Limits(max_connections=settings.concurrency + 1, max_keepalive_connections=settings.concurrency + 1)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=10.0), limits=limits,
+                                 headers=headers) as client:
+        start = time.monotonic()
+        deadline = start + settings.duration_s
+
+        async def take_sample(phase: str) -> None:
+            response = await client.get(root + "/metrics")
+            response.raise_for_status()
+            sample = ServerSample(round(time.monotonic() - start, 1), phase, tally.done, tally.errors,
+                                  **read_metrics(response.text))
+            samples.append(sample)
+            on_sample(sample)
+
+        async def one_client() -> None:
+            while time.monotonic() < deadline:
+                request = next(requests)
+                payload = chat_payload(request, settings.model, settings.max_tokens, {})
+                tally.started += 1
+                if settings.abandon_every and tally.started % settings.abandon_every == 0:
+                    await _abandon(client, chat_url, payload, tally)
+                else:
+                    record = await stream_chat(client, chat_url, payload, request.prompt_id, request.category)
+                    if record.ok:
+                        tally.completion_tokens += record.completion_tokens
+                    else:
+                        tally.failed(f"{request.prompt_id}: {record.error}")
+                tally.done += 1
+
+        async def sampler() -> None:
+            while (left := deadline - time.monotonic()) > 0:
+                await take_sample("load")
+                await asyncio.sleep(min(settings.sample_every_s, left))
+
+        await asyncio.gather(sampler(), *(one_client() for _ in range(settings.concurrency)))
+        load_seconds = time.monotonic() - start
+        await _wait_idle(client, root)
+        await take_sample("idle")
+    return SoakResult(settings, tuple(samples), tally, load_seconds)
+
+
+async def _abandon(client: httpx.AsyncClient, url: str, payload: dict, tally: SoakTally) -> None:
+    """Send a streamed request and hang up after its first token (or its first error)."""
+    try:
+        async with client.stream("POST", url, json=payload) as response:
+            if response.status_code != 200:
+                tally.failed(f"abandoned request: HTTP {response.status_code}: {(await response.aread())[:200]!r}")
+                return
+            async for data in sse_payloads(response.aiter_lines()):
+                chunk = parse_chunk(data) if data != "[DONE]" else None
+                if chunk is not None and chunk.error:
+                    tally.failed(f"abandoned request: {chunk.error}")
+                    return
+                if chunk is None or chunk.text:
+                    break
+        tally.abandoned += 1
+    except httpx.HTTPError as error:
+        tally.failed(f"abandoned request: {type(error).__name__}: {error}")
+
+
+async def _wait_idle(client: httpx.AsyncClient, root: str) -> None:
+    """Until the engine runs and queues nothing (or IDLE_WAIT_S passed)."""
+    deadline = time.monotonic() + IDLE_WAIT_S
+    while time.monotonic() < deadline:
+        values = read_metrics((await client.get(root + "/metrics")).text)
+        if not values["running"] and not values["waiting"]:
+            return
+        await asyncio.sleep(0.5)

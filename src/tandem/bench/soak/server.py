@@ -1,0 +1,51 @@
+"""The server a soak runs against: the one at --url, or `tandem serve` started here (its log in the
+output folder) and stopped afterwards. Either way the model name comes from its /v1/models."""
+
+import shlex
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from tandem.bench.serve.launcher import ServerProcess
+from tandem.bench.serve.server_kinds import TANDEM_URL
+from tandem.errors import TandemError
+
+
+class SoakedServer:
+    """`tandem serve` as a bench server kind (see bench/serve/server_kinds.py)."""
+
+    label = "tandem-soak"
+    health_path = "/health"
+
+    def __init__(self, target: str, draft: str, max_running: int, extra: list[str]):
+        self.arguments = ["--target", target, "--draft", draft, "--max-running", str(max_running), *extra]
+
+    def command(self, launch, port: int) -> list[str]:
+        return [sys.executable, "-m", "tandem.cli.main", "serve", "--port", "0", *self.arguments]
+
+    def base_url(self, port: int, log_text: str) -> str | None:
+        match = TANDEM_URL.search(log_text)
+        return match.group(0) if match else None
+
+
+@contextmanager
+def started_server(args, out: Path):
+    """Yields (base_url, model)."""
+    if args.url is not None:
+        yield args.url, _served_model(args.url, args.api_key)
+        return
+    kind = SoakedServer(args.target, args.draft, args.concurrency, shlex.split(args.serve_args))
+    with ServerProcess(kind, None, out / "server.log") as server:
+        yield server.base_url, _served_model(server.base_url, args.api_key)
+
+
+def _served_model(base_url: str, api_key: str | None) -> str:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx.get(base_url.removesuffix("/") + "/models", headers=headers, timeout=10.0)
+        response.raise_for_status()
+        return response.json()["data"][0]["id"]
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as error:
+        raise TandemError(f"cannot read the served model from {base_url}/models: {error}") from None

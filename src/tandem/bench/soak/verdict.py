@@ -1,0 +1,44 @@
+"""Did the server hold up? Checks on a soak's samples, each with its figure:
+- no failed request;
+- resident memory after warm-up grows by less than `max_rss_growth` (the largest later sample
+  over the first sample at or after the warm-up);
+- once idle, no KV slot is held, and there are no more open file descriptors or threads than at
+  the warm-up sample (a leak grows them with every request; a pool that fills once does not).
+"""
+
+from dataclasses import dataclass
+
+from tandem.bench.soak.samples import ServerSample
+
+MAX_RSS_GROWTH = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str
+    passed: bool
+    figure: str
+
+
+def judge(samples: list[ServerSample], warmup_s: float, max_rss_growth: float = MAX_RSS_GROWTH) -> list[Check]:
+    loaded = [s for s in samples if s.phase == "load"]
+    idle = [s for s in samples if s.phase == "idle"]
+    if not loaded or not idle:
+        return [Check("samples", False, f"{len(loaded)} under load and {len(idle)} idle: the run was too short")]
+    warm = next((s for s in loaded if s.elapsed_s >= warmup_s), loaded[-1])
+    later = [s for s in samples if s.elapsed_s > warm.elapsed_s]
+    end = idle[-1]
+    checks = [Check("errors", end.errors == 0, f"{end.errors} failed of {end.requests_done} requests")]
+    if warm.rss_bytes is not None and later:
+        peak = max(s.rss_bytes for s in later if s.rss_bytes is not None)
+        growth = peak / warm.rss_bytes - 1
+        checks.append(Check("rss growth after warm-up", growth < max_rss_growth,
+                            f"{growth:+.1%} ({warm.rss_bytes / 2**20:.0f} -> peak {peak / 2**20:.0f} MiB; "
+                            f"limit {max_rss_growth:.0%})"))
+    if end.kv_slots_in_use is not None:
+        checks.append(Check("kv slots when idle", end.kv_slots_in_use == 0, f"{end.kv_slots_in_use:.0f} held"))
+    for name, field in (("open fds", "open_fds"), ("threads", "threads")):
+        before, after = getattr(warm, field), getattr(end, field)
+        if before is not None and after is not None:
+            checks.append(Check(f"{name} growth", after <= before, f"{before:.0f} at warm-up -> {after:.0f} idle"))
+    return checks

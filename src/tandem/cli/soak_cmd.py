@@ -1,0 +1,92 @@
+"""`tandem soak`: a closed loop of C streaming clients for a fixed time against one server,
+sampling its memory, file descriptors, threads and KV slots; exits 1 when a check fails."""
+
+import argparse
+import asyncio
+import os
+import re
+import shlex
+import sys
+from pathlib import Path
+
+from tandem.bench.workload import DEFAULT_WORKLOAD
+from tandem.errors import TandemError
+from tandem.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+
+DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smh]?)$")
+UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "soak", help="hold a server under load for a long time and check it for leaks",
+        description="Runs C streaming clients in a closed loop for --duration against `tandem serve` (started "
+        "here with the model options below, or the server at --url), samples its /metrics every "
+        "--sample-every (resident memory, open file descriptors, threads, KV slots held), then checks: no "
+        "failed request, memory growth after warm-up under 5%%, no KV slot held once idle, no descriptor "
+        "or thread growth. Writes results.json, report.md and soak.png to --out; exits 1 if a check fails.")
+    parser.add_argument("--url", default=None, help="soak this running server (its /v1 URL) instead of starting one")
+    parser.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY"),
+                        help="the server's API key (default: $TANDEM_API_KEY)")
+    parser.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET})")
+    parser.add_argument("--draft", default=DEFAULT_DRAFT, help=f"draft model (default {DEFAULT_DRAFT})")
+    parser.add_argument("--serve-args", default="", help="more `tandem serve` options, one string")
+    parser.add_argument("--concurrency", type=int, default=8, help="clients (default 8)")
+    parser.add_argument("--duration", default="30m", help="how long the load runs: 90s, 30m, 1h (default 30m)")
+    parser.add_argument("--sample-every", default="60s", help="sampling period (default 60s)")
+    parser.add_argument("--warmup", default=None,
+                        help="memory growth is measured from the first sample after this (default: a tenth "
+                        "of --duration, at least one sample period)")
+    parser.add_argument("--max-tokens", type=int, default=64, help="max new tokens per request (default 64)")
+    parser.add_argument("--abandon-every", type=int, default=10,
+                        help="every n-th request hangs up after its first token; 0: none (default 10)")
+    parser.add_argument("--prompts", default=str(DEFAULT_WORKLOAD), help="JSONL workload (default: packaged)")
+    parser.add_argument("--out", default="soak-out", help="output folder (default soak-out)")
+    parser.set_defaults(func=run)
+
+
+def parse_duration(option: str, text: str) -> float:
+    match = DURATION.match(text.strip().lower())
+    if not match or float(match.group(1)) <= 0:
+        raise TandemError(f"{option} must be a positive duration such as 90s, 30m or 1h, got {text!r}")
+    return float(match.group(1)) * UNIT_SECONDS[match.group(2)]
+
+
+def run(args: argparse.Namespace) -> int:
+    from tandem.bench.soak.report import results_json, write_outputs
+    from tandem.bench.soak.run import SoakSettings, soak
+    from tandem.bench.soak.server import started_server
+    from tandem.bench.soak.verdict import judge
+    from tandem.bench.workload import load_prompts
+
+    duration = parse_duration("--duration", args.duration)
+    period = parse_duration("--sample-every", args.sample_every)
+    warmup = parse_duration("--warmup", args.warmup) if args.warmup else max(period, duration / 10)
+    if args.concurrency < 1 or args.max_tokens < 1 or args.abandon_every < 0:
+        raise TandemError("--concurrency and --max-tokens must be positive, --abandon-every 0 or more")
+    prompts = tuple(load_prompts(args.prompts))
+    out = Path(args.out)
+    with started_server(args, out) as (base_url, model):
+        settings = SoakSettings(base_url, model, prompts, args.concurrency, duration, period, args.max_tokens,
+                                args.abandon_every, args.api_key)
+        result = asyncio.run(soak(settings, _show))
+    checks = judge(list(result.samples), warmup)
+    results = results_json(result, checks, shlex.join(["tandem"] + sys.argv[1:]))
+    write_outputs(results, out)
+    for check in checks:
+        print(f"{'ok  ' if check.passed else 'FAIL'} {check.name}: {check.figure}")
+    for message in result.tally.error_messages:
+        print(f"  error: {message}", file=sys.stderr)
+    print(f"wrote results.json, report.md and soak.png to {out}", file=sys.stderr)
+    return 0 if results["passed"] else 1
+
+
+def _show(sample) -> None:
+    rss = "-" if sample.rss_bytes is None else f"{sample.rss_bytes / 2**20:.0f} MiB"
+    print(f"[{sample.elapsed_s / 60:5.1f} min] {sample.phase}: {sample.requests_done} requests, {sample.errors} "
+          f"errors, RSS {rss}, fds {_n(sample.open_fds)}, threads {_n(sample.threads)}, "
+          f"KV slots {_n(sample.kv_slots_in_use)}", file=sys.stderr, flush=True)
+
+
+def _n(value) -> str:
+    return "-" if value is None else f"{value:.0f}"
