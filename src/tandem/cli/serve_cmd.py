@@ -5,9 +5,10 @@ import os
 
 from tandem.cli.options import add_model_options, engine_config
 from tandem.errors import TandemError
-from tandem.serve.settings import DEFAULT_CACHE_TTL_SECONDS, DEFAULT_MAX_BODY_BYTES, ServeSettings
+from tandem.serve.settings import (API_KEY_ENV, DEFAULT_CACHE_TTL_SECONDS, DEFAULT_MAX_BODY_BYTES,
+                                   DEFAULT_MAX_STREAMS_PER_CLIENT,
+                                   DEFAULT_REQUEST_TIMEOUT_SECONDS, ServeSettings)
 
-API_KEY_ENV = "TANDEM_API_KEY"  # keeps the key out of the process list
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,6 +28,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--otlp-endpoint", default=None, help="OTLP/HTTP trace collector, e.g. http://localhost:4318")
     group.add_argument("--alert-threshold", default="0.6", help="acceptance rate that raises a dashboard alert")
     group.add_argument("--grace-seconds", default="10", help="on SIGTERM, time in-flight requests get to finish")
+    limits = parser.add_argument_group("limits")
+    limits.add_argument("--max-tokens-limit", default=None,
+                        help="most new tokens a request may ask for; more get 400 (default: the context)")
+    limits.add_argument("--max-prompt-tokens", default=None, help="longest prompt accepted; longer get 400 "
+                        "(default: the context)")
+    limits.add_argument("--request-timeout", default=str(DEFAULT_REQUEST_TIMEOUT_SECONDS),
+                        help="seconds a whole request may take, queueing included; then it is cancelled (504, or "
+                        "an error event on a stream) (default 600)")
+    limits.add_argument("--max-streams-per-client", default=str(DEFAULT_MAX_STREAMS_PER_CLIENT),
+                        help="open streams one client address may hold; more get 429 (default 64; raise it "
+                        "behind a proxy, where clients share an address)")
+    security = parser.add_argument_group("security")
+    security.add_argument("--allowed-origins", default=None,
+                          help="comma-separated browser origins allowed by CORS, e.g. https://app.example.com "
+                          "(default: none, no CORS headers)")
+    security.add_argument("--protect-metrics", action="store_true",
+                          help="require the API key on /metrics, /dashboard/data and /openapi.json too "
+                          "(default: open, as vLLM's)")
+    security.add_argument("--log-requests", action="store_true",
+                          help="log each request's prompt and completion text (default: never; the key never)")
     cluster = parser.add_argument_group("cluster")
     cluster.add_argument("--cluster", default=None, help="serve on the Ray workers a cluster YAML file describes")
     cluster.add_argument("--ray-address", default=None, help="join this Ray cluster (default: start a local one)")
@@ -98,7 +119,18 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         alert_threshold=_parse(float, "--alert-threshold", args.alert_threshold),
         served_model_name=args.served_model_name,
         grace_seconds=_parse(float, "--grace-seconds", args.grace_seconds),
+        max_tokens_limit=_optional(int, "--max-tokens-limit", args.max_tokens_limit),
+        max_prompt_tokens=_optional(int, "--max-prompt-tokens", args.max_prompt_tokens),
+        request_timeout_seconds=_parse(float, "--request-timeout", args.request_timeout),
+        max_streams_per_client=_parse(int, "--max-streams-per-client", args.max_streams_per_client),
+        allowed_origins=tuple(o.strip() for o in (args.allowed_origins or "").split(",") if o.strip()),
+        protect_metrics=args.protect_metrics,
+        log_requests=args.log_requests,
     )
+
+
+def _optional(kind: type, option: str, text: str | None):
+    return None if text is None else _parse(kind, option, text)
 
 
 def _parse(kind: type, option: str, text: str):

@@ -2,15 +2,20 @@
 
 The app owns no engine and no threads: server.py (or a test) builds the `ServerState`, starts the
 worker and runs the app. Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
-GET /health, GET /metrics, and the dashboard at GET /. Every error is an OpenAI error body (see
-serve/errors.py for the status codes).
+GET /health, GET /metrics, GET /openapi.json, and the dashboard at GET /. Every error is an OpenAI
+error body (see serve/errors.py for the status codes). Browsers get CORS headers only for the
+origins in --allowed-origins.
 """
 
+import functools
+
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 
 from tandem.serve.dashboard import dashboard_router
 from tandem.serve.errors import install_error_handlers
 from tandem.serve.routes_completions import completions_router
+from tandem.serve.openapi import build_openapi
 from tandem.serve.routes_info import models_router, status_router
 from tandem.serve.state import ServerState
 
@@ -22,6 +27,10 @@ def create_app(state: ServerState) -> FastAPI:
     install_error_handlers(app, state.metrics)
     app.include_router(completions_router(state))
     app.include_router(models_router(state))
-    app.include_router(status_router(state))
-    app.include_router(dashboard_router(state.metrics))
+    app.include_router(status_router(state, functools.cache(lambda: build_openapi(app))))
+    settings = state.settings
+    app.include_router(dashboard_router(state.metrics, settings.api_key if settings.protect_metrics else None))
+    if settings.allowed_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"], max_age=600)
     return app

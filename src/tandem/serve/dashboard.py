@@ -3,14 +3,17 @@
 Routes: `GET /` and `GET /dashboard` (the page), `GET /dashboard/data` (`ServingMetrics.snapshot()`
 as JSON; the page polls it every second) and `GET /dashboard/static/{name}` (the page's script and
 stylesheet, from the package's serve/static folder). The page links its assets and data with
-relative URLs, so it also works when the router is included under a prefix.
+relative URLs, so it also works when the router is included under a prefix. With
+`--protect-metrics` the data needs the API key (the page and its assets stay open: they hold no
+data); the page reads it from its URL fragment, `/#key=KEY`.
 """
 
 from importlib import resources
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, Depends, HTTPException
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
+from tandem.serve.auth import require_api_key
 from tandem.serve.metrics import ServingMetrics
 
 STATIC_TYPES = {
@@ -20,7 +23,7 @@ STATIC_TYPES = {
 NO_CACHE = {"Cache-Control": "no-store"}
 
 
-def dashboard_router(metrics: ServingMetrics) -> APIRouter:
+def dashboard_router(metrics: ServingMetrics, data_key: str | None = None) -> APIRouter:
     static = resources.files("tandem.serve") / "static"
     page = static.joinpath("index.html").read_text(encoding="utf-8")
     assets = {name: static.joinpath(name).read_bytes() for name in STATIC_TYPES}
@@ -31,7 +34,7 @@ def dashboard_router(metrics: ServingMetrics) -> APIRouter:
     def dashboard_page() -> HTMLResponse:
         return HTMLResponse(page, headers=NO_CACHE)
 
-    @router.get("/dashboard/data")
+    @router.get("/dashboard/data", dependencies=[Depends(require_api_key(data_key))])
     def dashboard_data() -> JSONResponse:  # a plain def: FastAPI runs it off the event loop
         return JSONResponse(metrics.snapshot(), headers=NO_CACHE)
 

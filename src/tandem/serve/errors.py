@@ -2,14 +2,17 @@
 
 Status codes, following OpenAI (which answers 400 for every invalid request, not FastAPI's 422):
   400 invalid_request_error  malformed JSON, wrong types, out-of-range values, n != 1, a prompt or
-                             max_tokens that does not fit the context (the numbers are named)
+                             max_tokens that does not fit the context or the server's limits (the
+                             numbers are named), logit_bias (not supported)
   401 authentication_error   missing or wrong Bearer key when the server has --api-key
   404 invalid_request_error  unknown model (code model_not_found), unknown route
   405 invalid_request_error  wrong method on a known route
   413 invalid_request_error  body larger than --max-body-bytes
   429 rate_limit_error       the engine queue is full; Retry-After says when to try again
   500 server_error           the engine failed (our fault, not the client's); no traceback is sent
+  429 rate_limit_error       also: this client already holds --max-streams-per-client open streams
   503 service_unavailable    the server is shutting down; Retry-After
+  504 timeout_error          the request ran past --request-timeout (queueing included) and was cancelled
 Every refused request (4xx, 429, 503) is counted by `metrics.request_rejected`.
 """
 
@@ -58,6 +61,11 @@ def queue_full(retry_after_seconds: int, message: str) -> APIError:
 def shutting_down(message: str = "the server is shutting down and accepts no new requests") -> APIError:
     return APIError(503, message, "service_unavailable", code="shutting_down",
                     headers={"Retry-After": str(RETRY_AFTER_SHUTDOWN_SECONDS)})
+
+
+def request_timed_out() -> APIError:
+    return APIError(504, "the request ran past the server's time limit (--request-timeout) and was cancelled; "
+                    "ask for fewer max_tokens or retry later", "timeout_error", code="request_timeout")
 
 
 def invalid_body(error: ValidationError | RequestValidationError) -> APIError:

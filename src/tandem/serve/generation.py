@@ -5,7 +5,8 @@ request's trace span. `GenerationRun.deltas()` yields text that is safe to show 
 never a stop string) and then the final flush; afterwards the run holds the totals. Leaving
 `deltas()` early (a client went away, the task was cancelled), or calling `close()` before it ever
 ran, cancels the sequence, so the engine frees it at its next step. The metrics and the trace span
-are closed exactly once either way.
+are closed exactly once either way; with --log-requests the prompt and completion text are logged
+then (never otherwise, and never the key).
 
 Inter-token times (one per token after the first): an update may carry several tokens (accepted
 drafts); each gets the wait for its update divided by the tokens in it; the tokens that came with
@@ -24,6 +25,7 @@ from tandem.serve.state import ServerState
 from tandem.text.stream import TextStream
 
 log = logging.getLogger(__name__)
+request_log = logging.getLogger("tandem.requests")  # prompt and completion text: only with --log-requests
 
 
 class EngineFailure(Exception):
@@ -114,9 +116,16 @@ class GenerationRun:
         ttft = None if self._first_token_at is None else self._first_token_at - self.received_at
         _safely(self.state.metrics.request_finished, self.finish_reason, self.prepared.prompt_tokens,
                 len(self.token_ids), ttft, now - self.received_at, self._inter_token)
+        if self.state.settings.log_requests:
+            _safely(self._log_texts)
         _safely(self.state.tracer.end_request, self.seq_id, {
             "gen_ai.response.finish_reason": self.finish_reason, "gen_ai.usage.output_tokens": len(self.token_ids),
             "tandem.drafted_tokens": self.drafted, "tandem.accepted_tokens": self.accepted})
+
+
+    def _log_texts(self) -> None:
+        prompt = self.state.tokenizer.decode(list(self.prepared.generation.prompt_ids))
+        request_log.info("%s (%s): prompt %r -> completion %r", self.seq_id, self.finish_reason, prompt, self.text)
 
 
 def start_generation(state: ServerState, prepared: PreparedRequest, endpoint: str, received_at: float) -> GenerationRun:

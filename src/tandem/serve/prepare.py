@@ -2,8 +2,9 @@
 
 Checks here answer 400/404 before anything reaches the engine: the model name, n != 1, a drafter
 this server cannot run, an empty prompt, and a prompt or max_tokens that does not fit the target's
-context (the message names the numbers). Sampling defaults follow OpenAI (temperature 1, top_p 1);
-max_tokens defaults to DEFAULT_MAX_TOKENS, capped by the room the context leaves.
+context (the message names the numbers), and one over the operator's --max-prompt-tokens or
+--max-tokens-limit. Sampling defaults follow OpenAI (temperature 1, top_p 1); max_tokens defaults
+to DEFAULT_MAX_TOKENS, capped by the room the context leaves and by --max-tokens-limit.
 """
 
 import asyncio
@@ -74,7 +75,10 @@ async def _tokenize(tokenize, text_or_messages) -> tuple[int, ...]:
 
 
 def _prepared(state: ServerState, body: SamplingFields, prompt_ids: tuple[int, ...], prompt_param: str):
+    _check_server_limits(state, len(prompt_ids), body, prompt_param)
     max_tokens = _new_token_limit(state.context_length, len(prompt_ids), body, prompt_param)
+    if state.settings.max_tokens_limit is not None:
+        max_tokens = min(max_tokens, state.settings.max_tokens_limit)
     try:
         sampling = SamplingParams(
             temperature=DEFAULT_TEMPERATURE if body.temperature is None else body.temperature,
@@ -92,6 +96,19 @@ def _prepared(state: ServerState, body: SamplingFields, prompt_ids: tuple[int, .
                     "drafter": options.drafter or defaults.drafter,
                     "k": defaults.k if options.k is None else options.k}
     return PreparedRequest(generation, options, tuple(body.stop), bool(body.stream), body.include_usage, cache_params)
+
+
+def _check_server_limits(state: ServerState, prompt_tokens: int, body: SamplingFields, prompt_param: str) -> None:
+    """The operator's limits (--max-prompt-tokens, --max-tokens-limit), tighter than the context's."""
+    settings = state.settings
+    if settings.max_prompt_tokens is not None and prompt_tokens > settings.max_prompt_tokens:
+        raise APIError(400, f"the prompt has {prompt_tokens} tokens, over this server's limit of "
+                       f"{settings.max_prompt_tokens}: shorten the prompt", param=prompt_param, code="prompt_too_long")
+    requested = body.new_token_limit()
+    if settings.max_tokens_limit is not None and requested is not None and requested > settings.max_tokens_limit:
+        param = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
+        raise APIError(400, f"{param} is {requested}, over this server's limit of {settings.max_tokens_limit} new "
+                       "tokens per request", param=param, code="max_tokens_exceeded")
 
 
 def _new_token_limit(context: int, prompt_tokens: int, body: SamplingFields, prompt_param: str) -> int:

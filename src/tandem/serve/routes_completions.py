@@ -1,8 +1,10 @@
 """POST /v1/completions and POST /v1/chat/completions, streaming (SSE) and not.
 
-A request goes: key check -> body (size, JSON, shape) -> prompt tokens and limits -> response
-cache (deterministic requests only) -> engine -> text. A non-streaming request whose client goes
-away is cancelled too, so an abandoned request never keeps a slot in the batch.
+A request goes: key check -> body (size, JSON, shape) -> prompt tokens and limits -> the
+client's open-stream count (streams only) -> response cache (deterministic requests only) ->
+engine -> text. A non-streaming request whose client goes away is cancelled too, so an abandoned
+request never keeps a slot in the batch. A request still running `--request-timeout` seconds after
+it arrived is cancelled: 504, or on a stream an error event and [DONE].
 """
 
 import asyncio
@@ -15,7 +17,7 @@ from fastapi.responses import JSONResponse
 
 from tandem.serve.auth import require_api_key
 from tandem.serve.body import read_request
-from tandem.serve.errors import APIError, shutting_down
+from tandem.serve.errors import APIError, request_timed_out, shutting_down
 from tandem.serve.generation import EngineFailure, GenerationRun, start_generation
 from tandem.serve.prepare import PreparedRequest, prepare_chat, prepare_completion
 from tandem.serve.protocol import ChatCompletionRequest, CompletionRequest
@@ -54,13 +56,25 @@ def _refuse_if_draining(state: ServerState) -> None:
 
 
 async def _respond(state: ServerState, request: Request, prepared: PreparedRequest, kind: str, received_at: float):
+    deadline = received_at + state.settings.request_timeout_seconds  # time.perf_counter() seconds
+    release = state.streams.open(_client_address(request)) if prepared.stream else _nothing
+    try:
+        return await _answer(state, request, prepared, kind, received_at, deadline, release)
+    except BaseException:
+        release()
+        raise
+
+
+async def _answer(state: ServerState, request: Request, prepared: PreparedRequest, kind: str, received_at: float,
+                  deadline: float, release):
     shape = ResponseShape(kind, state.model_name, include_usage=prepared.stream and prepared.include_usage)
     key = state.cache.key(state.model_name, prepared.generation.prompt_ids, prepared.cache_params)
     if key is not None:
         cached = _usable(await state.cache.get(key))
         state.metrics.cache_lookup(cached is not None)
         if cached is not None:
-            return _cached_response(state, prepared, dataclasses.replace(shape, cached=True), cached)
+            return _cached_response(state, prepared, dataclasses.replace(shape, cached=True), cached, deadline,
+                                    release)
     run = start_generation(state, prepared, kind, received_at)
 
     async def remember(finished: GenerationRun) -> None:
@@ -68,18 +82,30 @@ async def _respond(state: ServerState, request: Request, prepared: PreparedReque
             await state.cache.put(key, finished.cache_value())
 
     if prepared.stream:
-        return ClosingStreamingResponse(generation_events(run, shape, remember), on_close=run.close)
-    await _collect(run, request)
+        return ClosingStreamingResponse(generation_events(run, shape, remember, deadline),
+                                        on_close=(run.close, release), deadline=deadline)
+    await _collect(run, request, deadline)
     await remember(run)
     return JSONResponse(shape.full(run.text, run.finish_reason, run.usage()))
 
 
-async def _collect(run: GenerationRun, request: Request) -> None:
-    """Run the generation to its end; cancel it if the client disconnects first."""
+def _client_address(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
+def _nothing() -> None:
+    pass
+
+
+async def _collect(run: GenerationRun, request: Request, deadline: float) -> None:
+    """Run the generation to its end; cancel it if the client disconnects or the deadline passes."""
     collecting = asyncio.ensure_future(_run_to_end(run))
     watcher = asyncio.ensure_future(_wait_for_disconnect(request))
     try:
-        await asyncio.wait({collecting, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({collecting, watcher}, timeout=max(0.0, deadline - time.perf_counter()),
+                           return_when=asyncio.FIRST_COMPLETED)
+        if not collecting.done() and not watcher.done():
+            raise request_timed_out()
     finally:
         watcher.cancel()
         if not collecting.done():  # the client went away: cancel the sequence in the engine
@@ -106,9 +132,11 @@ async def _wait_for_disconnect(request: Request) -> None:
         pass
 
 
-def _cached_response(state: ServerState, prepared: PreparedRequest, shape: ResponseShape, cached: dict):
+def _cached_response(state: ServerState, prepared: PreparedRequest, shape: ResponseShape, cached: dict,
+                     deadline: float, release):
     if prepared.stream:
-        return ClosingStreamingResponse(replay_events(cached, shape, state.tokenizer.decode, prepared.stop_strings))
+        return ClosingStreamingResponse(replay_events(cached, shape, state.tokenizer.decode, prepared.stop_strings),
+                                        on_close=(release,), deadline=deadline)
     return JSONResponse(shape.full(cached["text"], cached["finish_reason"], cached["usage"]))
 
 

@@ -1,11 +1,13 @@
-"""GET /v1/models (and /v1/models/{id}), GET /health, GET /metrics.
+"""GET /v1/models (and /v1/models/{id}), GET /health, GET /metrics, GET /openapi.json.
 
+/openapi.json is the API's schema (serve/openapi.py), open like /metrics unless --protect-metrics.
 /health answers 200 with {"status": "ok", ...} while serving and 503 with "draining" during
 shutdown, so a load balancer stops sending traffic; running/waiting are the engine's counts,
 in_flight every request submitted and not yet finished (queued in the worker included).
 """
 
 import asyncio
+from collections.abc import Callable
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
@@ -32,8 +34,9 @@ def models_router(state: ServerState) -> APIRouter:
     return router
 
 
-def status_router(state: ServerState) -> APIRouter:
+def status_router(state: ServerState, openapi: Callable[[], dict]) -> APIRouter:
     router = APIRouter()
+    observers_only = [Depends(require_api_key(state.settings.api_key if state.settings.protect_metrics else None))]
 
     @router.get("/health")
     async def health():
@@ -42,10 +45,14 @@ def status_router(state: ServerState) -> APIRouter:
                 "running": engine.num_running, "waiting": engine.num_waiting, "in_flight": state.worker.in_flight}
         return JSONResponse(body, status_code=503 if state.draining else 200)
 
-    @router.get("/metrics")
+    @router.get("/metrics", dependencies=observers_only)
     async def metrics():
         body, content_type = await asyncio.to_thread(state.metrics.render)
         return Response(body, media_type=content_type)
+
+    @router.get("/openapi.json", dependencies=observers_only, include_in_schema=False)
+    async def openapi_schema():
+        return JSONResponse(openapi())
 
     return router
 

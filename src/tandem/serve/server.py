@@ -9,6 +9,8 @@ A second signal exits at once.
 """
 
 import asyncio
+import ipaddress
+import logging
 import socket
 import sys
 import threading
@@ -26,8 +28,9 @@ from tandem.serve.app import create_app
 from tandem.serve.cache import open_response_cache, response_cache_key
 from tandem.serve.metrics import ServingMetrics
 from tandem.serve.ngram_store import open_ngram_store
+from tandem.serve.process_stats import track_process
 from tandem.serve.response_store import ResponseStore
-from tandem.serve.settings import CACHE_OFF, ServeSettings
+from tandem.serve.settings import API_KEY_ENV, CACHE_OFF, ServeSettings
 from tandem.serve.state import ServerState
 from tandem.serve.tracing import RequestTracer
 from tandem.text.tokenizer import TextTokenizer
@@ -38,6 +41,8 @@ UVICORN_CLOSE_SECONDS = 5  # after the drain, how long uvicorn waits for connect
 
 
 def serve(config: EngineConfig, settings: ServeSettings, cluster=None) -> int:
+    configure_logging(settings)
+    warn_if_exposed(settings)
     model_name = settings.served_model_name or default_model_name(config.target.model)
     ngram_store = open_ngram_store(None if settings.cache_url == CACHE_OFF else settings.cache_url,
                                    namespace=model_name)
@@ -66,6 +71,7 @@ def build_state(config: EngineConfig, settings: ServeSettings, model_name: str, 
     engine = _engine(config, settings, ngram_store, cluster)
     cache = _response_store(settings, _model_identity(config))
     worker = EngineWorker(engine, settings.max_waiting, observers=[metrics.observe_step, tracer.observe_step])
+    track_process(metrics.registry, model_name, lambda: engine.kv_slots_in_use)
     health = getattr(engine, "health", None)  # a cluster: workers' states between steps too
     if health is not None:
         health.listeners.append(metrics.observe_workers)
@@ -105,6 +111,28 @@ def close_state(state: ServerState) -> None:
     state.worker.shutdown(0)  # a no-op when the drain already stopped the engine thread
     state.cache.close()
     state.tracer.shutdown()
+
+
+def configure_logging(settings: ServeSettings) -> None:
+    """Warnings and errors to stderr; request texts (INFO on tandem.requests) only with --log-requests."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("tandem.requests").setLevel(logging.INFO if settings.log_requests else logging.WARNING)
+
+
+def warn_if_exposed(settings: ServeSettings) -> None:
+    """Beyond loopback without a key, anyone who reaches the port can use the model: say so."""
+    if settings.api_key is None and not is_loopback(settings.host):
+        print(f"warning: serving on {settings.host} without --api-key: anyone who can reach this port can use "
+              f"the model. Set --api-key (or ${API_KEY_ENV}), or bind 127.0.0.1.", file=sys.stderr, flush=True)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

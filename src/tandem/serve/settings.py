@@ -1,10 +1,19 @@
 """What `tandem serve` is told at start-up, checked once so the server never starts half-configured.
 
 Limits are named here: a request body over `max_body_bytes` is refused (413); past `max_running`
-sequences in the batch plus `max_waiting` queued, new requests are refused (429). After SIGINT or
+sequences in the batch plus `max_waiting` queued, new requests are refused (429), and so is a
+client's stream past `max_streams_per_client` open ones; a prompt over `max_prompt_tokens` or a
+max_tokens over `max_tokens_limit` is refused (400); a request still running after
+`request_timeout_seconds` is cancelled (504, or an error event on a stream). After SIGINT or
 SIGTERM in-flight requests get `grace_seconds` to finish before they are cancelled.
+
+Security: the server binds loopback unless told otherwise (server.py warns when it binds beyond
+loopback without `api_key`); no prompt, completion or key text reaches the log unless
+`log_requests` (and the key never); no CORS headers unless `allowed_origins`; /metrics, the
+dashboard's data and /openapi.json are open, as vLLM's are, unless `protect_metrics`.
 """
 
+import re
 from dataclasses import dataclass
 
 from tandem.errors import TandemError
@@ -12,6 +21,10 @@ from tandem.errors import TandemError
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024  # 1 MiB
 DEFAULT_CACHE_TTL_SECONDS = 3600.0
 CACHE_SCHEMES = ("redis://", "rediss://")
+API_KEY_ENV = "TANDEM_API_KEY"  # the key from the environment keeps it out of the process list
+DEFAULT_REQUEST_TIMEOUT_SECONDS = 600.0
+DEFAULT_MAX_STREAMS_PER_CLIENT = 64  # behind a proxy every client shares its address: raise it there
+ORIGIN = re.compile(r"^https?://[^/\s]+$")
 CACHE_OFF = "off"  # no response cache (the n-gram store then stays in memory)
 
 
@@ -29,6 +42,13 @@ class ServeSettings:
     alert_threshold: float = 0.6  # acceptance rate under which the dashboard raises an alert
     served_model_name: str | None = None  # None: the target's catalog name
     grace_seconds: float = 10.0  # how long shutdown waits for in-flight requests
+    max_tokens_limit: int | None = None  # the most new tokens a request may ask for (None: the context)
+    max_prompt_tokens: int | None = None  # the longest prompt accepted (None: the context)
+    request_timeout_seconds: float = DEFAULT_REQUEST_TIMEOUT_SECONDS  # a whole request, queueing included
+    max_streams_per_client: int = DEFAULT_MAX_STREAMS_PER_CLIENT  # open streams per client address
+    allowed_origins: tuple[str, ...] = ()  # browser origins allowed by CORS; () = no CORS headers
+    protect_metrics: bool = False  # /metrics, /dashboard/data and /openapi.json need the key too
+    log_requests: bool = False  # log each request's prompt and completion text (never the key)
 
     def __post_init__(self):
         if not self.host:
@@ -48,6 +68,17 @@ class ServeSettings:
         if self.served_model_name is not None and not self.served_model_name.strip():
             raise TandemError("the served model name must not be empty")
         _check_number("grace seconds", self.grace_seconds, low=0.0)
+        if self.max_tokens_limit is not None:
+            _check_int("max tokens limit", self.max_tokens_limit, 1, 1 << 24)
+        if self.max_prompt_tokens is not None:
+            _check_int("max prompt tokens", self.max_prompt_tokens, 1, 1 << 24)
+        _check_number("request timeout seconds", self.request_timeout_seconds, low=1e-3)
+        _check_int("max streams per client", self.max_streams_per_client, 1, 1 << 20)
+        for origin in self.allowed_origins:
+            if origin != "*" and not ORIGIN.match(origin):
+                raise TandemError(f"an allowed origin must be '*' or scheme://host[:port], got {origin!r}")
+        if self.protect_metrics and self.api_key is None:
+            raise TandemError("--protect-metrics puts /metrics and the dashboard behind the API key: give --api-key")
 
 
 def _check_int(name: str, value, low: int, high: int) -> None:

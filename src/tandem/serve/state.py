@@ -10,6 +10,7 @@ from tandem.speculation.drafters.registry import DRAFTER_NAMES
 from tandem.serve.metrics import ServingMetrics
 from tandem.serve.response_store import ResponseStore
 from tandem.serve.settings import ServeSettings
+from tandem.serve.stream_limit import StreamLimit
 from tandem.serve.tracing import RequestTracer
 
 
@@ -40,3 +41,8 @@ class ServerState:
     speculation_defaults: SpeculationOptions = field(default_factory=SpeculationOptions)  # the engine's drafter, k
     created: int = field(default_factory=lambda: int(time.time()))
     draining: bool = False  # set on SIGINT/SIGTERM: new requests are refused with 503
+    streams: StreamLimit = None  # open streams per client; from settings when not given
+
+    def __post_init__(self):
+        if self.streams is None:
+            self.streams = StreamLimit(self.settings.max_streams_per_client)

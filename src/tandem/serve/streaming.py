@@ -7,21 +7,32 @@ engine failure mid-stream becomes one `data: {"error": {...}}` event before [DON
 `ClosingStreamingResponse` closes its event generator however the response ends, so a client that
 disconnects mid-stream has its sequence cancelled at once, not whenever the generator is collected
 (and `on_close` covers a client that left before the generator ever started).
+
+Deadlines (--request-timeout): the live events wait for each delta only until the deadline, then
+cancel the sequence and send a timeout error event and [DONE]. A client that stops reading blocks
+the response in `send` instead (the engine has long finished: its updates queue in memory, its KV
+slot is free); STUCK_WRITER_GRACE_S after the deadline the response gives up and the connection
+is closed.
 """
 
+import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import aclosing
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from tandem.serve.errors import error_body
+from tandem.serve.errors import error_body, request_timed_out
 from tandem.serve.generation import EngineFailure, GenerationRun
 from tandem.serve.responses import ResponseShape
 from tandem.text.stream import TextStream
 
+log = logging.getLogger(__name__)
 DONE = b"data: [DONE]\n\n"
+STUCK_WRITER_GRACE_S = 1.0  # past the deadline, how long a response blocked on a silent reader lives
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -30,29 +41,47 @@ def sse(data: dict) -> bytes:
 
 
 class ClosingStreamingResponse(StreamingResponse):
-    def __init__(self, events: AsyncIterator[bytes], on_close: Callable[[], None] | None = None):
+    def __init__(self, events: AsyncIterator[bytes], on_close: Iterable[Callable[[], None]] = (),
+                 deadline: float | None = None):
         super().__init__(events, media_type="text/event-stream", headers=SSE_HEADERS)
-        self.on_close = on_close  # runs last, also when the client left before the first event
+        self.on_close = tuple(on_close)  # run last, also when the client left before the first event
+        self.deadline = deadline  # time.perf_counter() seconds; None: none
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        left = None if self.deadline is None else self.deadline + STUCK_WRITER_GRACE_S - time.perf_counter()
         try:
-            await super().__call__(scope, receive, send)
+            async with asyncio.timeout(left):
+                await super().__call__(scope, receive, send)
+        except TimeoutError:  # the client stopped reading: uvicorn closes the connection
+            log.warning("closed a stream whose client stopped reading (past --request-timeout)")
         finally:
             await self.body_iterator.aclose()
-            if self.on_close is not None:
-                self.on_close()
+            for close in self.on_close:
+                close()
 
 
 async def generation_events(run: GenerationRun, shape: ResponseShape,
-                            on_complete: Callable[[GenerationRun], Awaitable[None]]) -> AsyncIterator[bytes]:
-    """The events of a live generation; `on_complete` runs after [DONE] when it finished cleanly."""
+                            on_complete: Callable[[GenerationRun], Awaitable[None]],
+                            deadline: float | None = None) -> AsyncIterator[bytes]:
+    """The events of a live generation; `on_complete` runs after [DONE] when it finished cleanly.
+    Each delta is awaited only until `deadline` (never across a yield, which would cancel the send)."""
     opening = shape.opening_chunk()
     if opening is not None:
         yield sse(opening)
     try:
         async with aclosing(run.deltas()) as deltas:
-            async for delta in deltas:
+            while True:
+                left = None if deadline is None else max(0.0, deadline - time.perf_counter())
+                try:
+                    async with asyncio.timeout(left):
+                        delta = await anext(deltas)
+                except StopAsyncIteration:
+                    break
                 yield sse(shape.text_chunk(delta))
+    except TimeoutError:  # the sequence was cancelled as the deltas stopped
+        yield sse(request_timed_out().body())
+        yield DONE
+        return
     except EngineFailure as failure:
         kind = "server_error" if failure.finish_reason == "error" else "service_unavailable"
         yield sse(error_body(str(failure), kind, code=failure.finish_reason))

@@ -209,7 +209,7 @@ async def test_closing_response_runs_on_close_even_if_the_events_never_started()
     async def send(message):
         raise OSError("connection reset")  # the client is gone before the response starts
 
-    response = ClosingStreamingResponse(events(), on_close=lambda: closed.append(True))
+    response = ClosingStreamingResponse(events(), on_close=(lambda: closed.append(True),))
     with pytest.raises(OSError):
         await response({"type": "http", "asgi": {"spec_version": "2.3"}}, receive, send)
     assert closed == [True] and started == []

@@ -267,9 +267,20 @@ function setConnection(ok) {
 
 let latest = null; // the last snapshot, redrawn on resize
 
+// A server started with --protect-metrics wants its API key: open the page as /#key=KEY (the
+// fragment never leaves the browser, so the key is in no server log or proxy).
+const apiKey = new URLSearchParams(location.hash.slice(1)).get("key");
+const dataHeaders = apiKey ? { Authorization: `Bearer ${apiKey}` } : {};
+
 async function poll() {
   try {
-    const response = await fetch("dashboard/data", { cache: "no-store" });
+    const response = await fetch("dashboard/data", { cache: "no-store", headers: dataHeaders });
+    if (response.status === 401) {
+      const status = document.getElementById("connection");
+      status.className = "connection";
+      status.textContent = "this server protects its metrics: open this page as /#key=YOUR_API_KEY";
+      return; // polled again (finally): reloading with the key fixes it
+    }
     if (!response.ok) throw new Error(`HTTP ${response.status}`);
     latest = await response.json();
     render(latest);

@@ -1,0 +1,107 @@
+"""Security defaults: no CORS headers unless origins are configured; /metrics, the dashboard's data
+and /openapi.json open unless --protect-metrics (then the key is needed, the page itself stays
+open); a warning when binding beyond loopback without a key; no prompt, completion or key text in
+the log unless --log-requests (and the key never)."""
+
+import logging
+
+import pytest
+from api_doubles import TestServer, async_test, chat_body
+
+from tandem.errors import TandemError
+from tandem.serve.server import is_loopback, warn_if_exposed
+from tandem.serve.settings import ServeSettings
+
+KEY = "sk-very-secret-key-123"
+SECRET_PROMPT = "my bank PIN is 9371"
+ORIGIN = "https://app.example.com"
+
+
+def preflight(origin: str) -> dict:
+    return {"Origin": origin, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type"}
+
+
+@async_test
+async def test_no_cors_headers_by_default():
+    with TestServer() as server:
+        async with server.client() as client:
+            answer = await client.post("/v1/chat/completions", json=chat_body(), headers={"Origin": ORIGIN})
+            assert answer.status_code == 200 and "access-control-allow-origin" not in answer.headers
+            options = await client.options("/v1/chat/completions", headers=preflight(ORIGIN))
+            assert "access-control-allow-origin" not in options.headers
+
+
+@async_test
+async def test_cors_only_for_the_configured_origins():
+    with TestServer(allowed_origins=(ORIGIN,)) as server:
+        async with server.client() as client:
+            allowed = await client.options("/v1/chat/completions", headers=preflight(ORIGIN))
+            assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == ORIGIN
+            other = await client.options("/v1/chat/completions", headers=preflight("https://evil.example"))
+            assert other.headers.get("access-control-allow-origin") != "https://evil.example"
+            answer = await client.post("/v1/chat/completions", json=chat_body(), headers={"Origin": ORIGIN})
+            assert answer.headers["access-control-allow-origin"] == ORIGIN
+
+
+@async_test
+async def test_metrics_and_dashboard_data_are_open_by_default():
+    with TestServer(api_key=KEY) as server:
+        async with server.client() as client:
+            for path in ("/metrics", "/dashboard/data", "/openapi.json", "/health"):
+                assert (await client.get(path)).status_code == 200, path
+            assert (await client.get("/v1/models")).status_code == 401
+
+
+@async_test
+async def test_protect_metrics_puts_them_behind_the_key():
+    with TestServer(api_key=KEY, protect_metrics=True) as server:
+        async with server.client() as client:
+            for path in ("/metrics", "/dashboard/data", "/openapi.json"):
+                refused = await client.get(path)
+                assert refused.status_code == 401 and refused.json()["error"]["type"] == "authentication_error"
+                assert (await client.get(path, headers={"Authorization": f"Bearer {KEY}"})).status_code == 200
+            assert (await client.get("/")).status_code == 200  # the page holds no data
+            assert (await client.get("/health")).status_code == 200  # load balancers probe it
+
+
+def test_protect_metrics_needs_a_key():
+    with pytest.raises(TandemError, match="--api-key"):
+        ServeSettings(protect_metrics=True)
+
+
+@pytest.mark.parametrize("host, key, warned", [("0.0.0.0", None, True), ("::", None, True), ("10.1.2.3", None, True),
+                                               ("0.0.0.0", KEY, False), ("127.0.0.1", None, False),
+                                               ("::1", None, False), ("localhost", None, False)])
+def test_binding_beyond_loopback_without_a_key_warns(capsys, host, key, warned):
+    warn_if_exposed(ServeSettings(host=host, api_key=key))
+    assert ("without --api-key" in capsys.readouterr().err) == warned
+    assert is_loopback(host) == (host in ("127.0.0.1", "::1", "localhost"))
+
+
+@async_test
+async def _exchange(server):
+    async with server.client(Authorization=f"Bearer {KEY}") as client:
+        body = chat_body(messages=[{"role": "user", "content": SECRET_PROMPT}])
+        assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
+        bad = await client.post("/v1/chat/completions", json={**body, "temperature": "hot"})
+        assert bad.status_code == 400
+        await client.get("/v1/models", headers={"Authorization": "Bearer wrong-" + KEY})
+
+
+def test_logs_hold_no_prompt_completion_or_key_by_default(caplog):
+    caplog.set_level(logging.DEBUG)
+    with TestServer(api_key=KEY) as server:
+        _exchange(server)
+        assert server.metrics.finished  # the request ran to its end
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert SECRET_PROMPT not in logged and KEY not in logged and "Héllo" not in logged
+
+
+def test_log_requests_logs_the_texts_but_never_the_key(caplog):
+    caplog.set_level(logging.INFO, logger="tandem.requests")
+    with TestServer(api_key=KEY, log_requests=True) as server:
+        _exchange(server)
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert SECRET_PROMPT in logged and "Héllo" in logged
+    assert KEY not in logged
