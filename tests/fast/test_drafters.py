@@ -111,8 +111,10 @@ def test_hybrid_copies_for_copy_jobs_and_asks_the_model_for_the_rest():
 
 
 def test_registry_builds_by_name_and_explains_mistakes():
-    assert set(build_drafters(None)) == {"none", "ngram"}
-    assert set(build_drafters(FakeDraftModel())) == {"none", "ngram", "model", "hybrid"}
+    assert set(build_drafters(None)) == {"none", "ngram", "suffix"}
+    assert set(build_drafters(FakeDraftModel())) == {"none", "ngram", "suffix", "model", "hybrid"}
+    with_model = build_drafters(FakeDraftModel())
+    assert with_model["hybrid"].suffix is with_model["suffix"]  # one shared index of recent outputs
     assert check_drafter("ngram", has_draft_model=False) == "ngram"
     for name in ("hybrid", "model"):
         with pytest.raises(TandemError, match="draft model"):

@@ -8,12 +8,13 @@ normalised entry) must be unique, since results are keyed by them.
 from tandem.bench.config_base import BenchConfig, ConfigFactory, ConfigSpec
 from tandem.bench.models import BenchModels
 from tandem.bench.peer_configs import HfAssisted, HfGenerate, HfPromptLookup, LlamaCppPlain
-from tandem.bench.tandem_configs import HybridConfig, ModelConfig, NgramConfig, NoneConfig
+from tandem.bench.tandem_configs import HybridConfig, ModelConfig, NgramConfig, NoneConfig, SuffixConfig
 from tandem.errors import TandemError
 
 CONFIGS: dict[str, ConfigFactory] = {
     "none": NoneConfig,
     "ngram": NgramConfig,
+    "suffix": SuffixConfig,
     "model": ModelConfig,
     "hybrid": HybridConfig,
     "llamacpp-plain": LlamaCppPlain,

@@ -76,6 +76,10 @@ class NgramConfig(TandemConfig):
     drafter_name = "ngram"
 
 
+class SuffixConfig(TandemConfig):
+    drafter_name = "suffix"
+
+
 class ModelConfig(TandemConfig):
     drafter_name = "model"
     uses_draft_model = True

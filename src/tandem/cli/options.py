@@ -14,7 +14,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("models")
     group.add_argument("--target", default=DEFAULT_TARGET, help="catalog name, .gguf file or HF folder")
     group.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model (same tokenizer as the target)")
-    group.add_argument("--drafter", default="hybrid", help="model | ngram | hybrid | none (default hybrid)")
+    group.add_argument("--drafter", default="hybrid", help="model | ngram | suffix | hybrid | none (default hybrid)")
     group.add_argument("--backend", default="auto", help="target backend: llamacpp | torch | auto")
     group.add_argument("--device", default="auto", help="target device: cpu, cuda:0, mps, npu:0, xpu ...")
     group.add_argument("--dtype", default="fp32", help="target dtype for torch: fp32 | bf16 | fp16")

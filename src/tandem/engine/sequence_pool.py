@@ -74,7 +74,11 @@ class SequencePool:
 
     def retire(self, seq: Sequence) -> None:
         """Take a finished or cancelled sequence out of the batch; what it committed is target
-        output, so it feeds the shared n-gram store either way."""
+        output, so it feeds the shared n-gram store (and the suffix drafter's index) either way."""
         self.running.pop(seq.seq_id, None)
         if self.ngram_store is not None:
             self.ngram_store.add(seq.tokens)
+        for drafter in self.drafters.values():  # per-sequence drafter state (suffix indexes) goes
+            forget = getattr(drafter, "forget", None)
+            if forget is not None:
+                forget(seq)

@@ -108,7 +108,7 @@ def test_profiles_paths_are_relative_to_the_file(tmp_path):
      "2: workers: at least one worker must have role verify or both"),
     ("workers: []\n", "1: workers: at least one worker is needed"),
     ("workers:\n" + VERIFY + "drafter: modle\n",
-     "5: drafter: must be one of auto, none, ngram, model, hybrid (got 'modle') (did you mean 'model'?)"),
+     "5: drafter: must be one of auto, none, ngram, suffix, model, hybrid (got 'modle') (did you mean 'model'?)"),
     ("workers:\n" + VERIFY + "k: 99\n", "5: k: must be <= 64 (got 99)"),
     ("workers:\n" + VERIFY + "acceptance: {model: 1.5}\n",
      "5: acceptance: key 'model': must be < 1.0 (got 1.5)"),

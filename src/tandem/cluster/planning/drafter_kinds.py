@@ -7,12 +7,14 @@ per sequence. The kinds are the engine's (speculation/drafters/registry.py):
 
 - none:   no drafts, k = 0: plain batched decoding.
 - ngram:  copies continuations from the context; free to propose, needs no draft model.
+- suffix: copies what most often followed the context's suffix, in the request or recent outputs; free.
 - model:  the draft model proposes every token.
 - hybrid: n-gram copies where the context repeats, the draft model elsewhere.
 
 Default acceptance (override in the cluster file's `acceptance:` or with `--acceptance`):
 model 0.6 is the engine's own prior for a draft model (speculation/depth.py); ngram 0.4 sits near the
-engine's prior for a 2-token match (0.42), since on fresh text most matches are short; hybrid
+engine's prior for a 2-token match (0.42), since on fresh text most matches are short (suffix the
+same, until measured); hybrid
 0.65 assumes copies where they exist beat the model a little, with HYBRID_MODEL_SHARE of its
 tokens from the model. Measure acceptance on your workload (`tandem bench`) and pass it in.
 """
@@ -45,12 +47,13 @@ class DrafterKind:
 DRAFTER_KINDS: Mapping[str, DrafterKind] = MappingProxyType({k.name: k for k in (
     DrafterKind("none", drafts=False, model_share=0.0),
     DrafterKind("ngram", drafts=True, model_share=0.0),
+    DrafterKind("suffix", drafts=True, model_share=0.0),
     DrafterKind("model", drafts=True, model_share=1.0),
     DrafterKind("hybrid", drafts=True, model_share=HYBRID_MODEL_SHARE),
 )})
 
 DEFAULT_ACCEPTANCE: Mapping[str, float] = MappingProxyType(
-    {"model": PRIOR_ACCEPTANCE, "ngram": 0.4, "hybrid": 0.65})
+    {"model": PRIOR_ACCEPTANCE, "ngram": 0.4, "suffix": 0.4, "hybrid": 0.65})
 
 
 def drafter_kind(name: str) -> DrafterKind:

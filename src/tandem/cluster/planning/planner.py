@@ -1,6 +1,6 @@
 """Placement planning: `plan_cluster(spec, profiles) -> Plan`.
 
-The planner tries every drafter kind (none, ngram, model, hybrid) with every k (1..8; none
+The planner tries every drafter kind (none, ngram, suffix, model, hybrid) with every k (1..8; none
 means k = 0) and, for workers with role `both`, several splits of their replicas between
 verifying and drafting (all, none, quarters). Each candidate is priced by placement.py from the
 workers' cost curves (prediction.py has the step formula). The chosen plan has the most tokens/s

@@ -1,4 +1,4 @@
-"""The drafter registry: `--drafter none|ngram|model|hybrid` (and the API's `"drafter"`) name a
+"""The drafter registry: `--drafter none|ngram|suffix|model|hybrid` (and the API's `"drafter"`) name a
 class here. `generate`, `serve` and the cluster all build their drafters with `build_drafters`;
 they differ only in where the draft model runs (a `DraftModel`)."""
 
@@ -10,9 +10,10 @@ from tandem.speculation.drafters.hybrid import HYBRID_NGRAM, HybridDrafter
 from tandem.speculation.drafters.model import DraftModel, ModelDrafter
 from tandem.speculation.drafters.ngram import NgramDrafter
 from tandem.speculation.drafters.none import NoDrafter
+from tandem.speculation.drafters.suffix import SuffixDrafter
 
-DRAFTER_NAMES = ("none", "ngram", "model", "hybrid")
-USES_MODEL = MappingProxyType({"none": False, "ngram": False, "model": True, "hybrid": True})
+DRAFTER_NAMES = ("none", "ngram", "suffix", "model", "hybrid")
+USES_MODEL = MappingProxyType({"none": False, "ngram": False, "suffix": False, "model": True, "hybrid": True})
 
 
 def check_drafter(name: str, has_draft_model: bool = True) -> str:
@@ -26,9 +27,10 @@ def check_drafter(name: str, has_draft_model: bool = True) -> str:
 
 def build_drafters(draft_model: DraftModel | None, ngram_store=None) -> dict[str, Drafter]:
     """Every drafter this engine can run, by name (those needing a model only with one)."""
-    drafters: dict[str, Drafter] = {"none": NoDrafter(), "ngram": NgramDrafter(store=ngram_store)}
+    suffix = SuffixDrafter()  # one shared index of recent outputs, for `suffix` and `hybrid` alike
+    drafters: dict[str, Drafter] = {"none": NoDrafter(), "ngram": NgramDrafter(store=ngram_store), "suffix": suffix}
     if draft_model is not None:
         model = ModelDrafter(draft_model)
         drafters["model"] = model
-        drafters["hybrid"] = HybridDrafter(model, NgramDrafter(*HYBRID_NGRAM, store=ngram_store))
+        drafters["hybrid"] = HybridDrafter(model, NgramDrafter(*HYBRID_NGRAM, store=ngram_store), suffix)
     return drafters

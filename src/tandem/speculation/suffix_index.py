@@ -1,0 +1,139 @@
+"""Suffix counts for suffix drafting: every run of at most `depth` consecutive tokens of the text
+added so far, as a trie whose nodes count how often their run occurred.
+
+The node of a run knows which tokens followed it and how often, so the continuation of a context
+is found by matching the context's longest suffix that occurred before, then following the most
+frequent next token while its share of what followed stays high: a variable-length proposal with
+a frequency-based confidence (the idea of ArcticInference's suffix decoding, over a bounded-depth
+trie instead of a full suffix tree).
+
+Two uses: `SuffixIndex` over recent requests' outputs, shared across requests, with a bound on the
+tokens it holds (the oldest sequence's counts are taken back out first); and `GrowingSuffixIndex`
+over one request's prompt and output, extended one committed token at a time.
+"""
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+DEFAULT_DEPTH = 16  # longest run counted: match length + continuation length
+MAX_MATCH = 12  # longest context suffix looked up
+MIN_SHARE = 0.3  # a continuation stops at a token followed less often than this, of its node's count
+
+
+class Node:
+    __slots__ = ("count", "children")
+
+    def __init__(self):
+        self.count = 0
+        self.children: dict[int, "Node"] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class SuffixProposal:
+    match_len: int  # context tokens matched
+    tokens: tuple[int, ...]  # the proposed continuation
+    confidence: float  # the first proposed token's share of what followed the match
+
+
+def _add_runs(root: Node, tokens: Sequence[int], depth: int, delta: int) -> None:
+    """Count (delta +1) or uncount (-1) every run of at most `depth` tokens in `tokens`."""
+    for start in range(len(tokens)):
+        node = root
+        for token in tokens[start:start + depth]:
+            child = node.children.get(token)
+            if child is None:
+                child = node.children[token] = Node()
+            child.count += delta
+            if child.count <= 0:
+                del node.children[token]
+                break
+            node = child
+
+
+def _continue(node: Node, limit: int, min_share: float) -> tuple[list[int], float]:
+    """From a matched node, the most frequent next tokens while their share stays >= min_share."""
+    tokens: list[int] = []
+    first_share = 0.0
+    while len(tokens) < limit and node.children:
+        token, child = max(node.children.items(), key=lambda item: item[1].count)
+        total = sum(c.count for c in node.children.values())
+        share = child.count / total
+        if share < min_share:
+            break
+        if not tokens:
+            first_share = share
+        tokens.append(token)
+        node = child
+    return tokens, first_share
+
+
+def lookup(root: Node, context: Sequence[int], limit: int, max_match: int = MAX_MATCH,
+           min_share: float = MIN_SHARE) -> SuffixProposal | None:
+    """The continuation after the longest suffix of `context` (at most max_match) seen with a
+    successor; None when no suffix of it was followed by anything."""
+    for length in range(min(max_match, len(context)), 0, -1):
+        node = root
+        for token in context[len(context) - length:]:
+            node = node.children.get(token)
+            if node is None:
+                break
+        if node is not None and node.children:
+            tokens, share = _continue(node, limit, min_share)
+            return SuffixProposal(length, tuple(tokens), share) if tokens else None
+    return None
+
+
+class SuffixIndex:
+    """Recent sequences' runs, shared across requests; holds at most `max_tokens` tokens."""
+
+    def __init__(self, max_tokens: int = 32768, depth: int = DEFAULT_DEPTH):
+        self.root = Node()
+        self.depth = depth
+        self.max_tokens = max_tokens
+        self.held: deque[tuple[int, ...]] = deque()
+        self.tokens = 0
+
+    def add(self, tokens: Sequence[int]) -> None:
+        kept = tuple(tokens[-self.max_tokens:])
+        if not kept:
+            return
+        _add_runs(self.root, kept, self.depth, +1)
+        self.held.append(kept)
+        self.tokens += len(kept)
+        while self.tokens > self.max_tokens:
+            oldest = self.held.popleft()
+            _add_runs(self.root, oldest, self.depth, -1)
+            self.tokens -= len(oldest)
+
+    def lookup(self, context: Sequence[int], limit: int) -> SuffixProposal | None:
+        return lookup(self.root, context, limit)
+
+
+class GrowingSuffixIndex:
+    """One sequence's runs, extended token by token as the sequence grows: O(depth) a token.
+
+    `open_runs` holds the nodes of the runs that end at the last token added (shortest first),
+    so the next token extends each of them by one."""
+
+    def __init__(self, depth: int = DEFAULT_DEPTH):
+        self.root = Node()
+        self.depth = depth
+        self.length = 0  # tokens added
+        self.open_runs: list[Node] = []
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        for token in tokens:
+            runs = []
+            for node in [self.root, *self.open_runs[: self.depth - 1]]:
+                child = node.children.get(token)
+                if child is None:
+                    child = node.children[token] = Node()
+                child.count += 1
+                runs.append(child)
+            self.open_runs = runs
+            self.length += 1
+
+    def lookup(self, context: Sequence[int], limit: int) -> SuffixProposal | None:
+        """As `lookup`, where `context` is what was added (its own last occurrence has no successor yet)."""
+        return lookup(self.root, context, limit)

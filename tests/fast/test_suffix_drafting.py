@@ -1,0 +1,138 @@
+"""Suffix drafting: the suffix index against brute-force run counts on random token streams (the
+growing per-request index and the shared one alike, eviction included), and the drafter: a
+repeated span is proposed whole, a branch point ends the proposal, recent requests' outputs are
+proposed to a new request, and hybrid takes the suffix copy where it matched more context."""
+
+import random
+from collections import Counter
+
+from tandem.speculation.drafters.suffix import SuffixDrafter, suffix_source
+from tandem.speculation.suffix_index import MAX_MATCH, MIN_SHARE, GrowingSuffixIndex, SuffixIndex
+
+DEPTH = 6
+
+
+def brute_counts(sequences, depth):
+    counts = Counter()
+    for tokens in sequences:
+        for start in range(len(tokens)):
+            for end in range(start + 1, min(len(tokens), start + depth) + 1):
+                counts[tuple(tokens[start:end])] += 1
+    return counts
+
+
+def brute_lookup(counts, context, limit, depth):
+    """The reference rule on the counts of every run: (match length, tokens, first share), None,
+    or (match length, "tie") where two successors are equally frequent (the trie's pick among
+    them is its insertion order)."""
+    def followers(run):
+        return {longer[-1]: c for longer, c in counts.items() if len(longer) == len(run) + 1 and longer[:-1] == run}
+
+    for length in range(min(MAX_MATCH, len(context), depth - 1), 0, -1):
+        run = tuple(context[len(context) - length:])
+        if not (counts.get(run) and followers(run)):
+            continue
+        tokens, first_share = [], 0.0
+        while len(tokens) < limit and len(run) < depth and (nexts := followers(run)):
+            best = max(nexts.values())
+            share = best / sum(nexts.values())
+            if share < MIN_SHARE:
+                break
+            tied = [t for t in nexts if nexts[t] == best]
+            if len(tied) > 1:
+                return length, "tie"
+            first_share = first_share or share
+            tokens.append(tied[0])
+            run += (tied[0],)
+        return (length, tuple(tokens), first_share) if tokens else None
+    return None
+
+
+def check(index, sequences, context, limit):
+    found = index.lookup(context, limit)
+    expected = brute_lookup(brute_counts(sequences, DEPTH), context, limit, DEPTH)
+    if expected is not None and expected[1] == "tie":
+        assert found is not None and found.match_len == expected[0]
+        return
+    if expected is None:
+        assert found is None
+    else:
+        assert (found.match_len, found.tokens) == expected[:2] and abs(found.confidence - expected[2]) < 1e-9
+
+
+def test_shared_index_matches_brute_force_counts_with_eviction():
+    rng = random.Random(1)
+    for _ in range(40):
+        index = SuffixIndex(max_tokens=60, depth=DEPTH)
+        held = []
+        for _ in range(rng.randint(1, 6)):
+            tokens = [rng.randint(0, 3) for _ in range(rng.randint(1, 30))]
+            index.add(tokens)
+            held.append(tuple(tokens[-60:]))
+            while sum(map(len, held)) > 60:
+                held.pop(0)
+        context = [rng.randint(0, 3) for _ in range(rng.randint(1, 10))]
+        # the lookup walks runs of the context; a run longer than depth - 1 cannot have a successor
+        check(index, held, context, rng.randint(1, 8))
+
+
+def test_growing_index_matches_brute_force_counts():
+    rng = random.Random(2)
+    for _ in range(40):
+        tokens = [rng.randint(0, 3) for _ in range(rng.randint(1, 40))]
+        index = GrowingSuffixIndex(depth=DEPTH)
+        cut = rng.randint(0, len(tokens))
+        index.extend(tokens[:cut])
+        index.extend(tokens[cut:])
+        assert index.length == len(tokens)
+        check(index, [tokens], tokens, rng.randint(1, 8))
+
+
+class Seq:
+    def __init__(self, seq_id, prompt, output=()):
+        self.seq_id = seq_id
+        self.tokens = list(prompt) + list(output)
+        self.fixed_k = None
+
+        class Request:
+            prompt_ids = tuple(prompt)
+        self.request = Request()
+
+
+def test_a_repeated_span_is_proposed_whole_and_a_branch_ends_it():
+    drafter = SuffixDrafter()
+    span = [10, 11, 12, 13, 14, 15, 16, 17]
+    seq = Seq("a", [1, 2] + span + [3, 4] + span[:3])
+    offer = drafter.offer(seq, 16)
+    assert list(offer.copy[:5]) == span[3:] and offer.candidate.source == suffix_source(1.0)
+    three_ways = Seq("b", [5, 6, 7, 5, 6, 8, 5, 6, 9, 5, 6])  # after 5 6: 7, 8 and 9 once each
+    assert drafter.offer(three_ways, 16).candidate.source == "suffix3"  # a low-confidence source
+    four_ways = Seq("c", [5, 6, 7, 5, 6, 8, 5, 6, 9, 5, 6, 4, 5, 6])  # a quarter each: under MIN_SHARE
+    assert drafter.offer(four_ways, 16).candidate.cap == 0
+
+
+def test_recent_outputs_are_proposed_to_a_new_request():
+    drafter = SuffixDrafter()
+    answer = [40, 41, 42, 43, 44, 45, 46, 47, 48]
+    done = Seq("done", [1, 2, 3], answer)
+    drafter.forget(done)  # it retires: its output joins the shared index
+    assert "done" not in drafter.own
+    new = Seq("new", [9, 9] + answer[:4])
+    assert list(drafter.offer(new, 8).copy) == answer[4:]
+
+
+def test_hybrid_takes_the_suffix_copy_where_it_matched_more():
+    from tandem.speculation.drafters.hybrid import HybridDrafter
+    from tandem.speculation.drafters.ngram import NgramDrafter
+
+    class NoModel:
+        def offer(self, seq, limit):
+            from tandem.speculation.drafters.base import NO_OFFER
+            return NO_OFFER
+
+    suffix = SuffixDrafter()
+    hybrid = HybridDrafter(NoModel(), NgramDrafter(3, 8), suffix)
+    suffix.forget(Seq("old", [1], [20, 21, 22, 23, 24, 25, 26]))
+    seq = Seq("s", [7, 20, 21, 22, 23])  # only the shared index has seen 20..23 followed by more
+    offer = hybrid.offer(seq, 8)
+    assert offer.candidate.source.startswith("suffix") and list(offer.copy) == [24, 25, 26]
