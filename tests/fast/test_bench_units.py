@@ -304,3 +304,12 @@ def test_bad_k_suffix_names_the_config():
     assert [(c.label, c.k) for c in configs] == [("none", Auto()), ("hybrid:k=4", Fixed(4)), ("ngram", Auto())]
     with pytest.raises(TandemError, match="config 'hybrid:k=99': k must be 'auto' or an integer from 0 to 64"):
         build_configs(parse_config_names("hybrid:k=99"), models)
+
+
+def test_the_packaged_workloads_load_by_name():
+    from tandem.bench.workload import load_prompts
+
+    default, long = load_prompts("default"), load_prompts("long")
+    assert len(default) == 100
+    assert len(long) == 18 and {p.category for p in long} == {"code_edit", "reformat", "extraction", "agent_loop"}
+    assert any(m["role"] == "assistant" for p in long for m in p.messages)  # the agent loops repeat a turn

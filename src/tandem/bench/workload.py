@@ -13,6 +13,8 @@ from typing import Protocol
 from tandem.errors import TandemError
 
 DEFAULT_WORKLOAD = Path(__file__).parent / "workloads" / "default.jsonl"
+LONG_WORKLOAD = Path(__file__).parent / "workloads" / "long_output.jsonl"
+NAMED_WORKLOADS = {"default": DEFAULT_WORKLOAD, "long": LONG_WORKLOAD}  # --prompts NAME or a path
 DEFAULT_CATEGORY = "uncategorised"
 
 
@@ -42,7 +44,8 @@ def format_prompt(tokenizer: PromptTokenizer, prompt: BenchPrompt) -> tuple[int,
 
 
 def load_prompts(path: str | Path) -> list[BenchPrompt]:
-    path = Path(path)
+    """A JSONL workload: a file, or a packaged one by name ("default", "long")."""
+    path = NAMED_WORKLOADS.get(str(path), Path(path))
     if not path.is_file():
         raise TandemError(f"no such prompts file: {path}")
     prompts, seen = [], {}

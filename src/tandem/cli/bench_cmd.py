@@ -23,7 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "is ignored here: configs name their drafters.",
     )
     add_model_options(parser)
-    parser.add_argument("--prompts", default=str(DEFAULT_WORKLOAD), help="JSONL workload (default: packaged)")
+    parser.add_argument("--prompts", default=str(DEFAULT_WORKLOAD),
+                        help="JSONL workload: a file, or default (the 100 prompts) | long (long answers)")
     parser.add_argument("--configs", default=DEFAULT_CONFIGS,
                         help=f"comma-separated, with optional :k=N|auto suffix; known: {', '.join(CONFIGS)} "
                         f"(default {DEFAULT_CONFIGS})")

@@ -26,7 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help=f"comma-separated; known: {', '.join(SERVER_KINDS)} (default {DEFAULT_CONFIGS})")
     parser.add_argument("--concurrency", default=DEFAULT_CONCURRENCY,
                         help=f"comma-separated client counts (default {DEFAULT_CONCURRENCY})")
-    parser.add_argument("--prompts", default=str(DEFAULT_WORKLOAD), help="JSONL workload (default: packaged)")
+    parser.add_argument("--prompts", default=str(DEFAULT_WORKLOAD),
+                        help="JSONL workload: a file, or default (the 100 prompts) | long (long answers)")
     parser.add_argument("--num-prompts", type=int, default=None,
                         help=f"requests per concurrency level (default max({MIN_REQUESTS}, "
                         f"{REQUESTS_PER_CLIENT} x C))")
