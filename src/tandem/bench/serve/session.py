@@ -39,12 +39,12 @@ def plan_levels(settings: ServeBenchSettings, prompts: list) -> list[LevelPlan]:
 def server_launch(settings: ServeBenchSettings, kinds: list) -> ServerLaunch:
     """Resolve the models (pulling catalog ones if needed); raises TandemError if one is missing."""
     target_gguf = gguf_path(settings.target)
-    if any(kind.needs_draft for kind in kinds):
-        gguf_path(settings.draft)
+    draft_gguf = gguf_path(settings.draft) if any(kind.needs_draft for kind in kinds) else None
     return ServerLaunch(
         target=settings.target,
         draft=settings.draft,
         target_gguf=str(target_gguf),
+        draft_gguf=None if draft_gguf is None else str(draft_gguf),
         threads=settings.threads or os.cpu_count() or 1,
         max_running=max(settings.concurrency),
         context_length=RunnerSpec(settings.target).context_length,  # Tandem's default context
