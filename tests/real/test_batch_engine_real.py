@@ -75,3 +75,36 @@ def test_llamacpp_batch_runner_keeps_to_its_threads_for_multi_token_calls(small_
     runner = LlamaCppBatchRunner(str(small_gguf), 2, threads=1)
     assert llama_cpp.llama_n_threads(runner._ctx.ctx) == 1
     assert llama_cpp.llama_n_threads_batch(runner._ctx.ctx) == 1
+
+
+def test_llamacpp_logits_buffer_is_sized_at_start_and_big_calls_are_split(small_gguf):
+    """llama.cpp never shrinks its logits buffer, so the runner grows it to `max_outputs` positions
+    at start and splits a call asking for more: resident memory does not step up mid-run, and the
+    split call gives the logits one big call gives."""
+    import numpy as np
+    import psutil
+
+    from tandem.models.batch_runner import BatchItem
+
+    tokens = [(17 * i) % 900 + 10 for i in range(60)]
+    small = LlamaCppBatchRunner(str(small_gguf), max_slots=1, context_length=512, threads=2)  # max_outputs 17
+    big = LlamaCppBatchRunner(str(small_gguf), max_slots=8, context_length=512, threads=2)  # 136
+    assert (small.max_outputs, big.max_outputs) == (17, 136)
+    split = small.forward_batch([BatchItem(0, tokens, 40)])[0]  # 40 positions: three calls
+    whole = big.forward_batch([BatchItem(0, tokens, 40)])[0]
+    assert split.shape == whole.shape == (40, small.vocab_size)
+    np.testing.assert_allclose(split, whole, atol=0.5)  # the same positions; batch shapes differ (Q4 kernels)
+    assert (split.argmax(-1) == whole.argmax(-1)).mean() > 0.9
+    big.rollback(0, 0)
+
+    def deepest_verify_of_every_slot() -> None:
+        big.forward_batch([BatchItem(slot, tokens[:17], 17) for slot in range(8)])
+        for slot in range(8):
+            big.rollback(slot, 0)
+
+    deepest_verify_of_every_slot()  # numpy's own buffers for the copies settle
+    process = psutil.Process()
+    before = process.memory_info().rss
+    for _ in range(3):
+        deepest_verify_of_every_slot()
+    assert process.memory_info().rss - before < 16 * 2**20  # no step up: the buffer was already that size
