@@ -6,16 +6,23 @@
 - the model file unreadable (and then gone) after start: serving goes on (llama.cpp maps the file
   at start; the mapping outlives its name and its permissions);
 - the disk full during `tandem models pull` (in the download and in the assembly): a one-line
-  error naming the space needed, exit 2, nothing left in the cache that looks like a model.
+  error naming the space needed, exit 2, nothing left in the cache that looks like a model;
+- a client that reads one byte a second: other streams go on, its KV slot is freed when its
+  generation ends (not when it has read it), and the server hangs up on it in the end (a response
+  blocked on it is dropped at --request-timeout: tests/fast/serve/test_api_streaming.py).
 (SIGTERM with requests in flight is test_serve_openai.py's last test.)"""
 
 import asyncio
 import itertools
+import json
 import os
+import socket
 import shutil
 import subprocess
 import sys
 import threading
+import time
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -210,3 +217,58 @@ def test_disk_full_during_pull_is_a_clear_error_and_keeps_nothing(tmp_path, size
               if "error:" in line]
     assert len(errors) == 1 and "no space left" in errors[0] and "GiB" in errors[0], result.stderr[-800:]
     assert "Traceback" not in result.stderr
+
+
+class SlowReader:
+    """A raw HTTP client with a tiny receive buffer that reads one byte a second."""
+
+    def __init__(self, url: str, body: dict):
+        address = urlsplit(url)
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+        self.sock.connect((address.hostname, address.port))
+        payload = json.dumps(body).encode()
+        self.sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: tandem\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: %d\r\n\r\n" % len(payload) + payload)
+        self.received = bytearray()
+        self.slow = True
+        self.closed_by_server = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        while True:
+            chunk = self.sock.recv(1 if self.slow else 65536)
+            if not chunk:
+                self.closed_by_server.set()
+                return
+            self.received += chunk
+            if self.slow:
+                time.sleep(1.0)
+
+
+def test_a_client_that_stops_reading_stalls_nobody_and_holds_no_kv():
+    timeout = 90  # seconds: the 1,500 tokens take about 40 on two cores
+    server = start_server(serve_command("--request-timeout", str(timeout), "--cache", "off"))
+    try:
+        body = {"model": SMALL, "prompt": "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,", "max_tokens": 1500, "temperature": 0,
+                "stream": True, "tandem": {"drafter": "none"}}
+        started = time.monotonic()
+        reader = SlowReader(server.url, body)
+        assert until(lambda: kv_slots_in_use(server.url) == 1, 30)
+        for number in range(3):  # others are served meanwhile, each within seconds
+            begin = time.monotonic()
+            other = httpx.post(f"{server.url}/v1/chat/completions", json=chat_body(f"Other {number}", stream=True),
+                               timeout=30)
+            assert other.status_code == 200 and other.text.rstrip().endswith("[DONE]")
+            assert time.monotonic() - begin < 10
+        freed = until(lambda: kv_slots_in_use(server.url) == 0 and server.health()["in_flight"] == 0, timeout)
+        freed_after = time.monotonic() - started
+        assert freed and len(reader.received) < 100, (freed, len(reader.received))  # freed, not read
+        assert freed_after < timeout - 10, freed_after  # the generation ended: the deadline did not cut it
+        reader.slow = False  # drain what the kernels buffered: the server hangs up at the deadline if
+        # its writes blocked, or after keep-alive if the whole answer fit in the buffers
+        assert reader.closed_by_server.wait(timeout + 30), "the server kept the connection of a silent client"
+        health = server.health()
+        assert health["status"] == "ok" and server.process.poll() is None
+    finally:
+        server.stop()

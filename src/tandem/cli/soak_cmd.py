@@ -40,7 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-tokens", type=int, default=64, help="max new tokens per request (default 64)")
     parser.add_argument("--abandon-every", type=int, default=10,
                         help="every n-th request hangs up after its first token; 0: none (default 10)")
-    parser.add_argument("--prompts", default=str(DEFAULT_WORKLOAD), help="JSONL workload (default: packaged)")
+    parser.add_argument("--prompts", default=str(DEFAULT_WORKLOAD),
+                        help="JSONL workload: a file, or default (the 100 prompts) | long (long answers)")
     parser.add_argument("--out", default="soak-out", help="output folder (default soak-out)")
     parser.set_defaults(func=run)
 

@@ -41,7 +41,7 @@ class ServerState:
     speculation_defaults: SpeculationOptions = field(default_factory=SpeculationOptions)  # the engine's drafter, k
     created: int = field(default_factory=lambda: int(time.time()))
     draining: bool = False  # set on SIGINT/SIGTERM: new requests are refused with 503
-    streams: StreamLimit = None  # open streams per client; from settings when not given
+    streams: StreamLimit | None = None  # open streams per client; from settings when not given
 
     def __post_init__(self):
         if self.streams is None:

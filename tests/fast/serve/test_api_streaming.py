@@ -213,3 +213,33 @@ async def test_closing_response_runs_on_close_even_if_the_events_never_started()
     with pytest.raises(OSError):
         await response({"type": "http", "asgi": {"spec_version": "2.3"}}, receive, send)
     assert closed == [True] and started == []
+
+
+@async_test
+async def test_a_response_blocked_on_a_silent_reader_is_dropped_after_its_deadline():
+    """A client that stops reading blocks `send` (flow control): past the deadline the response
+    gives up, closes its events and runs on_close, so nothing waits on that client for ever."""
+    import time
+
+    from tandem.serve.streaming import STUCK_WRITER_GRACE_S
+
+    closed, sent = [], []
+
+    async def events():
+        while True:
+            yield b"data: {}\n\n"
+
+    async def receive():
+        await asyncio.sleep(60)
+
+    async def send(message):
+        sent.append(message)
+        if len(sent) > 2:
+            await asyncio.sleep(60)  # the reader's window is full
+
+    response = ClosingStreamingResponse(events(), on_close=(lambda: closed.append(True),),
+                                        deadline=time.perf_counter() + 0.2)
+    started = time.perf_counter()
+    await asyncio.wait_for(response({"type": "http", "asgi": {"spec_version": "2.4"}}, receive, send), 10)
+    assert closed == [True]
+    assert 0.2 + STUCK_WRITER_GRACE_S - 0.1 < time.perf_counter() - started < 0.2 + STUCK_WRITER_GRACE_S + 1

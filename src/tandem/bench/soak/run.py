@@ -22,6 +22,7 @@ from tandem.bench.serve.requests import BenchRequest, chat_payload, level_reques
 from tandem.bench.serve.sse import parse_chunk, sse_payloads
 from tandem.bench.soak.samples import ServerSample, read_metrics
 from tandem.bench.workload import BenchPrompt
+from tandem.errors import TandemError
 
 IDLE_WAIT_S = 60.0  # after the load, how long the server gets to finish what it holds
 REQUEST_TIMEOUT_S = 600.0
@@ -90,8 +91,11 @@ async def soak(settings: SoakSettings, on_sample: Callable[[ServerSample], None]
         deadline = start + settings.duration_s
 
         async def take_sample(phase: str) -> None:
-            response = await client.get(root + "/metrics")
-            response.raise_for_status()
+            try:
+                response = await client.get(root + "/metrics")
+                response.raise_for_status()
+            except httpx.HTTPError as error:  # the server died or refuses: the soak cannot go on
+                raise TandemError(f"cannot read {root}/metrics after {tally.done} requests: {error}") from None
             sample = ServerSample(round(time.monotonic() - start, 1), phase, tally.done, tally.errors,
                                   **read_metrics(response.text))
             samples.append(sample)
