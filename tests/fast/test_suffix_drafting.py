@@ -1,7 +1,8 @@
 """Suffix drafting: the suffix index against brute-force run counts on random token streams (the
 growing per-request index and the shared one alike, eviction included), and the drafter: a
 repeated span is proposed whole, a branch point ends the proposal, recent requests' outputs are
-proposed to a new request, and hybrid takes the suffix copy where it matched more context."""
+proposed to a new request, and hybrid offers both copies, of which the planner keeps the source
+doing better."""
 
 import random
 from collections import Counter
@@ -136,3 +137,36 @@ def test_hybrid_takes_the_suffix_copy_where_it_matched_more():
     seq = Seq("s", [7, 20, 21, 22, 23])  # only the shared index has seen 20..23 followed by more
     offer = hybrid.offer(seq, 8)
     assert offer.candidate.source.startswith("suffix") and list(offer.copy) == [24, 25, 26]
+
+
+def test_hybrid_follows_whichever_copy_has_been_accepted_more():
+    from tandem.engine.stages import best_alternative
+    from tandem.speculation.batch_depth import BatchDepthPlanner
+    from tandem.speculation.drafters.hybrid import HybridDrafter
+    from tandem.speculation.drafters.ngram import NgramDrafter
+
+    class NoModel:
+        def offer(self, seq, limit):
+            from tandem.speculation.drafters.base import NO_OFFER
+            return NO_OFFER
+
+    suffix = SuffixDrafter()
+    hybrid = HybridDrafter(NoModel(), NgramDrafter(3, 8), suffix)
+    span = [30, 31, 32, 33, 34, 35]
+    seq = Seq("s", [1] + span + [2, 3] + span + [4] + span[:4])  # both copies match 30..33
+    offer = hybrid.offer(seq, 8)
+    sources = {offer.candidate.source, *(o.candidate.source for o in offer.alternatives)}
+    ngram_source, suffix_source_name = sorted(sources)  # "ngram4", "suffix<c>"
+    assert ngram_source.startswith("ngram") and suffix_source_name.startswith("suffix")
+
+    planner = BatchDepthPlanner(target=None)
+    for _ in range(30):  # the n-gram copies keep failing at their first token, the suffix ones pass
+        planner.record(ngram_source, 4, 0)
+        planner.record(suffix_source_name, 2, 2)
+    assert best_alternative(offer, planner).candidate.source == suffix_source_name
+    planner = BatchDepthPlanner(target=None)
+    for _ in range(30):
+        planner.record(ngram_source, 4, 4)
+        planner.record(suffix_source_name, 2, 0)
+    chosen = best_alternative(offer, planner)
+    assert chosen.candidate.source == ngram_source and chosen.alternatives == ()

@@ -30,12 +30,22 @@ def offer_for(seq: Sequence, drafter: Drafter, context_length: int) -> DraftOffe
 def plan_drafts(seqs: list[Sequence], drafters: dict[str, Drafter], planner: BatchDepthPlanner,
                 context_length: int) -> list[DraftJob]:
     """One job per sequence, in order: the offer the planner chose and its k (0: no draft)."""
-    offers = [offer_for(seq, drafters[seq.drafter], context_length) for seq in seqs]
+    offers = [best_alternative(offer_for(seq, drafters[seq.drafter], context_length), planner) for seq in seqs]
     candidates = [replace(o.candidate, prefill_tokens=len(seq.unprefilled)) if seq.unprefilled else o.candidate
                   for o, seq in zip(offers, seqs)]
     fallbacks = [o.fallback.candidate if o.fallback is not None else None for o in offers]
     ks, used = planner.plan(candidates, fallbacks)
     return [DraftJob(seq, o.fallback if fell_back else o, k) for seq, o, k, fell_back in zip(seqs, offers, ks, used)]
+
+
+def best_alternative(offer: DraftOffer, planner: BatchDepthPlanner) -> DraftOffer:
+    """Of an offer and its alternatives, the one whose drafts are expected to be accepted most
+    (by each source's acceptance so far: a source that keeps failing loses its turn, one never
+    tried is judged by its prior); it keeps the offer's fallback."""
+    if not offer.alternatives:
+        return offer
+    best = max((offer, *offer.alternatives), key=lambda o: planner.expected_accepted(o.candidate))
+    return replace(best, fallback=offer.fallback, alternatives=())
 
 
 def draft_all(jobs: list[DraftJob], drafters: dict[str, Drafter],

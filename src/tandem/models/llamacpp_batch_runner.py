@@ -93,7 +93,8 @@ class LlamaCppBatchRunner:
         """Pack the items' tokens into llama_decode calls of at most BATCH_TOKENS tokens and
         max_outputs logits positions."""
         flat = [(index, item, i) for index, item in enumerate(items) for i in range(len(item.token_ids))]
-        outputs: list[list[np.ndarray]] = [[] for _ in items]
+        outputs = [np.empty((item.num_logits, self.vocab_size), np.float32) for item in items]  # [num_logits, vocab]
+        filled = [0] * len(items)
         for chunk in self._calls(flat):
             owners = self._fill_batch(chunk)
             try:
@@ -102,12 +103,13 @@ class LlamaCppBatchRunner:
                 raise KvPoolFullError(f"llama.cpp decode failed ({error}); the KV pool may be full") from None
             if owners:
                 logits = np.ctypeslib.as_array(self._ctx.get_logits(), shape=(len(owners) * self.vocab_size,))
-                rows = logits.reshape(len(owners), self.vocab_size)  # [flagged, vocab]
-                for row, index in zip(rows, owners):
-                    outputs[index].append(row.copy())
+                rows = logits.reshape(len(owners), self.vocab_size)  # [flagged, vocab]: llama.cpp's buffer
+                for row, index in zip(rows, owners):  # copied once, straight into the item's array
+                    outputs[index][filled[index]] = row
+                    filled[index] += 1
             for _, item, _ in chunk:
                 self._lengths[item.slot] += 1
-        return [np.stack(rows) if rows else np.zeros((0, self.vocab_size), np.float32) for rows in outputs]
+        return outputs
 
     def _calls(self, flat):
         """Split the flat positions into calls within the token and logits limits."""

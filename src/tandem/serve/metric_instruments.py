@@ -48,6 +48,10 @@ class Instruments:
                                         "Rounds whose first rejected draft token sat at this 1-based position.",
                                         "position")
         self.rounds_by_source = counter("spec_decode_rounds", "Speculation rounds by draft source.", "source")
+        self.draft_tokens_by_source = counter("spec_decode_draft_tokens_by_source",
+                                              "Draft tokens verified, by draft source.", "source")
+        self.accepted_tokens_by_source = counter("spec_decode_accepted_tokens_by_source",
+                                                 "Draft tokens accepted, by draft source.", "source")
         self.chosen_k = histogram("spec_decode_chosen_k", "Chosen speculation depth k per round.", K_BUCKETS)
         self.acceptance_rate_rolling = gauge("acceptance_rate_rolling",
                                              "Acceptance rate over the most recent draft tokens.")

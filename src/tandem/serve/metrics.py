@@ -128,10 +128,13 @@ class ServingMetrics:
         """Tallied per step first: one increment per label value, not per round."""
         m = self._m
         sources, accepted_at, rejected_at = Tally(), Tally(), Tally()
+        drafted_by, accepted_by = Tally(), Tally()
         for round_ in report.rounds:
             m.chosen_k.observe(round_.k)
             sources[round_.source] += 1
             if round_.k > 0:
+                drafted_by[round_.source] += round_.k
+                accepted_by[round_.source] += round_.accepted
                 accepted_at.update(range(1, round_.accepted + 1))
                 if round_.accepted < round_.k:
                     rejected_at[round_.accepted + 1] += 1
@@ -142,6 +145,9 @@ class ServingMetrics:
             m.num_accepted_tokens.inc(sum(round_.accepted for round_ in drafting))
         for source, rounds in sources.items():
             m.rounds_by_source.labels(self.model_name, source).inc(rounds)
+        for source, drafted in drafted_by.items():
+            m.draft_tokens_by_source.labels(self.model_name, source).inc(drafted)
+            m.accepted_tokens_by_source.labels(self.model_name, source).inc(accepted_by[source])
         for position, count in accepted_at.items():
             m.accepted_per_pos.labels(self.model_name, str(position)).inc(count)
         for position, count in rejected_at.items():

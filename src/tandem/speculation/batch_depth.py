@@ -100,6 +100,12 @@ class BatchDepthPlanner:
                 self.families[family] = AcceptanceEstimate.for_source(source)
             self.families[family].update(drafted, accepted)
 
+    def expected_accepted(self, candidate: DraftCandidate) -> float:
+        """Draft tokens a round of this candidate is expected to have accepted at its deepest:
+        a + a^2 + ... + a^n, a its source's acceptance, n its cap (at most k_max)."""
+        alpha = self.acceptance(candidate.source)
+        return sum(alpha**j for j in range(1, min(candidate.cap, self.k_max) + 1))
+
     def observe_overhead(self, overhead_ms: float) -> None:
         self.overhead_ms += 0.1 * (overhead_ms - self.overhead_ms)
 

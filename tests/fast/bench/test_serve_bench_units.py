@@ -13,7 +13,7 @@ from types import MappingProxyType
 import pytest
 import uvicorn
 from starlette.applications import Starlette
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 
 from tandem.bench.serve import launcher as launcher_module
@@ -54,7 +54,23 @@ class FakeServer:
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/models", self.models),
             Route("/health", self.models),
+            Route("/metrics", self.metrics),
         ])
+
+    async def metrics(self, request):
+        """Tandem's draft-source counters: every chat request so far drafted 4 `suffix9` tokens
+        (3 accepted) in one round, and was offered one `ngram3` round it drafted nothing in (a
+        request marked `"user": "nospec"` counts as another server's)."""
+        n = sum(body.get("user") != "nospec" for body in self.bodies)
+        labels = 'model_name="fake-model",source='
+        return PlainTextResponse("\n".join([
+            "# TYPE tandem:spec_decode_rounds counter",
+            f'tandem:spec_decode_rounds_total{{{labels}"suffix9"}} {n}',
+            f'tandem:spec_decode_rounds_total{{{labels}"ngram3"}} {n}',
+            "# TYPE tandem:spec_decode_draft_tokens_by_source counter",
+            f'tandem:spec_decode_draft_tokens_by_source_total{{{labels}"suffix9"}} {4 * n}',
+            "# TYPE tandem:spec_decode_accepted_tokens_by_source counter",
+            f'tandem:spec_decode_accepted_tokens_by_source_total{{{labels}"suffix9"}} {3 * n}']) + "\n")
 
     async def models(self, request):
         return JSONResponse({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
@@ -285,6 +301,7 @@ class ScriptKind:
     label = "script"
     needs_draft = False
     health_path = "/health"
+    metrics_path = None
     request_extras = MappingProxyType({})
     notes = "test double"
 
@@ -337,6 +354,8 @@ def test_launcher_stops_the_server_and_kills_one_that_ignores_sigterm(fake_serve
 def test_sweep_alternates_order_and_writes_every_output(fake_server, tmp_path):
     kinds = [ScriptKind("import time; time.sleep(60)", fake_server.base_url) for _ in range(2)]
     kinds[0].label, kinds[1].label = "tandem-spec", "tandem-nospec"
+    kinds[0].metrics_path = "/metrics"  # only tandem-spec's draft sources are read
+    kinds[1].request_extras = MappingProxyType({"user": "nospec"})  # tells its requests apart
     assert [k.label for k in config_order(kinds, 1)] == ["tandem-nospec", "tandem-spec"]
     prompts = [BenchPrompt(f"p{i}", "c", prompt=f"hi {i}") for i in range(3)]
     plans = [LevelPlan(1, tuple(level_requests(prompts, 2, 0))), LevelPlan(2, tuple(level_requests(prompts, 3, 2)))]
@@ -344,6 +363,9 @@ def test_sweep_alternates_order_and_writes_every_output(fake_server, tmp_path):
     assert outcome.orders == {1: ["tandem-spec", "tandem-nospec"], 2: ["tandem-nospec", "tandem-spec"]}
     assert outcome.servers["tandem-spec"]["model"] == "fake-model"
     assert fake_server.bodies[0]["messages"][0]["content"].startswith("Say hello")  # the warm-up
+    # C=1: the servers take turns request by request, the order rotating (warm-ups first)
+    assert [b.get("user", "spec") for b in fake_server.bodies[2:6]] == ["spec", "nospec", "nospec", "spec"]
+    assert [b["messages"][0]["content"] for b in fake_server.bodies[2:6]] == ["hi 0", "hi 0", "hi 1", "hi 1"]
     header = {"command": "test", "machine": {"cpu_count": 1},
               "settings": {"target": "t", "draft": "d", "threads": 1, "max_tokens": 3, "prompts_file": "x",
                            "requests_per_level": {"1": 2, "2": 3}}}
@@ -355,6 +377,11 @@ def test_sweep_alternates_order_and_writes_every_output(fake_server, tmp_path):
     assert json.loads((tmp_path / "results.json").read_text())["configs"] == ["tandem-spec", "tandem-nospec"]
     report = (tmp_path / "report.md").read_text()
     assert "## Concurrency 2" in report and "tandem-spec vs tandem-nospec" in report
+    # the level's 3 requests, read off /metrics before and after tandem-spec's run
+    assert level["configs"]["tandem-spec"]["draft_sources"] == {
+        "suffix9": {"rounds": 3, "drafted": 12, "accepted": 9}, "ngram3": {"rounds": 3, "drafted": 0, "accepted": 0}}
+    assert level["configs"]["tandem-nospec"]["draft_sources"] is None
+    assert "| tandem-spec | suffix9 | 3 | 12 | 9 | 75" in report
     for name in ("throughput.png", "ttft.png", "itl.png"):
         assert (tmp_path / name).stat().st_size > 1000
     assert (tmp_path / "logs" / "tandem-spec.log").exists()

@@ -65,6 +65,12 @@ def test_speculation_counters_and_acceptance_by_position():
     assert s[("tandem:spec_decode_chosen_k_count", frozenset())] == 4
     assert s[("tandem:spec_decode_chosen_k_bucket", frozenset({("le", "0.0")}))] == 1
     assert s[("tandem:spec_decode_rounds_total", frozenset({("source", "model")}))] == 2
+    by_source = {(name.split(":")[1], dict(labels)["source"]): v for (name, labels), v in s.items()
+                 if "by_source" in name and name.endswith("_total")}
+    assert by_source == {("spec_decode_draft_tokens_by_source_total", "model"): 8,
+                         ("spec_decode_accepted_tokens_by_source_total", "model"): 2,
+                         ("spec_decode_draft_tokens_by_source_total", "ngram3"): 3,
+                         ("spec_decode_accepted_tokens_by_source_total", "ngram3"): 3}  # "none" drafted nothing
     assert s[("tandem:num_requests_running", frozenset())] == 1
     assert s[("tandem:verify_step_seconds_count", frozenset())] == 2
     by_position = metrics.snapshot()["acceptance_by_position"]

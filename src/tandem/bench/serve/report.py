@@ -50,6 +50,20 @@ def ratio_table(level: dict) -> list[str]:
     return [""] + _table(["ratio", "throughput", "TTFT p50", "ITL p50", "TPOT p50", "e2e p50"], rows)
 
 
+def source_table(level: dict) -> list[str]:
+    """Per Tandem config, the draft sources its rounds used (what hybrid chose, and how each did)."""
+    rows = []
+    for label, s in level["configs"].items():
+        for source, counts in (s.get("draft_sources") or {}).items():
+            rate = counts["accepted"] / counts["drafted"] if counts["drafted"] else None
+            rows.append([label, source, str(counts["rounds"]), str(counts["drafted"]), str(counts["accepted"]),
+                         "no drafts" if rate is None else _pct(rate)])
+    if not rows:
+        return []
+    return ["", "Draft sources (rounds offered by each source; draft tokens the planner gave it):", ""] + _table(
+        ["config", "source", "rounds", "drafted", "accepted", "acceptance"], rows)
+
+
 def error_lines(results: dict) -> list[str]:
     lines = []
     for level in _levels(results):
@@ -74,9 +88,11 @@ def render_report(results: dict) -> str:
               for label, info in results["servers"].items()]
     lines += ["", "## Throughput (completion tokens/s)", ""] + throughput_table(results)
     for level in _levels(results):
+        order = ", ".join(level["order"])
         lines += ["", f"## Concurrency {level['concurrency']}", "",
-                  f"Run order: {', '.join(level['order'])}.", ""]
-        lines += level_table(results, level) + ratio_table(level)
+                  f"Servers took turns request by request, the order rotating each request from: {order}."
+                  if level["concurrency"] == 1 else f"Run order: {order}.", ""]
+        lines += level_table(results, level) + ratio_table(level) + source_table(level)
     lines += error_lines(results)
     lines += ["", "## Machine", ""] + [f"- {key}: {value}" for key, value in results["machine"].items()]
     return "\n".join(lines) + "\n"

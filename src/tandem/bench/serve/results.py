@@ -3,7 +3,8 @@ requests, and the ratios between configs.
 
 Shape: the header (command, settings, machine) as given, then `configs` (labels in the order
 asked), `servers` (label -> command, notes, base URL) and `levels`: a list, by ascending
-concurrency, of {concurrency, order, configs: {label: summary + requests}, ratios}.
+concurrency, of {concurrency, order, configs: {label: summary + draft sources (Tandem servers: rounds, drafted
+and accepted tokens per source in that run; None for others) + requests}, ratios}.
 """
 
 from tandem.bench.serve.client import RequestRecord
@@ -15,6 +16,13 @@ RATIO_PAIRS = (
     ("tandem-spec", "tandem-nospec"),
     ("tandem-spec", "llamacpp-server"),
     ("tandem-nospec", "llamacpp-server"),
+    ("tandem-spec", "llama-server"),
+    ("tandem-nospec", "llama-server"),
+    ("tandem-spec", "llama-server-ngram"),
+    ("tandem-spec", "llama-server-draft"),
+    ("tandem-spec", "tandem-ngram"),
+    ("tandem-spec", "tandem-suffix"),
+    ("tandem-spec", "tandem-model"),
 )
 ROUND_DIGITS = 3
 
@@ -49,10 +57,12 @@ def build_results(outcome: SweepOutcome, header: dict) -> dict:
     for concurrency in sorted(outcome.results):
         runs = outcome.results[concurrency]
         summaries = {label: summarize(run) for label, run in runs.items()}
+        sources = outcome.sources.get(concurrency, {})
         levels.append({
             "concurrency": concurrency,
             "order": outcome.orders[concurrency],
-            "configs": {label: {**summaries[label], "request_records": [request_entry(r) for r in run.records]}
+            "configs": {label: {**summaries[label], "draft_sources": sources.get(label),
+                                "request_records": [request_entry(r) for r in run.records]}
                         for label, run in runs.items()},
             "ratios": ratios(summaries),
         })

@@ -64,6 +64,7 @@ class ServerKind(Protocol):
     label: str
     needs_draft: bool
     health_path: str
+    metrics_path: str | None  # Tandem's /metrics, read for the draft sources of a run; None elsewhere
     request_extras: Mapping[str, object]
     notes: str
 
@@ -76,6 +77,7 @@ class TandemSpecServer:
     label = "tandem-spec"
     needs_draft = True
     health_path = "/health"
+    metrics_path: str | None = "/metrics"
     request_extras: Mapping[str, object] = MappingProxyType({})
     drafter_options: tuple[str, ...] = ()  # the server's defaults: --drafter hybrid --k auto
     notes = "`tandem serve`, speculation with its defaults (--drafter hybrid --k auto)"
@@ -131,6 +133,7 @@ class LlamaCppServer:
     label = "llamacpp-server"
     needs_draft = False
     health_path = "/v1/models"  # no /health; the model is loaded before the port opens
+    metrics_path = None
     request_extras: Mapping[str, object] = MappingProxyType({"repeat_penalty": 1.0})
     notes = ("llama-cpp-python's server: one request at a time (no parallel slots in this version), "
              "--interrupt_requests False, --logits_all False, same threads and context, repeat_penalty 1.0")
@@ -166,6 +169,7 @@ class LlamaServer:
     label = "llama-server"
     needs_draft = False
     health_path = "/health"
+    metrics_path = None
     request_extras: Mapping[str, object] = MappingProxyType({})
     speculation: tuple[str, ...] = ()
     notes = "llama.cpp's C++ llama-server: a slot per client, unified KV, same threads and context"

@@ -1,7 +1,9 @@
 """The sweep: every server started once and warmed up, then every concurrency level, each server
 in turn, in alternating order (as listed at the first level, reversed at the next, and so on), so
-neither order nor drift favours one server. All servers stay up for the whole sweep (idle ones
-cost memory, not CPU) and are stopped at the end, on failure too.
+neither order nor drift favours one server. At C=1 the servers take turns request by request
+instead (the order rotating each request): one client sends one request at a time either way,
+and a VM whose speed drifts over minutes then slows every server alike. All servers stay up for
+the whole sweep (idle ones cost memory, not CPU) and are stopped at the end, on failure too.
 """
 
 import sys
@@ -13,6 +15,7 @@ from typing import Sequence
 import httpx
 from tqdm import tqdm
 
+from tandem.bench.serve.draft_sources import read_sources, source_delta
 from tandem.bench.serve.launcher import READY_TIMEOUT_S, ServerProcess
 from tandem.bench.serve.loadgen import LoadResult, run_load
 from tandem.bench.serve.requests import BenchRequest, load_items, warmup_request
@@ -34,6 +37,7 @@ class SweepOutcome:
     results: dict[int, dict[str, LoadResult]] = field(default_factory=dict)  # concurrency -> label -> run
     orders: dict[int, list[str]] = field(default_factory=dict)  # concurrency -> labels in run order
     servers: dict[str, dict] = field(default_factory=dict)  # label -> command, notes, base URL, model
+    sources: dict[int, dict[str, dict]] = field(default_factory=dict)  # concurrency -> label -> draft sources
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +47,7 @@ class Endpoint:
     kind: ServerKind
     chat_url: str
     model: str  # the name it serves, sent in every request
+    metrics_url: str | None = None  # Tandem's /metrics (draft sources), None for other servers
 
 
 def config_order(kinds: Sequence[ServerKind], level_index: int) -> list[ServerKind]:
@@ -58,7 +63,8 @@ def run_sweep(kinds: Sequence[ServerKind], launch: ServerLaunch, plans: Sequence
             print(f"starting {kind.label} (log: {log_dir / (kind.label + '.log')})...", file=sys.stderr)
             server = servers.enter_context(ServerProcess(kind, launch, log_dir / f"{kind.label}.log",
                                                          ready_timeout_s))
-            endpoint = Endpoint(kind, server.base_url + CHAT_PATH, served_model(server.base_url, kind))
+            metrics_url = None if kind.metrics_path is None else server.base_url.removesuffix("/v1") + kind.metrics_path
+            endpoint = Endpoint(kind, server.base_url + CHAT_PATH, served_model(server.base_url, kind), metrics_url)
             outcome.servers[kind.label] = {"command": server.command, "notes": kind.notes,
                                            "base_url": server.base_url, "model": endpoint.model}
             warm_up(endpoint, max_tokens)
@@ -66,9 +72,17 @@ def run_sweep(kinds: Sequence[ServerKind], launch: ServerLaunch, plans: Sequence
         for index, plan in enumerate(plans):
             order = config_order(kinds, index)
             outcome.orders[plan.concurrency] = [kind.label for kind in order]
-            outcome.results[plan.concurrency] = {
-                kind.label: run_level(endpoints[kind.label], plan, max_tokens, progress) for kind in order
-            }
+            in_order = [endpoints[kind.label] for kind in order]
+            before = {e.kind.label: read_sources(e.metrics_url) for e in in_order}
+            if plan.concurrency == 1:
+                outcome.results[1] = run_turns(in_order, plan, max_tokens, progress)
+            else:
+                outcome.results[plan.concurrency] = {e.kind.label: run_level(e, plan, max_tokens, progress)
+                                                     for e in in_order}
+            after = {e.kind.label: read_sources(e.metrics_url) for e in in_order}  # moved by its own requests only
+            outcome.sources[plan.concurrency] = {
+                label: source_delta(before[label], after[label])
+                for label in before if before[label] is not None and after[label] is not None}
     return outcome
 
 
@@ -88,6 +102,31 @@ def warm_up(endpoint: Endpoint, max_tokens: int) -> None:
     record = run_load(endpoint.chat_url, items, 1).records[0]
     if not record.ok:
         raise TandemError(f"{endpoint.kind.label}: the warm-up request failed: {record.error}")
+
+
+def run_turns(endpoints: Sequence[Endpoint], plan: LevelPlan, max_tokens: int, progress: bool) -> dict[str, LoadResult]:
+    """C=1 with the servers taking turns: request i goes to every server, in the level's order
+    rotated by i. Each server's wall time is the sum of its requests' own runs."""
+    items = {e.kind.label: load_items(plan.requests, e.model, max_tokens, dict(e.kind.request_extras))
+             for e in endpoints}
+    records: dict[str, list] = {e.kind.label: [] for e in endpoints}
+    wall = dict.fromkeys(records, 0.0)
+    with tqdm(total=len(plan.requests) * len(endpoints), desc="C=1 (servers take turns)", unit="req",
+              file=sys.stderr, disable=not progress, leave=False) as bar:
+        for i in range(len(plan.requests)):
+            shift = i % len(endpoints)
+            for endpoint in [*endpoints[shift:], *endpoints[:shift]]:
+                label = endpoint.kind.label
+                one = run_load(endpoint.chat_url, [items[label][i]], 1)
+                records[label] += one.records
+                wall[label] += one.wall_s
+                bar.update()
+    results = {label: LoadResult(1, tuple(records[label]), wall[label], 1) for label in records}
+    for label, result in results.items():
+        errors = sum(not r.ok for r in result.records)
+        print(f"C=1 {label}: {len(result.records)} requests in {result.wall_s:.1f} s"
+              + (f", {errors} errors" if errors else ""), file=sys.stderr)
+    return results
 
 
 def run_level(endpoint: Endpoint, plan: LevelPlan, max_tokens: int, progress: bool) -> LoadResult:

@@ -36,6 +36,7 @@ class DraftOffer:
     candidate: DraftCandidate
     copy: tuple[int, ...] = ()  # the copied continuation (copy sources); empty for the model
     fallback: "DraftOffer | None" = None  # used when the planner gives `candidate` k = 0
+    alternatives: tuple["DraftOffer", ...] = ()  # other copies of this step; the planner keeps the best
 
     @property
     def uses_model(self) -> bool:

@@ -1,10 +1,12 @@
 """Hybrid drafting: a copy where the context (or recent outputs) repeats, the model elsewhere.
 
-The copy is the n-gram match (at least `min_ngram` tokens) or the suffix proposal, whichever
-matched more context (the suffix one on a tie: it knows how often its continuation followed);
-it is offered with the draft model as its fallback: when the planner gives the copy k = 0 (its
-acceptance does not pay here), the model drafts instead. With no copy the model is offered
-directly. The default drafter.
+The copy is the n-gram match (at least 3 tokens) or the suffix proposal: both are offered, and
+the planner keeps the one whose source is expected to have the most drafts accepted (its
+acceptance so far, over the copy's length; engine/stages.py), so each request's rounds follow
+whichever copy has been doing better on text like this, phase by phase (the sources are per
+match length and confidence). The copy is offered with the draft model as its fallback: when
+the planner gives the copy k = 0 (its acceptance does not pay here), the model drafts instead.
+With no copy the model is offered directly. The default drafter.
 """
 
 from dataclasses import replace
@@ -36,13 +38,14 @@ class HybridDrafter:
         return replace(copy, fallback=model_offer)
 
     def _copy(self, seq, limit: int) -> DraftOffer:
+        """The n-gram copy with the suffix copy as its alternative (either alone where the other
+        found nothing; NO_OFFER's cap 0 where neither did)."""
         copy = self.ngram.offer(seq, limit)
-        if self.suffix is None:
+        found = self.suffix.proposal(seq, limit) if self.suffix is not None and limit > 0 else None
+        if found is None:
             return copy
-        found = self.suffix.proposal(seq, limit) if limit > 0 else None
-        if found is not None and found.match_len >= _match_len(copy):
-            return suffix_offer(found, seq)
-        return copy
+        suffix = suffix_offer(found, seq)
+        return suffix if copy.candidate.cap == 0 else replace(copy, alternatives=(suffix,))
 
     def propose_batch(self, jobs: list[DraftJob], keep_drafting=None) -> list[SequenceDraft]:
         by_model = [job for job in jobs if job.offer.uses_model]
@@ -50,8 +53,3 @@ class HybridDrafter:
         copies = iter(copy_drafts([job for job in jobs if not job.offer.uses_model]))
         return [next(from_model) if job.offer.uses_model else next(copies) for job in jobs]
 
-
-def _match_len(offer: DraftOffer) -> int:
-    """Context tokens an n-gram offer matched ("ngram5", "shared3": 5, 3); 0 for none."""
-    digits = offer.candidate.source.lstrip("abcdefghijklmnopqrstuvwxyz")
-    return int(digits) if offer.candidate.cap and digits.isdigit() else 0
