@@ -73,3 +73,20 @@ def test_a_request_the_engine_can_never_run_is_refused_on_submit(tiny_target, ti
     with pytest.raises(TandemError, match="needs a draft model"):
         worker.submit(GenerationRequest(PROMPTS[0], max_tokens=4), SpeculationOptions("model"))
     assert worker.in_flight == 0
+
+
+def test_start_frees_the_starting_threads_openmp_team_before_the_engine_thread_runs(tiny_target, tiny_draft,
+                                                                                   monkeypatch):
+    """The models' first work ran on this thread; the engine thread must be the only one with an
+    OpenMP team, or llama.cpp's barriers stop spinning (models/openmp.py)."""
+    import threading
+
+    import tandem.engine.worker as worker_module
+
+    calls = []
+    monkeypatch.setattr(worker_module, "release_openmp_threads",
+                        lambda: calls.append((threading.current_thread(), worker._thread.is_alive())))
+    worker = EngineWorker(make_engine(tiny_target, tiny_draft, slots=1))
+    worker.start()
+    assert calls == [(threading.main_thread(), False)]
+    worker.shutdown(grace_seconds=1)

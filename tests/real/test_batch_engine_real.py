@@ -77,6 +77,26 @@ def test_llamacpp_batch_runner_keeps_to_its_threads_for_multi_token_calls(small_
     assert llama_cpp.llama_n_threads_batch(runner._ctx.ctx) == 1
 
 
+def test_releasing_openmp_threads_frees_the_team_a_main_thread_decode_left(small_gguf):
+    """A llama.cpp decode on this thread leaves an OpenMP worker behind (threads - 1 of them);
+    release_openmp_threads frees it, so an engine thread's team is the process's only one."""
+    import os
+    import time
+
+    from tandem.models.openmp import release_openmp_threads
+
+    def os_threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    LlamaCppBatchRunner(str(small_gguf), 1, threads=2)  # its first decode (sizing buffers) runs here
+    before = os_threads()
+    assert release_openmp_threads()
+    deadline = time.monotonic() + 5
+    while os_threads() > before - 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert os_threads() == before - 1
+
+
 def test_llamacpp_logits_buffer_is_sized_at_start_and_big_calls_are_split(small_gguf):
     """llama.cpp never shrinks its logits buffer, so the runner grows it to `max_outputs` positions
     at start and splits a call asking for more: resident memory does not step up mid-run, and the

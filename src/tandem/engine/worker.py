@@ -20,6 +20,7 @@ from typing import Callable, Iterable, Protocol
 from tandem.engine.events import SequenceUpdate, SpeculationOptions, StepReport
 from tandem.engine.request import GenerationRequest
 from tandem.errors import TandemError
+from tandem.models.openmp import release_openmp_threads
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_SECONDS = 0.05  # how long the idle engine thread sleeps between command checks
@@ -133,6 +134,7 @@ class EngineWorker:
             return len(self._handles)
 
     def start(self) -> "EngineWorker":
+        release_openmp_threads()  # the models' work on this thread is done: one OpenMP team left
         self._thread.start()
         return self
 
