@@ -52,4 +52,3 @@ class HybridDrafter:
         from_model = iter(self.model.propose_batch(by_model, keep_drafting))
         copies = iter(copy_drafts([job for job in jobs if not job.offer.uses_model]))
         return [next(from_model) if job.offer.uses_model else next(copies) for job in jobs]
-
