@@ -122,17 +122,22 @@ def test_recent_outputs_are_proposed_to_a_new_request():
     assert list(drafter.offer(new, 8).copy) == answer[4:]
 
 
-def test_hybrid_takes_the_suffix_copy_where_it_matched_more():
+def hybrid_without_model():
+    """A shared suffix drafter and a hybrid over it whose draft model never offers anything."""
+    from tandem.speculation.drafters.base import NO_OFFER
     from tandem.speculation.drafters.hybrid import HybridDrafter
     from tandem.speculation.drafters.ngram import NgramDrafter
 
     class NoModel:
         def offer(self, seq, limit):
-            from tandem.speculation.drafters.base import NO_OFFER
             return NO_OFFER
 
     suffix = SuffixDrafter()
-    hybrid = HybridDrafter(NoModel(), NgramDrafter(3, 8), suffix)
+    return suffix, HybridDrafter(NoModel(), NgramDrafter(3, 8), suffix)
+
+
+def test_hybrid_takes_the_suffix_copy_where_it_matched_more():
+    suffix, hybrid = hybrid_without_model()
     suffix.forget(Seq("old", [1], [20, 21, 22, 23, 24, 25, 26]))
     seq = Seq("s", [7, 20, 21, 22, 23])  # only the shared index has seen 20..23 followed by more
     offer = hybrid.offer(seq, 8)
@@ -142,16 +147,8 @@ def test_hybrid_takes_the_suffix_copy_where_it_matched_more():
 def test_hybrid_follows_whichever_copy_has_been_accepted_more():
     from tandem.engine.stages import best_alternative
     from tandem.speculation.batch_depth import BatchDepthPlanner
-    from tandem.speculation.drafters.hybrid import HybridDrafter
-    from tandem.speculation.drafters.ngram import NgramDrafter
 
-    class NoModel:
-        def offer(self, seq, limit):
-            from tandem.speculation.drafters.base import NO_OFFER
-            return NO_OFFER
-
-    suffix = SuffixDrafter()
-    hybrid = HybridDrafter(NoModel(), NgramDrafter(3, 8), suffix)
+    suffix, hybrid = hybrid_without_model()
     span = [30, 31, 32, 33, 34, 35]
     seq = Seq("s", [1] + span + [2, 3] + span + [4] + span[:4])  # both copies match 30..33
     offer = hybrid.offer(seq, 8)
