@@ -12,6 +12,13 @@ at most `max_outputs` positions (every slot verifying the deepest auto draft; mo
 further calls), and the buffer is grown to that size at start: the memory a server will use is
 reached when it starts, not at some busy minute later (a soak measured +6% RSS after warm-up from
 this buffer growing in steps).
+
+Attention is llama.cpp's flash attention (llama.cpp's default, llama-server's too, picks it where
+the device has it, as CPUs do; llama-cpp-python turns it off). In a unified cache each token's attention spans every used cell, other sequences'
+included, masked out; the plain kernel multiplies through the masked cells, the flash kernel
+skips them. Measured on the 1.5B Q4 target, 2 threads: 64 prompt tokens of one sequence beside
+15 others' 250-token caches 1,240 ms plain, 873 ms flash (873 ms alone); sixteen sequences'
+one-token decode 449 ms plain, 348 ms flash; a 16-request serving level 72 s flash, 85 s plain.
 """
 
 import ctypes
@@ -55,6 +62,7 @@ class LlamaCppBatchRunner:
         params.n_ubatch = BATCH_TOKENS
         params.n_seq_max = max_slots
         params.kv_unified = True
+        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED  # see the module notes
         self._ctx = LlamaContext(model=self._llm._model, params=params, verbose=False)
         self._batch = LlamaBatch(n_tokens=BATCH_TOKENS, embd=0, n_seq_max=1, verbose=False)
         self.name = f"{os.path.basename(str(gguf_path))} [llamacpp/cpu/{threads}t/x{max_slots}]"
