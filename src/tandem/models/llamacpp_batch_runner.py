@@ -13,12 +13,13 @@ further calls), and the buffer is grown to that size at start: the memory a serv
 reached when it starts, not at some busy minute later (a soak measured +6% RSS after warm-up from
 this buffer growing in steps).
 
-Attention is llama.cpp's flash attention (llama.cpp's default, llama-server's too, picks it where
-the device has it, as CPUs do; llama-cpp-python turns it off). In a unified cache each token's attention spans every used cell, other sequences'
-included, masked out; the plain kernel multiplies through the masked cells, the flash kernel
-skips them. Measured on the 1.5B Q4 target, 2 threads: 64 prompt tokens of one sequence beside
-15 others' 250-token caches 1,240 ms plain, 873 ms flash (873 ms alone); sixteen sequences'
-one-token decode 449 ms plain, 348 ms flash; a 16-request serving level 72 s flash, 85 s plain.
+Attention is llama.cpp's flash attention: llama.cpp's default (llama-server's too) picks it where
+the device has it, as CPUs do; llama-cpp-python turns it off. In a unified cache each token's
+attention spans every used cell, other sequences' included, masked out; the plain kernel
+multiplies through the masked cells, the flash kernel skips them. Measured on the 1.5B Q4 target,
+2 threads: 64 prompt tokens of one sequence beside 15 others' 250-token caches 1,240 ms plain,
+873 ms flash (873 ms alone); sixteen sequences' one-token decode 449 ms plain, 348 ms flash; a
+16-request serving level 72 s flash, 85 s plain (docs/vs-llama-server.md).
 """
 
 import ctypes
