@@ -8,6 +8,7 @@ import math
 import pytest
 
 from engine_support import MAX_TOKENS, PROMPTS, make_engine, naive_greedy, run_all
+from tandem.engine import batch_engine
 from tandem.engine.batch_engine import MIN_PREFILL_CHUNK, STEP_TOKEN_BUDGET, BatchEngine
 from tandem.engine.build import EngineConfig
 from tandem.engine.events import SpeculationOptions
@@ -134,6 +135,23 @@ def test_chunked_greedy_equals_target_only(tiny_target, tiny_draft, references, 
         assert reasons[f"r{i}"] in ("stop", "length")
     assert not engine.running and engine.slots.num_free == 3
     assert (sum(1 for r in reports if "r0" in r.prefilled) > 1) == (budget < len(LONG))  # LONG was chunked
+
+
+@pytest.mark.parametrize("runner", ["serial", "fused"])
+def test_the_draft_model_catches_up_in_chunks_beside_other_streams(tiny_target, tiny_draft, references,
+                                                                  long_references, monkeypatch, runner):
+    monkeypatch.setattr(batch_engine, "CATCH_UP_SHARE", 0.0)  # every catch-up: MIN_CATCH_UP a step
+    expected = references | long_references
+    engine = make_engine(tiny_target, tiny_draft, "model", 3, slots=3, runner=runner)
+    fed, forward = [], engine.draft.forward_batch
+    engine.draft.forward_batch = lambda items: fed.append(list(items)) or forward(items)
+    outputs, _ = run_all(engine, arrivals(MIXED_PROMPTS))
+    for i, prompt in enumerate(MIXED_PROMPTS):
+        assert outputs[f"r{i}"] == expected[prompt], (runner, i)
+    chunks = [item for items in fed for item in items if item.num_logits == 0]
+    assert chunks and all(len(item.token_ids) <= batch_engine.MIN_CATCH_UP for item in chunks)
+    assert all(sum(len(i.token_ids) for i in items if i.num_logits == 0) <= batch_engine.MIN_CATCH_UP
+               for items in fed)  # the step's budget is shared
 
 
 @pytest.mark.parametrize("budget", [1, 7, 64])

@@ -139,8 +139,12 @@ class CountingRunner:
     def __init__(self):
         self.cost = CostModel()
 
+        self.fed: list[list[BatchItem]] = []  # the items of every forward, in order
+
     def forward_batch(self, items: list[BatchItem]) -> list[np.ndarray]:
-        return [np.eye(VOCAB, dtype=np.float32)[[(item.token_ids[-1] + 1) % VOCAB]] * 10 for item in items]
+        self.fed.append(list(items))
+        eye = np.eye(VOCAB, dtype=np.float32) * 10
+        return [eye[[(item.token_ids[-1] + 1) % VOCAB] * item.num_logits] for item in items]
 
     def rollback(self, slot: int, length: int) -> None:
         pass
@@ -171,3 +175,19 @@ def test_local_draft_model_goes_as_deep_as_keep_drafting_says_for_auto_depth():
     assert draft.token_ids == [3, 4, 5] and asked == [1, 2, 3]  # beyond the planned k = 1
     (fixed,) = model.draft([model_job(sequence([1, 2], k=1), 1)], keep_drafting)
     assert fixed.token_ids == [3]  # a fixed k ignores confidence
+
+
+def test_local_draft_model_catches_up_in_chunks_where_the_job_allows_fewer_tokens():
+    runner = CountingRunner()
+    model = LocalDraftModel(runner)
+    seq = sequence([1, 2, 3, 4, 5, 6, 7])  # the draft slot has seen none of it
+    busy = sequence([1, 2], k=1)
+    first = model.draft([DraftJob(seq, model_job(seq, 2).offer, 2, catch_up=4), model_job(busy, 1)])
+    assert first[0].token_ids == [] and first[1].token_ids == [3]  # seq only caught up
+    assert [(item.token_ids, item.num_logits) for item in runner.fed[0]] == [((1, 2, 3, 4), 0), ((1, 2), 1)]
+    assert seq.draft_cached == [1, 2, 3, 4]
+    forwards = len(runner.fed)
+    none_left = model.draft([DraftJob(seq, model_job(seq, 2).offer, 2, catch_up=0)])
+    assert none_left[0].token_ids == [] and len(runner.fed) == forwards  # nothing fed at all
+    (caught_up,) = model.draft([DraftJob(seq, model_job(seq, 2).offer, 2, catch_up=2)])  # the rest fits
+    assert runner.fed[-2][0].token_ids == (5, 6, 7) and caught_up.token_ids == [8, 9]

@@ -13,7 +13,8 @@ leave, so a long prompt joining does not stall the running streams. A step
    still prefilling,
 3. plans the rounds: each drafter offers what it could draft, and the load-aware planner
    chooses every k at once (engine/stages.py; k = 0 is plain decoding),
-4. drafts: n-gram copies are free, the draft model runs in lock-step over its sequences,
+4. drafts: n-gram copies are free, the draft model runs in lock-step over its sequences (beside
+   other streams it catches up on a new prompt in chunks, as the target prefills one),
 5. fits the budget: drafts come first, so where the rounds outgrow it, prompts that were to
    finish without a draft wait; what is left goes to chunks of the still-prefilling prompts,
 6. verifies every round's [rest of prompt] + last committed token + drafts, and scores the
@@ -26,6 +27,7 @@ differ on near-ties: measured in the tests and docs/design.md).
 """
 
 import time
+from dataclasses import replace
 
 from tandem.engine.events import SequenceUpdate, StepReport
 from tandem.engine.sequence import Sequence
@@ -34,11 +36,12 @@ from tandem.engine.slots import SlotTable
 from tandem.engine.stages import commit_round, draft_all, plan_drafts
 from tandem.errors import TandemError
 from tandem.models.batch_runner import BatchItem, BatchRunner, KvPoolFullError
+from tandem.models.cost import catch_up_ms
 from tandem.speculation.acceptance import accept_round
 from tandem.speculation.batch_depth import BatchDepthPlanner
 from tandem.speculation.depth import Auto, Depth, parse_depth
-from tandem.speculation.drafters.base import Drafter, SequenceDraft
-from tandem.speculation.drafters.lockstep import LocalDraftModel
+from tandem.speculation.drafters.base import Drafter, DraftJob, SequenceDraft
+from tandem.speculation.drafters.lockstep import LocalDraftModel, reusable
 from tandem.speculation.drafters.registry import build_drafters
 
 # A step exceeds its budget only where the rounds alone do (then the oldest prompt still gets its
@@ -48,6 +51,8 @@ STEP_TOKEN_BUDGET = 512  # tokens one step's target forward scores: rounds first
 MIN_PREFILL_CHUNK = 16  # prompt tokens the oldest prompt still gets when the rounds fill the budget
 STALL_FACTOR = 3.0  # a step with prompt chunks costs at most this many times the decoding rounds alone
 KV_HEADROOM_TOKENS = 64  # per running sequence, for drafts being verified
+CATCH_UP_SHARE = 1.0  # beside other streams, a step's draft catch-up costs at most this share of its target call
+MIN_CATCH_UP = 8  # prompt tokens the draft model may always catch up on in a step
 
 Chunk = tuple[Sequence, int]  # a still-prefilling sequence and how many prompt tokens it scores
 
@@ -175,12 +180,9 @@ class BatchEngine(SequencePool):
         decoding = sum(self._round_bound(s) for s in self.running.values() if not s.unprefilled)
         if not decoding or not self.target.fused:
             return self.step_token_budget
-        limit, cost = STALL_FACTOR * self.target.cost.cost_ms(decoding), self.target.cost.cost_ms
-        low, high = decoding, self.step_token_budget  # the largest n in [low, high] with cost(n) <= limit
-        while low < high:
-            middle = (low + high + 1) // 2
-            low, high = (middle, high) if cost(middle) <= limit else (low, middle - 1)
-        return max(low, min(decoding + MIN_PREFILL_CHUNK, self.step_token_budget))
+        limit = STALL_FACTOR * self.target.cost.cost_ms(decoding)
+        fits = _largest_within(self.target.cost.cost_ms, limit, decoding, self.step_token_budget)
+        return max(fits, min(decoding + MIN_PREFILL_CHUNK, self.step_token_budget))
 
     def _split(self, budget: int) -> tuple[list[Sequence], list[Sequence]]:
         """The running sequences that verify a round this step and those still prefilling, both
@@ -210,10 +212,32 @@ class BatchEngine(SequencePool):
             return [], 0.0, 0
         start = time.perf_counter()
         forwards = self.draft_model.forwards if self.draft_model else 0
-        jobs = plan_drafts(seqs, self.drafters, self.planner, self.context_length)
+        jobs = self._pace_catch_up(plan_drafts(seqs, self.drafters, self.planner, self.context_length))
         drafts = draft_all(jobs, self.drafters, self.planner)
         forwards = (self.draft_model.forwards if self.draft_model else 0) - forwards
         return drafts, time.perf_counter() - start, forwards
+
+    def _pace_catch_up(self, jobs: list[DraftJob]) -> list[DraftJob]:
+        """Beside other streams, the draft model catches up on prompts it has not seen in
+        chunks, oldest first: at most what costs CATCH_UP_SHARE of the step's target call on the
+        draft's curve (at least MIN_CATCH_UP tokens), so a sequence starting to draft slows the
+        others' step instead of stalling it for a whole draft prefill. A sequence still catching
+        up drafts nothing. Alone, a sequence catches up at once (it only delays itself)."""
+        model_jobs = [i for i, job in enumerate(jobs) if job.k and job.offer.uses_model]
+        if self.draft is None or len(jobs) < 2 or not model_jobs:
+            return jobs
+        rounds = [job.k + 1 + len(job.seq.unprefilled) for job in jobs]
+        cost = self.target.cost.cost_ms
+        target_ms = cost(sum(rounds)) if self.target.fused else sum(cost(n) for n in rounds)
+        catch_up = lambda n: catch_up_ms(self.draft.cost, n)  # noqa: E731
+        budget = max(MIN_CATCH_UP, _largest_within(catch_up, CATCH_UP_SHARE * target_ms, 0, self.context_length))
+        paced = list(jobs)
+        for i in model_jobs:
+            seq = jobs[i].seq
+            allowed = min(len(seq.tokens) - reusable(seq) - 1, budget)
+            budget -= allowed
+            paced[i] = replace(jobs[i], catch_up=allowed)
+        return paced
 
     # -- 5. fitting the budget --------------------------------------------------------------
 
@@ -311,3 +335,11 @@ class BatchEngine(SequencePool):
 def _round_tokens(rounds: list[Sequence], drafts: list[SequenceDraft]) -> int:
     """Tokens the rounds score: each one's rest of prompt, last token and drafts."""
     return sum(len(seq.unprefilled) + 1 + len(d.token_ids) for seq, d in zip(rounds, drafts))
+
+
+def _largest_within(cost_ms, limit_ms: float, low: int, high: int) -> int:
+    """The largest n in [low, high] with cost_ms(n) <= limit_ms (low where none is)."""
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if cost_ms(middle) <= limit_ms else (low, middle - 1)
+    return low

@@ -51,6 +51,9 @@ class DraftJob:
     seq: "Sequence"
     offer: DraftOffer  # the offer the planner chose (the fallback, where it was used)
     k: int
+    # prompt tokens the draft model may catch up on this step beyond the one it always feeds
+    # (None: all it has not seen); one with more left feeds that many and drafts nothing yet
+    catch_up: int | None = None
 
 
 # (sequence, draft confidences so far) -> draft one more token? (auto depth, model drafts)

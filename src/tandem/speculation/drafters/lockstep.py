@@ -5,7 +5,9 @@ slot has not seen (its slot rolled back to what is still valid: synced lazily) a
 first token; each later forward drafts one more token for the sequences still drafting. A
 sequence stops at a stop token, at its k, or, for an auto-depth sequence (once the planner
 decided its drafting pays), where the planner's `keep_drafting` says one more token is not worth
-it given the draft's own confidence in what it drafted.
+it given the draft's own confidence in what it drafted. A job whose `catch_up` allows fewer
+tokens than its slot has not seen (a new prompt, while other streams decode) feeds a chunk of
+them in the first forward and drafts nothing this step.
 The drafter worker of the cluster runs the same code (cluster/runtime/drafter_worker.py).
 """
 
@@ -40,14 +42,17 @@ class LocalDraftModel:
         drafts = [SequenceDraft("model", []) for _ in jobs]
         q_rows: list[list[np.ndarray]] = [[] for _ in jobs]
         confidences: list[list[float]] = [[] for _ in jobs]
-        items = [self._sync(job.seq) for job in jobs]  # 1. sync every draft slot
-        active = list(range(len(jobs)))
-        while active:
+        synced = [(index, self._sync(job)) for index, job in enumerate(jobs)]  # 1. sync every draft slot
+        items = [item for _, item in synced if item is not None]
+        owners = [index if item.num_logits else None for index, item in synced if item is not None]
+        while items:
             start = time.perf_counter()
-            logits = self.runner.forward_batch(items)  # per item [1, vocab]
+            logits = self.runner.forward_batch(items)  # per item [1, vocab] ([0, vocab]: catch-up only)
             self._observe(items, start)
             still, items = [], []
-            for index, rows in zip(active, logits):
+            for index, rows in zip(owners, logits):
+                if index is None:
+                    continue  # a chunk of catch-up: this sequence drafts in a later step
                 job = jobs[index]
                 token, q_row, confidence = _pick(rows[0], job.seq)
                 drafts[index].token_ids.append(token)
@@ -57,17 +62,25 @@ class LocalDraftModel:
                     still.append(index)  # 2. the next depth feeds the token just drafted
                     items.append(BatchItem(job.seq.slot, (token,), 1))
                     job.seq.draft_cached.append(token)
-            active = still
+            owners = still
         for job, draft, rows in zip(jobs, drafts, q_rows):
-            if not job.seq.request.sampling.greedy:
+            if rows and not job.seq.request.sampling.greedy:
                 draft.q_draft = np.stack(rows)  # [k, vocab]
         return drafts
 
-    def _sync(self, seq) -> BatchItem:
+    def _sync(self, job: DraftJob) -> BatchItem | None:
+        """The first forward's item for job: what its draft slot has not seen, ending in the
+        last committed token, whose logits give the first draft token. Where job.catch_up
+        allows fewer, a chunk of the unseen tokens without logits (None: nothing to feed)."""
+        seq = job.seq
         keep = reusable(seq)
         self.runner.rollback(seq.slot, keep)
+        unseen = seq.tokens[keep:]
+        if job.catch_up is not None and len(unseen) - 1 > job.catch_up:
+            seq.draft_cached = list(seq.tokens[: keep + job.catch_up])
+            return BatchItem(seq.slot, tuple(unseen[: job.catch_up]), 0) if job.catch_up else None
         seq.draft_cached = list(seq.tokens)
-        return BatchItem(seq.slot, tuple(seq.tokens[keep:]), 1)
+        return BatchItem(seq.slot, tuple(unseen), 1)
 
     def _observe(self, items: list[BatchItem], start: float) -> None:
         self.forwards += 1
