@@ -138,7 +138,6 @@ class CountingRunner:
 
     def __init__(self):
         self.cost = CostModel()
-
         self.fed: list[list[BatchItem]] = []  # the items of every forward, in order
 
     def forward_batch(self, items: list[BatchItem]) -> list[np.ndarray]:
