@@ -123,8 +123,8 @@ def test_many_idle_sources_share_one_probe_budget():
     for source in sources:
         set_acceptance(p, source, 0.2)  # idle: too low to draft, but each could pay at 99% in this batch
     probes = sum(sum(plan_ks(p, [DraftCandidate(s, 4, False) for s in sources])) for _ in range(400))
-    step_ms = p._target_ms([1] * len(sources))  # the batch's plain step
-    extra = p._target_ms([2] + [1] * (len(sources) - 1)) - step_ms  # one probe token more
+    step_ms = p.target_ms([1] * len(sources))  # the batch's plain step
+    extra = p.target_ms([2] + [1] * (len(sources) - 1)) - step_ms  # one probe token more
     assert 1 <= probes and probes * extra <= 0.02 * 400 * step_ms + extra  # PROBE_BUDGET, for all together
 
 

@@ -226,9 +226,7 @@ class BatchEngine(SequencePool):
         model_jobs = [i for i, job in enumerate(jobs) if job.k and job.offer.uses_model]
         if self.draft is None or len(jobs) < 2 or not model_jobs:
             return jobs
-        rounds = [job.k + 1 + len(job.seq.unprefilled) for job in jobs]
-        cost = self.target.cost.cost_ms
-        target_ms = cost(sum(rounds)) if self.target.fused else sum(cost(n) for n in rounds)
+        target_ms = self.planner.target_ms([job.k + 1 + len(job.seq.unprefilled) for job in jobs])
         catch_up = lambda n: catch_up_ms(self.draft.cost, n)  # noqa: E731
         budget = max(MIN_CATCH_UP, _largest_within(catch_up, CATCH_UP_SHARE * target_ms, 0, self.context_length))
         paced = list(jobs)

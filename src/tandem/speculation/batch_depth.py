@@ -210,7 +210,7 @@ class BatchDepthPlanner:
 
     def _start(self, candidates: list[DraftCandidate], alphas: list[float], ks: list[int]) -> _Walk:
         counts = [k + 1 + c.prefill_tokens for c, k in zip(candidates, ks)]
-        walk = _Walk(0.0, counts, sum(counts), self._target_ms(counts), [], 0.0)
+        walk = _Walk(0.0, counts, sum(counts), self.target_ms(counts), [], 0.0)
         for c, a, k in zip(candidates, alphas, ks):
             walk.tokens += sum(a**j for j in range(k + 1))
             if c.uses_model and k:
@@ -219,7 +219,8 @@ class BatchDepthPlanner:
                     self._add_draft_level(walk, j)
         return walk
 
-    def _target_ms(self, counts: list[int]) -> float:
+    def target_ms(self, counts: list[int]) -> float:
+        """The target call scoring counts[i] tokens for each sequence i, on its measured curve."""
         if self.target.fused:
             return self.target.cost.cost_ms(sum(counts))
         return sum(self.target.cost.cost_ms(n) for n in counts)
@@ -260,7 +261,7 @@ class BatchDepthPlanner:
         The credit grows by PROBE_BUDGET of every step's time, for all sources together (a
         budget per source would let a dozen n-gram lengths each spend it); the source idle the
         longest goes first, and one that could not pay even at near-perfect acceptance never."""
-        self.probe_credit_ms += self._target_ms([k + 1 for k in ks]) * PROBE_BUDGET
+        self.probe_credit_ms += self.target_ms([k + 1 for k in ks]) * PROBE_BUDGET
         idle: dict[str, int] = {}
         for i, c in enumerate(candidates):
             if c.fixed_k is None and c.cap >= 1 and c.source not in idle:
@@ -281,9 +282,9 @@ class BatchDepthPlanner:
 
     def _probe_cost(self, candidates: list[DraftCandidate], ks: list[int], i: int) -> float:
         counts = [k + 1 for k in ks]
-        before = self._target_ms(counts)
+        before = self.target_ms(counts)
         counts[i] += 1
-        extra = self._target_ms(counts) - before
+        extra = self.target_ms(counts) - before
         if candidates[i].uses_model and self.draft is not None:
             extra += self.draft.cost.cost_ms(1) + candidates[i].setup_ms
         return extra
