@@ -138,3 +138,29 @@ def test_llamacpp_logits_buffer_is_sized_at_start_and_big_calls_are_split(small_
     for _ in range(3):
         deepest_verify_of_every_slot()
     assert process.memory_info().rss - before < 16 * 2**20  # no step up: the buffer was already that size
+
+
+def test_llamacpp_short_rounds_scored_apart_give_what_each_alone_gives(small_gguf):
+    """Sixteen 4-token verify rounds reach the flash kernel's tile, so the runner scores them in
+    two calls below it: each round's logits are then those it gets scored alone (packed into one
+    tiled call they were not: up to 1.1 apart, 4 of 64 argmaxes flipped on this model)."""
+    import numpy as np
+
+    from tandem.models.batch_runner import BatchItem
+    from tandem.models.llamacpp_batch_runner import BATCH_TOKENS, plan_calls
+
+    runner = LlamaCppBatchRunner(str(small_gguf), max_slots=16, context_length=512, threads=2)
+    for slot in range(16):
+        runner.forward_batch([BatchItem(slot, [(31 * slot + 7 * i) % 900 + 10 for i in range(20)], 0)])
+    rounds = [BatchItem(slot, [(13 * slot + i) % 900 + 10 for i in range(4)], 4) for slot in range(16)]
+    assert len(plan_calls(rounds, BATCH_TOKENS, runner.max_outputs)) == 2
+
+    def score(items) -> list[np.ndarray]:
+        logits = runner.forward_batch(items)  # [4, vocab] per item
+        for item in items:
+            runner.rollback(item.slot, 20)
+        return logits
+
+    together = np.stack(score(rounds))  # [16, 4, vocab]
+    alone = np.stack([score([item])[0] for item in rounds])
+    np.testing.assert_allclose(together, alone, atol=1e-3)

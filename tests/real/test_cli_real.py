@@ -36,6 +36,18 @@ def test_stop_string_cuts_output():
     assert "5" not in text and "4" in text
 
 
+def test_bench_step_times_the_llamacpp_runner_beside_one_call(tmp_path):
+    out = tmp_path / "step.json"
+    result = tandem("bench-step", "--backend", "llamacpp", "--model", SMALL, "--batches", "2",
+                    "--tokens", "1,40", "--context", "16", "--repeats", "1", "--threads", "2",
+                    "--serial", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    timings = json.loads(out.read_text())["timings"]
+    assert [(t["runner"], t["batch"], t["tokens_per_slot"]) for t in timings] == [
+        ("llamacpp", 2, 1), ("one-call", 2, 1), ("llamacpp", 2, 40), ("one-call", 2, 40)]
+    assert all(t["step_ms"] > 0 for t in timings)
+
+
 @pytest.fixture(scope="module")
 def mismatched_folder(tmp_path_factory, small_hf):
     """An HF folder whose tokenizer maps two tokens to swapped ids."""

@@ -7,6 +7,11 @@ the step's wall time, the decoder's share (the model's forward, device synchroni
 The memory floor of a one-token decode is the bytes of weights it must read divided by the
 measured memory bandwidth (a large copy on the device): no runner can decode faster than that.
 The serial runner (transformers, one slot at a time) is measured beside it for the same B.
+
+With `--backend llamacpp` the llama.cpp batch runner is timed instead, with its calls laid out
+as it lays them out (`llamacpp`: several slots' positions in calls below the flash kernel's
+tile, a long item alone) and, with `--serial`, packed into one call (`one-call`, the layout
+before); the rows in a step also ask for logits, as a verify does.
 """
 
 import time
@@ -51,6 +56,35 @@ def load_runners(model: str, device: str, dtype: str, slots: int, threads: int |
         views = iter([base] + [base.fork() for _ in range(slots - 1)])
         runners["serial"] = SerialBatchRunner(lambda: next(views), slots)
     return runners
+
+
+def load_llamacpp_runners(model: str, slots: int, threads: int | None, one_call: bool) -> dict[str, BatchRunner]:
+    """The llama.cpp batch runner, and the same runner packing every slot into one call."""
+    from tandem.models.llamacpp_batch_runner import BATCH_TOKENS, LlamaCppBatchRunner
+    from tandem.models.resolve import gguf_path
+
+    runner = LlamaCppBatchRunner(str(gguf_path(model)), slots, 4096, threads)
+    runners: dict[str, BatchRunner] = {"llamacpp": _TileRows(runner, runner.tile_rows)}
+    if one_call:
+        runners["one-call"] = _TileRows(runner, BATCH_TOKENS + 1)
+    return runners
+
+
+class _TileRows:
+    """A llama.cpp runner seen with one call layout (its tile_rows) for every forward."""
+
+    def __init__(self, runner, tile_rows: int):
+        self.runner, self.tile_rows = runner, tile_rows
+
+    def forward_batch(self, items):
+        self.runner.tile_rows = self.tile_rows
+        return self.runner.forward_batch(items)
+
+    def rollback(self, slot: int, length: int) -> None:
+        self.runner.rollback(slot, length)
+
+    def num_cached_tokens(self, slot: int) -> int:
+        return self.runner.num_cached_tokens(slot)
 
 
 def fill_slots(runner: BatchRunner, batch: int, context: int) -> None:

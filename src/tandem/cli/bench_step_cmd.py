@@ -1,5 +1,6 @@
 """`tandem bench-step`: the fused torch runner's step cost by batch size, its overhead beyond the
-model's forward, and one-token decode against the memory floor (see bench/step.py)."""
+model's forward, and one-token decode against the memory floor; or the llama.cpp batch runner's
+step cost with and without its call layout (see bench/step.py)."""
 
 import argparse
 import json
@@ -10,15 +11,18 @@ from tandem.models.catalog import DEFAULT_TARGET
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("bench-step", help="time fused torch steps by batch size (overhead, memory floor)")
+    parser = subparsers.add_parser("bench-step", help="time batched steps by batch size (torch: overhead, memory floor; llama.cpp: call layout)")
     parser.add_argument("--model", default=DEFAULT_TARGET, help="catalog name or HF folder")
+    parser.add_argument("--backend", choices=["torch", "llamacpp"], default="torch",
+                        help="torch: the fused runner (default); llamacpp: the llama.cpp batch runner")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="bf16", help="fp32 | bf16 | fp16 (default bf16)")
     parser.add_argument("--batches", default="1,2,4,8,16", help="slots per step (default 1,2,4,8,16)")
     parser.add_argument("--tokens", default="1,5", help="new tokens per slot (default 1,5: decode, k=4 verify)")
     parser.add_argument("--context", type=int, default=200, help="cached tokens per slot (default 200)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--serial", action="store_true", help="also time the serial runner (transformers)")
+    parser.add_argument("--serial", action="store_true",
+                        help="also time the serial runner (torch: transformers; llamacpp: all slots in one call)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
     parser.set_defaults(func=run)
@@ -31,10 +35,13 @@ def _ints(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from tandem.bench.step import fill_slots, load_runners, memory_bandwidth, time_step
+    from tandem.bench.step import fill_slots, load_llamacpp_runners, load_runners, memory_bandwidth, time_step
 
     batches, tokens = _ints(args.batches), _ints(args.tokens)
-    runners = load_runners(args.model, args.device, args.dtype, max(batches), args.threads, args.serial)
+    if args.backend == "llamacpp":
+        runners = load_llamacpp_runners(args.model, max(batches), args.threads, args.serial)
+    else:
+        runners = load_runners(args.model, args.device, args.dtype, max(batches), args.threads, args.serial)
     timings = []
     with tqdm(total=len(batches) * len(tokens) * len(runners), desc="steps", file=sys.stderr) as bar:
         for batch in batches:
@@ -44,20 +51,21 @@ def run(args: argparse.Namespace) -> int:
                 for label, runner in runners.items():
                     timings.append(time_step(runner, label, batch, count, args.repeats))
                     bar.update()
-    fused = runners["fused"]
-    bandwidth = memory_bandwidth(fused.device)
-    floor_ms = fused.decoder.decode_bytes / bandwidth * 1000
-    print(f"weights read per decode: {fused.decoder.decode_bytes / 2**20:.0f} MiB; bandwidth {bandwidth / 1e9:.1f} GB/s;"
-          f" memory floor of one decode: {floor_ms:.1f} ms")
-    print(f"{'runner':7} {'B':>3} {'tok/slot':>8} {'step ms':>9} {'model ms':>9} {'overhead':>9} {'ms/token':>9}")
+    figures: dict = {"command": sys.argv}
+    if "fused" in runners:
+        fused = runners["fused"]
+        bandwidth = memory_bandwidth(fused.device)
+        floor_ms = fused.decoder.decode_bytes / bandwidth * 1000
+        print(f"weights read per decode: {fused.decoder.decode_bytes / 2**20:.0f} MiB; bandwidth {bandwidth / 1e9:.1f} GB/s;"
+              f" memory floor of one decode: {floor_ms:.1f} ms")
+        figures.update(bandwidth_bytes_s=bandwidth, decode_bytes=fused.decoder.decode_bytes, floor_ms=floor_ms)
+    print(f"{'runner':8} {'B':>3} {'tok/slot':>8} {'step ms':>9} {'model ms':>9} {'overhead':>9} {'ms/token':>9}")
     for t in timings:
         model = f"{t.model_ms:9.1f}" if t.model_ms is not None else f"{'-':>9}"
         over = f"{t.overhead_ms:9.1f}" if t.overhead_ms is not None else f"{'-':>9}"
-        print(f"{t.runner:7} {t.batch:3d} {t.tokens_per_slot:8d} {t.step_ms:9.1f} {model} {over} "
+        print(f"{t.runner:8} {t.batch:3d} {t.tokens_per_slot:8d} {t.step_ms:9.1f} {model} {over} "
               f"{t.step_ms / (t.batch * t.tokens_per_slot):9.1f}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({"command": sys.argv, "bandwidth_bytes_s": bandwidth,
-                                              "decode_bytes": fused.decoder.decode_bytes, "floor_ms": floor_ms,
-                                              "timings": [t.as_dict() for t in timings]}, indent=1))
+        Path(args.out).write_text(json.dumps({**figures, "timings": [t.as_dict() for t in timings]}, indent=1))
     return 0

@@ -20,6 +20,14 @@ multiplies through the masked cells, the flash kernel skips them. Measured on th
 2 threads: 64 prompt tokens of one sequence beside 15 others' 250-token caches 1,240 ms plain,
 873 ms flash (873 ms alone); sixteen sequences' one-token decode 449 ms plain, 348 ms flash; a
 16-request serving level 72 s flash, 85 s plain (docs/vs-llama-server.md).
+
+A call of FLASH_TILE_ROWS query positions or more takes the flash kernel's tiled path, which
+scores a tile of 64 consecutive positions against every cache cell any of them may see: sixteen
+slots' 4-token verify rounds in one tile attend over all sixteen caches. Below that the kernel
+goes position by position, slower per cell, so the tile pays while it holds a few slots' items
+(sixteen slots x 16 tokens: 4,334 ms in one call, 5,324 ms in 63-position calls). So a forward
+that reaches a tile scores its items of fewer than FEW_ROWS positions in calls below the tile
+and the rest together (`plan_calls`). See docs/vs-llama-server.md for the measurements.
 """
 
 import ctypes
@@ -36,6 +44,40 @@ DEFAULT_CONTEXT = 4096  # per sequence
 MAX_POOL_TOKENS = 32768  # KV cells shared by all slots
 BATCH_TOKENS = 512  # tokens per llama_decode call; longer inputs are split
 OUTPUTS_PER_SLOT = 17  # logits a slot's verify asks for: the deepest auto draft (16) plus the bonus
+FLASH_TILE_ROWS = 64  # ggml's CPU flash attention tiles calls of this many positions or more (GGML_FA_TILE_Q)
+FEW_ROWS = 8  # items with fewer positions put more than 8 slots in a tile: scored apart (module notes)
+
+Position = tuple[int, BatchItem, int]  # (item index, item, token index in the item)
+
+
+def plan_calls(items: Sequence[BatchItem], max_tokens: int, max_outputs: int,
+               tile_rows: int = FLASH_TILE_ROWS) -> list[list[Position]]:
+    """The llama_decode calls for one forward: each of at most max_tokens positions and
+    max_outputs logits rows. A forward of tile_rows positions or more scores the items of fewer
+    than FEW_ROWS positions (verify rounds) in calls below tile_rows, the rest together (module
+    notes). An item's positions stay in order, so its slot's cache grows in order."""
+    everything = list(range(len(items)))
+    if sum(len(item.token_ids) for item in items) < tile_rows:
+        groups = [(everything, max_tokens)]
+    else:
+        few = [index for index in everything if len(items[index].token_ids) < FEW_ROWS]
+        rest = [index for index in everything if len(items[index].token_ids) >= FEW_ROWS]
+        groups = [(indices, limit) for indices, limit in ((few, tile_rows - 1), (rest, max_tokens)) if indices]
+    calls = []
+    for indices, limit in groups:
+        call, wanted = [], 0
+        for index in indices:
+            item = items[index]
+            for i in range(len(item.token_ids)):
+                want = i >= len(item.token_ids) - item.num_logits
+                if len(call) == min(limit, max_tokens) or (want and wanted == max_outputs):
+                    calls.append(call)
+                    call, wanted = [], 0
+                call.append((index, item, i))
+                wanted += want
+        if call:
+            calls.append(call)
+    return calls
 
 
 class LlamaCppBatchRunner:
@@ -72,6 +114,7 @@ class LlamaCppBatchRunner:
         self.max_slots = max_slots
         self.max_outputs = min(BATCH_TOKENS, max_slots * OUTPUTS_PER_SLOT)  # logits positions per call
         self.cost = CostModel()
+        self.tile_rows = FLASH_TILE_ROWS  # bench-step sets BATCH_TOKENS + 1: every slot in one call
         self._lengths = [0] * max_slots
         self._reserve_outputs()
 
@@ -99,12 +142,10 @@ class LlamaCppBatchRunner:
         self._lengths[destination] = length
 
     def forward_batch(self, items: Sequence[BatchItem]) -> list[np.ndarray]:
-        """Pack the items' tokens into llama_decode calls of at most BATCH_TOKENS tokens and
-        max_outputs logits positions."""
-        flat = [(index, item, i) for index, item in enumerate(items) for i in range(len(item.token_ids))]
+        """Score the items' tokens in the llama_decode calls `plan_calls` lays out."""
         outputs = [np.empty((item.num_logits, self.vocab_size), np.float32) for item in items]  # [num_logits, vocab]
         filled = [0] * len(items)
-        for chunk in self._calls(flat):
+        for chunk in plan_calls(items, BATCH_TOKENS, self.max_outputs, self.tile_rows):
             owners = self._fill_batch(chunk)
             try:
                 self._ctx.decode(self._batch)
@@ -119,20 +160,6 @@ class LlamaCppBatchRunner:
             for _, item, _ in chunk:
                 self._lengths[item.slot] += 1
         return outputs
-
-    def _calls(self, flat):
-        """Split the flat positions into calls within the token and logits limits."""
-        chunk, wanted = [], 0
-        for position in flat:
-            _, item, i = position
-            want = i >= len(item.token_ids) - item.num_logits
-            if len(chunk) == BATCH_TOKENS or (want and wanted == self.max_outputs):
-                yield chunk
-                chunk, wanted = [], 0
-            chunk.append(position)
-            wanted += want
-        if chunk:
-            yield chunk
 
     def _fill_batch(self, chunk) -> list[int]:
         """Write a chunk into the llama batch; return, per flagged position, the item index."""
