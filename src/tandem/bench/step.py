@@ -9,9 +9,9 @@ measured memory bandwidth (a large copy on the device): no runner can decode fas
 The serial runner (transformers, one slot at a time) is measured beside it for the same B.
 
 With `--backend llamacpp` the llama.cpp batch runner is timed instead, with its calls laid out
-as it lays them out (`llamacpp`: several slots' positions in calls below the flash kernel's
-tile, a long item alone) and, with `--serial`, packed into one call (`one-call`, the layout
-before); the rows in a step also ask for logits, as a verify does.
+as it lays them out (`llamacpp`: short verify rounds of several slots in calls below the flash
+kernel's tile, see `plan_calls`) and, with `--serial`, packed into one call (`one-call`, the
+layout before); every position asks for logits, as a verify does.
 """
 
 import time
