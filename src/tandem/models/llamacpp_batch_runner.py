@@ -62,7 +62,8 @@ def plan_calls(items: Sequence[BatchItem], max_tokens: int, max_outputs: int,
     else:
         few = [index for index in everything if len(items[index].token_ids) < FEW_ROWS]
         rest = [index for index in everything if len(items[index].token_ids) >= FEW_ROWS]
-        groups = [(indices, limit) for indices, limit in ((few, tile_rows - 1), (rest, max_tokens)) if indices]
+        groups = [(indices, limit) for indices, limit in ((few, min(tile_rows - 1, max_tokens)), (rest, max_tokens))
+                  if indices]
     calls = []
     for indices, limit in groups:
         call, wanted = [], 0
@@ -70,7 +71,7 @@ def plan_calls(items: Sequence[BatchItem], max_tokens: int, max_outputs: int,
             item = items[index]
             for i in range(len(item.token_ids)):
                 want = i >= len(item.token_ids) - item.num_logits
-                if len(call) == min(limit, max_tokens) or (want and wanted == max_outputs):
+                if len(call) == limit or (want and wanted == max_outputs):
                     calls.append(call)
                     call, wanted = [], 0
                 call.append((index, item, i))
