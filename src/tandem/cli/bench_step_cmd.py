@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from tandem.errors import TandemError
 from tandem.models.catalog import DEFAULT_TARGET
 
 
@@ -38,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
     from tandem.bench.step import fill_slots, load_llamacpp_runners, load_runners, memory_bandwidth, time_step
 
     batches, tokens = _ints(args.batches), _ints(args.tokens)
+    if args.backend == "llamacpp" and args.device != "cpu":
+        raise TandemError("--backend llamacpp runs on the CPU; --device is for the torch runner")
     if args.backend == "llamacpp":
         runners = load_llamacpp_runners(args.model, max(batches), args.threads, args.serial)
     else:
