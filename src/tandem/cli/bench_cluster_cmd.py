@@ -16,6 +16,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=50)
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run the configurations this many times in turn (default 1); the report adds "
+                        "each one's mean and the cluster's ratio to the mean solo sum")
     parser.add_argument("--ray-address", default=None)
     parser.add_argument("--out", default="bench-cluster-out")
     parser.set_defaults(func=run)
@@ -32,10 +35,10 @@ def run(args: argparse.Namespace) -> int:
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown or not configs:
         raise TandemError(f"unknown configs {unknown}; choose from {', '.join(CONFIGS)}")
-    if args.concurrency < 1 or args.requests < 1 or args.max_tokens < 1:
-        raise TandemError("--concurrency, --requests and --max-tokens must be positive")
+    if args.concurrency < 1 or args.requests < 1 or args.max_tokens < 1 or args.repeat < 1:
+        raise TandemError("--concurrency, --requests, --max-tokens and --repeat must be positive")
     cluster = ClusterOptions(load_cluster(args.cluster), args.ray_address)
     run_cluster_bench(cluster, args.drafter, parse_depth(args.k), args.concurrency, args.requests,
-                               args.max_tokens, configs, Path(args.out))
+                      args.max_tokens, configs, Path(args.out), repeats=args.repeat)
     print((Path(args.out) / "report.md").read_text())
     return 0

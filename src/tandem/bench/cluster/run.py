@@ -42,37 +42,34 @@ def requests_for(target_model: str, count: int, max_tokens: int, prompts_file=DE
 
 
 def run_cluster_bench(cluster: ClusterOptions, drafter: str, k, concurrency: int, count: int, max_tokens: int,
-                      configs: tuple[str, ...], out: Path, progress=print) -> dict:
+                      configs: tuple[str, ...], out: Path, progress=print, repeats: int = 1) -> dict:
+    """Run `configs` in order, `repeats` times over (this machine drifts by 10% over minutes:
+    repeating the whole sequence puts every configuration in each period). Entries of the
+    first pass keep the configuration's name, later ones add " #2", " #3" ..."""
     target = cluster.target
     requests = requests_for(target.model, count, max_tokens)
-    results: dict[str, dict] = {}
-    if "single" in configs:
-        progress("single process, all threads ...")
-        draft = next((w for w in cluster.spec.workers if w.can_draft and w.drafting_model), None)
-        config = EngineConfig(RunnerSpec(target.model, target.backend, target.device, target.dtype),
-                                RunnerSpec(draft.drafting_model, draft.backend) if draft else None,
-                                drafter if draft else "ngram", k)
-        results["single"] = drive(build_engine(config, concurrency), requests, concurrency, "single").to_json()
-    cluster_configs = [c for c in configs if c != "single"]
-    if cluster_configs:
+    single = _single_engine(cluster, drafter, k, concurrency) if "single" in configs else None
+    engine = None
+    if any(c != "single" for c in configs):
         progress("starting the cluster ...")
         engine = launch_cluster(cluster.spec, drafter, k, cluster.ray_address, concurrency)
-        for name in cluster_configs:
-            if name == "solo":
-                results.update(_solo_runs(engine, requests, concurrency, drafter, k, progress))
-                continue
-            progress(f"{name} ...")
-            engine.draft_ahead = name == "cluster+draft-ahead"
-            engine.loop = "lockstep" if name == "cluster-lockstep" else "independent"
-            engine.default_drafter = "none" if name == "cluster-verify-only" else drafter
-            engine.default_depth = parse_depth(0 if name == "cluster-verify-only" else k)
-            figures = drive(engine, requests, concurrency, name.replace("+", "_").replace("-", "_"))
-            results[name] = {**figures.to_json(), "draft_ahead_hits": engine.remote.ahead_hits,
-                             "draft_ahead_misses": engine.remote.ahead_misses}
-            engine.remote.ahead_hits = engine.remote.ahead_misses = 0
+    results: dict[str, dict] = {}
+    for index in range(1, repeats + 1):
+        suffix = "" if index == 1 else f" #{index}"
+        for name in configs:
+            progress(f"{name}{suffix} ...")
+            if name == "single":
+                runs = {"single": drive(single, requests, concurrency, "single").to_json()}
+            elif name == "solo":
+                runs = _solo_runs(engine, requests, concurrency, drafter, k, progress)
+            else:
+                runs = {name: _cluster_run(engine, name, requests, concurrency, drafter, k)}
+            results.update({key + suffix: figures for key, figures in runs.items()})
+    if engine is not None:
         engine.close()
     report = {"cluster_file": cluster.spec.source, "drafter": drafter, "k": str(k), "concurrency": concurrency,
-              "requests": count, "max_tokens": max_tokens, "results": results}
+              "requests": count, "max_tokens": max_tokens, "repeats": repeats, "results": results,
+              "summary": summarize(results)}
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(report, indent=1))
     if "cluster" in results:
@@ -81,6 +78,43 @@ def run_cluster_bench(cluster: ClusterOptions, drafter: str, k, concurrency: int
         (out / "measured.json").write_text(json.dumps(measured))
     (out / "report.md").write_text(markdown(report))
     return report
+
+
+def _single_engine(cluster: ClusterOptions, drafter: str, k, concurrency: int):
+    """The same target (and draft) models in one process with all of this machine's threads."""
+    target = cluster.target
+    draft = next((w for w in cluster.spec.workers if w.can_draft and w.drafting_model), None)
+    config = EngineConfig(RunnerSpec(target.model, target.backend, target.device, target.dtype),
+                          RunnerSpec(draft.drafting_model, draft.backend) if draft else None,
+                          drafter if draft else "ngram", k)
+    return build_engine(config, concurrency)
+
+
+def _cluster_run(engine: ClusterEngine, name: str, requests: list, concurrency: int, drafter: str, k) -> dict:
+    engine.draft_ahead = name == "cluster+draft-ahead"
+    engine.loop = "lockstep" if name == "cluster-lockstep" else "independent"
+    engine.default_drafter = "none" if name == "cluster-verify-only" else drafter
+    engine.default_depth = parse_depth(0 if name == "cluster-verify-only" else k)
+    figures = drive(engine, requests, concurrency, name.replace("+", "_").replace("-", "_"))
+    result = {**figures.to_json(), "draft_ahead_hits": engine.remote.ahead_hits,
+              "draft_ahead_misses": engine.remote.ahead_misses}
+    engine.remote.ahead_hits = engine.remote.ahead_misses = 0
+    return result
+
+
+def summarize(results: dict[str, dict]) -> dict[str, dict]:
+    """Per configuration (repeats folded together): the throughput of every pass and their
+    mean, and for the cluster configurations the mean over the mean of the solo sums."""
+    passes: dict[str, list[float]] = {}
+    for key, figures in results.items():
+        passes.setdefault(key.split(" #")[0], []).append(figures["throughput_tok_s"])
+    summary = {name: {"throughput_tok_s": values, "mean": sum(values) / len(values)} for name, values in passes.items()}
+    solo_sum = summary.get("solo sum", {}).get("mean")
+    if solo_sum:
+        for name, entry in summary.items():
+            if name.startswith("cluster"):
+                entry["x_solo_sum"] = entry["mean"] / solo_sum
+    return summary
 
 
 def _solo_runs(engine: ClusterEngine, requests: list, concurrency: int, drafter: str, k, progress) -> dict:
@@ -99,6 +133,18 @@ def _solo_runs(engine: ClusterEngine, requests: list, concurrency: int, drafter:
 
 
 def markdown(report: dict) -> str:
+    head = (f"# Cluster benchmark\n\n{report['cluster_file']}: drafter {report['drafter']}, k {report['k']}, "
+            f"{report['requests']} requests of {report['max_tokens']} tokens at concurrency {report['concurrency']}"
+            f"{_passes(report)}.\n\n")
+    return head + _runs_table(report) + _summary_table(report)
+
+
+def _passes(report: dict) -> str:
+    repeats = report.get("repeats", 1)
+    return f", the configurations run {repeats} times in turn" if repeats > 1 else ""
+
+
+def _runs_table(report: dict) -> str:
     rows = ["| config | tok/s | latency p50 ms | latency p99 ms | TTFT p50 ms | ms/token p50 | acceptance |",
             "|---|---:|---:|---:|---:|---:|---:|"]
     for name, r in report["results"].items():
@@ -108,6 +154,15 @@ def markdown(report: dict) -> str:
         acceptance = "—" if r["acceptance"] is None else f"{r['acceptance']:.2f}"
         rows.append(f"| {name} | {r['throughput_tok_s']:.1f} | {r['latency_ms_p50']:.0f} | {r['latency_ms_p99']:.0f} "
                     f"| {r['ttft_ms_p50']:.0f} | {r['ms_per_token_p50']:.1f} | {acceptance} |")
-    head = (f"# Cluster benchmark\n\n{report['cluster_file']}: drafter {report['drafter']}, k {report['k']}, "
-            f"{report['requests']} requests of {report['max_tokens']} tokens at concurrency {report['concurrency']}.\n\n")
-    return head + "\n".join(rows) + "\n"
+    return "\n".join(rows) + "\n"
+
+
+def _summary_table(report: dict) -> str:
+    if report.get("repeats", 1) < 2:
+        return ""
+    rows = ["", "## Over the passes", "", "| config | tok/s, each pass | mean | x solo sum |", "|---|---|---:|---:|"]
+    for name, entry in report["summary"].items():
+        each = ", ".join(f"{v:.1f}" for v in entry["throughput_tok_s"])
+        ratio = f"{entry['x_solo_sum']:.2f}" if "x_solo_sum" in entry else ""
+        rows.append(f"| {name} | {each} | {entry['mean']:.1f} | {ratio} |")
+    return "\n".join(rows) + "\n"

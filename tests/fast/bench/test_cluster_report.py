@@ -1,0 +1,55 @@
+"""bench-cluster's report over repeated passes: each pass's figures are kept under its own name,
+and the summary folds the passes of a configuration together."""
+
+import pytest
+
+from tandem.bench.cluster.run import markdown, summarize
+from tandem.cli.main import main
+
+
+def run(tok_s):
+    return {"throughput_tok_s": tok_s, "latency_ms_p50": 1.0, "latency_ms_p99": 2.0, "ttft_ms_p50": 0.5,
+            "ms_per_token_p50": 3.0, "acceptance": None}
+
+
+def results_of_two_passes():
+    return {
+        "solo fast": run(30.0), "solo slow": run(10.0), "solo sum": {"throughput_tok_s": 40.0},
+        "cluster": run(36.0),
+        "solo fast #2": run(26.0), "solo slow #2": run(9.0), "solo sum #2": {"throughput_tok_s": 35.0},
+        "cluster #2": run(33.0),
+    }
+
+
+def test_summary_folds_each_configurations_passes_and_divides_by_the_mean_solo_sum():
+    summary = summarize(results_of_two_passes())
+    assert summary["cluster"]["throughput_tok_s"] == [36.0, 33.0]
+    assert summary["cluster"]["mean"] == pytest.approx(34.5)
+    assert summary["solo sum"]["mean"] == pytest.approx(37.5)
+    assert summary["cluster"]["x_solo_sum"] == pytest.approx(34.5 / 37.5)
+    assert "x_solo_sum" not in summary["solo fast"]
+
+
+def test_without_solo_runs_there_is_no_ratio():
+    summary = summarize({"cluster": run(36.0), "cluster-lockstep": run(30.0)})
+    assert all("x_solo_sum" not in entry for entry in summary.values())
+
+
+def test_the_report_shows_every_pass_and_the_summary_only_when_repeated():
+    results = results_of_two_passes()
+    report = {"cluster_file": "c.yaml", "drafter": "none", "k": "0", "concurrency": 8, "requests": 32,
+              "max_tokens": 50, "repeats": 2, "results": results, "summary": summarize(results)}
+    text = markdown(report)
+    assert "| cluster #2 | 33.0 |" in text
+    assert "| cluster | 36.0, 33.0 | 34.5 | 0.92 |" in text
+    assert "run 2 times in turn" in text
+    once = {**report, "repeats": 1}
+    assert "Over the passes" not in markdown(once)
+
+
+def test_cli_rejects_bad_counts_with_one_line(capsys):
+    """Checked before the cluster file is read or Ray starts."""
+    for args in (["--repeat", "0"], ["--concurrency", "0"], ["--configs", "bogus"]):
+        assert main(["bench-cluster", "--cluster", "examples/clusters/mixed-replicas.yaml", *args]) == 2
+        error = capsys.readouterr().err
+        assert error.startswith("error: ") and error.count("\n") == 1
