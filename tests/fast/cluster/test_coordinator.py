@@ -111,6 +111,18 @@ def test_a_closed_coordinator_leaves_its_workers_slots_free(tiny_target, tiny_dr
     assert [outputs[f"again-{i}"] for i in range(3)] == [references[p] for p in PROMPTS[:3]]
 
 
+def test_finished_sequences_leave_no_cache_behind_on_verifiers_or_drafters(tiny_target, tiny_draft):
+    """A slot's cache is freed when its sequence leaves, not when the slot is next opened: in a
+    shared KV pool (llama.cpp's unified cache) stale cells spread the pool, and every later call
+    attends over the spread (mixed-replica runs lost 10-20% to it)."""
+    engine, endpoints = make_cluster(tiny_target, tiny_draft, verifiers=2, drafters=1, drafter="model", k=2)
+    run(engine, PROMPTS)
+    engine.close()
+    for endpoint in endpoints:
+        runner = endpoint.worker.runner
+        assert [runner.num_cached_tokens(slot) for slot in range(runner.max_slots)] == [0] * runner.max_slots, endpoint
+
+
 def test_new_sequences_go_where_their_steps_cost_least(tiny_target, tiny_draft):
     """A replica emulating a 3x slower device reports its slower curve; on these flat curves the
     fast replica takes sequences until its batch is full."""

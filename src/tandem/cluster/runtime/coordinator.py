@@ -159,11 +159,17 @@ class ClusterEngine(SequencePool):
             self._round_done.notify_all()
         for loop in loops:
             loop.join()
+        calls = []
         with self.lock:  # slots of sequences that left after their loop's last round
             for replica in self.verifiers:
                 closing, self._closing[replica.name] = self._closing[replica.name], []
                 if closing and replica.alive:
-                    replica.endpoint.call("close", closing)
+                    calls.append(replica.endpoint.call("close", closing))
+        for call in calls:  # done when close() returns: the next user finds the slots and caches free
+            try:
+                call.result()
+            except WorkerDiedError:
+                pass  # a new process holds nothing
 
     # -- placement and failover ---------------------------------------------------------------
 

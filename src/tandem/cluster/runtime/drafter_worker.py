@@ -44,6 +44,7 @@ class DrafterWorker:
         for seq_id in seq_ids:
             seq = self._seqs.pop(seq_id, None)
             if seq is not None:
+                self.runner.rollback(seq.slot, 0)  # its cells freed now, as the verifier does
                 self._free.append(seq.slot)
 
     def propose(self, items: list[DraftItem]) -> list[DraftReply]:

@@ -60,9 +60,13 @@ class VerifierWorker:
             return held.slot
 
     def close(self, seq_ids: list[str]) -> None:
+        """Free the sequences' slots and their cache now: cells left to the next open of the
+        slot keep a shared pool (llama.cpp's unified KV) fragmented, and every later call
+        attends over the spread (docs/cluster.md, mixed replicas)."""
         for seq_id in seq_ids:
             held = self._held.pop(seq_id, None)
             if held is not None:
+                self.runner.rollback(held.slot, 0)
                 self._free.append(held.slot)
 
     def verify(self, items: list[VerifyItem]) -> list[VerifyResult]:
