@@ -3,7 +3,7 @@ and the summary folds the passes of a configuration together."""
 
 import pytest
 
-from tandem.bench.cluster.run import markdown, summarize
+from tandem.bench.cluster.run import markdown, measured_file, summarize
 from tandem.cli.main import main
 
 
@@ -53,3 +53,8 @@ def test_cli_rejects_bad_counts_with_one_line(capsys):
         assert main(["bench-cluster", "--cluster", "examples/clusters/mixed-replicas.yaml", *args]) == 2
         error = capsys.readouterr().err
         assert error.startswith("error: ") and error.count("\n") == 1
+
+
+def test_each_cluster_configuration_has_its_measured_file():
+    assert [measured_file(c) for c in ("cluster", "cluster-lockstep", "cluster+draft-ahead", "cluster-verify-only")] == [
+        "measured.json", "measured-lockstep.json", "measured-draft-ahead.json", "measured-verify-only.json"]

@@ -11,9 +11,11 @@
   verification (`--pipeline`),
 - `cluster-verify-only`: the same workers decoding without drafts (k = 0): the baseline of the
   cross-region case, paying the same round trips.
-Configurations run one after another on the same requests; each run's figures are in
-results.json (the `cluster` run also in the form `tandem simulate --measured` reads, with the
-prompt length of every request in the order sent, so the simulation can replay them).
+Configurations run one after another on the same requests (`repeats` times over); each run's
+figures are in results.json, and every cluster configuration's first run also in the form
+`tandem simulate --measured` reads (measured.json, measured-lockstep.json, ...), with the prompt
+length of every request in the order sent, so the simulation can replay them. Workers free a
+sequence's cache when it leaves, so every run starts on an empty KV pool.
 """
 
 import json
@@ -72,12 +74,18 @@ def run_cluster_bench(cluster: ClusterOptions, drafter: str, k, concurrency: int
               "summary": summarize(results)}
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(report, indent=1))
-    if "cluster" in results:
-        measured = {**results["cluster"], "prompt_tokens": [len(r.prompt_ids) for r in requests],
-                    "note": "tandem bench-cluster"}
-        (out / "measured.json").write_text(json.dumps(measured))
+    for name in configs:  # the first pass of each cluster run, in the form `tandem simulate --measured` reads
+        if name.startswith("cluster"):
+            measured = {**results[name], "prompt_tokens": [len(r.prompt_ids) for r in requests],
+                        "note": f"tandem bench-cluster, {name}"}
+            (out / measured_file(name)).write_text(json.dumps(measured))
     (out / "report.md").write_text(markdown(report))
     return report
+
+
+def measured_file(config: str) -> str:
+    """measured.json for `cluster`, measured-lockstep.json for `cluster-lockstep`, and so on."""
+    return "measured.json" if config == "cluster" else f"measured-{config[len('cluster') + 1:]}.json"
 
 
 def _single_engine(cluster: ClusterOptions, drafter: str, k, concurrency: int):
