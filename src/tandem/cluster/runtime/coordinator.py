@@ -2,9 +2,9 @@
 and drafter workers in other processes (Ray actors), so the HTTP server runs unchanged on top.
 
 It owns every sequence's token ids and sends deltas (cluster/runtime/messages.py). A sequence is
-placed on the live verifier replica, among those with a free slot, where one more stream adds the
-most requests per second (cluster/planning/stream_rate.py), which prefills it from the
-coordinator's token ids. Then each round of that replica
+placed on the live verifier replica with the least expected completion time (its cost of a step
+with one more sequence, among those with a free slot), which prefills it from the coordinator's
+token ids. Then each round of that replica
 1. plans k per sequence with the replica's planner, whose costs are the replica's curve plus
    the network round trips (a long round trip makes longer drafts pay),
 2. drafts through the same drafters as the single-process engine (engine/stages.py): n-gram
@@ -34,7 +34,6 @@ import threading
 import time
 from collections import deque
 
-from tandem.cluster.planning.stream_rate import option, pick
 from tandem.cluster.runtime.endpoints import WorkerDiedError
 from tandem.cluster.runtime.health import DEFAULT_PERIOD_S, HealthMonitor
 from tandem.cluster.runtime.messages import VerifyItem, VerifyResult
@@ -195,7 +194,7 @@ class ClusterEngine(SequencePool):
                 updates.append(SequenceUpdate(seq.seq_id, (), finished=True, finish_reason="error", error=NO_VERIFIER))
             return
         for seq in orphans:
-            replica = self._best_replica(seq)
+            replica = self._least_loaded()
             if replica is None:
                 break  # replicas restarting or full: try again next step
             replica.sequences.add(seq.seq_id)
@@ -203,16 +202,13 @@ class ClusterEngine(SequencePool):
             self.replica_of[seq.seq_id] = replica
         self._round_done.notify_all()  # wakes idle replica loops
 
-    def _best_replica(self, seq: Sequence) -> Worker | None:
-        """The live replica with a free slot where one more stream like seq adds the most
-        requests per second (cluster/planning/stream_rate.py): a flat accelerator curve fills
-        the fast replica first; on compute-bound curves an idle replica, even a slow one, gets
-        a stream before a busy one gets another; near-ties go to the cheapest step."""
+    def _least_loaded(self) -> Worker | None:
+        """Least expected completion time for the new sequence: the cost of the step it would
+        share with the replica's sequences (each of its tokens costs one such step). A flat
+        accelerator curve fills the fast replica first; a compute-bound one spreads sequences
+        until their steps cost the same everywhere. Ties go to the replica listed first."""
         live = [w for w in self.verifiers if w.alive and len(w.sequences) < w.max_slots]
-        options = [option(w.cost.cost.cost_ms(len(seq.tokens)), w.cost.cost.cost_ms, len(w.sequences), seq.room)
-                   for w in live]
-        chosen = pick(options)
-        return None if chosen is None else live[chosen]
+        return min(live, key=lambda w: w.cost.cost.cost_ms(len(w.sequences) + 1), default=None)
 
     def _worker_died(self, worker: Worker) -> None:
         """The health monitor or a failed call found a worker dead (called with the lock held)."""
