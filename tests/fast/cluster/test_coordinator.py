@@ -119,6 +119,7 @@ def test_finished_sequences_leave_no_cache_behind_on_verifiers_or_drafters(tiny_
     run(engine, PROMPTS)
     engine.close()
     for endpoint in endpoints:
+        endpoint.call("ping").result()  # each worker takes calls in order: the forgets sent before are done
         runner = endpoint.worker.runner
         assert [runner.num_cached_tokens(slot) for slot in range(runner.max_slots)] == [0] * runner.max_slots, endpoint
 
