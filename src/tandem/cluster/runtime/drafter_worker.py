@@ -83,7 +83,6 @@ class DrafterWorker:
             self.forget([oldest])
         request = GenerationRequest(tuple(item.delta), 1, item.sampling)
         seq = Sequence(item.seq_id, request, "model", Fixed(0), np.random.default_rng(item.seed),
-                       slot=self._free.pop(), tokens=list(item.delta))
-        self.runner.rollback(seq.slot, 0)
+                       slot=self._free.pop(), tokens=list(item.delta))  # a free slot holds no cache (forget)
         self._seqs[item.seq_id] = seq
         return seq

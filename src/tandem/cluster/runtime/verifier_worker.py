@@ -52,8 +52,7 @@ class VerifierWorker:
                 self.close([seq_id])
             if not self._free:
                 raise TandemError(f"verifier {self.runner.name} has no free slot")
-            held = _Held(self._free.pop(), list(token_ids))
-            self.runner.rollback(held.slot, 0)
+            held = _Held(self._free.pop(), list(token_ids))  # a free slot holds no cache (close)
             if len(token_ids) > 1:
                 self.runner.forward_batch([BatchItem(held.slot, tuple(token_ids[:-1]), 0)])
             self._held[seq_id] = held
