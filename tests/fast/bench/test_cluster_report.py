@@ -3,7 +3,7 @@ and the summary folds the passes of a configuration together."""
 
 import pytest
 
-from tandem.bench.cluster.run import markdown, measured_file, summarize
+from tandem.bench.cluster.run import markdown, measured_figures, measured_file, summarize
 from tandem.cli.main import main
 
 
@@ -58,3 +58,14 @@ def test_cli_rejects_bad_counts_with_one_line(capsys):
 def test_each_cluster_configuration_has_its_measured_file():
     assert [measured_file(c) for c in ("cluster", "cluster-lockstep", "cluster+draft-ahead", "cluster-verify-only")] == [
         "measured.json", "measured-lockstep.json", "measured-draft-ahead.json", "measured-verify-only.json"]
+
+
+def test_the_measured_figures_a_simulation_is_held_to_are_the_means_of_the_passes():
+    results = results_of_two_passes()
+    results["cluster #2"]["latency_ms_p50"] = 3.0
+    measured = measured_figures(results, "cluster")
+    assert measured["throughput_tok_s"] == pytest.approx(34.5)
+    assert measured["latency_ms_p50"] == pytest.approx(2.0)
+    assert measured["ttft_ms_p50"] == 0.5 and measured["acceptance"] is None
+    assert measured["passes"] == 2
+    assert measured_figures({"cluster": run(36.0)}, "cluster")["throughput_tok_s"] == 36.0

@@ -29,7 +29,8 @@ def close_engines():
         ENGINES.pop().close()
 
 
-def make_cluster(tiny_target, tiny_draft, verifiers=2, drafters=1, slots=3, emulations=(), **kwargs):
+def make_cluster(tiny_target, tiny_draft, verifiers=2, drafters=1, slots=3, emulations=(), verify_cost=CHEAP_VERIFY,
+                 **kwargs):
     endpoints = []
 
     def starter(name, make_worker):
@@ -47,7 +48,7 @@ def make_cluster(tiny_target, tiny_draft, verifiers=2, drafters=1, slots=3, emul
 
     def verifier(i):
         emulation = emulations[i] if i < len(emulations) else Emulation()
-        return lambda: VerifierWorker(serial_runner(tiny_target, slots, CHEAP_VERIFY), emulation)
+        return lambda: VerifierWorker(serial_runner(tiny_target, slots, verify_cost), emulation)
 
     vs = [worker(f"verify-{i}", "verify", verifier(i)) for i in range(verifiers)]
     ds = [worker(f"draft-{i}", "draft", lambda: DrafterWorker(serial_runner(tiny_draft, 8, CHEAP_VERIFY)))
@@ -135,6 +136,21 @@ def test_new_sequences_go_where_their_steps_cost_least(tiny_target, tiny_draft):
         engine.add(f"r{i}", GenerationRequest(prompt, max_tokens=MAX_TOKENS))
     engine.step()
     assert (len(fast.sequences), len(slow.sequences)) == (3, 1)  # the fourth only when the fast one is full
+
+
+def test_an_idle_slow_replica_gets_a_stream_where_the_fast_ones_step_is_still_cheaper(tiny_target, tiny_draft):
+    """On a CPU-like curve (a fixed part, then each token its share) the fast replica's step of
+    four still costs less than the slow one's step of one, but a fourth stream adds little there
+    while one stream on the idle slow replica serves a third of a fast stream's requests."""
+    cpu_like = {1: 10.0, 16: 100.0, 64: 400.0}
+    engine, _ = make_cluster(tiny_target, tiny_draft, verifiers=2, slots=4, drafter="none", k=0,
+                             emulations=(Emulation(slowdown=3.0), Emulation()), verify_cost=cpu_like)
+    slow, fast = engine.verifiers
+    assert fast.cost.cost.cost_ms(4) < slow.cost.cost.cost_ms(1)
+    for i, prompt in enumerate(PROMPTS[:4]):
+        engine.add(f"r{i}", GenerationRequest(prompt, max_tokens=MAX_TOKENS))
+    engine.step()
+    assert (len(fast.sequences), len(slow.sequences)) == (3, 1)
 
 
 @pytest.mark.parametrize("loop", LOOPS)

@@ -12,9 +12,10 @@
 - `cluster-verify-only`: the same workers decoding without drafts (k = 0): the baseline of the
   cross-region case, paying the same round trips.
 Configurations run one after another on the same requests (`repeats` times over); each run's
-figures are in results.json, and every cluster configuration's first run also in the form
-`tandem simulate --measured` reads (measured.json, measured-lockstep.json, ...), with the prompt
-length of every request in the order sent, so the simulation can replay them. Workers free a
+figures are in results.json, and every cluster configuration's figures, averaged over the
+passes, also in the form `tandem simulate --measured` reads (measured.json,
+measured-lockstep.json, ...), with the prompt length of every request in the order sent, so the
+simulation can replay them. Workers free a
 sequence's cache when it leaves, so every run starts on an empty KV pool.
 """
 
@@ -74,9 +75,9 @@ def run_cluster_bench(cluster: ClusterOptions, drafter: str, k, concurrency: int
               "summary": summarize(results)}
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(report, indent=1))
-    for name in configs:  # the first pass of each cluster run, in the form `tandem simulate --measured` reads
+    for name in configs:  # each cluster run, in the form `tandem simulate --measured` reads
         if name.startswith("cluster"):
-            measured = {**results[name], "prompt_tokens": [len(r.prompt_ids) for r in requests],
+            measured = {**measured_figures(results, name), "prompt_tokens": [len(r.prompt_ids) for r in requests],
                         "note": f"tandem bench-cluster, {name}"}
             (out / measured_file(name)).write_text(json.dumps(measured))
     (out / "report.md").write_text(markdown(report))
@@ -86,6 +87,20 @@ def run_cluster_bench(cluster: ClusterOptions, drafter: str, k, concurrency: int
 def measured_file(config: str) -> str:
     """measured.json for `cluster`, measured-lockstep.json for `cluster-lockstep`, and so on."""
     return "measured.json" if config == "cluster" else f"measured-{config[len('cluster') + 1:]}.json"
+
+
+def measured_figures(results: dict[str, dict], name: str) -> dict:
+    """A configuration's figures over its passes: every number is the mean of the passes' (this
+    VM drifts by 10% over minutes, so one pass is a noisy thing to hold a simulation to); the
+    rest is the first pass's. `passes` says how many."""
+    runs = [figures for key, figures in results.items() if key.split(" #")[0] == name]
+    merged = dict(runs[0])
+    for field, value in runs[0].items():
+        values = [run.get(field) for run in runs]
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        if numbers and len(set(values)) > 1:
+            merged[field] = round(sum(values) / len(values), 3)
+    return {**merged, "passes": len(runs)}
 
 
 def _single_engine(cluster: ClusterOptions, drafter: str, k, concurrency: int):

@@ -2,9 +2,10 @@
 and drafter workers in other processes (Ray actors), so the HTTP server runs unchanged on top.
 
 It owns every sequence's token ids and sends deltas (cluster/runtime/messages.py). A sequence is
-placed on the live verifier replica with the least expected completion time (its cost of a step
-with one more sequence, among those with a free slot), which prefills it from the coordinator's
-token ids. Then each round of that replica
+placed on the live verifier replica, among those with a free slot, with the least expected
+completion time (its cost of a step with one more sequence), unless a replica would otherwise
+idle and one stream there is worth more (cluster/planning/stream_placement.py); that replica
+prefills it from the coordinator's token ids. Then each round of that replica
 1. plans k per sequence with the replica's planner, whose costs are the replica's curve plus
    the network round trips (a long round trip makes longer drafts pay),
 2. drafts through the same drafters as the single-process engine (engine/stages.py): n-gram
@@ -34,6 +35,7 @@ import threading
 import time
 from collections import deque
 
+from tandem.cluster.planning.stream_placement import Candidate, choose
 from tandem.cluster.runtime.endpoints import WorkerDiedError
 from tandem.cluster.runtime.health import DEFAULT_PERIOD_S, HealthMonitor
 from tandem.cluster.runtime.messages import VerifyItem, VerifyResult
@@ -194,7 +196,7 @@ class ClusterEngine(SequencePool):
                 updates.append(SequenceUpdate(seq.seq_id, (), finished=True, finish_reason="error", error=NO_VERIFIER))
             return
         for seq in orphans:
-            replica = self._least_loaded()
+            replica = self._choose_replica(seq)
             if replica is None:
                 break  # replicas restarting or full: try again next step
             replica.sequences.add(seq.seq_id)
@@ -202,13 +204,17 @@ class ClusterEngine(SequencePool):
             self.replica_of[seq.seq_id] = replica
         self._round_done.notify_all()  # wakes idle replica loops
 
-    def _least_loaded(self) -> Worker | None:
-        """Least expected completion time for the new sequence: the cost of the step it would
-        share with the replica's sequences (each of its tokens costs one such step). A flat
-        accelerator curve fills the fast replica first; a compute-bound one spreads sequences
-        until their steps cost the same everywhere. Ties go to the replica listed first."""
+    def _choose_replica(self, seq: Sequence) -> Worker | None:
+        """Least expected completion time for the new sequence, the cost of the step it would
+        share with the replica's sequences (a flat accelerator curve fills the fast replica
+        first; a compute-bound one spreads sequences until their steps cost the same), unless a
+        replica would otherwise idle and one stream there serves more requests per second
+        (cluster/planning/stream_placement.py). Ties go to the replica listed first."""
         live = [w for w in self.verifiers if w.alive and len(w.sequences) < w.max_slots]
-        return min(live, key=lambda w: w.cost.cost.cost_ms(len(w.sequences) + 1), default=None)
+        candidates = [Candidate(len(w.sequences), w.cost.cost.cost_ms(len(seq.tokens)), w.cost.cost.cost_ms)
+                      for w in live]
+        chosen = choose(candidates, seq.room)
+        return None if chosen is None else live[chosen]
 
     def _worker_died(self, worker: Worker) -> None:
         """The health monitor or a failed call found a worker dead (called with the lock held)."""

@@ -1,26 +1,31 @@
-"""Where a new sequence goes: the verifier replica with the least expected completion time,
-among those with a free batch slot.
+"""Where a new sequence goes, as cluster/runtime/coordinator.py places it: among the replicas
+with a free batch slot, the one with the least expected completion time, unless a replica would
+otherwise idle and one stream there is worth more (cluster/planning/stream_placement.py).
 
 A replica holding n sequences (running, or admitted and about to prefill) runs them all in one
 batch once it takes one more, so its expected completion is its profiled step cost for a batch
-of n + 1, as cluster/runtime/coordinator.py scores it: a fast fused device takes sequences until
-its batch is full before a slow one gets any; on compute-bound curves sequences spread until
-their steps cost the same. When every replica is full the sequence waits in the cluster's queue
-and is placed as soon as a slot frees. Ties go to the replica listed first.
+of n + 1: a fast fused device takes sequences until its batch is full before a slow one gets
+any; on compute-bound curves sequences spread until their steps cost the same, and an idle
+replica gets a stream where one stream there serves more requests per second than one more
+adds to the cheapest. When every replica is full the sequence waits in the cluster's queue and
+is placed as soon as a slot frees. Ties go to the replica listed first.
 """
 
-from tandem.cluster.sim.state import Replica
+from tandem.cluster.planning.stream_placement import Candidate, choose
+from tandem.cluster.sim.state import Replica, SimSequence
 
 
 def has_room(replica: Replica) -> bool:
     return replica.load < replica.spec.max_batch
 
 
-def expected_completion_ms(replica: Replica) -> float:
-    """As the coordinator scores it: the cost of a step of n + 1 sequences."""
-    return replica.spec.device.forward_ms([1] * (replica.load + 1))
+def candidate(replica: Replica, seq: SimSequence) -> Candidate:
+    device = replica.spec.device
+    return Candidate(replica.load, device.forward_ms([seq.prompt_tokens - 1]), lambda n: device.forward_ms([1] * n))
 
 
-def route(replicas: list[Replica]) -> Replica | None:
-    """The replica to take a new sequence now; None when every batch is full."""
-    return min((r for r in replicas if has_room(r)), key=lambda r: (expected_completion_ms(r), r.index), default=None)
+def route(replicas: list[Replica], seq: SimSequence) -> Replica | None:
+    """The replica to take seq now; None when every batch is full."""
+    free = [r for r in replicas if has_room(r)]
+    chosen = choose([candidate(r, seq) for r in free], seq.remaining)
+    return None if chosen is None else free[chosen]

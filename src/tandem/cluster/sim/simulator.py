@@ -113,7 +113,7 @@ class Simulator:
 
     def _place(self, now: float) -> None:
         while self.backlog:
-            replica = route(self.replicas)
+            replica = route(self.replicas, self.backlog[0])
             if replica is None:
                 return
             replica.waiting.append(self.backlog.popleft())
