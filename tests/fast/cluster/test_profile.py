@@ -1,5 +1,6 @@
 """Device profiles: interpolation, JSON round trips, public-spec rooflines, where profiles come from."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -52,6 +53,15 @@ def test_json_round_trip(tmp_path):
     path = save_profile(p, tmp_path / "sub" / "p.json")
     assert load_profile(path) == p
     assert profile_from_json(json.loads(json.dumps(profile_to_json(p)))) == p
+
+
+def test_the_prompt_curve_round_trips_and_older_files_load_without_one(tmp_path):
+    p = dataclasses.replace(two_context_profile(), prompt_ms=((1, 10.0), (64, 200.0), (256, 700.0)))
+    assert load_profile(save_profile(p, tmp_path / "p.json")) == p
+    assert p.prompt_cost().cost_ms(64) == 200.0
+    older = profile_to_json(two_context_profile())
+    assert "prompt_ms" not in older
+    assert profile_from_json(older).prompt_cost() is None
 
 
 def test_invalid_profiles_are_refused(tmp_path):
@@ -153,6 +163,9 @@ def test_measure_sweeps_the_grid_and_caps_noise(monkeypatch):
         costs = [ms for _, ms in curve.latency_ms]
         assert costs == sorted(costs)
     assert profile.step_ms(1, 1, 0) < 10  # capped by the faster samples that did more work
+    assert [n for n, _ in profile.prompt_ms] == [1, 4, 16, 128, 256]  # the grid's sizes and PROMPT_SIZES
+    costs = [ms for _, ms in profile.prompt_ms]
+    assert costs == sorted(costs)
 
 
 def test_cap_by_more_work():

@@ -46,6 +46,31 @@ def cluster(replicas=1, concurrency=32, requests=64, rtt=0.0, k=None, output=64,
                       drafters, Network(default_ms=rtt), Depth(fixed_k=k), seed=seed, **kw)
 
 
+# -- prompt pricing ------------------------------------------------------------------------------
+
+
+def test_a_prompt_curve_prices_prefill_and_catch_up_and_one_token_steps_stay_on_the_curve():
+    prompts = CostModel({1: 20.0, 64: 40.0, 512: 150.0})  # logits at the last token only
+    fused = Device("v", TARGET, prompt_cost=prompts)
+    assert fused.prompt_ms([512]) == pytest.approx(TARGET.cost_ms(1) + 150.0 - 20.0)
+    assert fused.prompt_ms([1, 1, 1]) == fused.forward_ms([1, 1, 1])  # a draft step: a logits row each
+    assert fused.prompt_ms([512]) < fused.forward_ms([512])
+    assert Device("v", TARGET).prompt_ms([512]) == Device("v", TARGET).forward_ms([512])  # no prompt curve
+    serial = Device("s", TARGET, fused=False, prompt_cost=prompts)
+    assert serial.prompt_ms([64, 64]) == pytest.approx(2 * (TARGET.cost_ms(1) + 40.0 - 20.0))
+
+
+def test_a_cheaper_prompt_curve_brings_first_tokens_sooner():
+    base = one_sequence(requests=4, output=32)
+    cheap = CostModel({1: 20.0, 16: 21.0})
+    verifier = dataclasses.replace(base.verifiers[0], device=dataclasses.replace(base.verifiers[0].device,
+                                                                                   prompt_cost=cheap))
+    drafter = dataclasses.replace(base.drafters[0], device=dataclasses.replace(base.drafters[0].device,
+                                                                                 prompt_cost=CostModel({1: 3.0, 16: 3.1})))
+    faster = dataclasses.replace(base, verifiers=(verifier,), drafters=(drafter,))
+    assert simulate(faster).ttft_ms["p50"] < simulate(base).ttft_ms["p50"]
+
+
 # -- the event loop ------------------------------------------------------------------------------
 
 def test_events_run_in_time_order_and_ties_in_push_order():

@@ -4,6 +4,8 @@
 For each context the first slot is filled once and the others share that prefix (copy_prefix;
 slots that cannot copy are filled one by one), after one warm-up call. Every call asks for
 logits at all n positions, as a verification step does; between calls each slot is rolled back.
+Then the prompt curve: one slot, from an empty cache, scoring n prompt tokens (up to
+PROMPT_SIZES) with logits at the last position only, as a prefill or a draft model's catch-up.
 
 Other work on the machine only ever adds time, and it comes in bursts, so the grid is swept
 `repeats` times (a burst then spoils one sample of many points, not every sample of one) and
@@ -27,6 +29,7 @@ from tandem.models.batch_backends import load_batch_runner
 from tandem.models.batch_runner import BatchItem, BatchRunner
 
 FILLER_VOCAB = 200  # filler token ids cycle through 1..FILLER_VOCAB
+PROMPT_SIZES = (128, 256)  # prompt lengths timed beyond the grid's sizes
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,20 +56,29 @@ class ProfileGrid:
 
 def measure_profile(spec: RunnerSpec, grid: ProfileGrid = ProfileGrid(), progress: bool = True) -> DeviceProfile:
     """Load `spec` as a batch runner with max(grid.batches) slots and time the grid."""
-    needed = grid.contexts[-1] + grid.sizes[-1] + 1
+    needed = max(grid.contexts[-1] + grid.sizes[-1], *PROMPT_SIZES) + 1
     spec = RunnerSpec(spec.model, spec.backend, spec.device, spec.dtype, spec.threads,
                       max(spec.context_length, needed)).resolved()
     before = _rss_bytes()
     runner = load_batch_runner(spec, grid.batches[-1])
     loaded = _rss_bytes() - before
     samples: dict[tuple[int, int, int], float] = {}
-    with tqdm(total=grid.points * grid.repeats, desc=f"profiling {spec.model}", unit="call",
+    prompt_sizes = sorted(set(grid.sizes) | set(PROMPT_SIZES))
+    prompt_samples: dict[int, float] = {}
+    with tqdm(total=(grid.points + len(prompt_sizes)) * grid.repeats, desc=f"profiling {spec.model}", unit="call",
               disable=not progress) as bar:
         for context in grid.contexts:
             _fill(runner, context, grid.batches[-1])
             for _ in range(grid.repeats):
                 _sweep(runner, context, grid, samples, bar.update)
+        _fill(runner, 0, grid.batches[-1])
+        for _ in range(grid.repeats):
+            for n in prompt_sizes:
+                ms = _time_prompt(runner, n)
+                prompt_samples[n] = min(ms, prompt_samples.get(n, ms))
+                bar.update()
     capped = _cap_by_more_work(samples)
+    prompt = tuple((n, min(prompt_samples[m] for m in prompt_sizes if m >= n)) for n in prompt_sizes)
     curves = tuple(Curve(batch, context, tuple((n, capped[(context, batch, n)]) for n in grid.sizes))
                    for context in grid.contexts for batch in grid.batches)
     return DeviceProfile(
@@ -74,7 +86,7 @@ def measure_profile(spec: RunnerSpec, grid: ProfileGrid = ProfileGrid(), progres
         dtype=precision_of(spec.backend, spec.dtype),
         threads=spec.threads or os.cpu_count(), source="measured", curves=curves,
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        memory=MemoryUse(loaded, _peak_rss_bytes(), _device_bytes(spec.device)),
+        memory=MemoryUse(loaded, _peak_rss_bytes(), _device_bytes(spec.device)), prompt_ms=prompt,
     )
 
 
@@ -116,6 +128,15 @@ def _time_call(runner: BatchRunner, batch: int, n: int, context: int) -> float:
     elapsed = (time.perf_counter() - start) * 1000
     for slot in range(batch):
         runner.rollback(slot, context)
+    return elapsed
+
+
+def _time_prompt(runner: BatchRunner, n: int) -> float:
+    """ms of slot 0 scoring an n-token prompt from an empty cache, logits at its last token."""
+    start = time.perf_counter()
+    runner.forward_batch([BatchItem(0, _filler(n), 1)])
+    elapsed = (time.perf_counter() - start) * 1000
+    runner.rollback(0, 0)
     return elapsed
 
 

@@ -12,6 +12,13 @@ prices the total token count on the largest batch's curve (B sequences of n toke
 B_max sequences of n·B/B_max tokens cost); contexts outside the measured range are clamped.
 `cost_model(batch, context)` hands the engine one curve as a `CostModel`; during serving the
 engine refines that CostModel from observed step times, and `with_observed` writes it back.
+
+The curves ask logits at every new position, as a verification does. A prompt needs them at its
+last position at most, and on a large vocabulary every logits row costs (the output matrix and
+its copy): one llama.cpp 0.5B thread scored 64 tokens with 64 rows in 1,400 ms and a 118-token
+prompt with one row in about 1,400 ms too. So a measured profile also holds `prompt_ms`: one
+sequence, starting from an empty cache, scoring n prompt tokens with logits at the last one only
+(`prompt_cost()`; empty in older and public-spec profiles, where the curves stand in for it).
 """
 
 import bisect
@@ -76,6 +83,7 @@ class DeviceProfile:
     memory: MemoryUse | None = None
     peak_tflops: float | None = None  # public-spec: the peak the roofline used
     bandwidth_gbs: float | None = None  # public-spec: the bandwidth the roofline used
+    prompt_ms: tuple[tuple[int, float], ...] = ()  # (n prompt tokens, ms), logits at the last only
 
     def __post_init__(self):
         if self.source not in SOURCES:
@@ -137,6 +145,11 @@ class DeviceProfile:
         context = self.contexts[0] if context is None else context
         return CostModel({n: self.step_ms(batch, n, context) for n in self.sizes(batch)})
 
+    def prompt_cost(self) -> CostModel | None:
+        """ms for one sequence to score n prompt tokens from an empty cache; None when the
+        profile has no prompt curve."""
+        return CostModel(dict(self.prompt_ms)) if self.prompt_ms else None
+
     def with_observed(self, cost: CostModel, batch: int = 1, context: int | None = None) -> "DeviceProfile":
         """This profile with the (batch, context) curve replaced by an engine-refined CostModel."""
         context = self.contexts[0] if context is None else context
@@ -148,8 +161,10 @@ class DeviceProfile:
 def profile_to_json(profile: DeviceProfile) -> dict:
     data = {"format": FORMAT}
     for name in DeviceProfile.__dataclass_fields__:
-        if name not in ("curves", "memory"):
+        if name not in ("curves", "memory", "prompt_ms"):
             data[name] = getattr(profile, name)
+    if profile.prompt_ms:
+        data["prompt_ms"] = {str(n): round(ms, 4) for n, ms in profile.prompt_ms}
     data["memory"] = None if profile.memory is None else {
         name: getattr(profile.memory, name) for name in MemoryUse.__dataclass_fields__}
     data["curves"] = [{"batch": c.batch, "context": c.context,
@@ -164,8 +179,10 @@ def profile_from_json(data: dict) -> DeviceProfile:
                          tuple(sorted((int(n), float(ms)) for n, ms in c["latency_ms"].items())))
                    for c in data["curves"])
     memory = MemoryUse(**data["memory"]) if data.get("memory") else None
-    plain = {k: data[k] for k in DeviceProfile.__dataclass_fields__ if k in data and k not in ("curves", "memory")}
-    return DeviceProfile(curves=curves, memory=memory, **plain)
+    prompt = tuple(sorted((int(n), float(ms)) for n, ms in data.get("prompt_ms", {}).items()))
+    plain = {k: data[k] for k in DeviceProfile.__dataclass_fields__
+             if k in data and k not in ("curves", "memory", "prompt_ms")}
+    return DeviceProfile(curves=curves, memory=memory, prompt_ms=prompt, **plain)
 
 
 def save_profile(profile: DeviceProfile, path: str | Path) -> Path:

@@ -8,7 +8,8 @@ cluster file (adapter.py) or from public device classes (device_classes.py) alik
   all its tokens, plus `per_sequence_ms` for every sequence after the first (reading its KV
   cache); a serial one runs the sequences of a batch one after another. Two Device values with
   one name are one physical device running two models (a worker that verifies and drafts):
-  their calls share its time.
+  their calls share its time. Its optional `prompt_cost` prices scoring a prompt (logits at its
+  last token only: a prefill, a draft model's catch-up); without one the cost curve stands in.
 - a *verifier replica* holds the target model on a device and verifies up to `max_batch`
   sequences per step; it names its drafter.
 - a *drafter* proposes draft tokens: a draft model on a device, or the n-gram drafter (free,
@@ -40,6 +41,7 @@ class Device:
     per_sequence_ms: float = 0.0  # fused: extra time per sequence beyond the first
     host: str | None = None  # a machine whose cores this device shares with others (Simulation.host_cores)
     threads: int = 1  # cores its calls keep busy on that host
+    prompt_cost: CostModel | None = None  # ms for one sequence's n prompt tokens, logits at the last only
 
     def __post_init__(self):
         if self.threads < 1:
@@ -61,6 +63,18 @@ class Device:
         if self.fused:
             return self.cost.cost_ms(sum(counts)) + self.per_sequence_ms * (len(counts) - 1)
         return sum(self.cost.cost_ms(n) for n in counts)
+
+    def prompt_ms(self, token_counts: Sequence[int]) -> float:
+        """One forward over these sequences' tokens with logits at each one's last token only:
+        each sequence's one-token step, plus its other tokens at the prompt curve's price."""
+        counts = [n for n in token_counts if n > 0]
+        if self.prompt_cost is None or not counts:
+            return self.forward_ms(counts)
+        if self.fused:
+            extra = self.prompt_cost.cost_ms(sum(counts)) - self.prompt_cost.cost_ms(len(counts))
+            return self.forward_ms([1] * len(counts)) + max(0.0, extra)
+        return sum(self.cost.cost_ms(1) + max(0.0, self.prompt_cost.cost_ms(n) - self.prompt_cost.cost_ms(1))
+                   for n in counts)
 
     def lockstep_draft_ms(self, levels: Sequence[int]) -> float:
         """Drafting in lock-step: level j drafts one token for each of levels[j] sequences."""

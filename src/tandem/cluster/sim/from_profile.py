@@ -7,7 +7,9 @@ profile priced at one context it takes
   what B sequences of one token cost beyond one sequence of B tokens (their KV caches),
 - cost(total) for totals past the profiled n (prefill, big batches) from the batch-B curve:
   step_ms(B, total / B) - (B - 1) per_sequence_ms.
-`slowdown` multiplies every time (a worker made slower, or shared with other work).
+The profile's prompt curve (one sequence's prompt, logits at its last token) prices prefill and
+a draft model's catch-up where the profile has one. `slowdown` multiplies every time (a worker
+made slower, or shared with other work).
 """
 
 from tandem.cluster.profiles.profile import DeviceProfile
@@ -29,7 +31,8 @@ def device_from_profile(name: str, profile: DeviceProfile, *, group: str = "loca
             if total > sizes[-1]:
                 points[total] = profile.step_ms(biggest, total / biggest, context) - (biggest - 1) * per_sequence
     scaled = CostModel({n: ms * slowdown for n, ms in points.items()})
-    return Device(name, scaled, fused, group, per_sequence * slowdown)
+    prompt = CostModel({n: ms * slowdown for n, ms in profile.prompt_ms}) if profile.prompt_ms else None
+    return Device(name, scaled, fused, group, per_sequence * slowdown, prompt_cost=prompt)
 
 
 def _per_sequence_ms(profile: DeviceProfile, context: int) -> float:

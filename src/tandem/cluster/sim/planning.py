@@ -64,7 +64,7 @@ def levels(ks: list[int]) -> list[int]:
 def draft_call_ms(device: Device, unseen: list[int], ks: list[int]) -> float:
     """A draft model's lock-step call (speculation/drafters/lockstep.py): the first forward feeds every
     sequence's unseen tokens and drafts its first token; each later forward drafts one more."""
-    return device.forward_ms(unseen) + device.lockstep_draft_ms(levels(ks)[1:])
+    return device.prompt_ms(unseen) + device.lockstep_draft_ms(levels(ks)[1:])
 
 
 def verify_ms(device: Device, ks: list[int]) -> float:

@@ -66,7 +66,7 @@ class StepGroup:
             return
         join = Join(len(calls), self._plan)
         for replica, seqs in calls:
-            prefill_ms = replica.spec.device.forward_ms([s.prompt_tokens - 1 for s in seqs])
+            prefill_ms = replica.spec.device.prompt_ms([s.prompt_tokens - 1 for s in seqs])
             remote_call(self.ctx.events, now, self.rtt_ms(replica.spec.device.group), replica.device,
                         prefill_ms, join.done)
 
