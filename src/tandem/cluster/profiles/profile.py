@@ -15,8 +15,8 @@ engine refines that CostModel from observed step times, and `with_observed` writ
 
 The curves ask logits at every new position, as a verification does. A prompt needs them at its
 last position at most, and on a large vocabulary every logits row costs (the output matrix and
-its copy): one llama.cpp 0.5B thread scored 64 tokens with 64 rows in 1,400 ms and a 118-token
-prompt with one row in about 1,400 ms too. So a measured profile also holds `prompt_ms`: one
+its copy): one llama.cpp thread on the 0.5B scored 64 tokens with 64 rows in 1,401 ms and with
+one row in 755 ms. So a measured profile also holds `prompt_ms`: one
 sequence, starting from an empty cache, scoring n prompt tokens with logits at the last one only
 (`prompt_cost()`; empty in older and public-spec profiles, where the curves stand in for it).
 """
