@@ -93,7 +93,7 @@ def measured_figures(results: dict[str, dict], name: str) -> dict:
     """A configuration's figures over its passes: every number is the mean of the passes' (this
     VM drifts by 10% over minutes, so one pass is a noisy thing to hold a simulation to); the
     rest is the first pass's. `passes` says how many."""
-    runs = [figures for key, figures in results.items() if key.split(" #")[0] == name]
+    runs = _by_config(results)[name]
     merged = dict(runs[0])
     for field, value in runs[0].items():
         values = [run.get(field) for run in runs]
@@ -101,6 +101,14 @@ def measured_figures(results: dict[str, dict], name: str) -> dict:
         if numbers and len(set(values)) > 1:
             merged[field] = round(sum(values) / len(values), 3)
     return {**merged, "passes": len(runs)}
+
+
+def _by_config(results: dict[str, dict]) -> dict[str, list[dict]]:
+    """Each configuration's runs, first pass first ("cluster", "cluster #2", ... -> "cluster")."""
+    runs: dict[str, list[dict]] = {}
+    for key, figures in results.items():
+        runs.setdefault(key.split(" #")[0], []).append(figures)
+    return runs
 
 
 def _single_engine(cluster: ClusterOptions, drafter: str, k, concurrency: int):
@@ -128,9 +136,7 @@ def _cluster_run(engine: ClusterEngine, name: str, requests: list, concurrency: 
 def summarize(results: dict[str, dict]) -> dict[str, dict]:
     """Per configuration (repeats folded together): the throughput of every pass and their
     mean, and for the cluster configurations the mean over the mean of the solo sums."""
-    passes: dict[str, list[float]] = {}
-    for key, figures in results.items():
-        passes.setdefault(key.split(" #")[0], []).append(figures["throughput_tok_s"])
+    passes = {name: [run["throughput_tok_s"] for run in runs] for name, runs in _by_config(results).items()}
     summary = {name: {"throughput_tok_s": values, "mean": sum(values) / len(values)} for name, values in passes.items()}
     solo_sum = summary.get("solo sum", {}).get("mean")
     if solo_sum:

@@ -145,10 +145,10 @@ class DeviceProfile:
         context = self.contexts[0] if context is None else context
         return CostModel({n: self.step_ms(batch, n, context) for n in self.sizes(batch)})
 
-    def prompt_cost(self) -> CostModel | None:
-        """ms for one sequence to score n prompt tokens from an empty cache; None when the
-        profile has no prompt curve."""
-        return CostModel(dict(self.prompt_ms)) if self.prompt_ms else None
+    def prompt_cost(self, scale: float = 1.0) -> CostModel | None:
+        """ms for one sequence to score n prompt tokens from an empty cache, times `scale`; None
+        when the profile has no prompt curve."""
+        return CostModel({n: ms * scale for n, ms in self.prompt_ms}) if self.prompt_ms else None
 
     def with_observed(self, cost: CostModel, batch: int = 1, context: int | None = None) -> "DeviceProfile":
         """This profile with the (batch, context) curve replaced by an engine-refined CostModel."""

@@ -31,8 +31,7 @@ def device_from_profile(name: str, profile: DeviceProfile, *, group: str = "loca
             if total > sizes[-1]:
                 points[total] = profile.step_ms(biggest, total / biggest, context) - (biggest - 1) * per_sequence
     scaled = CostModel({n: ms * slowdown for n, ms in points.items()})
-    prompt = CostModel({n: ms * slowdown for n, ms in profile.prompt_ms}) if profile.prompt_ms else None
-    return Device(name, scaled, fused, group, per_sequence * slowdown, prompt_cost=prompt)
+    return Device(name, scaled, fused, group, per_sequence * slowdown, prompt_cost=profile.prompt_cost(slowdown))
 
 
 def _per_sequence_ms(profile: DeviceProfile, context: int) -> float:
