@@ -99,11 +99,10 @@ def main() -> None:
             runs.append(run)
             print(f"repeat {repeat} {drafter:8s} {run['tok_s']:6.2f} tok/s  ITL p50 {run['itl_p50_ms']:5.0f} ms  "
                   f"p99 {run['itl_p99_ms']:5.0f} ms  ({run['tokens']} tokens in {run['wall_s']:.1f} s)", flush=True)
+    tok_s = {(run["repeat"], run["drafter"]): run["tok_s"] for run in runs}
     base = drafters[0]
     for drafter in drafters[1:]:
-        ratios = [next(r["tok_s"] for r in runs if r["repeat"] == rep and r["drafter"] == drafter)
-                  / next(r["tok_s"] for r in runs if r["repeat"] == rep and r["drafter"] == base)
-                  for rep in range(args.repeats)]
+        ratios = [tok_s[repeat, drafter] / tok_s[repeat, base] for repeat in range(args.repeats)]
         print(f"{drafter} / {base} by repeat: " + ", ".join(f"{ratio:.2f}x" for ratio in ratios)
               + f"; mean {np.mean(ratios):.2f}x")
 
