@@ -1,8 +1,8 @@
 """In-process closed loops on the batching engine, drafter settings alternating, paired by repeat.
 
-No HTTP, no detokenizer: C sequences run in one `BatchEngine` (bench-cluster's closed-loop driver,
-bench/cluster/drive.py), and each finished one is replaced by the next request of the serving benchmark's interleaved workload, as `tandem bench-serve`'s
-clients would. Every run is a fresh subprocess (one engine, one OpenMP team), and repeat r gives
+No HTTP, no detokenizer: C sequences run in one `BatchEngine` (bench-cluster's closed-loop
+driver, bench/cluster/drive.py), and each finished one is replaced by the next request of the
+serving benchmark's interleaved workload, as `tandem bench-serve`'s clients would. Every run is a fresh subprocess (one engine, one OpenMP team), and repeat r gives
 each drafter the same requests (offset r x requests), the order flipping every repeat, so this
 VM's drift over minutes falls on both sides of a ratio.
 
