@@ -73,7 +73,8 @@ def main() -> None:
             run = json.loads(finished.stdout.strip().splitlines()[-1]) | {"repeat": repeat}
             runs.append(run)
             print(f"repeat {repeat} {drafter:8s} {run['throughput_tok_s']:6.2f} tok/s  TTFT p50 {run['ttft_ms_p50']:6.0f} ms  "
-                  f"ms/token p50 {run['ms_per_token_p50']:5.0f}  ({run['completion_tokens']} tokens in {run['seconds']:.1f} s)",
+                  f"ms/token p50 {run['ms_per_token_p50']:5.0f}  ITL p50/p99 {run['itl_ms_p50'] or 0:5.0f}/"
+                  f"{run['itl_ms_p99'] or 0:5.0f} ms  ({run['completion_tokens']} tokens in {run['seconds']:.1f} s)",
                   flush=True)
     tok_s = {(run["repeat"], run["drafter"]): run["throughput_tok_s"] for run in runs}
     base = drafters[0]

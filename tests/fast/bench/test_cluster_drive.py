@@ -1,5 +1,5 @@
 """bench-cluster's closed-loop driver over a real (tiny) batching engine: every request is
-served, concurrency is honoured, and the figures add up."""
+served, concurrency is honoured, and the figures add up (inter-token gaps included)."""
 
 from tandem.bench.cluster.drive import drive
 from tandem.engine.request import GenerationRequest
@@ -13,3 +13,4 @@ def test_drive_serves_every_request_and_counts_tokens(tiny_target, tiny_draft):
     assert figures.requests == len(PROMPTS) and figures.completion_tokens == MAX_TOKENS * len(PROMPTS)
     assert figures.throughput_tok_s > 0 and figures.latency_ms_p50 <= figures.latency_ms_p99
     assert 0 <= figures.acceptance <= 1 and not engine.has_work
+    assert 0 < figures.itl_ms_p50 <= figures.itl_ms_p99 <= figures.latency_ms_p99  # gaps within requests

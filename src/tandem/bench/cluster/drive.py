@@ -1,6 +1,7 @@
 """Drive a batching engine (single-process or cluster coordinator) with a closed loop of C
 concurrent requests, on token ids, and measure what clients would see: completion tokens per
-second over the run, request latency, time to first token and time per output token."""
+second over the run, request latency, time to first token, time per output token and
+inter-token gaps."""
 
 import time
 from collections import deque
@@ -25,6 +26,8 @@ class RunFigures:
     steps: int = 0  # engine steps the run took
     step_overhead_ms_mean: float = 0.0  # per step, outside prefill, draft and verify calls
     call_seconds: float = 0.0  # summed over steps: the wall time of their prefill, draft and verify calls
+    itl_ms_p50: float | None = None  # gaps between a request's successive token-bearing updates
+    itl_ms_p99: float | None = None
 
     def to_json(self) -> dict:
         return {key: (round(value, 3) if isinstance(value, float) else value) for key, value in asdict(self).items()}
@@ -32,7 +35,8 @@ class RunFigures:
 
 def drive(engine, requests: list[GenerationRequest], concurrency: int, tag: str) -> RunFigures:
     pending = deque(enumerate(requests))
-    started, first, ended, produced = {}, {}, {}, {}
+    started, first, ended, produced, last = {}, {}, {}, {}, {}
+    gaps_ms = []
     drafted = accepted = steps = 0
     overhead_s = calls_s = 0.0
     begin = time.perf_counter()
@@ -52,6 +56,9 @@ def drive(engine, requests: list[GenerationRequest], concurrency: int, tag: str)
             index = int(update.seq_id.rsplit("-", 1)[1])
             if update.token_ids:
                 first.setdefault(index, now)
+                if index in last:
+                    gaps_ms.append((now - last[index]) * 1000)
+                last[index] = now
                 produced[index] = produced.get(index, 0) + len(update.token_ids)
             drafted += update.drafted
             accepted += update.accepted
@@ -65,4 +72,5 @@ def drive(engine, requests: list[GenerationRequest], concurrency: int, tag: str)
                       percentile(latency, 50), percentile(latency, 99),
                       percentile([(first[i] - started[i]) * 1000 for i in first], 50),
                       percentile(per_token, 50), accepted / drafted if drafted else None,
-                      steps, 1000 * overhead_s / steps if steps else 0.0, calls_s)
+                      steps, 1000 * overhead_s / steps if steps else 0.0, calls_s,
+                      percentile(gaps_ms, 50), percentile(gaps_ms, 99))
