@@ -9,7 +9,7 @@ import pytest
 
 from engine_support import MAX_TOKENS, PROMPTS, make_engine, naive_greedy, run_all
 from tandem.engine import batch_engine
-from tandem.engine.batch_engine import MIN_PREFILL_CHUNK, STEP_TOKEN_BUDGET, BatchEngine
+from tandem.engine.batch_engine import FLOOR_CHUNK, MIN_PREFILL_CHUNK, STEP_TOKEN_BUDGET, BatchEngine
 from tandem.engine.build import EngineConfig
 from tandem.engine.events import SpeculationOptions
 from tandem.engine.request import GenerationRequest
@@ -239,24 +239,64 @@ def test_the_budget_must_be_positive(tiny_target, tiny_draft):
     assert EngineConfig(RunnerSpec("some-model"), drafter="ngram", step_token_budget=64).step_token_budget == 64
 
 
-def test_on_a_fused_runner_a_chunk_costs_at_most_stall_factor_times_the_rounds(tiny_target):
-    """Linear cost (10 ms a token): beside one decoding stream (a 1-token round, 10 ms) a step may
-    cost 30 ms, so the joining prompt gets the minimum chunk; alone, it gets the whole budget."""
-    from engine_support import fused_runner
+def chunk_sizes(target, cost_points: dict[int, float], joining: int) -> list[list[int]]:
+    """One stream decoding on a runner with the given cost curve, then `joining` copies of a
+    177-token prompt join: the prompt tokens each step scores for each of them, until the stream
+    finishes or they all decode."""
     from tandem.models.cost import CostModel
 
-    target = fused_runner(tiny_target, slots=2, context=256)
-    target.cost = CostModel({1: 10.0, 64: 640.0})
+    target.cost = CostModel(cost_points)
+    target.cost.observe = lambda num_tokens, elapsed_ms: None  # the curve as given, uncorrected
     engine = BatchEngine(target, None, "none")
-    engine.add("stream", GenerationRequest((5, 6, 7), max_tokens=30))
+    engine.add("stream", GenerationRequest((5, 6, 7), max_tokens=60))
     engine.step()
-    engine.add("long", GenerationRequest(tuple(range(1, 90)) * 2, max_tokens=2))
-    chunked = []
-    while "long" not in {u.seq_id for u in engine.step()[0]}:
-        chunked.append(engine.running["long"].unprefilled)
-    sizes = [len(a) - len(b) for a, b in zip([tuple(range(177))] + chunked, chunked)]
-    assert sizes and all(size <= 16 for size in sizes)  # MIN_PREFILL_CHUNK beside the stream
+    names = [f"long-{i}" for i in range(joining)]
+    for name in names:
+        engine.add(name, GenerationRequest(tuple(range(1, 90)) * 2, max_tokens=2))
+
+    def unprefilled() -> list[int]:  # still waiting for a slot: the whole prompt; finished: none
+        waiting = {seq.seq_id for seq in engine.waiting}
+        return [len(engine.running[name].unprefilled) if name in engine.running else 177 * (name in waiting)
+                for name in names]
+
+    steps = []
+    while "stream" in engine.running and any(unprefilled()):
+        before = unprefilled()
+        engine.step()
+        steps.append([b - a for b, a in zip(before, unprefilled())])
+    return steps
+
+
+def test_beside_a_stream_a_chunk_costs_at_most_stall_factor_times_its_round_or_the_floor(tiny_target):
+    """Linear cost (10 ms a token): beside one decoding stream (a 1-token round, 10 ms) a step
+    may cost 30 ms (STALL_FACTOR) or what FLOOR_CHUNK tokens alone cost, whichever is more: the
+    joining prompt goes in FLOOR_CHUNK - 1 tokens at a time. Alone, it gets the whole budget."""
+    from engine_support import fused_runner
+
+    target = fused_runner(tiny_target, slots=3, context=256)
+    sizes = [step[0] for step in chunk_sizes(target, {1: 10.0, 64: 640.0}, joining=1)]
+    assert sizes[:3] == [FLOOR_CHUNK - 1] * 3 and max(sizes) == FLOOR_CHUNK - 1
     alone = BatchEngine(target, None, "none")
     alone.add("long", GenerationRequest(tuple(range(1, 90)) * 2, max_tokens=2))
     updates, report = alone.step()
     assert report.prefill_tokens == 177 and updates  # the whole prompt in one step
+
+
+def test_where_a_round_is_dear_the_stall_bound_rules_over_the_floor(tiny_target):
+    """A curve where 3x a 1-token round (300 ms) buys more than FLOOR_CHUNK tokens alone (147
+    ms): a step may cost 300 ms, 64 tokens, so the prompt goes in 63 at a time, not 47."""
+    from engine_support import fused_runner
+
+    target = fused_runner(tiny_target, slots=3, context=256)
+    sizes = [step[0] for step in chunk_sizes(target, {1: 100.0, 48: 147.0, 64: 300.0}, joining=1)]
+    assert sizes[:2] == [63, 63]
+
+
+def test_while_more_prompts_wait_than_streams_decode_nothing_is_held_back(tiny_target):
+    """Two prompts joining one stream: they outnumber it, so the step scores both whole (the
+    step token budget allows 355 tokens)."""
+    from engine_support import fused_runner
+
+    target = fused_runner(tiny_target, slots=3, context=256)
+    steps = chunk_sizes(target, {1: 10.0, 64: 640.0}, joining=2)
+    assert steps[0] == [177, 177]

@@ -49,7 +49,8 @@ from tandem.speculation.drafters.registry import build_drafters
 # prompt that finishes with drafts of its fixed k.
 STEP_TOKEN_BUDGET = 512  # tokens one step's target forward scores: rounds first, prompt chunks after
 MIN_PREFILL_CHUNK = 16  # prompt tokens the oldest prompt still gets when the rounds fill the budget
-STALL_FACTOR = 3.0  # a step with prompt chunks costs at most this many times the decoding rounds alone
+STALL_FACTOR = 3.0  # a step with prompt chunks costs at most this many times the decoding rounds alone,
+FLOOR_CHUNK = 48  # or what this many tokens alone cost, whichever is more
 KV_HEADROOM_TOKENS = 64  # per running sequence, for drafts being verified
 CATCH_UP_SHARE = 1.0  # beside other streams, a step's draft catch-up costs at most this share of its target call
 MIN_CATCH_UP = 8  # prompt tokens the draft model may always catch up on in a step
@@ -174,15 +175,24 @@ class BatchEngine(SequencePool):
     # -- 2. who verifies a round, who goes on prefilling ------------------------------------
 
     def _step_budget(self) -> int:
-        """step_token_budget; while streams decode, also no more tokens than cost STALL_FACTOR
-        times what their rounds alone cost on the target's curve, so a prompt chunk slows their
-        step (a bounded inter-token latency) instead of stalling it for a whole prefill."""
-        decoding = sum(self._round_bound(s) for s in self.running.values() if not s.unprefilled)
-        if not decoding or not self.target.fused:
+        """step_token_budget, held back while streams decode on a fused runner, so a prompt chunk
+        slows their step (a bounded inter-token gap) instead of stalling it for a whole prefill:
+        a step then scores no more tokens than cost, on the target's curve, the larger of
+        STALL_FACTOR times the decoding rounds alone and FLOOR_CHUNK tokens alone. The floor
+        keeps chunks near the device's full batch speed where single rounds are cheap (on a CPU
+        a 16-token call costs ~50% more a token than a 64-token one; on a flat curve it adds
+        nothing). While more sequences wait on their prompt than decode, nothing is held back:
+        the many first tokens outweigh the few streams' gaps (a closed loop's wave of new
+        requests goes in at full speed)."""
+        decoding = [seq for seq in self.running.values() if not seq.unprefilled]
+        prefilling = len(self.running) - len(decoding)
+        if not decoding or not self.target.fused or prefilling > len(decoding):
             return self.step_token_budget
-        limit = STALL_FACTOR * self.target.cost.cost_ms(decoding)
-        fits = _largest_within(self.target.cost.cost_ms, limit, decoding, self.step_token_budget)
-        return max(fits, min(decoding + MIN_PREFILL_CHUNK, self.step_token_budget))
+        rounds = sum(self._round_bound(seq) for seq in decoding)
+        cost_ms = self.target.cost.cost_ms
+        limit = max(STALL_FACTOR * cost_ms(rounds), cost_ms(FLOOR_CHUNK))
+        fits = _largest_within(cost_ms, limit, rounds, self.step_token_budget)
+        return max(fits, min(rounds + MIN_PREFILL_CHUNK, self.step_token_budget))
 
     def _split(self, budget: int) -> tuple[list[Sequence], list[Sequence]]:
         """The running sequences that verify a round this step and those still prefilling, both
