@@ -205,7 +205,7 @@ def test_levels_interleave_categories_and_mark_repeats():
     assert [p.id for p in interleave_categories(prompts)] == ["a0", "b0", "a1", "b1"]
     requests = level_requests(prompts, 3, 3)
     assert [r.prompt_id for r in requests] == ["b1", "a0~1", "b0~1"]
-    assert requests[1].messages[-1]["content"] == "a0" + REPEAT_MARK.format(1)
+    assert requests[1].messages[-1]["content"] == REPEAT_MARK.format(1) + "a0"  # in front: no prompt cache
     settings = ServeBenchSettings("t", "d", ("llamacpp-server",), (1, 2), DEFAULT_WORKLOAD, "out", num_prompts=3)
     plans = plan_levels(settings, prompts)
     contents = [r.messages[-1]["content"] for plan in plans for r in plan.requests]

@@ -4,10 +4,12 @@ Every request is greedy (`temperature` 0), streamed, and asks for a usage chunk.
 with raw `prompt` text is sent as one user message (the serving API is chat-only here). Prompts
 are interleaved across categories (one of each in turn), so any window of the list has the
 workload's category mix; each concurrency level takes the next `count` of that list, wrapping
-around. A prompt taken again on the n-th wrap (n >= 1) gets REPEAT_MARK.format(n) appended to its
-last message, so no server ever sees the same request twice: Tandem's response cache answers a
-repeated greedy request without decoding, which would make repeats look free. Every server sees
-the same requests at a level.
+around. A prompt taken again on the n-th wrap (n >= 1) gets REPEAT_MARK.format(n) put in front
+of its last message, so no server ever sees the same request twice, nor the same prompt
+body: Tandem's response cache answers a repeated greedy request without decoding, and
+llama-server's prompt cache (kept in host memory) restores a repeated prompt up to where it
+changes (a mark at the end let it evaluate 8 tokens of a 200-token repeat), either of which
+would make repeats look free. Every server sees the same requests at a level.
 """
 
 from dataclasses import dataclass
@@ -18,7 +20,7 @@ from tandem.bench.workload import BenchPrompt
 from tandem.errors import TandemError
 
 WARMUP_MESSAGES = ({"role": "user", "content": "Say hello in five words."},)  # not in any workload
-REPEAT_MARK = " ({})"
+REPEAT_MARK = "({}) "
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,10 +46,11 @@ def interleave_categories(prompts: Sequence[BenchPrompt]) -> list[BenchPrompt]:
 
 
 def marked(messages: tuple[dict, ...], wrap: int) -> tuple[dict, ...]:
-    """The messages as they are on the first pass (wrap 0), else with the repeat mark appended."""
+    """The messages as they are on the first pass (wrap 0), else with the repeat mark in front of
+    the last one."""
     if wrap == 0:
         return messages
-    last = dict(messages[-1], content=messages[-1]["content"] + REPEAT_MARK.format(wrap))
+    last = dict(messages[-1], content=REPEAT_MARK.format(wrap) + messages[-1]["content"])
     return messages[:-1] + (last,)
 
 
