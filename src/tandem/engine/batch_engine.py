@@ -2,8 +2,9 @@
 (one sequence), `tandem bench` and `tandem serve`.
 
 Requests join and leave the running batch at every step. A step's target forward scores at most
-`step_token_budget` tokens (chunked prefill), and on a fused runner, while streams decode, no more
-than costs STALL_FACTOR times their rounds alone (read off the measured cost curve): the decoding
+`step_token_budget` tokens (chunked prefill), and on a fused runner, while streams decode and
+prompts do not outnumber them, no more than costs STALL_FACTOR times their rounds alone or
+FLOOR_CHUNK tokens alone, whichever is more (read off the measured cost curve): the decoding
 sequences' rounds come first, and prompts are scored in chunks, oldest first, in what they
 leave, so a long prompt joining does not stall the running streams. A step
 1. admits waiting requests into free slots (reusing cached prompt prefixes); what their slot
@@ -180,7 +181,7 @@ class BatchEngine(SequencePool):
         a step then scores no more tokens than cost, on the target's curve, the larger of
         STALL_FACTOR times the decoding rounds alone and FLOOR_CHUNK tokens alone. The floor
         keeps chunks near the device's full batch speed where single rounds are cheap (on a CPU
-        a 16-token call costs ~50% more a token than a 64-token one; on a flat curve it adds
+        a 16-token call costs 25-50% more a token than a 64-token one; on a flat curve it adds
         nothing). While more sequences wait on their prompt than decode, nothing is held back:
         the many first tokens outweigh the few streams' gaps (a closed loop's wave of new
         requests goes in at full speed)."""
