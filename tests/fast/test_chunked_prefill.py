@@ -239,9 +239,13 @@ def test_the_budget_must_be_positive(tiny_target, tiny_draft):
     assert EngineConfig(RunnerSpec("some-model"), drafter="ngram", step_token_budget=64).step_token_budget == 64
 
 
+JOINING = tuple(range(1, 90)) * 2  # a prompt joining a stream
+JOINING_PREFILL = len(JOINING) - 1  # its tokens scored as prompt: the last one is its first round's
+
+
 def chunk_sizes(target, cost_points: dict[int, float], joining: int) -> list[list[int]]:
-    """One stream decoding on a runner with the given cost curve, then `joining` copies of a
-    177-token prompt join: the prompt tokens each step scores for each of them, until the stream
+    """One stream decoding on a runner with the given cost curve, then `joining` copies of
+    JOINING join: the prompt tokens each step scores for each of them, until the stream
     finishes or they all decode."""
     from tandem.models.cost import CostModel
 
@@ -252,12 +256,12 @@ def chunk_sizes(target, cost_points: dict[int, float], joining: int) -> list[lis
     engine.step()
     names = [f"long-{i}" for i in range(joining)]
     for name in names:
-        engine.add(name, GenerationRequest(tuple(range(1, 90)) * 2, max_tokens=2))
+        engine.add(name, GenerationRequest(JOINING, max_tokens=2))
 
     def unprefilled() -> list[int]:  # still waiting for a slot: the whole prompt; finished: none
         waiting = {seq.seq_id for seq in engine.waiting}
-        return [len(engine.running[name].unprefilled) if name in engine.running else 177 * (name in waiting)
-                for name in names]
+        return [len(engine.running[name].unprefilled) if name in engine.running
+                else JOINING_PREFILL * (name in waiting) for name in names]
 
     steps = []
     while "stream" in engine.running and any(unprefilled()):
@@ -277,9 +281,9 @@ def test_beside_a_stream_a_chunk_costs_at_most_stall_factor_times_its_round_or_t
     sizes = [step[0] for step in chunk_sizes(target, {1: 10.0, 64: 640.0}, joining=1)]
     assert sizes[:3] == [FLOOR_CHUNK - 1] * 3 and max(sizes) == FLOOR_CHUNK - 1
     alone = BatchEngine(target, None, "none")
-    alone.add("long", GenerationRequest(tuple(range(1, 90)) * 2, max_tokens=2))
+    alone.add("long", GenerationRequest(JOINING, max_tokens=2))
     updates, report = alone.step()
-    assert report.prefill_tokens == 177 and updates  # the whole prompt in one step
+    assert report.prefill_tokens == JOINING_PREFILL and updates  # the whole prompt in one step
 
 
 def test_where_a_round_is_dear_the_stall_bound_rules_over_the_floor(tiny_target):
@@ -299,4 +303,4 @@ def test_while_more_prompts_wait_than_streams_decode_nothing_is_held_back(tiny_t
 
     target = fused_runner(tiny_target, slots=3, context=256)
     steps = chunk_sizes(target, {1: 10.0, 64: 640.0}, joining=2)
-    assert steps[0] == [177, 177]
+    assert steps[0] == [JOINING_PREFILL, JOINING_PREFILL]
