@@ -5,24 +5,36 @@
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
-# llama.cpp built for AVX2 (not -march=native): a native build on CPUs with AMX (Sapphire Rapids)
-# segfaults on every multi-token llama_decode inside VMs; AVX2 runs on every x86-64 host we use.
-LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+# llama.cpp built for this CPU's vector units (AVX2, and AVX-512 where present), never AMX and never
+# -march=native: a native build on CPUs with AMX segfaults on every multi-token llama_decode inside
+# VMs (scripts/llama-cmake-args.py). A venv built on another CPU is rebuilt when the flags differ.
+# `make install LLAMA_CMAKE_ARGS="$$(scripts/llama-cmake-args.py --generic)"`: an AVX2 build for any x86-64.
+LLAMA_CMAKE_ARGS ?= $(shell $(PYTHON) scripts/llama-cmake-args.py)
+LLAMA_VERSION := 0.3.36
 HOST ?= 127.0.0.1
 PORT ?= 8000
 PROMPT ?= [{"role": "user", "content": "Write a Python function that checks whether a string is a palindrome, with a docstring and two examples."}]
 
-.PHONY: install models system-deps run generate test test-fast test-real bench bench-serve clean
+.PHONY: install llama-build models system-deps run generate test test-fast test-real bench bench-serve clean
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed llama-build
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0   # the CPU build; an unpinned torch pulls CUDA packages
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q --no-cache-dir llama-cpp-python==0.3.36  # from source (~5 min)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q --no-cache-dir llama-cpp-python==$(LLAMA_VERSION)  # from source (~5 min)
+	echo "$(LLAMA_CMAKE_ARGS)" > $(VENV)/.llama-cmake-args
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
+
+# llama-cpp-python again (~5 min) when the venv's build was made with other CPU flags than this CPU's
+llama-build: $(VENV)/.installed
+	@if [ "$$(cat $(VENV)/.llama-cmake-args 2>/dev/null)" != "$(LLAMA_CMAKE_ARGS)" ]; then \
+	  echo "rebuilding llama-cpp-python for this CPU: $(LLAMA_CMAKE_ARGS)"; \
+	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q --no-cache-dir --force-reinstall --no-deps \
+	    llama-cpp-python==$(LLAMA_VERSION) && echo "$(LLAMA_CMAKE_ARGS)" > $(VENV)/.llama-cmake-args; \
+	fi
 
 models: install
 	$(BIN)/tandem models pull qwen2.5-coder-1.5b-instruct
