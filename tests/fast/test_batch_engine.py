@@ -4,7 +4,7 @@ time, slot reuse or cancellation (fp32 torch, exact)."""
 
 import pytest
 
-from engine_support import MAX_TOKENS, PROMPTS, make_engine, run_all
+from engine_support import MAX_TOKENS, PROMPTS, make_engine, naive_greedy, run_all
 from tandem.engine.events import SpeculationOptions
 from tandem.engine.request import GenerationRequest
 from tandem.speculation.sampling import SamplingParams
@@ -54,16 +54,39 @@ def test_cancel_frees_the_slot_within_one_step(tiny_target, tiny_draft):
     assert engine.cancel("nope") is None
 
 
-def test_repeated_prefix_reuses_the_cached_prompt(tiny_target, tiny_draft, references):
-    engine = make_engine(tiny_target, tiny_draft, "none", 0, slots=2)
-    outputs, _ = run_all(engine, {0: [("first", PROMPTS[0], SpeculationOptions())]})
+SHARED = tuple(range(30, 50))  # a prompt prefix long enough to be worth a copy (MIN_COPY_TOKENS)
+
+
+def _first_call_tokens(engine, seq_id, prompt):
+    """Run one request; the tokens its first target call scored for it, and its output."""
     calls = []
     forward = engine.target.forward_batch
     engine.target.forward_batch = lambda items: calls.append(list(items)) or forward(items)
-    outputs, _ = run_all(engine, {0: [("again", PROMPTS[4], SpeculationOptions())]})
-    first = calls[0][0]  # prefill of the uncached prompt tokens + the first round, in one call
-    assert len(first.token_ids) == len(PROMPTS[4]) - len(PROMPTS[0])  # only the new tokens
-    assert outputs["again"] == references[PROMPTS[4]]
+    outputs, _ = run_all(engine, {0: [(seq_id, prompt, SpeculationOptions())]})
+    engine.target.forward_batch = forward
+    return calls[0][0].token_ids, outputs[seq_id]
+
+
+def test_repeated_prefix_reuses_the_cached_prompt(tiny_target, tiny_draft):
+    """A new prompt sharing a cached prefix scores only its own tokens: the prefix is copied from
+    the finished sequence's slot, which keeps its cache."""
+    engine = make_engine(tiny_target, tiny_draft, "none", 0, slots=2)
+    run_all(engine, {0: [("first", SHARED + (1, 2), SpeculationOptions())]})
+    scored, output = _first_call_tokens(engine, "again", SHARED + (7, 7))
+    assert scored == (7, 7)  # prefill of the uncached prompt tokens + the first round, in one call
+    assert output == naive_greedy(tiny_target, SHARED + (7, 7), MAX_TOKENS)
+    assert engine.slots.cached[0][: len(SHARED) + 2] == list(SHARED + (1, 2))  # the donor kept its cache
+
+
+def test_a_conversation_extends_its_own_slot(tiny_target, tiny_draft):
+    """A prompt that is a finished sequence's whole prompt and output (the next chat turn) takes
+    that slot as it is, however short: only the turn's new tokens are scored."""
+    engine = make_engine(tiny_target, tiny_draft, "none", 0, slots=2)
+    first, _ = run_all(engine, {0: [("turn1", PROMPTS[0], SpeculationOptions())]})
+    history = PROMPTS[0] + tuple(first["turn1"]) + (7, 7)
+    scored, output = _first_call_tokens(engine, "turn2", history)
+    assert len(scored) == 3  # the last output token (never cached) and the two new ones
+    assert output == naive_greedy(tiny_target, history, MAX_TOKENS)
 
 
 def test_seeded_sampling_is_reproducible_and_batch_independent(tiny_target, tiny_draft):
@@ -83,3 +106,21 @@ def test_a_prompt_beyond_the_context_is_refused(tiny_target, tiny_draft):
     engine = make_engine(tiny_target, tiny_draft, "none", 0, slots=1)
     with pytest.raises(Exception, match="context"):
         engine.add("big", GenerationRequest(tuple([1] * (engine.context_length + 1)), 4))
+
+
+@pytest.mark.parametrize("runner", ["serial", "fused"])
+def test_prompts_arriving_together_prefill_their_shared_prefix_once(tiny_target, tiny_draft, runner):
+    """Three prompts behind one long shared prefix, added at once: the first prefills it, the
+    others wait for that prefill, then copy it and score only their own tokens; every output is
+    still the target's greedy one."""
+    shared = tuple(range(1, 90)) * 2  # 178 tokens
+    prompts = {"a": shared + (5,), "b": shared + (6, 7), "c": shared + (8,)}
+    engine = make_engine(tiny_target, tiny_draft, "none", 0, slots=3, runner=runner, step_token_budget=64)
+    scored = []
+    forward = engine.target.forward_batch
+    engine.target.forward_batch = lambda items: scored.append(sum(len(i.token_ids) for i in items)) or forward(items)
+    outputs, _ = run_all(engine, {0: [(name, prompt, SpeculationOptions()) for name, prompt in prompts.items()]})
+    decoding = len(prompts) * MAX_TOKENS
+    assert sum(scored) <= len(shared) + 4 * len(prompts) + decoding  # not 3 x 178 prompt tokens
+    for name, prompt in prompts.items():
+        assert outputs[name] == naive_greedy(tiny_target, prompt, MAX_TOKENS)

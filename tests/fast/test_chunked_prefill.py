@@ -244,8 +244,9 @@ JOINING_PREFILL = len(JOINING) - 1  # its tokens scored as prompt: the last one 
 
 
 def chunk_sizes(target, cost_points: dict[int, float], joining: int) -> list[list[int]]:
-    """One stream decoding on a runner with the given cost curve, then `joining` copies of
-    JOINING join: the prompt tokens each step scores for each of them, until the stream
+    """One stream decoding on a runner with the given cost curve, then `joining` prompts like
+    JOINING join, each with its own first token (prompts sharing a prefix would wait for one
+    another's prefill): the prompt tokens each step scores for each of them, until the stream
     finishes or they all decode."""
     from tandem.models.cost import CostModel
 
@@ -255,8 +256,8 @@ def chunk_sizes(target, cost_points: dict[int, float], joining: int) -> list[lis
     engine.add("stream", GenerationRequest((5, 6, 7), max_tokens=60))
     engine.step()
     names = [f"long-{i}" for i in range(joining)]
-    for name in names:
-        engine.add(name, GenerationRequest(JOINING, max_tokens=2))
+    for i, name in enumerate(names):
+        engine.add(name, GenerationRequest((90 + i,) + JOINING[1:], max_tokens=2))
 
     def unprefilled() -> list[int]:  # still waiting for a slot: the whole prompt; finished: none
         waiting = {seq.seq_id for seq in engine.waiting}

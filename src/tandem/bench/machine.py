@@ -19,7 +19,19 @@ def machine_info() -> dict:
         "gpu": _gpu_name(),
     }
     info.update({name: _version(name) for name in LIBRARIES})
+    info["llama_cpp_cpu"] = _llama_cpp_cpu()
     return info
+
+
+def _llama_cpp_cpu() -> str | None:
+    """The CPU features llama-cpp-python's build uses (AVX2, AVX512, ...: "X = 1" ones), as it prints them."""
+    try:
+        import llama_cpp
+
+        text = llama_cpp.llama_print_system_info().decode(errors="replace")
+    except Exception:  # noqa: BLE001  (a missing or broken build is simply not reported)
+        return None
+    return " ".join(part.split("=")[0].split(":")[-1].strip() for part in text.split("|") if part.strip().endswith("= 1")) or text
 
 
 def _version(distribution: str) -> str | None:

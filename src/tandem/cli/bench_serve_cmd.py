@@ -12,6 +12,8 @@ from tandem.bench.serve.settings import (DEFAULT_CONCURRENCY, DEFAULT_CONFIGS, M
 from tandem.bench.workload import DEFAULT_WORKLOAD
 from tandem.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 
+MULTITURN = "multiturn"  # not a JSONL file: bench/serve/conversations.py's scenarios
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -27,7 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--concurrency", default=DEFAULT_CONCURRENCY,
                         help=f"comma-separated client counts (default {DEFAULT_CONCURRENCY})")
     parser.add_argument("--prompts", default=str(DEFAULT_WORKLOAD),
-                        help="JSONL workload: a file, or default (the 100 prompts) | long (long answers)")
+                        help="JSONL workload: a file, or default (the 100 prompts) | long (long answers) | "
+                        "multiturn (conversations resending their history: chat, agent loops, a shared system "
+                        "prompt; --concurrency and --num-prompts do not apply)")
     parser.add_argument("--num-prompts", type=int, default=None,
                         help=f"requests per concurrency level (default max({MIN_REQUESTS}, "
                         f"{REQUESTS_PER_CLIENT} x C))")
@@ -60,7 +64,11 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         draft_backend=args.draft_backend,
     )
-    results = run_serve_bench(settings)
-    print("\n".join(throughput_table(results)))
+    if args.prompts == MULTITURN:
+        from tandem.bench.serve.multiturn import multiturn_table, run_multiturn_bench
+
+        print("\n".join(multiturn_table(run_multiturn_bench(settings))))
+    else:
+        print("\n".join(throughput_table(run_serve_bench(settings))))
     print(f"\nwrote results.json, report.md, plots and server logs to {settings.out_dir}", file=sys.stderr)
     return 0

@@ -4,6 +4,7 @@ import argparse
 import os
 
 from tandem.cli.options import add_model_options, engine_config
+from tandem.engine.host_cache import parse_cache_ram
 from tandem.errors import TandemError
 from tandem.serve.settings import (API_KEY_ENV, DEFAULT_CACHE_TTL_SECONDS, DEFAULT_MAX_BODY_BYTES,
                                    DEFAULT_MAX_STREAMS_PER_CLIENT,
@@ -25,6 +26,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--max-body-bytes", default=str(DEFAULT_MAX_BODY_BYTES), help="request body limit (413)")
     group.add_argument("--cache", default="memory", help="response and n-gram cache: memory | redis://HOST:PORT | off")
     group.add_argument("--cache-ttl", default=str(DEFAULT_CACHE_TTL_SECONDS), help="seconds a cached response lives")
+    group.add_argument("--cache-ram", default=None,
+                       help="host memory for the prompt cache's evicted KV states, e.g. 8G, 512M or a number of "
+                       "MiB (llama-server's option); 0 turns it off (default: 8 GiB or a quarter of the RAM, "
+                       "printed at start-up; llama.cpp backend)")
     group.add_argument("--otlp-endpoint", default=None, help="OTLP/HTTP trace collector, e.g. http://localhost:4318")
     group.add_argument("--alert-threshold", default="0.6", help="acceptance rate that raises a dashboard alert")
     group.add_argument("--grace-seconds", default="10", help="on SIGTERM, time in-flight requests get to finish")
@@ -126,6 +131,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         allowed_origins=tuple(o.strip() for o in (args.allowed_origins or "").split(",") if o.strip()),
         protect_metrics=args.protect_metrics,
         log_requests=args.log_requests,
+        cache_ram_bytes=None if args.cache_ram is None else parse_cache_ram(args.cache_ram),
     )
 
 

@@ -7,8 +7,10 @@ prompts do not outnumber them, no more than costs STALL_FACTOR times their round
 FLOOR_CHUNK tokens alone, whichever is more (read off the measured cost curve): the decoding
 sequences' rounds come first, and prompts are scored in chunks, oldest first, in what they
 leave, so a long prompt joining does not stall the running streams. A step
-1. admits waiting requests into free slots (reusing cached prompt prefixes); what their slot
-   lacks of the prompt is `unprefilled`,
+1. admits waiting requests into free slots, reusing the longest cached prompt prefix: in a
+   running or a resident finished sequence's slot (copied where the runner shares cells), or
+   restored from the host tier (engine/host_cache.py); what their slot lacks of the prompt is
+   `unprefilled`,
 2. splits the running sequences: those verifying a round (decoding ones, and prefilling ones
    whose remaining prompt fits the budget left: it is scored in front of their round) and those
    still prefilling,
@@ -31,9 +33,10 @@ import time
 from dataclasses import replace
 
 from tandem.engine.events import SequenceUpdate, StepReport
+from tandem.engine.host_cache import BLOCK, HostEntry, HostPromptCache
 from tandem.engine.sequence import Sequence
 from tandem.engine.sequence_pool import SequencePool
-from tandem.engine.slots import SlotTable
+from tandem.engine.slots import MIN_COPY_TOKENS, SlotChoice, SlotTable
 from tandem.engine.stages import commit_round, draft_all, plan_drafts
 from tandem.errors import TandemError
 from tandem.models.batch_runner import BatchItem, BatchRunner, KvPoolFullError
@@ -44,6 +47,7 @@ from tandem.speculation.depth import Auto, Depth, parse_depth
 from tandem.speculation.drafters.base import Drafter, DraftJob, SequenceDraft
 from tandem.speculation.drafters.lockstep import LocalDraftModel, reusable
 from tandem.speculation.drafters.registry import build_drafters
+from tandem.token_ids import common_prefix
 
 # A step exceeds its budget only where the rounds alone do (then the oldest prompt still gets its
 # minimum chunk), or where auto-depth drafts outgrow the one token reserved for each beside a
@@ -55,6 +59,7 @@ FLOOR_CHUNK = 48  # or what this many tokens alone cost, whichever is more
 KV_HEADROOM_TOKENS = 64  # per running sequence, for drafts being verified
 CATCH_UP_SHARE = 1.0  # beside other streams, a step's draft catch-up costs at most this share of its target call
 MIN_CATCH_UP = 8  # prompt tokens the draft model may always catch up on in a step
+SHARE_WAIT_TOKENS = MIN_COPY_TOKENS  # a new prompt waits for a running prefill that will compute this many of its tokens
 
 Chunk = tuple[Sequence, int]  # a still-prefilling sequence and how many prompt tokens it scores
 
@@ -67,7 +72,8 @@ def check_step_token_budget(tokens: int) -> None:
 class BatchEngine(SequencePool):
     def __init__(self, target: BatchRunner, draft: BatchRunner | None = None, drafter: str = "hybrid",
                  depth: "Depth | str | int" = Auto(), ngram_store=None, max_running: int | None = None,
-                 drafters: dict[str, Drafter] | None = None, step_token_budget: int = STEP_TOKEN_BUDGET):
+                 drafters: dict[str, Drafter] | None = None, step_token_budget: int = STEP_TOKEN_BUDGET,
+                 host_cache: HostPromptCache | None = None):
         check_step_token_budget(step_token_budget)
         self.draft_model = LocalDraftModel(draft) if draft is not None else None
         super().__init__(drafters or build_drafters(self.draft_model, ngram_store), ngram_store)
@@ -79,8 +85,15 @@ class BatchEngine(SequencePool):
         self.context_length = target.context_length
         self.step_token_budget = step_token_budget
         self.planner = BatchDepthPlanner(target, draft)
-        self.slots = SlotTable(target.max_slots)
+        self.slots = SlotTable(min(getattr(runner, "cache_slots", runner.max_slots)  # running + resident
+                                   for runner in (target, draft) if runner is not None))
         self.retained_draft: dict[int, list[int]] = {}  # draft cache of each free slot
+        # evicted slots' states go to the host tier where the runners can save them
+        saves = hasattr(target, "save_state") and (draft is None or hasattr(draft, "save_state"))
+        self.host_cache = host_cache if saves and host_cache is not None and host_cache.capacity_bytes else None
+        self.prefix_queries = 0  # prompt tokens looked up in the prompt cache, and found there
+        self.prefix_hits = 0
+        self.host_restores = 0  # placements that restored a host-tier entry
         self.kv_tight = False  # the pool overflowed since a sequence last finished: admit nothing
 
     # -- the worker's interface (the rest is SequencePool's) --------------------------------
@@ -90,11 +103,18 @@ class BatchEngine(SequencePool):
         """Target KV slots owned by a sequence (retained prompt caches of free slots not counted)."""
         return len(self.slots.owner) - self.slots.num_free
 
+    @property
+    def host_cache_bytes(self) -> int:
+        return self.host_cache.nbytes if self.host_cache is not None else 0
+
     def clear_caches(self) -> None:
-        """Forget every retained prompt cache (a benchmark starts each prompt cold)."""
+        """Forget every retained prompt cache, host tier included (a benchmark starts each
+        prompt cold)."""
         for slot, owner in enumerate(self.slots.owner):
             if owner is None:
                 self._forget(slot)
+        if self.host_cache is not None:
+            self.host_cache.clear()
 
     def step(self) -> tuple[list[SequenceUpdate], StepReport]:
         started_at, start = time.time(), time.perf_counter()
@@ -128,37 +148,129 @@ class BatchEngine(SequencePool):
     # -- 1. admission -----------------------------------------------------------------------
 
     def _admit(self) -> None:
-        """Place waiting requests while slots are free; the step budget spreads their prefill."""
+        """Place waiting requests while slots are free; the step budget spreads their prefill. A
+        request whose prompt shares a prefix that a running sequence is still prefilling waits
+        for it (the ones behind it go first), then copies that prefix instead of computing it
+        again: users arriving together behind one system prompt prefill it once."""
+        deferred = []
         while self.waiting and len(self.running) < self.max_running and self.slots.num_free:
             if self.kv_tight and self.running:  # the pool overflowed: wait for a sequence to finish
                 break
+            if self.target.can_copy_prefix and self._prefill_to_share(self.waiting[0]):
+                deferred.append(self.waiting.popleft())
+                continue
             if not self._make_room(len(self.waiting[0].tokens) - 1):
                 break
             self._place(self.waiting.popleft())
+        self.waiting.extendleft(reversed(deferred))
+
+    def _prefill_to_share(self, seq: Sequence) -> bool:
+        """Whether a running sequence is still prefilling at least SHARE_WAIT_TOKENS of seq's prompt."""
+        prefix = seq.tokens[:-1]
+        for other in self.running.values():
+            if other.unprefilled:
+                done = len(self.slots.cached[other.slot])
+                if common_prefix(other.tokens[:-1], prefix) - done >= SHARE_WAIT_TOKENS:
+                    return True
+        return False
 
     def _place(self, seq: Sequence) -> None:
-        """Give seq a slot holding as much of its prompt as is cached; the rest is unprefilled."""
+        """Give seq a slot holding as much of its prompt as is cached (in the slots or the host
+        tier); the rest is unprefilled. What the slot held that the prompt does not share goes
+        to the host tier first."""
         prefix = seq.tokens[:-1]
         choice = self.slots.choose(prefix, self.target.can_copy_prefix)
-        seq.slot = choice.slot
-        if choice.copy_from is not None:
-            self.target.copy_prefix(choice.copy_from, choice.slot, choice.reuse_tokens)
-        else:
-            self.target.rollback(choice.slot, choice.reuse_tokens)
-        seq.draft_cached = self.retained_draft.get(choice.slot, [])
-        self.slots.owner[choice.slot] = seq.seq_id
-        self.slots.cached[choice.slot] = prefix[: choice.reuse_tokens]  # grows chunk by chunk
+        slot = choice.slot
+        if choice.copy_from is not None or choice.reuse_tokens < len(self.slots.cached[slot]):
+            self._save_to_host(slot)
+        reuse = self._restore_from_host(slot, prefix, choice.reuse_tokens)
+        if reuse is None:
+            reuse = self._reuse_slots(choice, prefix)
+        seq.slot = slot
+        seq.draft_cached = self.retained_draft.get(slot, [])
+        self.slots.owner[slot] = seq.seq_id
+        self.slots.touch(slot)
+        self.slots.cached[slot] = prefix[:reuse]  # grows chunk by chunk
         self.running[seq.seq_id] = seq
-        seq.unprefilled = tuple(prefix[choice.reuse_tokens:])
+        seq.unprefilled = tuple(prefix[reuse:])
+        if seq.cached_tokens is None:  # the first placement (not a preempted one's return)
+            seq.cached_tokens = reuse
+            self.prefix_queries += len(prefix)
+            self.prefix_hits += reuse
+
+    def _reuse_slots(self, choice: SlotChoice, prefix: list[int]) -> int:
+        """Apply the slot table's choice; the cached prompt tokens the slot keeps. The draft
+        slot copies the same donor's draft prefix where it has one."""
+        slot = choice.slot
+        if choice.copy_from is None:
+            self.target.rollback(slot, choice.reuse_tokens)
+            return choice.reuse_tokens
+        self.target.copy_prefix(choice.copy_from, slot, choice.reuse_tokens)
+        draft_reuse = 0
+        if self.draft is not None and self.draft.can_copy_prefix:
+            draft_reuse = common_prefix(self._draft_tokens(choice.copy_from), prefix)
+            self.draft.copy_prefix(choice.copy_from, slot, draft_reuse)
+        elif self.draft is not None:
+            self.draft.rollback(slot, 0)
+        self.retained_draft[slot] = prefix[:draft_reuse]
+        return choice.reuse_tokens
+
+    def _restore_from_host(self, slot: int, prefix: list[int], slot_reuse: int) -> int | None:
+        """Restore into slot the host entry sharing the longest prefix with the prompt, where it
+        shares MIN_COPY_TOKENS more than the slots do; the cached prompt tokens then kept (0
+        where the runner could not take it: the slot is left empty), or None where no entry
+        beats the slots' choice."""
+        if self.host_cache is None:
+            return None
+        match = self.host_cache.lookup(prefix, self.host_cache.model_key)
+        if match is None or match.common < slot_reuse + MIN_COPY_TOKENS:
+            return None
+        entry = match.entry
+        if not self.target.restore_state(slot, entry.target_state, len(entry.tokens)):
+            self._forget(slot)
+            return 0
+        self.target.rollback(slot, match.common)
+        draft_tokens = []
+        if self.draft is not None:
+            if entry.draft_state is not None and self.draft.restore_state(slot, entry.draft_state,
+                                                                           len(entry.draft_tokens)):
+                draft_tokens = list(entry.draft_tokens)
+            else:
+                self.draft.rollback(slot, 0)
+        self.retained_draft[slot] = draft_tokens
+        self.host_restores += 1
+        return match.common
+
+    def _save_to_host(self, slot: int) -> None:
+        """Copy a free slot's caches (target and draft) to the host tier, unless it holds them
+        already."""
+        tokens = self.slots.cached[slot]
+        if (self.host_cache is None or len(tokens) < BLOCK or self.target.num_cached_tokens(slot) != len(tokens)
+                or self.host_cache.holds(tokens, self.host_cache.model_key)):
+            return
+        draft_tokens = self._draft_tokens(slot)
+        if self.draft is None or self.draft.num_cached_tokens(slot) != len(draft_tokens):
+            draft_tokens = []  # a draft cache not known token for token is not kept
+        draft_state = self.draft.save_state(slot) if draft_tokens else None
+        entry = HostEntry(tuple(tokens), self.target.save_state(slot), tuple(draft_tokens), draft_state)
+        self.host_cache.put(entry, self.host_cache.model_key)
+
+    def _draft_tokens(self, slot: int) -> list[int]:
+        """What the draft model's cache holds in slot."""
+        owner = self.slots.owner[slot]
+        if owner is not None:
+            return self.running[owner].draft_cached
+        return self.retained_draft.get(slot, [])
 
     def _make_room(self, new_tokens: int) -> bool:
         """Keep the KV pool from overflowing: drop retained caches of free slots if needed."""
         pool = getattr(self.target, "pool_tokens", None)
         if pool is None:
             return True
-        for slot in self.slots.retained_slots():
+        for slot in self.slots.retained_slots():  # least recently used first, to the host tier
             if self._kv_needed(new_tokens) <= pool:
                 break
+            self._save_to_host(slot)
             self._forget(slot)
         return self._kv_needed(new_tokens) <= pool or not self.running
 
@@ -310,6 +422,7 @@ class BatchEngine(SequencePool):
             self.target.rollback(seq.slot, len(seq.tokens) - 1 - len(seq.unprefilled))
         retained = self.slots.retained_slots()
         for slot in retained:
+            self._save_to_host(slot)
             self._forget(slot)
         if retained or len(self.running) < 2:
             return
@@ -338,6 +451,7 @@ class BatchEngine(SequencePool):
         self.retire(seq)
         self.kv_tight = False
         self.slots.owner[seq.slot] = None
+        self.slots.touch(seq.slot)
         self.retained_draft[seq.slot] = seq.draft_cached
 
 

@@ -6,7 +6,10 @@ tokenizer checked) and the batching engine over them.
 
 from dataclasses import dataclass
 
+import sys
+
 from tandem.engine.batch_engine import STEP_TOKEN_BUDGET, BatchEngine, check_step_token_budget
+from tandem.engine.host_cache import HostPromptCache, default_cache_ram_bytes, format_bytes
 from tandem.errors import TandemError
 from tandem.models.backends import RunnerSpec
 from tandem.models.batch_backends import load_batch_runner
@@ -16,6 +19,7 @@ from tandem.speculation.drafters.registry import USES_MODEL, check_drafter
 from tandem.text.tokenizer import TextTokenizer, check_same_vocabulary
 
 DEFAULT_MAX_RUNNING = 8
+RESIDENT_PER_RUNNING = 1  # llama.cpp: finished sequences kept resident in the pool, per running slot
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,14 +40,31 @@ class EngineConfig:
         return USES_MODEL[self.drafter]
 
 
-def build_engine(config: EngineConfig, max_running: int = DEFAULT_MAX_RUNNING, ngram_store=None) -> BatchEngine:
+def build_engine(config: EngineConfig, max_running: int = DEFAULT_MAX_RUNNING, ngram_store=None,
+                 cache_ram_bytes: int | None = None) -> BatchEngine:
+    """cache_ram_bytes: the host tier of the prompt cache (None: default_cache_ram_bytes(); 0: off;
+    runners that cannot save a slot's state, torch's, have none)."""
     if not 1 <= max_running <= 64:
         raise TandemError(f"max running sequences must be between 1 and 64, got {max_running}")
+    cache_slots = max_running * (1 + RESIDENT_PER_RUNNING)
     draft = None
     if config.draft is not None and config.uses_draft_model:
         target_tokenizer = TextTokenizer(str(tokenizer_path(config.target.model)))
         check_same_vocabulary(target_tokenizer, TextTokenizer(str(tokenizer_path(config.draft.model))))
-        draft = load_batch_runner(config.draft, max_running)
-    target = load_batch_runner(config.target, max_running)
+        draft = load_batch_runner(config.draft, max_running, cache_slots)
+    target = load_batch_runner(config.target, max_running, cache_slots)
+    host_cache = _host_cache(target, draft, cache_ram_bytes)
     return BatchEngine(target, draft, config.drafter, config.k, ngram_store, max_running,
-                       step_token_budget=config.step_token_budget)
+                       step_token_budget=config.step_token_budget, host_cache=host_cache)
+
+
+def _host_cache(target, draft, cache_ram_bytes: int | None) -> HostPromptCache | None:
+    """The host tier, keyed by the runners' names (model, backend, format), so that its states
+    are restored only into the models that saved them."""
+    capacity = default_cache_ram_bytes() if cache_ram_bytes is None else cache_ram_bytes
+    if not hasattr(target, "save_state") or (draft is not None and not hasattr(draft, "save_state")):
+        return None
+    resident = getattr(target, "cache_slots", target.max_slots) - target.max_slots
+    print(f"prompt cache: {resident} finished sequences resident beside {target.max_slots} running, host tier "
+          f"{format_bytes(capacity) if capacity else 'off'} (--cache-ram)", file=sys.stderr)
+    return HostPromptCache(capacity, "|".join(runner.name for runner in (target, draft) if runner is not None))

@@ -33,6 +33,7 @@ class SequenceUpdate:
     finished: bool = False
     finish_reason: str | None = None  # one of FINISH_REASONS once finished
     error: str | None = None  # set with finish_reason "error"
+    cached_tokens: int = 0  # prompt tokens the prompt cache held when the sequence was placed
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ class Sequence:
     output: list[int] = field(default_factory=list)
     draft_cached: list[int] = field(default_factory=list)  # tokens in the draft slot's cache
     unprefilled: tuple[int, ...] = ()  # prompt tokens the target slot still lacks (until prefilled)
+    cached_tokens: int | None = None  # prompt tokens found cached when first placed (None before)
     drafted: int = 0  # totals over the request
     accepted: int = 0
 

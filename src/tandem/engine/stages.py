@@ -83,5 +83,6 @@ def commit_round(seq: Sequence, draft: SequenceDraft, emitted: list[int], accept
     k = len(draft.token_ids)
     planner.record(draft.source, k, accepted)
     tokens, reason = seq.commit(list(emitted), k, accepted, context_length)
-    update = SequenceUpdate(seq.seq_id, tuple(tokens), k, accepted, reason is not None, reason)
+    update = SequenceUpdate(seq.seq_id, tuple(tokens), k, accepted, reason is not None, reason,
+                            cached_tokens=seq.cached_tokens or 0)
     return update, RoundReport(seq.seq_id, draft.source, k, accepted), reason

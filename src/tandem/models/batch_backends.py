@@ -16,18 +16,19 @@ from tandem.models.cost import PROFILE_SIZES
 BATCH_PROFILE_SIZES = PROFILE_SIZES + (24, 32, 48, 64)
 
 
-def _load_llamacpp(spec: RunnerSpec, slots: int) -> BatchRunner:
+def _load_llamacpp(spec: RunnerSpec, slots: int, cache_slots: int | None = None) -> BatchRunner:
     from tandem.models.llamacpp_batch_runner import LlamaCppBatchRunner
     from tandem.models.resolve import gguf_path
 
-    runner = LlamaCppBatchRunner(str(gguf_path(spec.model)), slots, spec.context_length, spec.threads)
+    runner = LlamaCppBatchRunner(str(gguf_path(spec.model)), slots, spec.context_length, spec.threads,
+                                 cache_slots)
     runner.name = f"{spec.model} [llamacpp/cpu/gguf/x{slots}]"
     runner.cost = cached_profile(spec, SlotView(runner), BATCH_PROFILE_SIZES, variant="-batch")
     runner.rollback(0, 0)
     return runner
 
 
-def _load_torch(spec: RunnerSpec, slots: int) -> BatchRunner:
+def _load_torch(spec: RunnerSpec, slots: int, cache_slots: int | None = None) -> BatchRunner:
     if spec.torch_runner == "fused":
         return _load_torch_fused(spec, slots)
     base = load_runner(spec)
@@ -48,12 +49,14 @@ def _load_torch_fused(spec: RunnerSpec, slots: int) -> BatchRunner:
     return runner
 
 
-BATCH_LOADERS: dict[str, Callable[[RunnerSpec, int], BatchRunner]] = {
+BATCH_LOADERS: dict[str, Callable[[RunnerSpec, int, int | None], BatchRunner]] = {
     "llamacpp": _load_llamacpp,
     "torch": _load_torch,
 }
 
 
-def load_batch_runner(spec: RunnerSpec, slots: int) -> BatchRunner:
+def load_batch_runner(spec: RunnerSpec, slots: int, cache_slots: int | None = None) -> BatchRunner:
+    """slots: sequences run at once; cache_slots: slots in all, where the runner keeps finished
+    sequences resident beside the running ones (llama.cpp; torch runners have `slots`)."""
     spec = spec.resolved()
-    return BATCH_LOADERS[spec.backend](spec, slots)
+    return BATCH_LOADERS[spec.backend](spec, slots, cache_slots)

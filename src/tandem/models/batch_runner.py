@@ -12,6 +12,12 @@ ms to score n tokens.
 view per slot and running items one after another (each item's time refines the per-item cost
 curve). It is the torch backend's `--torch-runner serial`, and the slow reference the fused
 llama.cpp and torch paths are tested against.
+
+Optional: `cache_slots` (slots in all, where a runner has more than `max_slots`: the extra ones
+keep finished sequences' caches resident beside the running ones; the engine runs at most
+`max_slots` sequences at once), and `save_state(slot) -> bytes` with
+`restore_state(slot, state, length) -> bool` (a slot's cache copied out to host memory and back:
+the host tier of the prompt cache, engine/host_cache.py; llama.cpp has them).
 """
 
 import time

@@ -86,7 +86,7 @@ class LlamaCppBatchRunner:
     can_copy_prefix = True
 
     def __init__(self, gguf_path: str, max_slots: int, context_length: int = DEFAULT_CONTEXT,
-                 threads: int | None = None):
+                 threads: int | None = None, cache_slots: int | None = None):
         import llama_cpp
         from llama_cpp import Llama
         from llama_cpp._internals import LlamaBatch, LlamaContext
@@ -104,7 +104,8 @@ class LlamaCppBatchRunner:
         params.n_ctx = self.pool_tokens
         params.n_batch = BATCH_TOKENS
         params.n_ubatch = BATCH_TOKENS
-        params.n_seq_max = max_slots
+        self.cache_slots = max(cache_slots or max_slots, max_slots)  # sequence ids: running + resident
+        params.n_seq_max = self.cache_slots
         params.kv_unified = True
         params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED  # see the module notes
         self._ctx = LlamaContext(model=self._llm._model, params=params, verbose=False)
@@ -116,7 +117,7 @@ class LlamaCppBatchRunner:
         self.max_outputs = min(BATCH_TOKENS, max_slots * OUTPUTS_PER_SLOT)  # logits positions per call
         self.cost = CostModel()
         self.tile_rows = FLASH_TILE_ROWS  # bench-step sets BATCH_TOKENS + 1: every slot in one call
-        self._lengths = [0] * max_slots
+        self._lengths = [0] * self.cache_slots
         self._reserve_outputs()
 
     def _reserve_outputs(self) -> None:
@@ -141,6 +142,28 @@ class LlamaCppBatchRunner:
         if length:
             self._ctx.kv_cache_seq_cp(source, destination, 0, length)
         self._lengths[destination] = length
+
+    def save_state(self, slot: int) -> bytes:
+        """The slot's KV cells (every layer, its positions), as llama.cpp serializes one sequence."""
+        import llama_cpp
+
+        size = llama_cpp.llama_state_seq_get_size(self._ctx.ctx, slot)
+        buffer = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data(self._ctx.ctx, buffer, size, slot)
+        return bytes(buffer[:written])
+
+    def restore_state(self, slot: int, state: bytes, length: int) -> bool:
+        """Make the slot hold a state `save_state` returned for `length` tokens; False (the slot
+        left empty) where the pool has no room for it or llama.cpp refuses it."""
+        import llama_cpp
+
+        self.rollback(slot, 0)
+        buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        if not llama_cpp.llama_state_seq_set_data(self._ctx.ctx, buffer, len(state), slot):
+            self._ctx.kv_cache_seq_rm(slot, 0, -1)
+            return False
+        self._lengths[slot] = length
+        return True
 
     def forward_batch(self, items: Sequence[BatchItem]) -> list[np.ndarray]:
         """Score the items' tokens in the llama_decode calls `plan_calls` lays out."""

@@ -46,6 +46,7 @@ class GenerationRun:
         self.text = ""
         self.drafted = 0
         self.accepted = 0
+        self.cached_tokens = 0  # prompt tokens the engine's prompt cache held
         self.finish_reason: str | None = None
         self.error: str | None = None
         self._first_token_at: float | None = None
@@ -64,6 +65,7 @@ class GenerationRun:
             while True:
                 update = await self.handle.next_update()
                 self._record(update.token_ids, update.drafted, update.accepted)
+                self.cached_tokens = max(self.cached_tokens, update.cached_tokens)
                 delta = stream.push(list(update.token_ids)) if update.token_ids else ""
                 if update.finished:
                     self.finish_reason, self.error = update.finish_reason, update.error
@@ -78,7 +80,8 @@ class GenerationRun:
             self.close()
 
     def usage(self) -> dict:
-        return usage_body(self.prepared.prompt_tokens, len(self.token_ids), self.drafted, self.accepted)
+        return usage_body(self.prepared.prompt_tokens, len(self.token_ids), self.drafted, self.accepted,
+                          self.cached_tokens)
 
     def cache_value(self) -> dict:
         return {"text": self.text, "token_ids": list(self.token_ids), "finish_reason": self.finish_reason,
@@ -115,7 +118,7 @@ class GenerationRun:
         now = time.perf_counter()
         ttft = None if self._first_token_at is None else self._first_token_at - self.received_at
         _safely(self.state.metrics.request_finished, self.finish_reason, self.prepared.prompt_tokens,
-                len(self.token_ids), ttft, now - self.received_at, self._inter_token)
+                len(self.token_ids), ttft, now - self.received_at, self._inter_token, self.cached_tokens)
         if self.state.settings.log_requests:
             _safely(self._log_texts)
         _safely(self.state.tracer.end_request, self.seq_id, {
@@ -152,9 +155,13 @@ def start_generation(state: ServerState, prepared: PreparedRequest, endpoint: st
     return GenerationRun(state, handle, prepared, received_at)
 
 
-def usage_body(prompt_tokens: int, completion_tokens: int, drafted: int, accepted: int) -> dict:
+def usage_body(prompt_tokens: int, completion_tokens: int, drafted: int, accepted: int,
+               cached_tokens: int = 0) -> dict:
+    """OpenAI's usage object; `prompt_tokens_details.cached_tokens`: prompt tokens whose KV the
+    engine found cached (in a slot or its host tier) instead of computing them."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens},
             "speculative": {"drafted_tokens": drafted, "accepted_tokens": accepted}}
 
 

@@ -72,6 +72,11 @@ class Instruments:
                                "worker", "role")
         self.worker_sequences = gauge("worker_sequences", "Sequences a cluster worker holds.", "worker")
         self.worker_restarts = gauge("worker_restarts", "Times a cluster worker was restarted.", "worker")
+        # prompt (prefix) cache: tokens looked up and found, as vLLM counts them
+        self.prefix_cache_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prompt cache.")
+        self.prefix_cache_hits = counter("prefix_cache_hits", "Prompt tokens found in the prompt cache.")
+        self.prefix_cache_host_bytes = gauge("prefix_cache_host_bytes",
+                                             "Bytes of KV states in the prompt cache's host tier.")
         # response cache
         self.cache_hits = counter("response_cache_hits", "Response-cache lookups that hit.")
         self.cache_misses = counter("response_cache_misses", "Response-cache lookups that missed.")

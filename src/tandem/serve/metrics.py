@@ -22,7 +22,7 @@ from tandem.serve.metric_instruments import Instruments
 from tandem.serve.rolling_series import DEFAULT_RECENT_SECONDS, DEFAULT_SERIES_SECONDS, RollingSeries
 
 TOTALS = ("requests", "rejected", "prompt_tokens", "generation_tokens", "drafted", "accepted",
-          "cache_hits", "cache_misses")  # the snapshot's running totals since start
+          "cache_hits", "cache_misses", "prefix_cache_queries", "prefix_cache_hits")  # totals since start
 
 
 class ServingMetrics:
@@ -50,25 +50,35 @@ class ServingMetrics:
         self._m = Instruments(self.registry, model_name)
         self._m.acceptance_alert_threshold.set(alert_threshold)
         self._workers: list[dict] = []  # the latest cluster worker states (empty: one process)
+        self._host_cache_bytes: Callable[[], int] = lambda: 0
 
     # -- the HTTP layer -------------------------------------------------------------------------
 
     def request_finished(self, status: str, prompt_tokens: int, completion_tokens: int,
                          ttft_seconds: float | None, e2e_seconds: float,
-                         inter_token_seconds: list[float]) -> None:
-        """status: the finish reason ("stop", "length", "cancelled", "error")."""
+                         inter_token_seconds: list[float], cached_tokens: int = 0) -> None:
+        """status: the finish reason ("stop", "length", "cancelled", "error"); cached_tokens: the
+        prompt tokens the prompt cache held (vLLM's prefix-cache queries and hits count tokens)."""
         m = self._m
         m.request_success.labels(self.model_name, status).inc()
         m.prompt_tokens.inc(prompt_tokens)
         m.generation_tokens.inc(completion_tokens)
+        m.prefix_cache_queries.inc(prompt_tokens)
+        m.prefix_cache_hits.inc(cached_tokens)
         if ttft_seconds is not None:
             m.time_to_first_token.observe(ttft_seconds)
         m.e2e_request_latency.observe(e2e_seconds)
         for seconds in inter_token_seconds:
             m.inter_token_latency.observe(seconds)
         with self._lock:
-            self._totals.update(requests=1, prompt_tokens=prompt_tokens, generation_tokens=completion_tokens)
+            self._totals.update(requests=1, prompt_tokens=prompt_tokens, generation_tokens=completion_tokens,
+                                prefix_cache_queries=prompt_tokens, prefix_cache_hits=cached_tokens)
             self._series.add_request(self._clock(), ttft_seconds, e2e_seconds, inter_token_seconds)
+
+    def watch_host_cache(self, host_cache_bytes: Callable[[], int]) -> None:
+        """Read the prompt cache's host-tier bytes from this callable (on scrapes and snapshots)."""
+        self._host_cache_bytes = host_cache_bytes
+        self._m.prefix_cache_host_bytes.set_function(host_cache_bytes)
 
     def request_rejected(self, http_status: int) -> None:
         """A request refused before it reached the engine (4xx, 429, 503)."""
@@ -177,6 +187,13 @@ class ServingMetrics:
             self._m.device_memory.labels(self.model_name, device).set(used)
         return memory
 
+    def _prompt_cache_state(self) -> dict:
+        """The prompt cache's hit rate over the prompt tokens of finished requests, and its host
+        tier's bytes (call with the lock held)."""
+        queries = self._totals["prefix_cache_queries"]
+        rate = self._totals["prefix_cache_hits"] / queries if queries else None
+        return {"hit_rate": rate, "host_bytes": int(self._host_cache_bytes())}
+
     @property
     def alert_firing(self) -> bool:
         with self._lock:
@@ -200,5 +217,6 @@ class ServingMetrics:
                 "utilization": {role: round(value, 4) for role, value in utilization.items()},
                 "memory_bytes": memory,
                 "totals": dict(self._totals),
+                "prompt_cache": self._prompt_cache_state(),
                 "workers": list(self._workers),
             }

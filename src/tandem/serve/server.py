@@ -72,6 +72,7 @@ def build_state(config: EngineConfig, settings: ServeSettings, model_name: str, 
     cache = _response_store(settings, _model_identity(config))
     worker = EngineWorker(engine, settings.max_waiting, observers=[metrics.observe_step, tracer.observe_step])
     track_process(metrics.registry, model_name, lambda: engine.kv_slots_in_use)
+    metrics.watch_host_cache(lambda: getattr(engine, "host_cache_bytes", 0))
     health = getattr(engine, "health", None)  # a cluster: workers' states between steps too
     if health is not None:
         health.listeners.append(metrics.observe_workers)
@@ -99,7 +100,8 @@ def _model_identity(config: EngineConfig) -> str:
 
 def _engine(config: EngineConfig, settings: ServeSettings, ngram_store, cluster):
     if cluster is None:
-        return build_engine(config, max_running=settings.max_running, ngram_store=ngram_store)
+        return build_engine(config, max_running=settings.max_running, ngram_store=ngram_store,
+                            cache_ram_bytes=settings.cache_ram_bytes)
     from tandem.cluster.runtime.launch import launch_cluster
 
     return launch_cluster(cluster.spec, config.drafter, config.k, cluster.ray_address, settings.max_running,

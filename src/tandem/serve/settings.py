@@ -49,6 +49,7 @@ class ServeSettings:
     allowed_origins: tuple[str, ...] = ()  # browser origins allowed by CORS; () = no CORS headers
     protect_metrics: bool = False  # /metrics, /dashboard/data and /openapi.json need the key too
     log_requests: bool = False  # log each request's prompt and completion text (never the key)
+    cache_ram_bytes: int | None = None  # host tier of the prompt cache (None: 8 GiB or RAM/4; 0: off)
 
     def __post_init__(self):
         if not self.host:
@@ -68,6 +69,8 @@ class ServeSettings:
         if self.served_model_name is not None and not self.served_model_name.strip():
             raise TandemError("the served model name must not be empty")
         _check_number("grace seconds", self.grace_seconds, low=0.0)
+        if self.cache_ram_bytes is not None:
+            _check_int("cache RAM bytes", self.cache_ram_bytes, 0, 1 << 50)
         if self.max_tokens_limit is not None:
             _check_int("max tokens limit", self.max_tokens_limit, 1, 1 << 24)
         if self.max_prompt_tokens is not None:

@@ -94,6 +94,7 @@ class ScriptedEngine(SequencePool):
         self.gate = threading.Event()
         self.gate.set()
         self.fail_with: str | None = None  # steps raise this (the worker fails every sequence)
+        self.cached_prefix = 0  # prompt tokens each sequence reports its prompt cache held
 
     def add(self, seq_id: str, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:
         super().add(seq_id, request, options)
@@ -128,7 +129,9 @@ class ScriptedEngine(SequencePool):
         emitted, reason = seq.commit(proposed, k, accepted, self.context_length)
         if reason is not None:
             self._finish(seq)
-        return SequenceUpdate(seq.seq_id, tuple(emitted), k, accepted, reason is not None, reason), k
+        update = SequenceUpdate(seq.seq_id, tuple(emitted), k, accepted, reason is not None, reason,
+                                cached_tokens=min(self.cached_prefix, len(seq.request.prompt_ids)))
+        return update, k
 
     def _report(self, batch_tokens: int) -> StepReport:
         return StepReport(time.time(), 0.0, 0.0, 0.0, 0.0, len(self.running), len(self.waiting), batch_tokens)
@@ -137,13 +140,15 @@ class ScriptedEngine(SequencePool):
 class RecordingMetrics:
     def __init__(self):
         self.finished: list[tuple] = []
+        self.cached_tokens: list[int] = []
         self.rejected: list[int] = []
         self.lookups: list[bool] = []
 
     def request_finished(self, status, prompt_tokens, completion_tokens, ttft_seconds, e2e_seconds,
-                         inter_token_seconds) -> None:
+                         inter_token_seconds, cached_tokens=0) -> None:
         self.finished.append((status, prompt_tokens, completion_tokens, ttft_seconds, e2e_seconds,
                               list(inter_token_seconds)))
+        self.cached_tokens.append(cached_tokens)
 
     def request_rejected(self, http_status: int) -> None:
         self.rejected.append(http_status)

@@ -122,6 +122,20 @@ async def test_metrics_and_traces_are_told_once_per_request():
 
 
 @async_test
+async def test_usage_reports_the_prompt_tokens_found_cached():
+    """OpenAI's usage.prompt_tokens_details.cached_tokens carries what the engine found in its
+    prompt cache, and the metrics count it (vLLM's prefix-cache queries and hits)."""
+    engine = ScriptedEngine(reply_script())
+    engine.cached_prefix = 2
+    with TestServer(engine) as server:
+        async with server.client() as client:
+            body = (await client.post("/v1/completions", json=completion_body(prompt="abc"))).json()
+        assert body["usage"]["prompt_tokens"] == 3
+        assert body["usage"]["prompt_tokens_details"] == {"cached_tokens": 2}
+        assert server.metrics.cached_tokens == [2]
+
+
+@async_test
 async def test_models_lists_the_served_model():
     with TestServer() as server:
         async with server.client() as client:

@@ -6,6 +6,9 @@ stream chunk with non-empty content. TTFT = first token chunk - send; inter-toke
 shows fewer, longer gaps); e2e = end of stream - send. Completion tokens come from the usage
 chunk when the server sends one, else they are the count of token chunks. TPOT (time per output
 token after the first) = (last token chunk - first token chunk) / (completion tokens - 1).
+Cached prompt tokens come from the usage chunk's `prompt_tokens_details.cached_tokens` (OpenAI's
+field; None where a server does not send it). The answer's text is kept for multi-turn
+workloads, which send it back as the next turn's history.
 """
 
 import time
@@ -33,6 +36,9 @@ class RequestRecord:
     drafted: int | None = None  # usage.speculative, where the server reports it
     accepted: int | None = None
     finish_reason: str | None = None
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, where sent
+    prompt_tokens: int | None = None
+    text: str = ""  # the streamed answer
 
     @property
     def tpot_s(self) -> float | None:
@@ -42,10 +48,12 @@ class RequestRecord:
 
 
 def build_record(prompt_id: str, category: str, start: float, end: float, token_times: list[float],
-                 usage: dict | None, finish_reason: str | None) -> RequestRecord:
+                 usage: dict | None, finish_reason: str | None, text: str = "") -> RequestRecord:
     """A successful request's record from its send time, end time and token-chunk arrival times."""
     speculative = (usage or {}).get("speculative") or {}
     usage_tokens = (usage or {}).get("completion_tokens")
+    cached = ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+    prompt_tokens = (usage or {}).get("prompt_tokens")
     return RequestRecord(
         prompt_id, category, ok=True,
         ttft_s=token_times[0] - start if token_times else None,
@@ -57,6 +65,9 @@ def build_record(prompt_id: str, category: str, start: float, end: float, token_
         drafted=speculative.get("drafted_tokens"),
         accepted=speculative.get("accepted_tokens"),
         finish_reason=finish_reason,
+        cached_tokens=int(cached) if isinstance(cached, (int, float)) else None,
+        prompt_tokens=int(prompt_tokens) if isinstance(prompt_tokens, (int, float)) else None,
+        text=text,
     )
 
 
@@ -70,6 +81,7 @@ async def stream_chat(client: httpx.AsyncClient, url: str, payload: dict, prompt
     """POST `payload` (with `stream: true`) to `url` and time the streamed answer."""
     start = time.perf_counter()
     token_times: list[float] = []
+    texts: list[str] = []
     usage = finish_reason = None
     try:
         async with client.stream("POST", url, json=payload) as response:
@@ -85,8 +97,10 @@ async def stream_chat(client: httpx.AsyncClient, url: str, payload: dict, prompt
                     return failed(prompt_id, category, chunk.error, start)
                 if chunk.text:
                     token_times.append(now)
+                    texts.append(chunk.text)
                 usage = chunk.usage or usage
                 finish_reason = chunk.finish_reason or finish_reason
     except httpx.HTTPError as error:
         return failed(prompt_id, category, f"{type(error).__name__}: {error}", start)
-    return build_record(prompt_id, category, start, time.perf_counter(), token_times, usage, finish_reason)
+    return build_record(prompt_id, category, start, time.perf_counter(), token_times, usage, finish_reason,
+                        "".join(texts))

@@ -26,6 +26,8 @@ answers 200 when it is ready (`health_path`), and what it adds to every request 
   concurrency, one unified KV cache of Tandem's context (`--kv-unified`), the same threads, no
   web UI. `llama-server-ngram` adds its n-gram speculation (`--spec-type ngram-mod`),
   `llama-server-draft` its draft-model speculation (`-md` with the same draft GGUF as Tandem).
+  `llama-server-auto`: the same binary on its own defaults (4 slots, the model's context, its
+  host-memory prompt cache), as a user who just starts it runs it: the multi-turn peer.
 """
 
 import os
@@ -203,8 +205,19 @@ class LlamaServerDraft(LlamaServer):
         return ["-md", launch.draft_gguf, "-td", threads, "-tbd", threads]
 
 
+class LlamaServerAuto(LlamaServer):
+    label = "llama-server-auto"
+    notes = ("llama-server on its defaults, as a new user runs it: slots -np auto (4), the model's context, "
+             "unified KV, its host-memory prompt cache (--cache-ram 8192 MiB); same threads")
+
+    def command(self, launch: ServerLaunch, port: int) -> list[str]:
+        threads = str(launch.threads)
+        return [llama_server_binary(), "-m", launch.target_gguf, "-t", threads, "-tb", threads,
+                "--host", HOST, "--port", str(port), "--no-webui"]
+
+
 SERVER_KINDS: Mapping[str, type] = MappingProxyType(
     {kind.label: kind for kind in (TandemSpecServer, TandemNoSpecServer, TandemNgramServer, TandemSuffixServer,
                                    TandemModelServer, TandemSerialServer, LlamaCppServer, LlamaServer,
-                                   LlamaServerNgram, LlamaServerDraft)}
+                                   LlamaServerNgram, LlamaServerDraft, LlamaServerAuto)}
 )

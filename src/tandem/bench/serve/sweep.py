@@ -54,21 +54,29 @@ def config_order(kinds: Sequence[ServerKind], level_index: int) -> list[ServerKi
     return list(kinds) if level_index % 2 == 0 else list(reversed(kinds))
 
 
+def start_servers(servers: ExitStack, kinds: Sequence[ServerKind], launch: ServerLaunch, max_tokens: int,
+                  log_dir: Path, ready_timeout_s: float = READY_TIMEOUT_S) -> tuple[dict[str, Endpoint], dict[str, dict]]:
+    """Start and warm up every server (stopped when `servers` closes): endpoints and descriptions
+    by label."""
+    endpoints, described = {}, {}
+    for kind in kinds:
+        print(f"starting {kind.label} (log: {log_dir / (kind.label + '.log')})...", file=sys.stderr)
+        server = servers.enter_context(ServerProcess(kind, launch, log_dir / f"{kind.label}.log", ready_timeout_s))
+        metrics_url = None if kind.metrics_path is None else server.base_url.removesuffix("/v1") + kind.metrics_path
+        endpoint = Endpoint(kind, server.base_url + CHAT_PATH, served_model(server.base_url, kind), metrics_url)
+        described[kind.label] = {"command": server.command, "notes": kind.notes, "base_url": server.base_url,
+                                 "model": endpoint.model}
+        warm_up(endpoint, max_tokens)
+        endpoints[kind.label] = endpoint
+    return endpoints, described
+
+
 def run_sweep(kinds: Sequence[ServerKind], launch: ServerLaunch, plans: Sequence[LevelPlan], max_tokens: int,
               log_dir: Path, progress: bool = True, ready_timeout_s: float = READY_TIMEOUT_S) -> SweepOutcome:
     outcome = SweepOutcome()
     with ExitStack() as servers:
-        endpoints = {}
-        for kind in kinds:
-            print(f"starting {kind.label} (log: {log_dir / (kind.label + '.log')})...", file=sys.stderr)
-            server = servers.enter_context(ServerProcess(kind, launch, log_dir / f"{kind.label}.log",
-                                                         ready_timeout_s))
-            metrics_url = None if kind.metrics_path is None else server.base_url.removesuffix("/v1") + kind.metrics_path
-            endpoint = Endpoint(kind, server.base_url + CHAT_PATH, served_model(server.base_url, kind), metrics_url)
-            outcome.servers[kind.label] = {"command": server.command, "notes": kind.notes,
-                                           "base_url": server.base_url, "model": endpoint.model}
-            warm_up(endpoint, max_tokens)
-            endpoints[kind.label] = endpoint
+        endpoints, described = start_servers(servers, kinds, launch, max_tokens, log_dir, ready_timeout_s)
+        outcome.servers.update(described)
         for index, plan in enumerate(plans):
             order = config_order(kinds, index)
             outcome.orders[plan.concurrency] = [kind.label for kind in order]

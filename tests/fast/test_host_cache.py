@@ -1,0 +1,95 @@
+"""The host tier of the prompt cache (engine/host_cache.py): the longest cached prefix found
+through the block-hash index equals a brute-force scan's, the byte budget is never exceeded
+(least recently used entries go first), and another model's key never hits."""
+
+import random
+
+import pytest
+
+from tandem.engine.host_cache import BLOCK, HostEntry, HostPromptCache, parse_cache_ram
+from tandem.errors import TandemError
+from tandem.token_ids import common_prefix
+
+KEY = "target.gguf|draft.gguf"
+
+
+def entry(tokens, nbytes=100) -> HostEntry:
+    return HostEntry(tuple(tokens), b"t" * nbytes)
+
+
+def brute_force(entries, tokens) -> int:
+    """The slow reference: the longest common prefix with any entry (0 below a block)."""
+    best = max((common_prefix(e.tokens, tokens) for e in entries), default=0)
+    return best if best >= BLOCK else 0
+
+
+def test_lookup_finds_the_longest_prefix_a_brute_force_scan_finds():
+    rng = random.Random(3)
+    trunk = [rng.randrange(50) for _ in range(200)]
+    cache = HostPromptCache(1 << 30, KEY)
+    stored = []
+    for _ in range(40):  # conversations branching off a shared trunk at random points
+        cut = rng.randrange(0, 200)
+        tokens = trunk[:cut] + [rng.randrange(50) for _ in range(rng.randrange(0, 60))]
+        if len(tokens) >= BLOCK and cache.put(entry(tokens), KEY):
+            extended = max(stored, key=lambda e: common_prefix(e.tokens, tokens), default=None)
+            if extended is not None and common_prefix(extended.tokens, tokens) == len(extended.tokens) >= BLOCK:
+                stored.remove(extended)  # the entry the new one extends is replaced
+            stored.append(entry(tokens))
+    assert len(cache) == len(stored)
+    for _ in range(300):
+        cut = rng.randrange(0, 200)
+        query = trunk[:cut] + [rng.randrange(50) for _ in range(rng.randrange(0, 40))]
+        match = cache.lookup(query, KEY)
+        assert (match.common if match else 0) == brute_force(stored, query)
+        if match:
+            assert match.entry.tokens[:match.common] == tuple(query[:match.common])
+
+
+def test_the_byte_budget_is_never_exceeded_and_the_least_recently_used_go_first():
+    cache = HostPromptCache(1000, KEY)
+    for i in range(10):
+        assert cache.put(entry([i] * 40, nbytes=300), KEY)
+        assert cache.nbytes <= cache.capacity_bytes
+    assert len(cache) == 3 and cache.evicted == 7
+    assert cache.lookup([7] * 40, KEY) is not None  # used: now the most recent
+    cache.put(entry([99] * 40, nbytes=300), KEY)
+    assert cache.lookup([8] * 40, KEY) is None  # the least recently used went
+    assert cache.lookup([7] * 40, KEY) is not None and cache.lookup([9] * 40, KEY) is not None
+    assert not cache.put(entry([5] * 40, nbytes=1001), KEY)  # larger than the whole budget
+    assert cache.nbytes <= cache.capacity_bytes
+
+
+def test_a_longer_history_replaces_the_entry_it_extends():
+    cache = HostPromptCache(1 << 20, KEY)
+    turn1 = list(range(40))
+    cache.put(entry(turn1), KEY)
+    cache.put(entry(turn1 + list(range(100, 140))), KEY)
+    assert len(cache) == 1 and cache.nbytes == 100
+    assert cache.lookup(turn1 + [5], KEY).common == 40
+
+
+def test_another_model_never_hits_and_is_never_stored():
+    cache = HostPromptCache(1 << 20, KEY)
+    cache.put(entry(range(64)), KEY)
+    assert cache.lookup(list(range(64)), "other.gguf|draft.gguf") is None
+    assert not cache.put(entry(range(100, 164)), "other.gguf|draft.gguf")
+    assert cache.lookup(list(range(64)), KEY).common == 64
+
+
+def test_short_prompts_are_not_kept():
+    cache = HostPromptCache(1 << 20, KEY)
+    assert not cache.put(entry(range(BLOCK - 1)), KEY)
+    assert len(cache) == 0
+
+
+@pytest.mark.parametrize("text, expected", [("8G", 8 << 30), ("512M", 512 << 20), ("2GiB", 2 << 30),
+                                            ("1024", 1 << 30), ("0", 0)])
+def test_cache_ram_sizes(text, expected):
+    assert parse_cache_ram(text) == expected
+
+
+@pytest.mark.parametrize("text", ["lots", "-1", "nan", "G"])
+def test_bad_cache_ram_sizes_say_how_to_write_them(text):
+    with pytest.raises(TandemError):
+        parse_cache_ram(text)

@@ -1,0 +1,131 @@
+"""The prompt cache on llama.cpp (smollm2): a slot's state saved to the host tier and restored
+scores exactly as the state saved, and outputs through resident slots, copies and host restores
+equal the cold prefill's, with the host tier inside its byte budget throughout."""
+
+import numpy as np
+import pytest
+
+from real_support import MAX_TOKENS, NEAR_TIE_LOGITS, first_divergence, greedy_alone, logit_gap
+from tandem.engine.batch_engine import BatchEngine
+from tandem.engine.host_cache import HostPromptCache
+from tandem.engine.request import GenerationRequest
+from tandem.models.batch_runner import BatchItem, SlotView
+from tandem.models.llamacpp_batch_runner import LlamaCppBatchRunner
+
+RUNNING = 2
+RESIDENT = 1  # finished sequences kept in the pool beside the running ones
+
+
+def runner(small_gguf, cache_slots=RUNNING + RESIDENT) -> LlamaCppBatchRunner:
+    return LlamaCppBatchRunner(small_gguf, RUNNING, context_length=1024, threads=2, cache_slots=cache_slots)
+
+
+def test_a_restored_state_gives_the_logits_of_the_state_saved(small_gguf, chat_prompt_ids):
+    model = runner(small_gguf)
+    prompt = list(chat_prompt_ids[0])
+    model.forward_batch([BatchItem(0, tuple(prompt), 0)])
+    state = model.save_state(0)
+    next_token = BatchItem(0, (prompt[-1],), 1)
+    saved_logits = model.forward_batch([next_token])[0]  # [1, vocab]
+    model.rollback(0, 0)
+    assert model.restore_state(2, state, len(prompt))  # another slot, a resident one
+    assert model.num_cached_tokens(2) == len(prompt)
+    restored_logits = model.forward_batch([BatchItem(2, (prompt[-1],), 1)])[0]
+    assert np.array_equal(saved_logits, restored_logits)
+
+
+def test_a_state_too_large_for_the_pool_is_refused_and_leaves_the_slot_empty(small_gguf):
+    big = LlamaCppBatchRunner(small_gguf, RUNNING, context_length=1024, threads=2)
+    big.forward_batch([BatchItem(0, tuple(range(100, 900)), 0)])
+    state = big.save_state(0)
+    small = LlamaCppBatchRunner(small_gguf, 1, context_length=512, threads=2)
+    assert not small.restore_state(0, state, 800)
+    assert small.num_cached_tokens(0) == 0
+
+
+def _run(engine: BatchEngine, requests, host: HostPromptCache | None) -> dict[str, list[int]]:
+    outputs: dict[str, list[int]] = {}
+    for seq_id, request in requests:
+        engine.add(seq_id, request)
+        outputs[seq_id] = []
+        while engine.has_work:  # one at a time: each finds what the previous ones left
+            updates, _ = engine.step()
+            for update in updates:
+                outputs.setdefault(update.seq_id, []).extend(update.token_ids)
+            if host is not None:
+                assert host.nbytes <= host.capacity_bytes
+    return outputs
+
+
+def _conversations(engine: BatchEngine, chat_prompt_ids, tokenizer, host):
+    """Six conversations' first turns, one after another, then their second turns: the requests
+    and their outputs."""
+    stops = tokenizer.stop_token_ids
+    first_turns = [(f"{i}a", GenerationRequest(list(p), MAX_TOKENS, stop_token_ids=stops))
+                   for i, p in enumerate(chat_prompt_ids[:6])]
+    answers = _run(engine, first_turns, host)
+    follow_up = tokenizer.encode(" Now explain it in one sentence.")
+    second_turns = [(f"{i}b", GenerationRequest(list(p) + answers[f"{i}a"] + follow_up, MAX_TOKENS,
+                                                stop_token_ids=stops)) for i, p in enumerate(chat_prompt_ids[:6])]
+    return first_turns + second_turns, answers | _run(engine, second_turns, host)
+
+
+@pytest.mark.parametrize("drafter", ["none", "hybrid"])
+def test_outputs_through_host_restores_equal_cold_prefills(small_gguf, chat_prompt_ids, small_tokenizer, drafter):
+    """Six conversations through three slots: their first turns evict each other to the host
+    tier, and each second turn restores its history (target and draft) from there. Every turn
+    decodes what its whole prompt decodes from a cold cache alone, but where llama.cpp's unified
+    pool lays the cells out otherwise (flash attention sums over cells in pool order), outputs may
+    part on a near-tie of the target's logits, as fused batches do (docs/prompt-cache.md)."""
+    host = HostPromptCache(64 << 20, "smollm2")
+    draft = runner(small_gguf) if drafter == "hybrid" else None
+    engine = BatchEngine(runner(small_gguf), draft, drafter, "auto" if draft else 0, host_cache=host)
+    requests, outputs = _conversations(engine, chat_prompt_ids, small_tokenizer, host)
+    assert host.saved >= 3 and engine.host_restores >= 3, (host.saved, engine.host_restores)
+    assert engine.prefix_hits > engine.prefix_queries // 3
+
+    identical = _compare_with_cold(small_gguf, requests, outputs)
+    assert identical >= len(requests) // 2
+    print(f"through the host tier vs cold alone: {identical}/{len(requests)} identical")
+
+
+def _compare_with_cold(small_gguf, requests, outputs) -> int:
+    """How many outputs equal their prompt's cold greedy decoding alone; any other must part
+    from it on a near-tie of the target's logits."""
+    single = SlotView(LlamaCppBatchRunner(small_gguf, 1, context_length=1024, threads=2))
+    identical = 0
+    for seq_id, request in requests:
+        reference = greedy_alone(single.forward, single.reset, request.prompt_ids, MAX_TOKENS,
+                                 request.stop_token_ids)
+        if outputs[seq_id] == reference:
+            identical += 1
+            continue
+        i = first_divergence(outputs[seq_id], reference)
+        single.reset()
+        logits = single.forward(list(request.prompt_ids) + reference[:i], num_logits=1)[0]  # [vocab]
+        assert logit_gap(logits, outputs[seq_id][i:i + 1] + reference[i:i + 1]) < NEAR_TIE_LOGITS, (seq_id, i)
+    return identical
+
+
+def test_a_cancelled_prefill_leaves_only_what_it_computed(small_gguf, chat_prompt_ids, small_tokenizer):
+    """A request cancelled after one prompt chunk leaves its slot holding exactly that chunk; the
+    same prompt later reuses it (or its host copy) and decodes what a cold prefill decodes (but
+    for near-ties)."""
+    stops = small_tokenizer.stop_token_ids
+    prompt = list(chat_prompt_ids[1]) * 3
+    host = HostPromptCache(64 << 20, "smollm2")
+    engine = BatchEngine(runner(small_gguf), None, "none", 0, host_cache=host, step_token_budget=32)
+    engine.add("busy", GenerationRequest(list(chat_prompt_ids[2]), MAX_TOKENS, stop_token_ids=stops))
+    engine.step()
+    engine.add("cancelled", GenerationRequest(prompt, MAX_TOKENS, stop_token_ids=stops))
+    engine.step()
+    slot = engine.running["cancelled"].slot
+    engine.cancel("cancelled")
+    kept = engine.slots.cached[slot]
+    assert 0 < len(kept) < len(prompt) - 1 and kept == prompt[: len(kept)]
+    assert engine.target.num_cached_tokens(slot) == len(kept)
+    again = GenerationRequest(prompt, MAX_TOKENS, stop_token_ids=stops)
+    outputs = _run(engine, [("again", again)], host)
+    assert engine.running == {} and outputs["again"]
+    assert engine.prefix_hits >= len(kept)  # what the cancelled request computed was reused
+    _compare_with_cold(small_gguf, [("again", again)], outputs)
