@@ -81,8 +81,8 @@ def test_outputs_through_host_restores_equal_cold_prefills(small_gguf, chat_prom
     draft = runner(small_gguf) if drafter == "hybrid" else None
     engine = BatchEngine(runner(small_gguf), draft, drafter, "auto" if draft else 0, host_cache=host)
     requests, outputs = _conversations(engine, chat_prompt_ids, small_tokenizer, host)
-    assert host.saved >= 3 and engine.host_restores >= 3, (host.saved, engine.host_restores)
-    assert engine.prefix_hits > engine.prefix_queries // 3
+    assert host.saved >= 3 and engine.prompt_cache.host_restores >= 3, (host.saved, engine.prompt_cache.host_restores)
+    assert engine.prompt_cache.hits > engine.prompt_cache.queries // 3
 
     identical = _compare_with_cold(small_gguf, requests, outputs)
     assert identical >= len(requests) // 2
@@ -127,5 +127,32 @@ def test_a_cancelled_prefill_leaves_only_what_it_computed(small_gguf, chat_promp
     again = GenerationRequest(prompt, MAX_TOKENS, stop_token_ids=stops)
     outputs = _run(engine, [("again", again)], host)
     assert engine.running == {} and outputs["again"]
-    assert engine.prefix_hits >= len(kept)  # what the cancelled request computed was reused
+    assert engine.prompt_cache.hits >= len(kept)  # what the cancelled request computed was reused
+    _compare_with_cold(small_gguf, [("again", again)], outputs)
+
+
+def test_an_idle_finished_cache_moves_to_the_host_tier_and_comes_back(small_gguf, chat_prompt_ids, small_tokenizer):
+    """A finished sequence's cache stays in its slot while others run for IDLE_STEPS steps (its
+    cells would slow their attention after that), then moves to the host tier; the same prompt
+    later restores it and decodes as a cold prefill does (but for near-ties)."""
+    from tandem.engine.prompt_cache import IDLE_STEPS
+
+    stops = small_tokenizer.stop_token_ids
+    host = HostPromptCache(64 << 20, "smollm2")
+    engine = BatchEngine(runner(small_gguf), None, "none", 0, host_cache=host)
+    first = GenerationRequest(list(chat_prompt_ids[2]), 2, stop_token_ids=stops)
+    _run(engine, [("first", first)], host)
+    [slot] = engine.slots.retained_slots()
+    engine.add("long", GenerationRequest(list(chat_prompt_ids[0]), IDLE_STEPS + 4, stop_token_ids=frozenset()))
+    for _ in range(IDLE_STEPS - 1):
+        engine.step()
+    assert engine.slots.cached[slot] and host.saved == 0  # not idle long enough yet
+    for _ in range(2):
+        engine.step()
+    assert not engine.slots.cached[slot] and host.saved == 1 and host.nbytes <= host.capacity_bytes
+    while engine.has_work:
+        engine.step()
+    again = GenerationRequest(list(chat_prompt_ids[2]), MAX_TOKENS, stop_token_ids=stops)
+    outputs = _run(engine, [("again", again)], host)
+    assert engine.prompt_cache.host_restores == 1
     _compare_with_cold(small_gguf, [("again", again)], outputs)

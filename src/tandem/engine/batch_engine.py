@@ -33,10 +33,11 @@ import time
 from dataclasses import replace
 
 from tandem.engine.events import SequenceUpdate, StepReport
-from tandem.engine.host_cache import BLOCK, HostEntry, HostPromptCache
+from tandem.engine.host_cache import HostPromptCache
+from tandem.engine.prompt_cache import PromptCache
 from tandem.engine.sequence import Sequence
 from tandem.engine.sequence_pool import SequencePool
-from tandem.engine.slots import MIN_COPY_TOKENS, SlotChoice, SlotTable
+from tandem.engine.slots import MIN_COPY_TOKENS
 from tandem.engine.stages import commit_round, draft_all, plan_drafts
 from tandem.errors import TandemError
 from tandem.models.batch_runner import BatchItem, BatchRunner, KvPoolFullError
@@ -85,15 +86,8 @@ class BatchEngine(SequencePool):
         self.context_length = target.context_length
         self.step_token_budget = step_token_budget
         self.planner = BatchDepthPlanner(target, draft)
-        self.slots = SlotTable(min(getattr(runner, "cache_slots", runner.max_slots)  # running + resident
-                                   for runner in (target, draft) if runner is not None))
-        self.retained_draft: dict[int, list[int]] = {}  # draft cache of each free slot
-        # evicted slots' states go to the host tier where the runners can save them
-        saves = hasattr(target, "save_state") and (draft is None or hasattr(draft, "save_state"))
-        self.host_cache = host_cache if saves and host_cache is not None and host_cache.capacity_bytes else None
-        self.prefix_queries = 0  # prompt tokens looked up in the prompt cache, and found there
-        self.prefix_hits = 0
-        self.host_restores = 0  # placements that restored a host-tier entry
+        self.prompt_cache = PromptCache(target, draft, host_cache)
+        self.slots = self.prompt_cache.slots
         self.kv_tight = False  # the pool overflowed since a sequence last finished: admit nothing
 
     # -- the worker's interface (the rest is SequencePool's) --------------------------------
@@ -105,19 +99,16 @@ class BatchEngine(SequencePool):
 
     @property
     def host_cache_bytes(self) -> int:
-        return self.host_cache.nbytes if self.host_cache is not None else 0
+        return self.prompt_cache.host_bytes
 
     def clear_caches(self) -> None:
         """Forget every retained prompt cache, host tier included (a benchmark starts each
         prompt cold)."""
-        for slot, owner in enumerate(self.slots.owner):
-            if owner is None:
-                self._forget(slot)
-        if self.host_cache is not None:
-            self.host_cache.clear()
+        self.prompt_cache.clear()
 
     def step(self) -> tuple[list[SequenceUpdate], StepReport]:
         started_at, start = time.time(), time.perf_counter()
+        self.prompt_cache.evict_idle(len(self.running))
         self._admit()
         budget = self._step_budget()
         rounds, prefilling = self._split(budget)
@@ -175,115 +166,35 @@ class BatchEngine(SequencePool):
         return False
 
     def _place(self, seq: Sequence) -> None:
-        """Give seq a slot holding as much of its prompt as is cached (in the slots or the host
-        tier); the rest is unprefilled. What the slot held that the prompt does not share goes
-        to the host tier first."""
-        prefix = seq.tokens[:-1]
-        choice = self.slots.choose(prefix, self.target.can_copy_prefix)
-        slot = choice.slot
-        if choice.copy_from is not None or choice.reuse_tokens < len(self.slots.cached[slot]):
-            self._save_to_host(slot)
-        reuse = self._restore_from_host(slot, prefix, choice.reuse_tokens)
-        if reuse is None:
-            reuse = self._reuse_slots(choice, prefix)
+        """Give seq a slot holding as much of its prompt as is cached (engine/prompt_cache.py);
+        the rest is unprefilled."""
+        first = seq.cached_tokens is None  # not a preempted sequence's return
+        slot, reuse, seq.draft_cached = self.prompt_cache.place(seq.seq_id, seq.tokens[:-1], first,
+                                                                self._running_draft)
         seq.slot = slot
-        seq.draft_cached = self.retained_draft.get(slot, [])
-        self.slots.owner[slot] = seq.seq_id
-        self.slots.touch(slot)
-        self.slots.cached[slot] = prefix[:reuse]  # grows chunk by chunk
         self.running[seq.seq_id] = seq
-        seq.unprefilled = tuple(prefix[reuse:])
-        if seq.cached_tokens is None:  # the first placement (not a preempted one's return)
+        seq.unprefilled = tuple(seq.tokens[reuse:-1])
+        if first:
             seq.cached_tokens = reuse
-            self.prefix_queries += len(prefix)
-            self.prefix_hits += reuse
 
-    def _reuse_slots(self, choice: SlotChoice, prefix: list[int]) -> int:
-        """Apply the slot table's choice; the cached prompt tokens the slot keeps. The draft
-        slot copies the same donor's draft prefix where it has one."""
-        slot = choice.slot
-        if choice.copy_from is None:
-            self.target.rollback(slot, choice.reuse_tokens)
-            return choice.reuse_tokens
-        self.target.copy_prefix(choice.copy_from, slot, choice.reuse_tokens)
-        draft_reuse = 0
-        if self.draft is not None and self.draft.can_copy_prefix:
-            draft_reuse = common_prefix(self._draft_tokens(choice.copy_from), prefix)
-            self.draft.copy_prefix(choice.copy_from, slot, draft_reuse)
-        elif self.draft is not None:
-            self.draft.rollback(slot, 0)
-        self.retained_draft[slot] = prefix[:draft_reuse]
-        return choice.reuse_tokens
-
-    def _restore_from_host(self, slot: int, prefix: list[int], slot_reuse: int) -> int | None:
-        """Restore into slot the host entry sharing the longest prefix with the prompt, where it
-        shares MIN_COPY_TOKENS more than the slots do; the cached prompt tokens then kept (0
-        where the runner could not take it: the slot is left empty), or None where no entry
-        beats the slots' choice."""
-        if self.host_cache is None:
-            return None
-        match = self.host_cache.lookup(prefix, self.host_cache.model_key)
-        if match is None or match.common < slot_reuse + MIN_COPY_TOKENS:
-            return None
-        entry = match.entry
-        if not self.target.restore_state(slot, entry.target_state, len(entry.tokens)):
-            self._forget(slot)
-            return 0
-        self.target.rollback(slot, match.common)
-        draft_tokens = []
-        if self.draft is not None:
-            if entry.draft_state is not None and self.draft.restore_state(slot, entry.draft_state,
-                                                                           len(entry.draft_tokens)):
-                draft_tokens = list(entry.draft_tokens)
-            else:
-                self.draft.rollback(slot, 0)
-        self.retained_draft[slot] = draft_tokens
-        self.host_restores += 1
-        return match.common
-
-    def _save_to_host(self, slot: int) -> None:
-        """Copy a free slot's caches (target and draft) to the host tier, unless it holds them
-        already."""
-        tokens = self.slots.cached[slot]
-        if (self.host_cache is None or len(tokens) < BLOCK or self.target.num_cached_tokens(slot) != len(tokens)
-                or self.host_cache.holds(tokens, self.host_cache.model_key)):
-            return
-        draft_tokens = self._draft_tokens(slot)
-        if self.draft is None or self.draft.num_cached_tokens(slot) != len(draft_tokens):
-            draft_tokens = []  # a draft cache not known token for token is not kept
-        draft_state = self.draft.save_state(slot) if draft_tokens else None
-        entry = HostEntry(tuple(tokens), self.target.save_state(slot), tuple(draft_tokens), draft_state)
-        self.host_cache.put(entry, self.host_cache.model_key)
-
-    def _draft_tokens(self, slot: int) -> list[int]:
-        """What the draft model's cache holds in slot."""
-        owner = self.slots.owner[slot]
-        if owner is not None:
-            return self.running[owner].draft_cached
-        return self.retained_draft.get(slot, [])
+    def _running_draft(self, slot: int) -> list[int]:
+        return self.running[self.slots.owner[slot]].draft_cached
 
     def _make_room(self, new_tokens: int) -> bool:
-        """Keep the KV pool from overflowing: drop retained caches of free slots if needed."""
+        """Keep the KV pool from overflowing: evict free slots' caches to the host tier, least
+        recently used first, if needed."""
         pool = getattr(self.target, "pool_tokens", None)
         if pool is None:
             return True
-        for slot in self.slots.retained_slots():  # least recently used first, to the host tier
+        for slot in self.slots.retained_slots():
             if self._kv_needed(new_tokens) <= pool:
                 break
-            self._save_to_host(slot)
-            self._forget(slot)
+            self.prompt_cache.evict(slot)
         return self._kv_needed(new_tokens) <= pool or not self.running
 
     def _kv_needed(self, new_tokens: int) -> int:
         pending = sum(len(seq.unprefilled) for seq in self.running.values())  # prompts not yet cached
         return self.slots.cached_total() + pending + new_tokens + KV_HEADROOM_TOKENS * (len(self.running) + 1)
-
-    def _forget(self, slot: int) -> None:
-        self.target.rollback(slot, 0)
-        self.slots.cached[slot] = []
-        if self.draft is not None:
-            self.draft.rollback(slot, 0)
-        self.retained_draft.pop(slot, None)
 
     # -- 2. who verifies a round, who goes on prefilling ------------------------------------
 
@@ -422,14 +333,13 @@ class BatchEngine(SequencePool):
             self.target.rollback(seq.slot, len(seq.tokens) - 1 - len(seq.unprefilled))
         retained = self.slots.retained_slots()
         for slot in retained:
-            self._save_to_host(slot)
-            self._forget(slot)
+            self.prompt_cache.evict(slot)
         if retained or len(self.running) < 2:
             return
         youngest = list(self.running.values())[-1]
         self.running.pop(youngest.seq_id)
         self.slots.owner[youngest.slot] = None
-        self._forget(youngest.slot)
+        self.prompt_cache.forget(youngest.slot)
         youngest.slot, youngest.unprefilled, youngest.draft_cached = -1, (), []
         self.waiting.appendleft(youngest)
         self.kv_tight = True
@@ -450,9 +360,7 @@ class BatchEngine(SequencePool):
         """Free seq's slot; its cache (the prompt chunks so far, mid-prefill) stays for reuse."""
         self.retire(seq)
         self.kv_tight = False
-        self.slots.owner[seq.slot] = None
-        self.slots.touch(seq.slot)
-        self.retained_draft[seq.slot] = seq.draft_cached
+        self.prompt_cache.release(seq.slot, seq.draft_cached)
 
 
 def _round_tokens(rounds: list[Sequence], drafts: list[SequenceDraft]) -> int:

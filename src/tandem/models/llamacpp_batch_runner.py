@@ -150,7 +150,7 @@ class LlamaCppBatchRunner:
         size = llama_cpp.llama_state_seq_get_size(self._ctx.ctx, slot)
         buffer = (ctypes.c_uint8 * size)()
         written = llama_cpp.llama_state_seq_get_data(self._ctx.ctx, buffer, size, slot)
-        return bytes(buffer[:written])
+        return ctypes.string_at(buffer, written)  # one copy (slicing the array would build a list of ints)
 
     def restore_state(self, slot: int, state: bytes, length: int) -> bool:
         """Make the slot hold a state `save_state` returned for `length` tokens; False (the slot
