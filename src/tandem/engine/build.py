@@ -6,10 +6,8 @@ tokenizer checked) and the batching engine over them.
 
 from dataclasses import dataclass
 
-import sys
-
 from tandem.engine.batch_engine import STEP_TOKEN_BUDGET, BatchEngine, check_step_token_budget
-from tandem.engine.host_cache import HostPromptCache, default_cache_ram_bytes, format_bytes
+from tandem.engine.host_cache import HostPromptCache, default_cache_ram_bytes
 from tandem.errors import TandemError
 from tandem.models.backends import RunnerSpec
 from tandem.models.batch_backends import load_batch_runner
@@ -69,8 +67,4 @@ def _host_cache(target, draft, cache_ram_bytes: int | None) -> HostPromptCache |
     capacity = default_cache_ram_bytes() if cache_ram_bytes is None else cache_ram_bytes
     if not hasattr(target, "save_state") or (draft is not None and not hasattr(draft, "save_state")):
         return None
-    resident = getattr(target, "cache_slots", target.max_slots) - target.max_slots
-    beside = f", {resident} more slots for finished ones" if resident else ""
-    print(f"prompt cache: {target.max_slots} slots{beside}, host tier "
-          f"{format_bytes(capacity) if capacity else 'off'} (--cache-ram)", file=sys.stderr)
     return HostPromptCache(capacity, "|".join(runner.name for runner in (target, draft) if runner is not None))

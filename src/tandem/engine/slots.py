@@ -7,7 +7,9 @@ edited) skips recomputing it. A runner may have more slots than sequences runnin
 
 For a new prompt, `choose` finds the slot sharing the longest prefix with it, running or not.
 A free slot whose cache is (nearly) all a prefix of the prompt is taken as it is: the sequence
-extends it, nothing is lost. Otherwise the new sequence goes to an empty slot, else to the free
+extends it, nothing is lost. So is one that holds the whole prompt (a repeated request: its old
+answer's tail is cut, and the prompt's cells stay where they were, so llama.cpp scores the repeat
+on the same cell layout as the first). Otherwise the new sequence goes to an empty slot, else to the free
 slot used least recently, and, where the runner can copy (llama.cpp shares the cells), the
 shared prefix is copied in from the slot holding it, which keeps its own cache: many users of
 one system prompt each get its cells without recomputing them or taking each other's history.
@@ -58,7 +60,7 @@ class SlotTable:
         if not can_copy:  # the free slot sharing the most, the least recently used among equals
             best = max(free, key=lambda s: (shared[s], -self.last_used[s]))
             return SlotChoice(best, shared[best], None)
-        extendable = [s for s in free if shared[s] and lost(s) < MIN_COPY_TOKENS]
+        extendable = [s for s in free if shared[s] and (lost(s) < MIN_COPY_TOKENS or shared[s] == len(prefix))]
         if extendable:
             best = max(extendable, key=lambda s: shared[s])
             return SlotChoice(best, shared[best], None)

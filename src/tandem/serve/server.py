@@ -72,6 +72,8 @@ def build_state(config: EngineConfig, settings: ServeSettings, model_name: str, 
     cache = _response_store(settings, _model_identity(config))
     worker = EngineWorker(engine, settings.max_waiting, observers=[metrics.observe_step, tracer.observe_step])
     track_process(metrics.registry, model_name, lambda: engine.kv_slots_in_use)
+    if hasattr(engine, "prompt_cache"):  # a cluster's replicas keep their own
+        print(engine.prompt_cache.describe(), file=sys.stderr)
     metrics.watch_host_cache(lambda: getattr(engine, "host_cache_bytes", 0))
     health = getattr(engine, "health", None)  # a cluster: workers' states between steps too
     if health is not None:

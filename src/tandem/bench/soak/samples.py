@@ -1,5 +1,5 @@
 """One look at a server during a soak, read from its /metrics: memory, file descriptors, threads,
-KV slots held, and the engine's queue. A server without one of these metrics (not Tandem, or an
+KV slots held, the engine's queue, and the prompt cache's host-tier bytes. A server without one of these metrics (not Tandem, or an
 older one) reads None for it rather than failing the soak."""
 
 from dataclasses import asdict, dataclass
@@ -13,6 +13,7 @@ WATCHED = {  # sample field -> metric sample name
     "kv_slots_in_use": "tandem:kv_slots_in_use",
     "running": "tandem:num_requests_running",
     "waiting": "tandem:num_requests_waiting",
+    "prompt_cache_bytes": "tandem:prefix_cache_host_bytes",
 }
 
 
@@ -28,6 +29,12 @@ class ServerSample:
     kv_slots_in_use: float | None = None
     running: float | None = None
     waiting: float | None = None
+    prompt_cache_bytes: float | None = None  # the prompt cache's host tier: bounded by --cache-ram
+
+    @property
+    def unbounded_bytes(self) -> float | None:
+        """Resident memory beyond the prompt cache's host tier (which fills up to its budget by design)."""
+        return None if self.rss_bytes is None else self.rss_bytes - (self.prompt_cache_bytes or 0.0)
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -1,0 +1,28 @@
+"""The soak's verdict: memory growth is judged beside the prompt cache's host tier, which fills up
+to its --cache-ram budget by design, so a full cache is not a leak and a leak is still one."""
+
+from tandem.bench.soak.samples import ServerSample
+from tandem.bench.soak.verdict import judge
+
+MIB = 2**20
+
+
+def samples(rss_mib: list[float], cache_mib: list[float]) -> list[ServerSample]:
+    phases = ["load"] * (len(rss_mib) - 1) + ["idle"]
+    return [ServerSample(10.0 * i, phase, 10 * i, 0, rss_bytes=rss * MIB, prompt_cache_bytes=cache * MIB,
+                         kv_slots_in_use=0.0 if phase == "idle" else 4.0)
+            for i, (phase, rss, cache) in enumerate(zip(phases, rss_mib, cache_mib))]
+
+
+def rss_check(checks):
+    return next(check for check in checks if check.name == "rss growth after warm-up")
+
+
+def test_a_filling_prompt_cache_is_not_a_leak():
+    check = rss_check(judge(samples([1800, 2000, 2400, 2600], [0, 200, 600, 800]), warmup_s=0))
+    assert check.passed, check.figure
+
+
+def test_growth_beside_the_cache_is_still_caught():
+    check = rss_check(judge(samples([1800, 2000, 2400, 2600], [0, 100, 100, 100]), warmup_s=0))
+    assert not check.passed and "host tier" in check.figure
