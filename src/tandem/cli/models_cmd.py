@@ -7,6 +7,7 @@ Each handler takes the parsed args and returns an exit code; TandemError is left
 
 import argparse
 
+from tandem.memory_size import human_size
 from tandem.models.catalog import CATALOG, CatalogEntry
 from tandem.models.pull import is_pulled, pull
 from tandem.models.resolve import gguf_path, hf_path
@@ -53,13 +54,5 @@ def print_path(args: argparse.Namespace) -> int:
 
 def _row(entry: CatalogEntry) -> tuple[str, ...]:
     pulled = "yes" if is_pulled(entry.name) else "no"
-    return (entry.name, entry.parameters, entry.quantization, _human_size(entry.size_bytes),
+    return (entry.name, entry.parameters, entry.quantization, human_size(entry.size_bytes),
             pulled, entry.role)
-
-
-def _human_size(num_bytes: int) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if num_bytes < 1024:
-            return f"{num_bytes:.0f} {unit}"
-        num_bytes /= 1024
-    return f"{num_bytes:.1f} GiB"

@@ -34,7 +34,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def kv_memory_option(text: str) -> int:
-    from tandem.models.paged.kv_budget import parse_memory
+    from tandem.memory_size import parse_memory
 
     try:
         return parse_memory(text)

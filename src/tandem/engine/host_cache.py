@@ -22,12 +22,11 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
-from tandem.errors import TandemError
+from tandem.memory_size import parse_memory
 from tandem.token_ids import common_prefix
 
 BLOCK = 16  # tokens per hashed block; a match shorter than this is not found (nor worth a restore)
 DEFAULT_MAX_BYTES = 8 << 30  # llama-server's --cache-ram default (8 GiB), or a quarter of the RAM if less
-UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
 def default_cache_ram_bytes() -> int:
@@ -42,21 +41,10 @@ def default_cache_ram_bytes() -> int:
 def parse_cache_ram(text: str) -> int:
     """`--cache-ram`: '8G', '512M', '2GiB', or a plain number of MiB (llama-server's unit); 0 turns
     the host tier off."""
-    cleaned = str(text).strip().lower().removesuffix("ib").removesuffix("b")
-    unit = cleaned[-1:]
-    number, factor = (cleaned[:-1], UNITS[unit]) if unit in UNITS else (cleaned, UNITS["m"])
-    try:
-        value = float(number)
-    except ValueError:
-        raise TandemError(f"cannot read a cache size from {text!r}: write it like 8G, 512M, or a number of MiB "
-                          "(0 turns the host prompt cache off)") from None
-    if not value >= 0 or value == float("inf"):
-        raise TandemError(f"the cache size must be 0 or more, got {text!r}")
-    return int(value * factor)
-
-
-def format_bytes(num_bytes: int) -> str:
-    return f"{num_bytes / (1 << 30):.1f} GiB" if num_bytes >= 1 << 30 else f"{num_bytes / (1 << 20):.0f} MiB"
+    text = str(text).strip()
+    if text.isdigit():
+        return int(text) << 20
+    return parse_memory(text)
 
 
 @dataclass(frozen=True, slots=True)

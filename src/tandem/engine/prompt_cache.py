@@ -16,8 +16,9 @@ slot follows the target's: copied from the same donor, saved and restored with i
 
 from typing import Callable
 
-from tandem.engine.host_cache import BLOCK, HostEntry, HostPromptCache, format_bytes
+from tandem.engine.host_cache import BLOCK, HostEntry, HostPromptCache
 from tandem.engine.slots import MIN_COPY_TOKENS, SlotChoice, SlotTable
+from tandem.memory_size import human_size
 from tandem.models.batch_runner import BatchRunner
 from tandem.token_ids import common_prefix
 
@@ -46,7 +47,7 @@ class PromptCache:
 
     def describe(self) -> str:
         """One line for a server's start-up: the slots and the host tier's budget."""
-        host = f"host tier {format_bytes(self.host.capacity_bytes)} (--cache-ram)" if self.host else "host tier off"
+        host = f"host tier {human_size(self.host.capacity_bytes)} (--cache-ram)" if self.host else "host tier off"
         return f"prompt cache: {len(self.slots.owner)} slots, {host}"
 
     def place(self, owner: str, prefix: list[int], first: bool, running_draft: RunningDraft) -> tuple[int, int, list[int]]:

@@ -26,6 +26,7 @@ import httpx
 
 from tandem.bench.serve.client import RequestRecord, stream_chat
 from tandem.bench.serve.loadgen import CONNECT_TIMEOUT_S, READ_TIMEOUT_S
+from tandem.bench.serve.requests import BenchRequest, chat_payload
 from tandem.errors import TandemError
 
 MULTITURN_WORKLOAD = Path(__file__).parents[1] / "workloads" / "multiturn.json"
@@ -68,19 +69,15 @@ def load_scenarios(path: Path = MULTITURN_WORKLOAD) -> dict[str, list[Conversati
     return {"chat": chat, "agent": agent, "shared_system": users}
 
 
-def payload(messages: list[dict], model: str, max_tokens: int, extras: dict) -> dict:
-    return {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
-            "stream_options": {"include_usage": True}, **extras}
-
-
 async def _converse(client: httpx.AsyncClient, url: str, conversation: Conversation, model: str, max_tokens: int,
                     extras: dict, scenario: str) -> list[Turn]:
     messages = [{"role": "system", "content": conversation.system}] if conversation.system else []
     turns = []
     for number, text in enumerate(conversation.turns, start=1):
         messages.append({"role": "user", "content": text})
-        record = await stream_chat(client, url, payload(list(messages), model, max_tokens, extras),
-                                   f"{conversation.conversation_id}/{number}", scenario)
+        request = BenchRequest(f"{conversation.conversation_id}/{number}", scenario, tuple(messages))
+        record = await stream_chat(client, url, chat_payload(request, model, max_tokens, extras),
+                                   request.prompt_id, scenario)
         turns.append(Turn(conversation.conversation_id, number, record))
         if not record.ok:
             break  # the history would be wrong from here on
