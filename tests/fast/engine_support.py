@@ -34,8 +34,9 @@ def serial_runner(model_dir, slots: int, cost: dict = CHEAP_VERIFY) -> SerialBat
     return SerialBatchRunner(lambda: next(views), slots)
 
 
-def fused_runner(model_dir, slots: int, cost: dict = CHEAP_VERIFY, context: int = 256) -> FusedTorchRunner:
-    runner = FusedTorchRunner.load(str(model_dir), "cpu", "fp32", slots, context)
+def fused_runner(model_dir, slots: int, cost: dict = CHEAP_VERIFY, context: int = 256,
+                 cache_slots: int | None = None) -> FusedTorchRunner:
+    runner = FusedTorchRunner.load(str(model_dir), "cpu", "fp32", slots, context, cache_slots=cache_slots)
     runner.cost = CostModel(dict(cost))
     return runner
 
@@ -44,11 +45,13 @@ RUNNERS = {"serial": serial_runner, "fused": fused_runner}
 
 
 def make_engine(tiny_target, tiny_draft, drafter="hybrid", k="auto", slots=3, runner="serial",
-                **kwargs) -> BatchEngine:
-    """runner: "serial" (transformers, one slot at a time) or "fused" (one paged forward)."""
+                cache_slots: int | None = None, **kwargs) -> BatchEngine:
+    """runner: "serial" (transformers, one slot at a time) or "fused" (one paged forward, with
+    `cache_slots` block tables: finished sequences stay resident beside the running ones)."""
     load = RUNNERS[runner]
-    target = load(tiny_target, slots, CHEAP_VERIFY)
-    draft = load(tiny_draft, slots, CHEAP_VERIFY) if USES_MODEL[drafter] else None
+    extra = {"cache_slots": cache_slots} if cache_slots else {}
+    target = load(tiny_target, slots, CHEAP_VERIFY, **extra)
+    draft = load(tiny_draft, slots, CHEAP_VERIFY, **extra) if USES_MODEL[drafter] else None
     return BatchEngine(target, draft, drafter, k, **kwargs)
 
 

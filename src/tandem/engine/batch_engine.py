@@ -327,12 +327,17 @@ class BatchEngine(SequencePool):
 
     def _free_kv(self, seqs: list[Sequence]) -> None:
         """The pool could not hold the step: undo any partial write, then free room for the next
-        step: retained prompt caches first, else the youngest sequence goes back to the front of
-        the queue (preempted: its prompt and output are recomputed when it is placed again)."""
+        step: retained prompt caches first, least recently used first, until the running
+        sequences' caches and headroom fit (at least one), else the youngest sequence goes back to
+        the front of the queue (preempted: its prompt and output are recomputed when it is placed
+        again)."""
         for seq in seqs:
             self.target.rollback(seq.slot, len(seq.tokens) - 1 - len(seq.unprefilled))
         retained = self.slots.retained_slots()
-        for slot in retained:
+        pool = getattr(self.target, "pool_tokens", 0)
+        for count, slot in enumerate(retained):
+            if count and self._kv_needed(0) <= pool:
+                break
             self.prompt_cache.evict(slot)
         if retained or len(self.running) < 2:
             return

@@ -17,12 +17,14 @@ from tandem.speculation.drafters.registry import USES_MODEL, check_drafter
 from tandem.text.tokenizer import TextTokenizer, check_same_vocabulary
 
 DEFAULT_MAX_RUNNING = 8
-# llama.cpp slots beyond the running ones, per running slot, that keep finished sequences resident.
-# Off: every running sequence's attention spans the pool's used cells, so resident caches slow
-# every step (8 x 5-token verify rounds over 300-token caches: +5-8% beside 8 resident ones,
-# docs/prompt-cache.md); free slots keep theirs while no prompt needs them, and evicted ones go to
-# the host tier, which restores a 1,000-token history in milliseconds.
-RESIDENT_PER_RUNNING = 0
+# Slots beyond the running ones, per running slot, that keep finished sequences resident, by backend.
+# llama.cpp: none. Every running sequence's attention spans its unified pool's used cells, so
+# resident caches slow every step (8 x 5-token verify rounds over 300-token caches: +5-8% beside
+# 8 resident ones, docs/prompt-cache.md); free slots keep theirs while no prompt needs them, and
+# evicted ones go to the host tier, which restores a 1,000-token history in milliseconds.
+# torch (fused runner): a paged pool's resident blocks cost a step nothing, so finished
+# sequences stay until the pool needs their blocks.
+RESIDENT_PER_RUNNING = {"llamacpp": 0, "torch": 3}
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,10 +48,10 @@ class EngineConfig:
 def build_engine(config: EngineConfig, max_running: int = DEFAULT_MAX_RUNNING, ngram_store=None,
                  cache_ram_bytes: int | None = None) -> BatchEngine:
     """cache_ram_bytes: the host tier of the prompt cache (None: default_cache_ram_bytes(); 0: off;
-    runners that cannot save a slot's state, torch's, have none)."""
+    runners that cannot save a slot's state, torch's serial one, have none)."""
     if not 1 <= max_running <= 64:
         raise TandemError(f"max running sequences must be between 1 and 64, got {max_running}")
-    cache_slots = max_running * (1 + RESIDENT_PER_RUNNING)
+    cache_slots = max_running * (1 + RESIDENT_PER_RUNNING.get(config.target.resolved().backend, 0))
     draft = None
     if config.draft is not None and config.uses_draft_model:
         target_tokenizer = TextTokenizer(str(tokenizer_path(config.target.model)))

@@ -10,7 +10,8 @@ first. `evict` saves a free slot's caches to the host tier and empties it (the p
 cells). `evict_idle` does so for the slots free for IDLE_STEPS engine steps while others run: in
 llama.cpp's unified pool every running sequence's attention spans the used cells, so an idle
 cache slows every step (llama-server moves idle slots to host memory likewise), while a
-conversation's next turn arriving at once still extends its slot in place. The draft model's
+conversation's next turn arriving at once still extends its slot in place; a paged pool
+(torch's fused runner, `idle_caches_slow_steps = False`) keeps idle caches until it needs room. The draft model's
 slot follows the target's: copied from the same donor, saved and restored with it.
 """
 
@@ -38,6 +39,7 @@ class PromptCache:
         self.queries = 0  # prompt tokens looked up (first placements only), and found cached
         self.hits = 0
         self.host_restores = 0  # placements that restored a host-tier entry
+        self._idle_evicts = getattr(target, "idle_caches_slow_steps", True)  # llama.cpp's unified pool
         self._released_at: dict[int, int] = {}  # free slot -> engine step it was released at
         self._step = 0
 
@@ -80,7 +82,7 @@ class PromptCache:
         """Count an engine step; with `running` sequences, free slots idle for IDLE_STEPS steps go
         to the host tier (only where there is one: without it they stay, for later reuse)."""
         self._step += 1
-        if self.host is None or not running:
+        if self.host is None or not running or not self._idle_evicts:
             return
         for slot in self.slots.retained_slots():
             if self._step - self._released_at.get(slot, self._step) >= IDLE_STEPS:

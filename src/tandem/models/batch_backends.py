@@ -30,18 +30,18 @@ def _load_llamacpp(spec: RunnerSpec, slots: int, cache_slots: int | None = None)
 
 def _load_torch(spec: RunnerSpec, slots: int, cache_slots: int | None = None) -> BatchRunner:
     if spec.torch_runner == "fused":
-        return _load_torch_fused(spec, slots)
+        return _load_torch_fused(spec, slots, cache_slots)
     base = load_runner(spec)
     views = iter([base] + [base.fork() for _ in range(slots - 1)])
     return SerialBatchRunner(lambda: next(views), slots)
 
 
-def _load_torch_fused(spec: RunnerSpec, slots: int) -> BatchRunner:
+def _load_torch_fused(spec: RunnerSpec, slots: int, cache_slots: int | None = None) -> BatchRunner:
     from tandem.models.paged.fused_runner import FusedTorchRunner
     from tandem.models.resolve import hf_path
 
     runner = FusedTorchRunner.load(str(hf_path(spec.model)), spec.device, spec.dtype, slots, spec.context_length,
-                                   spec.threads, spec.kv_memory)
+                                   spec.threads, spec.kv_memory, cache_slots)
     runner.name = f"{spec.model} [torch-fused/{spec.device}/{spec.dtype}/x{slots}]"
     print(f"{runner.name}: {runner.describe_pool()}", file=sys.stderr)
     runner.cost = cached_profile(spec, SlotView(runner), BATCH_PROFILE_SIZES, variant="-fused")
@@ -57,6 +57,7 @@ BATCH_LOADERS: dict[str, Callable[[RunnerSpec, int, int | None], BatchRunner]] =
 
 def load_batch_runner(spec: RunnerSpec, slots: int, cache_slots: int | None = None) -> BatchRunner:
     """slots: sequences run at once; cache_slots: slots in all, where the runner keeps finished
-    sequences resident beside the running ones (llama.cpp; torch runners have `slots`)."""
+    sequences resident beside the running ones (llama.cpp, torch's fused runner; the serial
+    torch runner has `slots`)."""
     spec = spec.resolved()
     return BATCH_LOADERS[spec.backend](spec, slots, cache_slots)

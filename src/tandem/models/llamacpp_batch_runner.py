@@ -84,6 +84,7 @@ def plan_calls(items: Sequence[BatchItem], max_tokens: int, max_outputs: int,
 class LlamaCppBatchRunner:
     fused = True
     can_copy_prefix = True
+    idle_caches_slow_steps = True  # every running sequence's attention spans the unified pool's used cells
 
     def __init__(self, gguf_path: str, max_slots: int, context_length: int = DEFAULT_CONTEXT,
                  threads: int | None = None, cache_slots: int | None = None):

@@ -10,6 +10,7 @@ import pytest
 from engine_support import PROMPTS, fused_runner, make_engine, naive_greedy
 from tandem.engine.batch_engine import BatchEngine
 from tandem.engine.events import SpeculationOptions
+from tandem.engine.host_cache import HostPromptCache
 from tandem.engine.request import GenerationRequest
 from tiny_models import VOCAB
 
@@ -59,10 +60,16 @@ def _drive(engine: BatchEngine, prompts, rng: random.Random, cancel_share: float
     return outputs, finished, cancelled
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_greedy_outputs_in_random_mixes_equal_the_reference(tiny_target, tiny_draft, mix, seed):
+@pytest.mark.parametrize("seed,slots,cache_slots,host", [(1, 16, None, False), (2, 16, None, False),
+                                                        (3, 4, 12, True)])
+def test_greedy_outputs_in_random_mixes_equal_the_reference(tiny_target, tiny_draft, mix, seed, slots,
+                                                            cache_slots, host):
+    """The third mix runs 4 at a time over 12 block tables and a host tier: prompts sharing a
+    prefix hit resident caches, copies and restores."""
     prompts, references = mix
-    engine = make_engine(tiny_target, tiny_draft, "hybrid", slots=16, runner="fused")
+    host_cache = HostPromptCache(64 << 20, "tiny") if host else None
+    engine = make_engine(tiny_target, tiny_draft, "hybrid", slots=slots, runner="fused", cache_slots=cache_slots,
+                         host_cache=host_cache)
     outputs, finished, cancelled = _drive(engine, prompts, random.Random(seed), cancel_share=0.05)
     for index, prompt in enumerate(prompts):
         seq_id = f"r{index}"

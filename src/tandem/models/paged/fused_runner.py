@@ -7,6 +7,13 @@ KV cache (`fused = True`), logits kept on the device.
 tensor on the model's device; acceptance runs there too (speculation/device_acceptance.py), so
 only token ids cross to the host. A step the pool cannot hold raises KvPoolFullError before
 any state changes. `SerialBatchRunner` over transformers' model stays the slow reference.
+
+Prompt cache (engine/prompt_cache.py): the runner has `cache_slots` block tables, more than the
+`max_slots` sequences that run at once, so finished sequences' blocks stay in the pool,
+reference counted (a shared prefix is held once), until the engine needs their blocks and evicts
+the least recently used. Unlike llama.cpp's unified pool, a resident cache costs a step nothing:
+attention gathers only the slot's own rows. `save_state`/`restore_state` copy a slot's rows to
+host memory and back (the host tier; on cuda it is the only copy outside the device's pool).
 """
 
 import os
@@ -34,8 +41,10 @@ class FusedTorchRunner:
     can_copy_prefix = True
     device_logits = True  # forward_batch returns torch tensors on `device`
 
+    idle_caches_slow_steps = False  # a resident cache is not read by other slots' attention
+
     def __init__(self, decoder: PagedDecoder, max_slots: int, context_length: int,
-                 kv_memory: int | None = None, name: str = "torch-fused"):
+                 kv_memory: int | None = None, name: str = "torch-fused", cache_slots: int | None = None):
         config = decoder.config
         self.decoder = decoder
         self.device = decoder.device
@@ -43,6 +52,7 @@ class FusedTorchRunner:
         self.vocab_size = config.vocab_size
         self.context_length = min(context_length, config.max_positions)
         self.max_slots = max_slots
+        self.cache_slots = max(cache_slots or max_slots, max_slots)  # block tables: running + resident
         self.cost = CostModel()
         row_bytes = PagedKvCache.bytes_per_row(config.num_layers, config.num_kv_heads, config.head_dim, decoder.dtype)
         wanted_blocks = -(-max_slots * self.context_length // BLOCK_SIZE)
@@ -51,23 +61,25 @@ class FusedTorchRunner:
         if num_blocks * BLOCK_SIZE < self.context_length:
             raise TandemError(f"a KV budget of {budget / 2**20:.0f} MiB holds {num_blocks * BLOCK_SIZE} tokens, "
                               f"less than one context of {self.context_length}: raise --kv-memory")
-        self.blocks = BlockManager(num_blocks, BLOCK_SIZE, max_slots)
+        self.blocks = BlockManager(num_blocks, BLOCK_SIZE, self.cache_slots)
         self.cache = PagedKvCache(config.num_layers, num_blocks * BLOCK_SIZE, config.num_kv_heads,
                                   config.head_dim, decoder.dtype, decoder.device)
         self.pool_tokens = self.blocks.pool_tokens
         self.kv_bytes = num_blocks * BLOCK_SIZE * row_bytes
+        self.row_bytes = row_bytes
         self.last_model_ms = 0.0  # the decoder's share of the last forward_batch (the rest is overhead)
 
     @classmethod
     def load(cls, model_dir: str, device: str, dtype: str, max_slots: int, context_length: int,
-             threads: int | None = None, kv_memory: int | None = None) -> "FusedTorchRunner":
+             threads: int | None = None, kv_memory: int | None = None,
+             cache_slots: int | None = None) -> "FusedTorchRunner":
         from tandem.models.torch_runner import torch_device, torch_dtype
 
         if threads:
             torch.set_num_threads(threads)
         decoder = PagedDecoder.load(model_dir, torch_dtype(dtype), torch_device(device))
         name = f"{os.path.basename(os.path.normpath(model_dir))} [torch-fused/{device}/{dtype}/x{max_slots}]"
-        return cls(decoder, max_slots, context_length, kv_memory, name)
+        return cls(decoder, max_slots, context_length, kv_memory, name, cache_slots)
 
     def describe_pool(self) -> str:
         return (f"KV pool: {self.blocks.num_blocks} blocks x {BLOCK_SIZE} tokens = {self.pool_tokens} tokens, "
@@ -81,6 +93,33 @@ class FusedTorchRunner:
 
     def copy_prefix(self, source: int, destination: int, length: int) -> None:
         self.blocks.share_prefix(source, destination, length)
+
+    def save_state(self, slot: int) -> bytes:
+        """The slot's cached keys and values, every layer, as bytes in host memory."""
+        rows = torch.tensor(self.blocks.rows(slot, 0, self.blocks.length(slot)), dtype=torch.long,
+                            device=self.device)  # [length]
+        pools = (*self.cache.keys, *self.cache.values)
+        state = torch.stack([pool[rows] for pool in pools])  # [2 * layers, length, kv_heads, head_dim]
+        return state.cpu().contiguous().view(torch.uint8).numpy().tobytes()
+
+    def restore_state(self, slot: int, state: bytes, length: int) -> bool:
+        """Make the slot hold a state `save_state` returned for `length` tokens; False (the slot
+        left empty) where the state does not fit this pool or this model's rows."""
+        self.blocks.rollback(slot, 0)
+        if length < 1 or len(state) != length * self.row_bytes or length > self.context_length:
+            return False
+        if self.blocks.blocks_needed(slot, length) > self.blocks.num_free:
+            return False
+        self.blocks.prepare_write(slot, length)
+        rows = torch.tensor(self.blocks.rows(slot, 0, length), dtype=torch.long, device=self.device)  # [length]
+        pools = (*self.cache.keys, *self.cache.values)
+        shape = (len(pools), length, *pools[0].shape[1:])
+        saved = torch.frombuffer(bytearray(state), dtype=torch.uint8).view(pools[0].dtype).view(shape)
+        saved = saved.to(self.device)  # [2 * layers, length, kv_heads, head_dim]
+        for pool, rows_state in zip(pools, saved):
+            pool.index_copy_(0, rows, rows_state)
+        self.blocks.advance(slot, length)
+        return True
 
     def forward_batch(self, items: Sequence[BatchItem]) -> list[torch.Tensor]:
         """Per item, float32 logits [num_logits, vocab] on the device, in the order of `items`."""
