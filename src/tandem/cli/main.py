@@ -8,13 +8,13 @@ from tandem.errors import TandemError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tandem.cli import (bench_cluster_cmd, bench_cmd, bench_peer_cmd, bench_serve_cmd, bench_step_cmd, generate_cmd,
-                            models_cmd, plan_cmd, profile_cmd, serve_cmd, simulate_cmd, soak_cmd)
+    from tandem.cli import (bench_ceiling_cmd, bench_cluster_cmd, bench_cmd, bench_peer_cmd, bench_serve_cmd,
+                            bench_step_cmd, generate_cmd, models_cmd, plan_cmd, profile_cmd, serve_cmd, simulate_cmd, soak_cmd)
 
     parser = argparse.ArgumentParser(prog="tandem", description="Lossless speculative decoding.")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in (generate_cmd, serve_cmd, bench_cmd, bench_serve_cmd, bench_peer_cmd, bench_step_cmd, bench_cluster_cmd,
-                   models_cmd, profile_cmd, plan_cmd, simulate_cmd, soak_cmd):
+                   bench_ceiling_cmd, models_cmd, profile_cmd, plan_cmd, simulate_cmd, soak_cmd):
         module.register(subparsers)
     return parser
 

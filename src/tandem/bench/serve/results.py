@@ -19,6 +19,7 @@ RATIO_PAIRS = (
     ("tandem-spec", "llama-server"),
     ("tandem-nospec", "llama-server"),
     ("tandem-spec", "llama-server-ngram"),
+    ("tandem-spec", "llama-server-ngram-map"),
     ("tandem-spec", "llama-server-draft"),
     ("tandem-spec", "tandem-ngram"),
     ("tandem-spec", "tandem-suffix"),
@@ -49,6 +50,7 @@ def request_entry(record: RequestRecord) -> dict:
         "drafted": record.drafted,
         "accepted": record.accepted,
         "itl_ms": [ms(gap) for gap in record.itl_s],
+        "text": record.text,  # the answer (tandem bench-ceiling reads it)
     }
 
 

@@ -25,6 +25,7 @@ answers 200 when it is ready (`health_path`), and what it adds to every request 
   outside git; `$TANDEM_LLAMA_SERVER` names another binary): as many slots as the largest
   concurrency, one unified KV cache of Tandem's context (`--kv-unified`), the same threads, no
   web UI. `llama-server-ngram` adds its n-gram speculation (`--spec-type ngram-mod`),
+  `llama-server-ngram-map` the n-gram map one (`--spec-type ngram-map-k`),
   `llama-server-draft` its draft-model speculation (`-md` with the same draft GGUF as Tandem).
   `llama-server-auto`: the same binary on its own defaults (4 slots, the model's context, its
   host-memory prompt cache), as a user who just starts it runs it: the multi-turn peer.
@@ -195,6 +196,12 @@ class LlamaServerNgram(LlamaServer):
     notes = "llama-server with its n-gram speculation (--spec-type ngram-mod)"
 
 
+class LlamaServerNgramMap(LlamaServer):
+    label = "llama-server-ngram-map"
+    speculation = ("--spec-type", "ngram-map-k")
+    notes = "llama-server with its n-gram map speculation (--spec-type ngram-map-k)"
+
+
 class LlamaServerDraft(LlamaServer):
     label = "llama-server-draft"
     needs_draft = True
@@ -219,5 +226,5 @@ class LlamaServerAuto(LlamaServer):
 SERVER_KINDS: Mapping[str, type] = MappingProxyType(
     {kind.label: kind for kind in (TandemSpecServer, TandemNoSpecServer, TandemNgramServer, TandemSuffixServer,
                                    TandemModelServer, TandemSerialServer, LlamaCppServer, LlamaServer,
-                                   LlamaServerNgram, LlamaServerDraft, LlamaServerAuto)}
+                                   LlamaServerNgram, LlamaServerNgramMap, LlamaServerDraft, LlamaServerAuto)}
 )

@@ -1,0 +1,122 @@
+"""The copy ceiling: how fast greedy decoding could go on a workload whose answers repeat their
+input, were every draft the longest verbatim run of the answer found in the prompt or in the
+answer so far (an oracle: it knows the answer), each round priced on the target's measured
+verify curve. A plain suffix matcher (what followed the most recent earlier occurrence of the
+last SUFFIX_TOKENS tokens, at most SUFFIX_DRAFT of them) is priced the same way, for scale. Every later change to drafting is
+judged against the ceiling (`tandem bench-ceiling`, cli/bench_ceiling_cmd.py).
+
+A round drafts d tokens and scores d + 1 (the drafts and the token after the last accepted one),
+costing cost(d + 1); it emits its a accepted drafts and the target's own next token. The
+answer's first token comes from the prompt's prefill and is not counted; rounds cover the rest.
+"""
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+SUFFIX_TOKENS = 3  # the suffix matcher's key length
+SUFFIX_DRAFT = 16  # and its longest draft (it cannot tell a long copy from a wrong one)
+MAX_DRAFT = 64  # the longest draft the oracle makes (the verify curve is measured up to here)
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    drafted: int
+    accepted: int
+
+    @property
+    def emitted(self) -> int:
+        return self.accepted + 1
+
+
+class _Source:
+    """prompt + answer so far, with each token's positions, growing one token at a time."""
+
+    def __init__(self, prompt: Sequence[int]):
+        self.tokens: list[int] = []
+        self.positions: dict[int, list[int]] = defaultdict(list)
+        for token in prompt:
+            self.append(token)
+
+    def append(self, token: int) -> None:
+        self.positions[token].append(len(self.tokens))
+        self.tokens.append(token)
+
+
+def longest_copy_run(source: Sequence[int], positions: dict[int, list[int]], wanted: Sequence[int],
+                     limit: int) -> int:
+    """The longest L <= limit such that wanted[:L] is a contiguous run of source."""
+    best, limit = 0, min(limit, len(wanted))
+    if limit < 1:
+        return 0
+    for start in positions.get(wanted[0], ()):
+        length = 0
+        while (length < limit and start + length < len(source)
+               and source[start + length] == wanted[length]):
+            length += 1
+        best = max(best, length)
+        if best == limit:
+            break
+    return best
+
+
+def suffix_draft(source: Sequence[int], positions: dict[int, list[int]], limit: int) -> list[int]:
+    """What followed the most recent earlier occurrence of source's last SUFFIX_TOKENS tokens."""
+    if len(source) <= SUFFIX_TOKENS or limit < 1:
+        return []
+    key = list(source[-SUFFIX_TOKENS:])
+    end = len(source) - SUFFIX_TOKENS  # an occurrence must start before the key itself
+    for start in reversed(positions.get(key[0], ())):
+        if start >= end or list(source[start:start + SUFFIX_TOKENS]) != key:
+            continue
+        follow = start + SUFFIX_TOKENS
+        return list(source[follow:min(follow + limit, len(source))])
+    return []
+
+
+def _rounds(prompt: Sequence[int], answer: Sequence[int], propose) -> list[Round]:
+    source = _Source(prompt)
+    if answer:
+        source.append(answer[0])
+    rounds, position = [], 1
+    while position < len(answer):
+        left = len(answer) - position  # the round emits at most this many
+        drafted, accepted = propose(source, answer[position:], left - 1)
+        rounds.append(Round(drafted, accepted))
+        for token in answer[position: position + accepted + 1]:
+            source.append(token)
+        position += accepted + 1
+    return rounds
+
+
+def oracle_rounds(prompt: Sequence[int], answer: Sequence[int], max_draft: int = MAX_DRAFT) -> list[Round]:
+    """Each round drafts the longest run of the rest of the answer found verbatim in the prompt
+    and the answer so far (all of it accepted)."""
+    def propose(source: _Source, rest: Sequence[int], limit: int) -> tuple[int, int]:
+        run = longest_copy_run(source.tokens, source.positions, rest, min(limit, max_draft))
+        return run, run
+
+    return _rounds(prompt, answer, propose)
+
+
+def suffix_rounds(prompt: Sequence[int], answer: Sequence[int], max_draft: int = MAX_DRAFT) -> list[Round]:
+    """Each round drafts what followed the last SUFFIX_TOKENS tokens' most recent earlier
+    occurrence; the drafts agreeing with the answer are accepted."""
+    def propose(source: _Source, rest: Sequence[int], limit: int) -> tuple[int, int]:
+        draft = suffix_draft(source.tokens, source.positions, min(limit, max_draft, SUFFIX_DRAFT))
+        accepted = 0
+        while accepted < len(draft) and draft[accepted] == rest[accepted]:
+            accepted += 1
+        return len(draft), accepted
+
+    return _rounds(prompt, answer, propose)
+
+
+def rounds_ms(rounds: Sequence[Round], cost_ms: Callable[[int], float]) -> float:
+    """Time of the rounds: each scores its drafts and one more token."""
+    return sum(cost_ms(r.drafted + 1) for r in rounds)
+
+
+def plain_ms(answer_tokens: int, cost_ms: Callable[[int], float]) -> float:
+    """Time of plain decoding for the answer's tokens after the first: one token a forward."""
+    return max(0, answer_tokens - 1) * cost_ms(1)

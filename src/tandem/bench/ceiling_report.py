@@ -1,0 +1,117 @@
+"""`tandem bench-ceiling`: a bench-serve run's decode rates per category set against the copy
+ceiling of its own prompts and answers (bench/ceiling.py), on the target's verify curve measured
+here at the workload's context. The answers are one config's streamed texts (token ids again
+through the target's tokenizer); only first-pass requests (no repeat mark) are read."""
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from tandem.bench.ceiling import MAX_DRAFT, oracle_rounds, plain_ms, rounds_ms, suffix_rounds
+from tandem.bench.workload import format_prompt, load_prompts
+from tandem.errors import TandemError
+
+CURVE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64)
+
+
+@dataclass
+class CategoryCeiling:
+    requests: int = 0
+    tokens: int = 0  # answer tokens after the first (the decode phase)
+    plain_ms: float = 0.0
+    suffix_ms: float = 0.0
+    oracle_ms: float = 0.0
+    oracle_rounds: int = 0
+    measured: dict = field(default_factory=lambda: defaultdict(lambda: [0, 0.0]))  # config -> [tokens, seconds]
+
+
+def load_level(results_path: Path, concurrency: int | None) -> tuple[dict, dict]:
+    """The results' header and its level at `concurrency` (the lowest where None)."""
+    try:
+        results = json.loads(Path(results_path).read_text())
+        levels = results["levels"]
+    except (OSError, ValueError, KeyError) as error:
+        raise TandemError(f"{results_path} is not a bench-serve results.json ({error})") from None
+    if not levels:
+        raise TandemError(f"{results_path} holds no concurrency level")
+    wanted = concurrency if concurrency is not None else min(level["concurrency"] for level in levels)
+    for level in levels:
+        if level["concurrency"] == wanted:
+            return results, level
+    raise TandemError(f"{results_path} has no level at concurrency {wanted}")
+
+
+def first_pass(requests: list[dict]) -> list[dict]:
+    return [r for r in requests if r.get("ok") and "~" not in str(r["id"])]
+
+
+def answers_of(level: dict, reference: str | None) -> tuple[str, dict[str, str]]:
+    configs = level["configs"]
+    label = reference or next((c for c in configs if c.startswith("tandem")), next(iter(configs)))
+    if label not in configs:
+        raise TandemError(f"no config {label!r} in this level; it has {', '.join(configs)}")
+    texts = {r["id"]: r.get("text", "") for r in first_pass(configs[label]["request_records"])}
+    if not any(texts.values()):
+        raise TandemError("these results keep no answer texts: rerun bench-serve with this version")
+    return label, texts
+
+
+def ceilings(results: dict, level: dict, tokenizer, cost_ms: Callable[[int], float], reference: str | None,
+             max_draft: int = MAX_DRAFT) -> tuple[str, dict[str, CategoryCeiling]]:
+    prompts = {p.id: p for p in load_prompts(results["settings"]["prompts_file"])}
+    label, texts = answers_of(level, reference)
+    table: dict[str, CategoryCeiling] = defaultdict(CategoryCeiling)
+    for prompt_id, text in texts.items():
+        if prompt_id not in prompts or not text:
+            continue
+        prompt = format_prompt(tokenizer, prompts[prompt_id])
+        answer = tokenizer.encode(text)
+        row = table[prompts[prompt_id].category]
+        row.requests += 1
+        row.tokens += max(0, len(answer) - 1)
+        row.plain_ms += plain_ms(len(answer), cost_ms)
+        row.suffix_ms += rounds_ms(suffix_rounds(prompt, answer, max_draft), cost_ms)
+        oracle = oracle_rounds(prompt, answer, max_draft)
+        row.oracle_ms += rounds_ms(oracle, cost_ms)
+        row.oracle_rounds += len(oracle)
+    for config, run in level["configs"].items():
+        for request in first_pass(run["request_records"]):
+            category = request.get("category")
+            decode_ms = (request.get("e2e_ms") or 0) - (request.get("ttft_ms") or 0)
+            if category in table and decode_ms > 0 and request.get("completion_tokens"):
+                table[category].measured[config][0] += request["completion_tokens"] - 1
+                table[category].measured[config][1] += decode_ms / 1000
+    return label, dict(table)
+
+
+def render(table: dict[str, CategoryCeiling], configs: list[str]) -> list[str]:
+    """Markdown: per category, the ceiling and each config's decode rate against it."""
+    head = "| category | requests | answer tokens | plain tok/s | suffix-3 tok/s | ceiling tok/s | tokens/round |"
+    rule = "|---|---:|---:|---:|---:|---:|---:|"
+    for config in configs:
+        head += f" {config} tok/s | / ceiling |"
+        rule += "---:|---:|"
+    lines = [head, rule]
+    total = CategoryCeiling()
+    for category, row in sorted(table.items()) + [("all", None)]:
+        if row is None:
+            row = total
+        else:
+            for name in ("requests", "tokens", "plain_ms", "suffix_ms", "oracle_ms", "oracle_rounds"):
+                setattr(total, name, getattr(total, name) + getattr(row, name))
+            for config, (tokens, seconds) in row.measured.items():
+                total.measured[config][0] += tokens
+                total.measured[config][1] += seconds
+        rate = lambda ms: row.tokens / (ms / 1000) if ms else 0.0  # noqa: E731
+        plain, suffix, ceiling = rate(row.plain_ms), rate(row.suffix_ms), rate(row.oracle_ms)
+        line = (f"| {category} | {row.requests} | {row.tokens} | {plain:.1f} | {suffix:.1f} ({suffix / plain:.2f}x) "
+                f"| {ceiling:.1f} ({ceiling / plain:.2f}x) | {row.tokens / max(1, row.oracle_rounds):.1f} |"
+                if plain else f"| {category} | {row.requests} | 0 | | | | |")
+        for config in configs:
+            tokens, seconds = row.measured.get(config, (0, 0.0))
+            measured = tokens / seconds if seconds else 0.0
+            line += f" {measured:.1f} | {measured / ceiling:.2f} |" if ceiling and measured else " | |"
+        lines.append(line)
+    return lines

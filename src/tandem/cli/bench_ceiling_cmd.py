@@ -1,0 +1,62 @@
+"""`tandem bench-ceiling`: how close a bench-serve run came to the copy ceiling, per category
+(bench/ceiling.py: an oracle drafting the longest verbatim run of the answer from the prompt
+and the answer so far, priced on the target's verify curve measured here)."""
+
+import argparse
+import sys
+from pathlib import Path
+
+from tandem.bench.ceiling import MAX_DRAFT
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "bench-ceiling", help="a bench-serve run's decode rates against the copy ceiling of its workload",
+        description="Reads a bench-serve results.json, measures the target's verify curve (1..64 tokens at "
+        "--context cached tokens, llama.cpp, --threads), and prints per category: plain decoding, a 3-token "
+        "suffix matcher and the oracle ceiling priced on that curve, and each config's measured decode rate "
+        "against the ceiling.")
+    parser.add_argument("results", help="a bench-serve results.json")
+    parser.add_argument("--concurrency", type=int, default=None, help="the level to read (default: the lowest)")
+    parser.add_argument("--reference", default=None,
+                        help="the config whose answers define the workload (default: the first tandem one)")
+    parser.add_argument("--context", type=int, default=1024, help="cached tokens the curve is measured at (default 1024)")
+    parser.add_argument("--max-draft", type=int, default=MAX_DRAFT, help=f"longest draft (default {MAX_DRAFT})")
+    parser.add_argument("--threads", type=int, default=None, help="threads for the curve (default: the run's)")
+    parser.add_argument("--out", default=None, help="also write the table to this markdown file")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tandem.bench.ceiling_report import ceilings, load_level, render
+    from tandem.models.resolve import tokenizer_path
+    from tandem.text.tokenizer import TextTokenizer
+
+    results, level = load_level(Path(args.results), args.concurrency)
+    settings = results["settings"]
+    target = settings["target"]
+    tokenizer = TextTokenizer(str(tokenizer_path(target)))
+    curve = measure_verify_curve(target, args.context, args.threads or settings.get("threads"))
+    print("verify curve at %d cached tokens (ms): %s" % (args.context, ", ".join(
+        f"{n}: {curve.cost_ms(n):.0f}" for n in sorted(curve.latency_ms))), file=sys.stderr)
+    label, table = ceilings(results, level, tokenizer, curve.cost_ms, args.reference, args.max_draft)
+    lines = [f"answers: {label}'s at C={level['concurrency']}; machine: {results['machine'].get('cpu_model')}", "",
+             *render(table, list(level["configs"]))]
+    print("\n".join(lines))
+    if args.out:
+        Path(args.out).write_text("\n".join(lines) + "\n")
+    return 0
+
+
+def measure_verify_curve(target: str, context: int, threads: int | None):
+    """The llama.cpp target's time to score n tokens (all their logits) on `context` cached ones."""
+    from tandem.bench.ceiling_report import CURVE_SIZES
+    from tandem.models.batch_runner import SlotView
+    from tandem.models.cost import measure_cost
+    from tandem.models.llamacpp_batch_runner import LlamaCppBatchRunner
+    from tandem.models.resolve import gguf_path
+
+    runner = LlamaCppBatchRunner(str(gguf_path(target)), 1, context + max(CURVE_SIZES) + 8, threads)
+    view = SlotView(runner)
+    view.forward([100 + (i * 7) % 5000 for i in range(context)], num_logits=0)
+    return measure_cost(view.forward, view.rollback, context, CURVE_SIZES, repeats=3)

@@ -1,0 +1,98 @@
+"""The copy ceiling (bench/ceiling.py) against brute force: the oracle's run is the longest one
+any start in the source gives, rounds cover the answer exactly, and the prices follow the curve;
+the report (bench/ceiling_report.py) sets each config's decode rate against its category's."""
+
+import random
+
+import pytest
+
+from tandem.bench.ceiling import (Round, _Source, longest_copy_run, oracle_rounds, plain_ms, rounds_ms,
+                                  suffix_draft, suffix_rounds)
+
+
+def brute_longest(source, wanted, limit):
+    best = 0
+    for start in range(len(source)):
+        length = 0
+        while length < min(limit, len(wanted)) and start + length < len(source) and source[start + length] == wanted[length]:
+            length += 1
+        best = max(best, length)
+    return best
+
+
+def test_the_longest_copy_run_equals_a_brute_force_scan():
+    rng = random.Random(3)
+    for _ in range(300):
+        source = _Source([rng.randrange(6) for _ in range(rng.randint(0, 60))])
+        wanted = [rng.randrange(6) for _ in range(rng.randint(0, 20))]
+        limit = rng.randint(0, 25)
+        assert longest_copy_run(source.tokens, source.positions, wanted, limit) == brute_longest(source.tokens, wanted, limit)
+
+
+def test_an_answer_that_copies_its_prompt_is_drafted_in_max_draft_runs():
+    prompt = list(range(100, 300))  # 200 distinct tokens
+    answer = [7] + prompt  # one token of its own, then the whole prompt
+    rounds = oracle_rounds(prompt, answer, max_draft=64)
+    assert sum(r.emitted for r in rounds) == len(answer) - 1  # the first token is the prefill's
+    assert all(r.accepted == r.drafted for r in rounds)
+    assert [r.drafted for r in rounds] == [64, 64, 64, 4]  # 3 x 65 emitted, then the last 5
+    assert rounds_ms(rounds, lambda n: 10.0 + n) == sum(10.0 + r.drafted + 1 for r in rounds)
+    assert plain_ms(len(answer), lambda n: 10.0 + n) == 200 * 11.0
+
+
+def test_an_answer_sharing_nothing_decodes_one_token_a_round():
+    rounds = oracle_rounds([1, 2, 3], [50, 51, 52, 53])
+    assert rounds == [Round(0, 0)] * 3
+
+
+def test_the_suffix_matcher_follows_the_last_occurrence_of_its_key():
+    source = _Source([1, 2, 3, 9, 9, 1, 2, 3, 5, 6, 1, 2, 3])
+    assert suffix_draft(source.tokens, source.positions, 4) == [5, 6, 1, 2]  # the later of two occurrences
+    rounds = suffix_rounds([1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 4, 5, 8])
+    assert sum(r.emitted for r in rounds) == 6
+    assert any(r.accepted > 0 for r in rounds) and all(r.accepted <= r.drafted for r in rounds)
+
+
+class CharTokenizer:
+    def encode(self, text):
+        return [ord(c) for c in text]
+
+    def chat_prompt_ids(self, messages):
+        return [ord(c) for m in messages for c in m["content"]]
+
+
+def _results(tmp_path, text_a, text_b):
+    prompts = tmp_path / "w.jsonl"
+    prompts.write_text('{"id": "a", "category": "edit", "prompt": "def f(x): return x + 1"}\n'
+                       '{"id": "b", "category": "chat", "prompt": "hello there"}\n')
+    request = lambda i, c, t, n: {"id": i, "category": c, "ok": True, "text": t, "completion_tokens": n,  # noqa: E731
+                                  "ttft_ms": 100.0, "e2e_ms": 100.0 + 10.0 * n}
+    level = {"concurrency": 1, "configs": {
+        "tandem-spec": {"request_records": [request("a", "edit", text_a, len(text_a)), request("b", "chat", text_b, 4),
+                                     request("a~1", "edit", "ignored", 3)]},
+        "llama-server": {"request_records": [request("a", "edit", text_a, 5)]}}}
+    return {"settings": {"prompts_file": str(prompts)}, "machine": {}, "levels": [level]}, level
+
+
+def test_the_report_sets_each_config_against_its_categorys_ceiling(tmp_path):
+    from tandem.bench.ceiling_report import ceilings, render
+
+    results, level = _results(tmp_path, "def f(x): return x + 1", "fine")
+    label, table = ceilings(results, level, CharTokenizer(), lambda n: 10.0 + n, None)
+    assert label == "tandem-spec" and set(table) == {"edit", "chat"}
+    edit = table["edit"]
+    assert edit.requests == 1 and edit.tokens == len("def f(x): return x + 1") - 1
+    assert edit.oracle_ms < edit.suffix_ms < edit.plain_ms  # a pure copy: the oracle drafts it all
+    tokens, seconds = edit.measured["tandem-spec"]  # completion tokens after the first, over e2e - TTFT
+    assert tokens == 21 and abs(seconds - 0.22) < 1e-9
+    lines = render(table, ["tandem-spec", "llama-server"])
+    assert lines[0].count("/ ceiling") == 2 and lines[-1].startswith("| all | 2 |")
+
+
+def test_results_without_answer_texts_are_a_clear_error(tmp_path):
+    from tandem.bench.ceiling_report import ceilings
+    from tandem.errors import TandemError
+
+    results, level = _results(tmp_path, "", "")
+    with pytest.raises(TandemError, match="no answer texts"):
+        ceilings(results, level, CharTokenizer(), lambda n: 1.0, None)
