@@ -6,32 +6,23 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+from tandem.hardware import cpu_model, llama_cpp_features
+
 LIBRARIES = ("torch", "transformers", "llama-cpp-python", "numpy")
 
 
 def machine_info() -> dict:
     info = {
         "cpu_count": os.cpu_count(),
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "memory_gb": _memory_gb(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "gpu": _gpu_name(),
     }
     info.update({name: _version(name) for name in LIBRARIES})
-    info["llama_cpp_cpu"] = _llama_cpp_cpu()
+    info["llama_cpp_cpu"] = llama_cpp_features()
     return info
-
-
-def _llama_cpp_cpu() -> str | None:
-    """The CPU features llama-cpp-python's build uses (AVX2, AVX512, ...: "X = 1" ones), as it prints them."""
-    try:
-        import llama_cpp
-
-        text = llama_cpp.llama_print_system_info().decode(errors="replace")
-    except Exception:  # noqa: BLE001  (a missing or broken build is simply not reported)
-        return None
-    return " ".join(part.split("=")[0].split(":")[-1].strip() for part in text.split("|") if part.strip().endswith("= 1")) or text
 
 
 def _version(distribution: str) -> str | None:
@@ -39,16 +30,6 @@ def _version(distribution: str) -> str | None:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
         return None
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _memory_gb() -> float | None:

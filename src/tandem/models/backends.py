@@ -1,16 +1,17 @@
 """Backend registry: build a runner from a `RunnerSpec`, and attach its measured cost curve.
 
 Cost profiles are cached under `$TANDEM_HOME/profiles`, keyed by model file, backend, device,
-dtype and threads, so the profile is measured once per machine and refined while generating.
+dtype, threads, the CPU model and (llama.cpp) the CPU features its build uses, so the profile is
+measured once per machine and build (a cache carried to another CPU is measured again) and
+refined while generating.
 """
 
 import hashlib
 import json
 import os
 from dataclasses import dataclass, replace
-from typing import Callable
-
 from tandem.errors import TandemError
+from tandem.hardware import cpu_model, llama_cpp_features
 from tandem.models.cost import PROFILE_SIZES, CostModel, measure_cost
 from tandem.models.runner import ModelRunner
 from tandem.paths import profiles_dir
@@ -56,26 +57,13 @@ def _gpu_device() -> str | None:
     return "cuda:0" if torch.cuda.is_available() else None
 
 
-def _load_llamacpp(spec: RunnerSpec) -> ModelRunner:
-    from tandem.models.llamacpp_runner import LlamaCppRunner
-    from tandem.models.resolve import gguf_path
-
-    return LlamaCppRunner(str(gguf_path(spec.model)), spec.context_length, spec.threads)
-
-
-def _load_torch(spec: RunnerSpec) -> ModelRunner:
+def load_torch_runner(spec: RunnerSpec, profile: bool = True) -> ModelRunner:
+    """One sequence on transformers' model (the serial torch batch runner's slots)."""
     from tandem.models.resolve import hf_path
     from tandem.models.torch_runner import TorchRunner
 
-    return TorchRunner(str(hf_path(spec.model)), spec.device, spec.dtype, spec.threads)
-
-
-LOADERS: dict[str, Callable[[RunnerSpec], ModelRunner]] = {"llamacpp": _load_llamacpp, "torch": _load_torch}
-
-
-def load_runner(spec: RunnerSpec, profile: bool = True) -> ModelRunner:
     spec = spec.resolved()
-    runner = LOADERS[spec.backend](spec)
+    runner = TorchRunner(str(hf_path(spec.model)), spec.device, spec.dtype, spec.threads)
     runner.name = f"{spec.model} [{spec.backend}/{spec.device}/{_precision(spec)}]"
     if profile:
         runner.cost = cached_profile(spec, runner)
@@ -112,5 +100,6 @@ def cached_profile(spec: RunnerSpec, runner: ModelRunner, sizes: tuple[int, ...]
 def _profile_key(spec: RunnerSpec, runner: ModelRunner) -> str:
     threads = spec.threads or os.cpu_count()
     model = os.path.abspath(spec.model) if os.path.exists(spec.model) else spec.model
-    text = f"{model}|{spec.backend}|{spec.device}|{_precision(spec)}|{threads}|{spec.context_length}"
+    build = llama_cpp_features() if spec.backend == "llamacpp" else ""
+    text = f"{model}|{spec.backend}|{spec.device}|{_precision(spec)}|{threads}|{spec.context_length}|{cpu_model()}|{build}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -9,7 +9,7 @@ batches: the slow reference).
 import sys
 from typing import Callable
 
-from tandem.models.backends import RunnerSpec, cached_profile, load_runner
+from tandem.models.backends import RunnerSpec, cached_profile, load_torch_runner
 from tandem.models.batch_runner import BatchRunner, SerialBatchRunner, SlotView
 from tandem.models.cost import PROFILE_SIZES
 
@@ -31,7 +31,7 @@ def _load_llamacpp(spec: RunnerSpec, slots: int, cache_slots: int | None = None)
 def _load_torch(spec: RunnerSpec, slots: int, cache_slots: int | None = None) -> BatchRunner:
     if spec.torch_runner == "fused":
         return _load_torch_fused(spec, slots, cache_slots)
-    base = load_runner(spec)
+    base = load_torch_runner(spec)
     views = iter([base] + [base.fork() for _ in range(slots - 1)])
     return SerialBatchRunner(lambda: next(views), slots)
 
