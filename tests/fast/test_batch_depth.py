@@ -178,3 +178,15 @@ def test_a_batch_observed_dearer_than_its_profile_stops_drafting_copies():
     set_acceptance(p, "shared6", 0.7)
     ks = plan_ks(p, [DraftCandidate("shared6", 4, False) for _ in range(16)])
     assert sum(ks) <= 1  # a probe at most
+
+
+def test_a_reliable_copy_drafts_past_the_model_depth_limit_where_verification_is_cheap():
+    """A copy that keeps being accepted may draft up to COPY_K_MAX (64); a draft model with the
+    same acceptance stops at AUTO_K_MAX (16)."""
+    p = planner(GPU_LIKE, {1: 0.1, 64: 0.2})
+    set_acceptance(p, "follow3", 0.98)
+    set_acceptance(p, "model", 0.98)
+    [copy_k] = plan_ks(p, [DraftCandidate("follow3", 64, False)])
+    [model_k] = plan_ks(p, [DraftCandidate("model", 64, True)])
+    assert copy_k > 16 and model_k == 16
+    assert p.expected_accepted(DraftCandidate("follow3", 64, False)) > p.expected_accepted(DraftCandidate("model", 64, True))

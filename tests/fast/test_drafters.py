@@ -17,7 +17,7 @@ from tandem.speculation.drafters.base import DraftJob, DraftOffer, SequenceDraft
 from tandem.speculation.drafters.hybrid import HybridDrafter
 from tandem.speculation.drafters.lockstep import LocalDraftModel
 from tandem.speculation.drafters.model import ModelDrafter
-from tandem.speculation.drafters.ngram import NgramDrafter
+from tandem.speculation.drafters.ngram import NgramDrafter, find_ngram_match
 from tandem.speculation.drafters.registry import build_drafters, check_drafter
 
 VOCAB = 16
@@ -71,6 +71,40 @@ def test_ngram_offer_respects_the_limit_and_proposes_its_copy():
     offer = drafter.offer(seq, limit=8)
     (draft,) = drafter.propose_batch([DraftJob(seq, offer, 3)])
     assert (draft.source, draft.token_ids, draft.q_draft) == ("ngram2", [3, 4, 5], None)
+
+
+def test_a_copy_follows_its_source_where_a_fresh_lookup_would_jump_elsewhere():
+    """The answer copies the prompt from its start; the tail [2, 3] occurs twice in the prompt.
+    Once the emitted tokens confirm the alignment, the copy goes on from its own source (40, 8,
+    ...) as source "follow0", where the most recent match of the tail would say 50."""
+    prompt = [7, 1, 2, 3, 40, 8, 1, 2, 3, 50]
+    seq = sequence(prompt + [7, 1])
+    drafter = NgramDrafter(min_ngram=2, max_ngram=2)
+    first = drafter.offer(seq, limit=4)
+    assert (first.candidate.source, first.copy) == ("ngram2", (2, 3, 40, 8))
+    seq.tokens += [2, 3]  # one draft accepted, and the target's own token agrees with the source
+    followed = drafter.offer(seq, limit=4)
+    assert (followed.candidate.source, followed.copy) == ("follow0", (40, 8, 1, 2))
+    assert NgramDrafter(min_ngram=2, max_ngram=2).offer(seq, limit=4).copy[0] == 50  # a fresh lookup
+    seq.tokens += [40, 8, 1, 2, 3, 50, 7, 1]  # a long run later: the next bucket
+    assert drafter.offer(seq, limit=4).candidate.source == "follow1"
+    drafter.forget(seq)
+    assert not drafter.follows and not drafter.departed
+
+
+def test_after_an_edit_the_copy_rejoins_its_source_nearest_after_where_it_left():
+    """The answer (which already wrote 5, 6, 77) copies the prompt from [1, 2], departs from it
+    (an edit: 99 for 30), then rejoins with [5, 6]: of the two equally long matches, the one just
+    after the departure (31) wins over the most recent one (the answer's own 77)."""
+    seq = sequence([1, 2, 30, 5, 6, 31] + [5, 6, 77, 1, 2])
+    drafter = NgramDrafter(min_ngram=2, max_ngram=2)
+    assert drafter.offer(seq, limit=3).copy == (30, 5, 6)
+    seq.tokens += [99, 5, 6]
+    rejoined = drafter.offer(seq, limit=2)
+    assert (rejoined.candidate.source, rejoined.copy) == ("ngram2", (31, 5))
+    assert NgramDrafter(min_ngram=2, max_ngram=2).offer(seq, limit=2).copy == (77, 1)  # a fresh lookup
+    assert find_ngram_match([5, 6, 7, 5, 6, 8, 5, 6], 1, 2, 2).continuation == [8]
+    assert find_ngram_match([5, 6, 7, 5, 6, 8, 5, 6], 1, 2, 2, near=1).continuation == [7]
 
 
 def test_ngram_offer_falls_back_to_the_shared_store():

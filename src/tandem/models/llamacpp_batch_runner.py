@@ -8,8 +8,8 @@ positions in all; a slot's cache counts against it until rolled back.
 
 llama.cpp keeps a logits buffer as large as the most positions any call has asked logits for
 (vocab x 4 bytes each: 0.6 MB a position for Qwen2.5), and never shrinks it. So a call asks for
-at most `max_outputs` positions (every slot verifying the deepest auto draft; more are split into
-further calls), and the buffer is grown to that size at start: the memory a server will use is
+at most `max_outputs` positions (every slot verifying the deepest auto model draft, or one slot
+its deepest copy; more are split into further calls), and the buffer is grown to that size at start: the memory a server will use is
 reached when it starts, not at some busy minute later (a soak measured +6% RSS after warm-up from
 this buffer growing in steps).
 
@@ -43,7 +43,8 @@ from tandem.models.cost import CostModel
 DEFAULT_CONTEXT = 4096  # per sequence
 MAX_POOL_TOKENS = 32768  # KV cells shared by all slots
 BATCH_TOKENS = 512  # tokens per llama_decode call; longer inputs are split
-OUTPUTS_PER_SLOT = 17  # logits a slot's verify asks for: the deepest auto draft (16) plus the bonus
+OUTPUTS_PER_SLOT = 17  # logits a slot's verify asks for: the deepest auto model draft (16) plus the bonus
+LONGEST_ROUND = 65  # one slot's deepest auto copy (64, speculation/depth.py COPY_K_MAX) plus the bonus
 FLASH_TILE_ROWS = 64  # ggml's CPU flash attention tiles calls of this many positions or more (GGML_FA_TILE_Q)
 FEW_ROWS = 8  # items with fewer positions put more than 8 slots in a tile: scored apart (module notes)
 
@@ -115,7 +116,8 @@ class LlamaCppBatchRunner:
         self.vocab_size = int(self._llm.n_vocab())
         self.context_length = min(context_length, int(self._llm._model.n_ctx_train()))
         self.max_slots = max_slots
-        self.max_outputs = min(BATCH_TOKENS, max_slots * OUTPUTS_PER_SLOT)  # logits positions per call
+        # logits positions per call: every slot's model round, or one slot's longest copy round
+        self.max_outputs = min(BATCH_TOKENS, max(max_slots * OUTPUTS_PER_SLOT, LONGEST_ROUND))
         self.cost = CostModel()
         self.tile_rows = FLASH_TILE_ROWS  # bench-step sets BATCH_TOKENS + 1: every slot in one call
         self._lengths = [0] * self.cache_slots

@@ -35,7 +35,8 @@ time shared by all sources, unless it could not pay even at near-perfect accepta
 from dataclasses import dataclass, field, replace
 
 from tandem.models.cost import CostView
-from tandem.speculation.depth import AUTO_K_MAX, BEST_ACCEPTANCE, PROBE_BUDGET, AcceptanceEstimate, source_family
+from tandem.speculation.depth import (AUTO_K_MAX, BEST_ACCEPTANCE, COPY_K_MAX, PROBE_BUDGET, AcceptanceEstimate,
+                                      source_family)
 
 MIN_GAIN = 0.10  # drafting must be predicted to beat plain decoding by this share (estimates are noisy)
 STEP_OVERHEAD_MS = 1.0  # engine bookkeeping per step, refined from observation
@@ -76,7 +77,8 @@ class _Walk:
 class BatchDepthPlanner:
     target: CostView  # anything with .cost and .fused: a batch runner, or a view of a remote one
     draft: CostView | None = None
-    k_max: int = AUTO_K_MAX
+    k_max: int = AUTO_K_MAX  # deepest auto k of a draft model
+    copy_k_max: int = COPY_K_MAX  # and of a copy
     overhead_ms: float = STEP_OVERHEAD_MS
     estimates: dict[str, AcceptanceEstimate] = field(default_factory=dict)
     families: dict[str, AcceptanceEstimate] = field(default_factory=dict)  # pooled over match lengths
@@ -102,9 +104,14 @@ class BatchDepthPlanner:
 
     def expected_accepted(self, candidate: DraftCandidate) -> float:
         """Draft tokens a round of this candidate is expected to have accepted at its deepest:
-        a + a^2 + ... + a^n, a its source's acceptance, n its cap (at most k_max)."""
+        a + a^2 + ... + a^n, a its source's acceptance, n its cap (at most its depth limit)."""
         alpha = self.acceptance(candidate.source)
-        return sum(alpha**j for j in range(1, min(candidate.cap, self.k_max) + 1))
+        return sum(alpha**j for j in range(1, self.depth_limit(candidate) + 1))
+
+    def depth_limit(self, candidate: DraftCandidate) -> int:
+        """The deepest auto k for a candidate: its cap, within k_max for a draft model and
+        copy_k_max for a copy."""
+        return min(candidate.cap, self.k_max if candidate.uses_model else self.copy_k_max)
 
     def observe_overhead(self, overhead_ms: float) -> None:
         self.overhead_ms += 0.1 * (overhead_ms - self.overhead_ms)
@@ -194,7 +201,7 @@ class BatchDepthPlanner:
         gains = sorted(
             (-(alphas[i] ** j), j, i)
             for i, c in enumerate(candidates) if c.fixed_k is None
-            for j in range(1, min(c.cap, self.k_max) + 1)
+            for j in range(1, self.depth_limit(c) + 1)
         )
         best_score, best_rate, best_taken, taken = score(walk), base_rate, 0, []
         for negative_gain, j, i in gains:

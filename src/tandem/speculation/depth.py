@@ -2,7 +2,8 @@
 well each draft source does.
 
 `Depth` is parsed once at the edge (CLI, API, cluster file, bench) with `parse_depth`: `Auto()`
-lets the load-aware planner (speculation/batch_depth.py) choose k every step, up to AUTO_K_MAX;
+lets the load-aware planner (speculation/batch_depth.py) choose k every step, up to AUTO_K_MAX
+for a draft model and COPY_K_MAX for a copy;
 `Fixed(k)` always drafts k tokens (fewer only where the request or the context ends, or a copy
 is shorter), up to K_LIMIT, the one limit for a requested k everywhere.
 
@@ -16,7 +17,8 @@ from dataclasses import dataclass
 from tandem.errors import TandemError
 
 K_LIMIT = 64  # the deepest k a request may fix
-AUTO_K_MAX = 16  # the deepest k the planner chooses on its own
+AUTO_K_MAX = 16  # the deepest k the planner chooses on its own for a draft model
+COPY_K_MAX = K_LIMIT  # and for a copy (free to propose; a copy that holds may run for hundreds of tokens)
 PRIOR_ACCEPTANCE = 0.6  # for a draft model before any round is seen
 PRIOR_WEIGHT = 4.0  # pseudo-observations behind the prior
 DECAY = 0.97  # per-round forgetting of old acceptance evidence
@@ -70,8 +72,11 @@ def source_family(source: str) -> str:
 def prior_acceptance(source: str) -> float:
     """Before evidence: a draft model 0.6; a copy after a match of length n (from the context or
     the shared store), 0.3 + 0.06 n (<= 0.8); a suffix proposal whose first token followed its
-    match c tenths of the time, 0.1 + 0.08 c (<= 0.82)."""
+    match c tenths of the time, 0.1 + 0.08 c (<= 0.82); a copy still following its source after
+    bucket b of accepted tokens (drafters/ngram.py), 0.7 + 0.08 b (<= 0.94)."""
     family, length = source_family(source), source[len(source_family(source)):]
+    if family == "follow" and length.isdigit():
+        return min(0.7 + 0.08 * int(length), 0.94)
     if family in ("ngram", "shared") and length.isdigit():
         return min(0.3 + 0.06 * int(length), 0.8)
     if family == "suffix" and length.isdigit():

@@ -47,6 +47,10 @@ class HybridDrafter:
         suffix = suffix_offer(found, seq)
         return suffix if copy.candidate.cap == 0 else replace(copy, alternatives=(suffix,))
 
+    def forget(self, seq) -> None:
+        """seq left: its copy's alignment goes (the suffix drafter is the registry's own, told apart)."""
+        self.ngram.forget(seq)
+
     def propose_batch(self, jobs: list[DraftJob], keep_drafting=None) -> list[SequenceDraft]:
         by_model = [job for job in jobs if job.offer.uses_model]
         from_model = iter(self.model.propose_batch(by_model, keep_drafting))
