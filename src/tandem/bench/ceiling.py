@@ -3,7 +3,9 @@ input, were every draft the longest verbatim run of the answer found in the prom
 answer so far (an oracle: it knows the answer), each round priced on the target's measured
 verify curve. A plain suffix matcher (what followed the most recent earlier occurrence of the
 last SUFFIX_TOKENS tokens, at most SUFFIX_DRAFT of them) is priced the same way, for scale. Every later change to drafting is
-judged against the ceiling (`tandem bench-ceiling`, cli/bench_ceiling_cmd.py).
+judged against the ceiling (`tandem bench-ceiling`, cli/bench_ceiling_cmd.py). The long-run
+ceiling drafts only the oracle's runs of LONG_RUN tokens or more: the part of the ceiling a
+drafter that copies (and cannot know the answer) may hope to reach.
 
 A round drafts d tokens and scores d + 1 (the drafts and the token after the last accepted one),
 costing cost(d + 1); it emits its a accepted drafts and the target's own next token. The
@@ -16,7 +18,8 @@ from typing import Callable, Sequence
 
 SUFFIX_TOKENS = 3  # the suffix matcher's key length
 SUFFIX_DRAFT = 16  # and its longest draft (it cannot tell a long copy from a wrong one)
-MAX_DRAFT = 64  # the longest draft the oracle makes (the verify curve is measured up to here)
+MAX_DRAFT = 63  # the longest draft the oracle makes, as Tandem's (a round of 64 tokens, one flash-attention tile)
+LONG_RUN = 8  # the long-run ceiling drafts only the oracle's runs of at least this many tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +118,13 @@ def suffix_rounds(prompt: Sequence[int], answer: Sequence[int], max_draft: int =
 def rounds_ms(rounds: Sequence[Round], cost_ms: Callable[[int], float]) -> float:
     """Time of the rounds: each scores its drafts and one more token."""
     return sum(cost_ms(r.drafted + 1) for r in rounds)
+
+
+def long_run_ms(rounds: Sequence[Round], cost_ms: Callable[[int], float], min_run: int = LONG_RUN) -> float:
+    """Time of the oracle's rounds where only runs of at least min_run tokens are drafted and
+    the rest decoded one token a forward: what a copy drafter could reach, which cannot know
+    where the answer's short coincidences with its context (a word, a bracket) come from."""
+    return sum(cost_ms(r.drafted + 1) if r.drafted >= min_run else r.emitted * cost_ms(1) for r in rounds)
 
 
 def plain_ms(answer_tokens: int, cost_ms: Callable[[int], float]) -> float:

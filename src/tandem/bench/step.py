@@ -80,6 +80,11 @@ class _TileRows:
         self.runner.tile_rows = self.tile_rows
         return self.runner.forward_batch(items)
 
+    @property
+    def last_model_ms(self) -> float:
+        """Time inside llama_decode in the last forward (the rest: batch filling, logits copies)."""
+        return self.runner.last_model_ms
+
     def rollback(self, slot: int, length: int) -> None:
         self.runner.rollback(slot, length)
 

@@ -14,7 +14,8 @@ from tandem.errors import TandemError
 
 DEFAULT_WORKLOAD = Path(__file__).parent / "workloads" / "default.jsonl"
 LONG_WORKLOAD = Path(__file__).parent / "workloads" / "long_output.jsonl"
-NAMED_WORKLOADS = {"default": DEFAULT_WORKLOAD, "long": LONG_WORKLOAD}  # --prompts NAME or a path
+EDITS_WORKLOAD = Path(__file__).parent / "workloads" / "edits.jsonl"
+NAMED_WORKLOADS = {"default": DEFAULT_WORKLOAD, "long": LONG_WORKLOAD, "edits": EDITS_WORKLOAD}  # --prompts NAME or a path
 DEFAULT_CATEGORY = "uncategorised"
 
 

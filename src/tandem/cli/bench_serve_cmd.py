@@ -29,7 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--concurrency", default=DEFAULT_CONCURRENCY,
                         help=f"comma-separated client counts (default {DEFAULT_CONCURRENCY})")
     parser.add_argument("--prompts", default=str(DEFAULT_WORKLOAD),
-                        help="JSONL workload: a file, or default (the 100 prompts) | long (long answers) | "
+                        help="JSONL workload: a file, or default (the 100 prompts) | long (long answers) | edits (whole-file "
+                        "edits: one small change, the rest copied) | "
                         "multiturn (conversations resending their history: chat, agent loops, a shared system "
                         "prompt; --concurrency and --num-prompts do not apply)")
     parser.add_argument("--num-prompts", type=int, default=None,

@@ -85,7 +85,9 @@ def cached_profile(spec: RunnerSpec, runner: ModelRunner, sizes: tuple[int, ...]
     profiles of the same model loaded differently, e.g. a batched context)."""
     path = profiles_dir() / f"{_profile_key(spec, runner)}{variant}.json"
     if path.exists():
-        return CostModel.from_json(json.loads(path.read_text())["latency_ms"])
+        cached = CostModel.from_json(json.loads(path.read_text())["latency_ms"])
+        if set(sizes) <= set(cached.latency_ms):  # a profile of other sizes is measured again
+            return cached
     runner.forward([1] * PROFILE_BASE_LENGTH, num_logits=0)
     cost = measure_cost(runner.forward, runner.rollback, PROFILE_BASE_LENGTH, sizes)
     runner.reset()

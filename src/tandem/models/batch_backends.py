@@ -13,7 +13,11 @@ from tandem.models.backends import RunnerSpec, cached_profile, load_torch_runner
 from tandem.models.batch_runner import BatchRunner, SerialBatchRunner, SlotView
 from tandem.models.cost import PROFILE_SIZES
 
-BATCH_PROFILE_SIZES = PROFILE_SIZES + (24, 32, 48, 64)
+# 63 and 64 both: llama.cpp's CPU flash attention scores 64 query positions as one tile and
+# fewer position by position, so 64 tokens cost less than 63 (measured, 1.5B Q4 at 1,024 cached
+# tokens: 48 727 ms, 63 998 ms, 64 732 ms, 65 838 ms; docs/copy-ceiling.md): the planner must see
+# the dip to choose a 64-token round, and would not between 48 and 64 alone.
+BATCH_PROFILE_SIZES = PROFILE_SIZES + (24, 32, 48, 63, 64)
 
 
 def _load_llamacpp(spec: RunnerSpec, slots: int, cache_slots: int | None = None) -> BatchRunner:

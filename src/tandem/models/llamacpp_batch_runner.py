@@ -32,6 +32,7 @@ and the rest together (`plan_calls`). See docs/vs-llama-server.md for the measur
 
 import ctypes
 import os
+import time
 from typing import Sequence
 
 import numpy as np
@@ -44,7 +45,7 @@ DEFAULT_CONTEXT = 4096  # per sequence
 MAX_POOL_TOKENS = 32768  # KV cells shared by all slots
 BATCH_TOKENS = 512  # tokens per llama_decode call; longer inputs are split
 OUTPUTS_PER_SLOT = 17  # logits a slot's verify asks for: the deepest auto model draft (16) plus the bonus
-LONGEST_ROUND = 65  # one slot's deepest auto copy (64, speculation/depth.py COPY_K_MAX) plus the bonus
+LONGEST_ROUND = 64  # one slot's deepest auto copy (63, speculation/depth.py COPY_K_MAX) plus the bonus
 FLASH_TILE_ROWS = 64  # ggml's CPU flash attention tiles calls of this many positions or more (GGML_FA_TILE_Q)
 FEW_ROWS = 8  # items with fewer positions put more than 8 slots in a tile: scored apart (module notes)
 
@@ -121,6 +122,7 @@ class LlamaCppBatchRunner:
         self.cost = CostModel()
         self.tile_rows = FLASH_TILE_ROWS  # bench-step sets BATCH_TOKENS + 1: every slot in one call
         self._lengths = [0] * self.cache_slots
+        self.last_model_ms = 0.0  # time inside llama_decode in the last forward_batch (the rest is overhead)
         self._reserve_outputs()
 
     def _reserve_outputs(self) -> None:
@@ -172,12 +174,15 @@ class LlamaCppBatchRunner:
         """Score the items' tokens in the llama_decode calls `plan_calls` lays out."""
         outputs = [np.empty((item.num_logits, self.vocab_size), np.float32) for item in items]  # [num_logits, vocab]
         filled = [0] * len(items)
+        self.last_model_ms = 0.0
         for chunk in plan_calls(items, BATCH_TOKENS, self.max_outputs, self.tile_rows):
             owners = self._fill_batch(chunk)
+            start = time.perf_counter()
             try:
                 self._ctx.decode(self._batch)
             except RuntimeError as error:
                 raise KvPoolFullError(f"llama.cpp decode failed ({error}); the KV pool may be full") from None
+            self.last_model_ms += (time.perf_counter() - start) * 1000
             if owners:
                 logits = np.ctypeslib.as_array(self._ctx.get_logits(), shape=(len(owners) * self.vocab_size,))
                 rows = logits.reshape(len(owners), self.vocab_size)  # [flagged, vocab]: llama.cpp's buffer

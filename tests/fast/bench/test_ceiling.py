@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from tandem.bench.ceiling import (Round, _Source, longest_copy_run, oracle_rounds, plain_ms, rounds_ms,
+from tandem.bench.ceiling import (Round, _Source, long_run_ms, longest_copy_run, oracle_rounds, plain_ms, rounds_ms,
                                   suffix_draft, suffix_rounds)
 
 
@@ -96,3 +96,10 @@ def test_results_without_answer_texts_are_a_clear_error(tmp_path):
     results, level = _results(tmp_path, "", "")
     with pytest.raises(TandemError, match="no answer texts"):
         ceilings(results, level, CharTokenizer(), lambda n: 1.0, None)
+
+
+def test_the_long_run_ceiling_decodes_short_runs_plainly():
+    rounds = [Round(3, 3), Round(10, 10), Round(0, 0)]
+    cost = lambda n: 10.0 + n  # noqa: E731
+    assert long_run_ms(rounds, cost, min_run=8) == 4 * 11.0 + 21.0 + 11.0
+    assert long_run_ms(rounds, cost, min_run=1) == rounds_ms(rounds, cost)
