@@ -2,10 +2,11 @@
 input, were every draft the longest verbatim run of the answer found in the prompt or in the
 answer so far (an oracle: it knows the answer), each round priced on the target's measured
 verify curve. A plain suffix matcher (what followed the most recent earlier occurrence of the
-last SUFFIX_TOKENS tokens, at most SUFFIX_DRAFT of them) is priced the same way, for scale. Every later change to drafting is
-judged against the ceiling (`tandem bench-ceiling`, cli/bench_ceiling_cmd.py). The long-run
-ceiling drafts only the oracle's runs of LONG_RUN tokens or more: the part of the ceiling a
-drafter that copies (and cannot know the answer) may hope to reach.
+last SUFFIX_TOKENS tokens, at most SUFFIX_DRAFT of them) is priced the same way, for scale.
+Every later change to drafting is judged against the ceiling (`tandem bench-ceiling`,
+cli/bench_ceiling_cmd.py). The long-run ceiling drafts only the oracle's runs of LONG_RUN
+tokens or more: the part of the ceiling a drafter that copies (and cannot know the answer) may
+hope to reach.
 
 A round drafts d tokens and scores d + 1 (the drafts and the token after the last accepted one),
 costing cost(d + 1); it emits its a accepted drafts and the target's own next token. The

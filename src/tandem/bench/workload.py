@@ -15,7 +15,8 @@ from tandem.errors import TandemError
 DEFAULT_WORKLOAD = Path(__file__).parent / "workloads" / "default.jsonl"
 LONG_WORKLOAD = Path(__file__).parent / "workloads" / "long_output.jsonl"
 EDITS_WORKLOAD = Path(__file__).parent / "workloads" / "edits.jsonl"
-NAMED_WORKLOADS = {"default": DEFAULT_WORKLOAD, "long": LONG_WORKLOAD, "edits": EDITS_WORKLOAD}  # --prompts NAME or a path
+# --prompts NAME, or a path
+NAMED_WORKLOADS = {"default": DEFAULT_WORKLOAD, "long": LONG_WORKLOAD, "edits": EDITS_WORKLOAD}
 DEFAULT_CATEGORY = "uncategorised"
 
 

@@ -11,8 +11,9 @@ cells). `evict_idle` does so for the slots free for IDLE_STEPS engine steps whil
 llama.cpp's unified pool every running sequence's attention spans the used cells, so an idle
 cache slows every step (llama-server moves idle slots to host memory likewise), while a
 conversation's next turn arriving at once still extends its slot in place; a paged pool
-(torch's fused runner, `idle_caches_slow_steps = False`) keeps idle caches until it needs room. The draft model's
-slot follows the target's: copied from the same donor, saved and restored with it.
+(torch's fused runner, `idle_caches_slow_steps = False`) keeps idle caches until it needs room.
+The draft model's slot follows the target's: copied from the same donor, saved and restored
+with it.
 """
 
 from typing import Callable

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, replace
+
 from tandem.errors import TandemError
 from tandem.hardware import cpu_model, llama_cpp_features
 from tandem.models.cost import PROFILE_SIZES, CostModel, measure_cost

@@ -9,9 +9,9 @@ positions in all; a slot's cache counts against it until rolled back.
 llama.cpp keeps a logits buffer as large as the most positions any call has asked logits for
 (vocab x 4 bytes each: 0.6 MB a position for Qwen2.5), and never shrinks it. So a call asks for
 at most `max_outputs` positions (every slot verifying the deepest auto model draft, or one slot
-its deepest copy; more are split into further calls), and the buffer is grown to that size at start: the memory a server will use is
-reached when it starts, not at some busy minute later (a soak measured +6% RSS after warm-up from
-this buffer growing in steps).
+its deepest copy; more are split into further calls), and the buffer is grown to that size at
+start: the memory a server will use is reached when it starts, not at some busy minute later (a
+soak measured +6% RSS after warm-up from this buffer growing in steps).
 
 Attention is llama.cpp's flash attention: llama.cpp's default (llama-server's too) picks it where
 the device has it, as CPUs do; llama-cpp-python turns it off. In a unified cache each token's
