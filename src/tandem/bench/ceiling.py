@@ -17,6 +17,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from tandem.speculation.drafters.ngram import find_ngram_match
+
 SUFFIX_TOKENS = 3  # the suffix matcher's key length
 SUFFIX_DRAFT = 16  # and its longest draft (it cannot tell a long copy from a wrong one)
 MAX_DRAFT = 63  # the longest draft the oracle makes, as Tandem's (a round of 64 tokens, one flash-attention tile)
@@ -64,20 +66,6 @@ def longest_copy_run(source: Sequence[int], positions: dict[int, list[int]], wan
     return best
 
 
-def suffix_draft(source: Sequence[int], positions: dict[int, list[int]], limit: int) -> list[int]:
-    """What followed the most recent earlier occurrence of source's last SUFFIX_TOKENS tokens."""
-    if len(source) <= SUFFIX_TOKENS or limit < 1:
-        return []
-    key = list(source[-SUFFIX_TOKENS:])
-    end = len(source) - SUFFIX_TOKENS  # an occurrence must start before the key itself
-    for start in reversed(positions.get(key[0], ())):
-        if start >= end or list(source[start:start + SUFFIX_TOKENS]) != key:
-            continue
-        follow = start + SUFFIX_TOKENS
-        return list(source[follow:min(follow + limit, len(source))])
-    return []
-
-
 def _rounds(prompt: Sequence[int], answer: Sequence[int], propose) -> list[Round]:
     source = _Source(prompt)
     if answer:
@@ -107,7 +95,9 @@ def suffix_rounds(prompt: Sequence[int], answer: Sequence[int], max_draft: int =
     """Each round drafts what followed the last SUFFIX_TOKENS tokens' most recent earlier
     occurrence; the drafts agreeing with the answer are accepted."""
     def propose(source: _Source, rest: Sequence[int], limit: int) -> tuple[int, int]:
-        draft = suffix_draft(source.tokens, source.positions, min(limit, max_draft, SUFFIX_DRAFT))
+        # what followed the most recent earlier occurrence of the last SUFFIX_TOKENS tokens
+        match = find_ngram_match(source.tokens, min(limit, max_draft, SUFFIX_DRAFT), SUFFIX_TOKENS, SUFFIX_TOKENS)
+        draft = match.continuation if match is not None else []
         accepted = 0
         while accepted < len(draft) and draft[accepted] == rest[accepted]:
             accepted += 1

@@ -186,11 +186,19 @@ class BatchEngine(SequencePool):
         pool = getattr(self.target, "pool_tokens", None)
         if pool is None:
             return True
+        self._evict_retained(new_tokens, pool)
+        return self._kv_needed(new_tokens) <= pool or not self.running
+
+    def _evict_retained(self, new_tokens: int, pool: int, at_least: int = 0) -> int:
+        """Evict free slots' caches, least recently used first, until the running sequences'
+        caches, `new_tokens` and headroom fit the pool (and at least `at_least` went); how many went."""
+        evicted = 0
         for slot in self.slots.retained_slots():
-            if self._kv_needed(new_tokens) <= pool:
+            if evicted >= at_least and self._kv_needed(new_tokens) <= pool:
                 break
             self.prompt_cache.evict(slot)
-        return self._kv_needed(new_tokens) <= pool or not self.running
+            evicted += 1
+        return evicted
 
     def _kv_needed(self, new_tokens: int) -> int:
         pending = sum(len(seq.unprefilled) for seq in self.running.values())  # prompts not yet cached
@@ -333,13 +341,7 @@ class BatchEngine(SequencePool):
         again)."""
         for seq in seqs:
             self.target.rollback(seq.slot, len(seq.tokens) - 1 - len(seq.unprefilled))
-        retained = self.slots.retained_slots()
-        pool = getattr(self.target, "pool_tokens", 0)
-        for count, slot in enumerate(retained):
-            if count and self._kv_needed(0) <= pool:
-                break
-            self.prompt_cache.evict(slot)
-        if retained or len(self.running) < 2:
+        if self._evict_retained(0, getattr(self.target, "pool_tokens", 0), at_least=1) or len(self.running) < 2:
             return
         youngest = list(self.running.values())[-1]
         self.running.pop(youngest.seq_id)

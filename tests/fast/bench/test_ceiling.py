@@ -7,7 +7,8 @@ import random
 import pytest
 
 from tandem.bench.ceiling import (Round, _Source, long_run_ms, longest_copy_run, oracle_rounds, plain_ms, rounds_ms,
-                                  suffix_draft, suffix_rounds)
+                                  suffix_rounds)
+from tandem.speculation.drafters.ngram import find_ngram_match
 
 
 def brute_longest(source, wanted, limit):
@@ -46,8 +47,8 @@ def test_an_answer_sharing_nothing_decodes_one_token_a_round():
 
 
 def test_the_suffix_matcher_follows_the_last_occurrence_of_its_key():
-    source = _Source([1, 2, 3, 9, 9, 1, 2, 3, 5, 6, 1, 2, 3])
-    assert suffix_draft(source.tokens, source.positions, 4) == [5, 6, 1, 2]  # the later of two occurrences
+    source = [1, 2, 3, 9, 9, 1, 2, 3, 5, 6, 1, 2, 3]
+    assert find_ngram_match(source, 4, 3, 3).continuation == [5, 6, 1, 2]  # the later of two occurrences
     rounds = suffix_rounds([1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 4, 5, 8])
     assert sum(r.emitted for r in rounds) == 6
     assert any(r.accepted > 0 for r in rounds) and all(r.accepted <= r.drafted for r in rounds)

@@ -1,6 +1,6 @@
 """One look at a server during a soak, read from its /metrics: memory, file descriptors, threads,
-KV slots held, the engine's queue, and the prompt cache's host-tier bytes. A server without one of these metrics (not Tandem, or an
-older one) reads None for it rather than failing the soak."""
+KV slots held, the engine's queue, and the prompt cache's host-tier bytes. A server without one
+of these metrics (not Tandem, or an older one) reads None for it rather than failing the soak."""
 
 from dataclasses import asdict, dataclass
 

@@ -96,10 +96,7 @@ class FusedTorchRunner:
 
     def save_state(self, slot: int) -> bytes:
         """The slot's cached keys and values, every layer, as bytes in host memory."""
-        rows = torch.tensor(self.blocks.rows(slot, 0, self.blocks.length(slot)), dtype=torch.long,
-                            device=self.device)  # [length]
-        pools = (*self.cache.keys, *self.cache.values)
-        state = torch.stack([pool[rows] for pool in pools])  # [2 * layers, length, kv_heads, head_dim]
+        state = self.cache.read_rows(self._rows(slot, self.blocks.length(slot)))  # [2 * layers, length, heads, dim]
         return state.cpu().contiguous().view(torch.uint8).numpy().tobytes()
 
     def restore_state(self, slot: int, state: bytes, length: int) -> bool:
@@ -111,15 +108,16 @@ class FusedTorchRunner:
         if self.blocks.blocks_needed(slot, length) > self.blocks.num_free:
             return False
         self.blocks.prepare_write(slot, length)
-        rows = torch.tensor(self.blocks.rows(slot, 0, length), dtype=torch.long, device=self.device)  # [length]
-        pools = (*self.cache.keys, *self.cache.values)
-        shape = (len(pools), length, *pools[0].shape[1:])
-        saved = torch.frombuffer(bytearray(state), dtype=torch.uint8).view(pools[0].dtype).view(shape)
-        saved = saved.to(self.device)  # [2 * layers, length, kv_heads, head_dim]
-        for pool, rows_state in zip(pools, saved):
-            pool.index_copy_(0, rows, rows_state)
+        pool = self.cache.keys[0]  # [rows, kv_heads, head_dim]
+        shape = (2 * len(self.cache.keys), length, *pool.shape[1:])
+        saved = torch.frombuffer(bytearray(state), dtype=torch.uint8).view(pool.dtype).view(shape)
+        self.cache.write_rows(self._rows(slot, length), saved.to(self.device))
         self.blocks.advance(slot, length)
         return True
+
+    def _rows(self, slot: int, length: int) -> torch.Tensor:
+        """Pool rows of the slot's positions 0..length-1: [length]."""
+        return torch.tensor(self.blocks.rows(slot, 0, length), dtype=torch.long, device=self.device)
 
     def forward_batch(self, items: Sequence[BatchItem]) -> list[torch.Tensor]:
         """Per item, float32 logits [num_logits, vocab] on the device, in the order of `items`."""

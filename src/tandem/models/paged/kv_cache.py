@@ -25,6 +25,15 @@ class PagedKvCache:
         """rows [n, context] -> keys, values [n, context, kv_heads, head_dim]."""
         return self.keys[layer][rows], self.values[layer][rows]
 
+    def read_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows [n] -> every layer's keys, then values, at those rows: [2 * layers, n, kv_heads, head_dim]."""
+        return torch.stack([pool[rows] for pool in (*self.keys, *self.values)])
+
+    def write_rows(self, rows: torch.Tensor, state: torch.Tensor) -> None:
+        """The inverse of read_rows: state [2 * layers, n, kv_heads, head_dim] into rows [n]."""
+        for pool, pool_state in zip((*self.keys, *self.values), state):
+            pool.index_copy_(0, rows, pool_state)
+
     def copy_blocks(self, copies: list[tuple[int, int]], block_size: int) -> None:
         """Copy-on-write: each (source, destination) block's rows, in every layer."""
         if not copies:

@@ -43,16 +43,23 @@ def follow_source(run: int) -> str:
     return f"follow{sum(run >= edge for edge in FOLLOW_BUCKETS)}"
 
 
+def agreed(follow: Follow, tokens: Sequence[int]) -> int:
+    """How many of the tokens emitted since `follow` was made are what its source says."""
+    count = 0
+    while (follow.length + count < len(tokens) and follow.position + count < len(tokens)
+           and tokens[follow.length + count] == tokens[follow.position + count]):
+        count += 1
+    return count
+
+
 def advance(follow: Follow | None, tokens: Sequence[int]) -> Follow | None:
     """The alignment after the tokens emitted since it was made, if they are what its source
     said (None where they departed from it)."""
     if follow is None:
         return None
     grown = len(tokens) - follow.length
-    if grown < 0:
-        return None
     end = follow.position + grown
-    if end >= len(tokens) or list(tokens[follow.length:]) != list(tokens[follow.position:end]):
+    if grown < 0 or end >= len(tokens) or agreed(follow, tokens) < grown:
         return None
     return Follow(len(tokens), end, follow.run + grown)
 
@@ -104,15 +111,6 @@ def _distance(position: int, near: int | None) -> int:
     return position - near if position >= near else (1 << 30) + near - position
 
 
-def departure(follow: Follow, tokens: Sequence[int]) -> int:
-    """The source position where the tokens emitted since `follow` stopped agreeing with it."""
-    agreed = 0
-    while (follow.length + agreed < len(tokens) and follow.position + agreed < len(tokens)
-           and tokens[follow.length + agreed] == tokens[follow.position + agreed]):
-        agreed += 1
-    return follow.position + agreed
-
-
 class NgramDrafter:
     name = "ngram"
     uses_model = False
@@ -132,7 +130,7 @@ class NgramDrafter:
             self.follows[seq.seq_id] = follow
             return _copy_offer(follow_source(follow.run), list(tokens[follow.position: follow.position + limit]), seq)
         if previous is not None and follow is None:
-            self.departed[seq.seq_id] = departure(previous, tokens)
+            self.departed[seq.seq_id] = previous.position + agreed(previous, tokens)  # where it left
         found = _ngram_match_end(tokens, self.min_ngram, self.max_ngram, self.departed.get(seq.seq_id))
         if found is not None and found[1] + 1 < len(tokens):
             length, end = found
