@@ -3,13 +3,18 @@ scores exactly as the state saved, and outputs through resident slots, copies an
 equal the cold prefill's (but for measured near-ties), with the host tier inside its byte budget
 throughout. fp32 torch (the fused runner): resident blocks and host restores, token for token."""
 
+import sys
+
 import numpy as np
 import pytest
 
 from real_support import MAX_TOKENS, NEAR_TIE_LOGITS, first_divergence, greedy_alone, logit_gap
 from tandem.engine.batch_engine import BatchEngine
-from tandem.engine.host_cache import HostPromptCache
+from tandem.engine.build import EngineConfig, disk_model_key
+from tandem.engine.disk_cache import DiskPromptCache
+from tandem.engine.host_cache import HostEntry, HostPromptCache
 from tandem.engine.request import GenerationRequest
+from tandem.models.backends import RunnerSpec
 from tandem.models.batch_runner import BatchItem, SlotView
 from tandem.models.llamacpp_batch_runner import LlamaCppBatchRunner
 
@@ -33,6 +38,30 @@ def test_a_restored_state_gives_the_logits_of_the_state_saved(small_gguf, chat_p
     assert model.num_cached_tokens(2) == len(prompt)
     restored_logits = model.forward_batch([BatchItem(2, (prompt[-1],), 1)])[0]
     assert np.array_equal(saved_logits, restored_logits)
+
+
+def test_a_state_from_the_disk_tier_gives_a_new_process_the_logits_saved(small_gguf, chat_prompt_ids, tmp_path):
+    """A slot's state written to disk under the model's key (its file's checksum, backend and
+    llama.cpp build) and read back into a fresh runner, as after a restart, scores exactly as
+    the state saved; another model's key finds nothing."""
+    key = disk_model_key(EngineConfig(RunnerSpec(small_gguf, backend="llamacpp"), drafter="ngram"), with_draft=False)
+    model = runner(small_gguf)
+    prompt = list(chat_prompt_ids[0])
+    model.forward_batch([BatchItem(0, tuple(prompt), 0)])
+    written = DiskPromptCache(tmp_path, 1 << 30, key)
+    assert written.put(HostEntry(tuple(prompt), model.save_state(0)), key)
+    written.close()
+    saved_logits = model.forward_batch([BatchItem(0, (prompt[-1],), len(prompt))])[0]  # [1, vocab]
+
+    disk = DiskPromptCache(tmp_path, 1 << 30, key)
+    entry = disk.load(disk.lookup(prompt, key))
+    fresh = runner(small_gguf)
+    assert fresh.restore_state(1, entry.target_state, len(entry.tokens))
+    restored_logits = fresh.forward_batch([BatchItem(1, (prompt[-1],), len(prompt))])[0]
+    assert np.array_equal(saved_logits, restored_logits)
+    other_key = disk_model_key(EngineConfig(RunnerSpec(small_gguf, backend="torch", device="cpu"), drafter="ngram"),
+                               with_draft=False)
+    assert DiskPromptCache(tmp_path, 1 << 30, other_key).lookup(prompt, other_key) is None
 
 
 def test_a_state_too_large_for_the_pool_is_refused_and_leaves_the_slot_empty(small_gguf):
@@ -179,3 +208,41 @@ def test_an_idle_finished_cache_moves_to_the_host_tier_and_comes_back(small_gguf
     outputs = _run(engine, [("again", again)], host)
     assert engine.prompt_cache.host_restores == 1
     _compare_with_cold(small_gguf, [("again", again)], outputs)
+
+
+def test_a_restarted_server_finds_the_conversation_on_disk(small_gguf, tmp_path):
+    """`tandem serve --cache-dir`: a conversation's first turn, then SIGTERM (the free slot's
+    caches are written on the way out); a new server process on the same folder answers the
+    second turn with the history counted as cached (usage.prompt_tokens_details) and the same
+    answer the first server gave it."""
+    import signal
+
+    from serve_support import start_server
+
+    command = [sys.executable, "-m", "tandem.cli.main", "serve", "--target", "smollm2-135m-instruct", "--drafter", "ngram",
+               "--backend", "llamacpp", "--threads", "2", "--port", "0", "--cache", "off",
+               "--cache-dir", str(tmp_path), "--grace-seconds", "5"]
+    history = [{"role": "user", "content": "Explain what a hash table is, in detail, with an example. " * 6}]
+
+    def ask(server, messages):
+        return server.client().chat.completions.create(model="smollm2-135m-instruct", messages=messages,
+                                                       max_tokens=16, temperature=0)
+
+    first = start_server(command)
+    try:
+        answer = ask(first, history)
+        history += [{"role": "assistant", "content": answer.choices[0].message.content},
+                    {"role": "user", "content": "Now in one sentence."}]
+        before = ask(first, history)
+        first.process.send_signal(signal.SIGTERM)
+        assert first.process.wait(60) == 0
+    finally:
+        first.stop()
+    assert list(tmp_path.rglob("*.tkv")), "nothing was written to the disk tier"
+    second = start_server(command)
+    try:
+        after = ask(second, history)
+    finally:
+        second.stop()
+    assert after.usage.prompt_tokens_details.cached_tokens >= answer.usage.prompt_tokens
+    assert after.choices[0].message.content == before.choices[0].message.content

@@ -30,6 +30,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="host memory for the prompt cache's evicted KV states, e.g. 8G, 512M or a number of "
                        "MiB (llama-server's option); 0 turns it off (default: 8 GiB or a quarter of the RAM, "
                        "printed at start-up; llama.cpp backend)")
+    group.add_argument("--cache-dir", default=None,
+                       help="folder for the prompt cache's disk tier: evicted and finished conversations' KV "
+                       "states, kept across restarts and keyed by the model files' checksums (default: off)")
+    group.add_argument("--cache-disk", default=None,
+                       help="disk space the disk tier may use, e.g. 16G or a number of MiB (default: 16 GiB or "
+                       "a quarter of the free space, printed at start-up)")
     group.add_argument("--otlp-endpoint", default=None, help="OTLP/HTTP trace collector, e.g. http://localhost:4318")
     group.add_argument("--alert-threshold", default="0.6", help="acceptance rate that raises a dashboard alert")
     group.add_argument("--grace-seconds", default="10", help="on SIGTERM, time in-flight requests get to finish")
@@ -69,6 +75,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     settings = serve_settings(args)
     cluster = cluster_options(args)
+    if cluster is not None and (args.cache_dir is not None or args.cache_ram is not None):
+        raise TandemError("--cache-ram and --cache-dir size one process's prompt cache; a cluster's "
+                          "replicas keep their own (leave them out with --cluster)")
     config = engine_config(args) if cluster is None else cluster_engine_config(cluster, args)
     from tandem.serve.server import serve  # fastapi, uvicorn and the models: only when serving
 
@@ -132,6 +141,8 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         protect_metrics=args.protect_metrics,
         log_requests=args.log_requests,
         cache_ram_bytes=None if args.cache_ram is None else parse_cache_ram(args.cache_ram),
+        cache_dir=args.cache_dir,
+        cache_disk_bytes=None if args.cache_disk is None else parse_cache_ram(args.cache_disk),
     )
 
 

@@ -9,7 +9,7 @@ sequences' rounds come first, and prompts are scored in chunks, oldest first, in
 leave, so a long prompt joining does not stall the running streams. A step
 1. admits waiting requests into free slots, reusing the longest cached prompt prefix: in a
    running or a resident finished sequence's slot (copied where the runner shares cells), or
-   restored from the host tier (engine/host_cache.py); what their slot lacks of the prompt is
+   restored from the host or disk tier (engine/host_cache.py, disk_cache.py); what their slot lacks of the prompt is
    `unprefilled`,
 2. splits the running sequences: those verifying a round (decoding ones, and prefilling ones
    whose remaining prompt fits the budget left: it is scored in front of their round) and those
@@ -33,6 +33,7 @@ import time
 from dataclasses import replace
 
 from tandem.engine.events import SequenceUpdate, StepReport
+from tandem.engine.disk_cache import DiskPromptCache
 from tandem.engine.host_cache import HostPromptCache
 from tandem.engine.prompt_cache import PromptCache
 from tandem.engine.sequence import Sequence
@@ -74,7 +75,7 @@ class BatchEngine(SequencePool):
     def __init__(self, target: BatchRunner, draft: BatchRunner | None = None, drafter: str = "hybrid",
                  depth: "Depth | str | int" = Auto(), ngram_store=None, max_running: int | None = None,
                  drafters: dict[str, Drafter] | None = None, step_token_budget: int = STEP_TOKEN_BUDGET,
-                 host_cache: HostPromptCache | None = None):
+                 host_cache: HostPromptCache | None = None, disk_cache: DiskPromptCache | None = None):
         check_step_token_budget(step_token_budget)
         self.draft_model = LocalDraftModel(draft) if draft is not None else None
         super().__init__(drafters or build_drafters(self.draft_model, ngram_store), ngram_store)
@@ -86,7 +87,7 @@ class BatchEngine(SequencePool):
         self.context_length = target.context_length
         self.step_token_budget = step_token_budget
         self.planner = BatchDepthPlanner(target, draft)
-        self.prompt_cache = PromptCache(target, draft, host_cache)
+        self.prompt_cache = PromptCache(target, draft, host_cache, disk_cache)
         self.slots = self.prompt_cache.slots
         self.kv_tight = False  # the pool overflowed since a sequence last finished: admit nothing
 
@@ -100,6 +101,14 @@ class BatchEngine(SequencePool):
     @property
     def host_cache_bytes(self) -> int:
         return self.prompt_cache.host_bytes
+
+    @property
+    def disk_cache_bytes(self) -> int:
+        return self.prompt_cache.disk_bytes
+
+    def close(self) -> None:
+        """After the last step: the free slots' caches go to the disk tier, if there is one."""
+        self.prompt_cache.close()
 
     def clear_caches(self) -> None:
         """Forget every retained prompt cache, host tier included (a benchmark starts each

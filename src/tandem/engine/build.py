@@ -7,10 +7,13 @@ tokenizer checked) and the batching engine over them.
 from dataclasses import dataclass
 
 from tandem.engine.batch_engine import STEP_TOKEN_BUDGET, BatchEngine, check_step_token_budget
+from tandem.engine.disk_cache import DiskPromptCache, default_cache_disk_bytes
 from tandem.engine.host_cache import HostPromptCache, default_cache_ram_bytes
 from tandem.errors import TandemError
-from tandem.models.backends import RunnerSpec
+from tandem.hardware import llama_cpp_features
+from tandem.models.backends import RunnerSpec, precision_of
 from tandem.models.batch_backends import load_batch_runner
+from tandem.models.checksum import model_checksum
 from tandem.models.resolve import tokenizer_path
 from tandem.speculation.depth import Auto, Depth, parse_depth
 from tandem.speculation.drafters.registry import USES_MODEL, check_drafter
@@ -46,9 +49,12 @@ class EngineConfig:
 
 
 def build_engine(config: EngineConfig, max_running: int = DEFAULT_MAX_RUNNING, ngram_store=None,
-                 cache_ram_bytes: int | None = None) -> BatchEngine:
+                 cache_ram_bytes: int | None = None, cache_dir: str | None = None,
+                 cache_disk_bytes: int | None = None) -> BatchEngine:
     """cache_ram_bytes: the host tier of the prompt cache (None: default_cache_ram_bytes(); 0: off;
-    runners that cannot save a slot's state, torch's serial one, have none)."""
+    runners that cannot save a slot's state, torch's serial one, have none). cache_dir: the disk
+    tier's folder (None: no disk tier), holding up to cache_disk_bytes (None:
+    default_cache_disk_bytes())."""
     if not 1 <= max_running <= 64:
         raise TandemError(f"max running sequences must be between 1 and 64, got {max_running}")
     cache_slots = max_running * (1 + RESIDENT_PER_RUNNING.get(config.target.resolved().backend, 0))
@@ -59,8 +65,32 @@ def build_engine(config: EngineConfig, max_running: int = DEFAULT_MAX_RUNNING, n
         draft = load_batch_runner(config.draft, max_running, cache_slots)
     target = load_batch_runner(config.target, max_running, cache_slots)
     host_cache = _host_cache(target, draft, cache_ram_bytes)
+    disk_cache = None
+    if cache_dir is not None and host_cache is not None:
+        capacity = default_cache_disk_bytes(cache_dir) if cache_disk_bytes is None else cache_disk_bytes
+        disk_cache = DiskPromptCache(cache_dir, capacity, disk_model_key(config, draft is not None))
     return BatchEngine(target, draft, config.drafter, config.k, ngram_store, max_running,
-                       step_token_budget=config.step_token_budget, host_cache=host_cache)
+                       step_token_budget=config.step_token_budget, host_cache=host_cache,
+                       disk_cache=disk_cache)
+
+
+def disk_model_key(config: EngineConfig, with_draft: bool) -> str:
+    """What a disk-tier state belongs to: each model's content checksum, backend, device and
+    precision, and for llama.cpp its build (a state is only restored where the same kernels
+    computed it). Threads and slot counts are left out: they do not change a state."""
+    specs = [config.target] + ([config.draft] if with_draft else [])
+    parts = []
+    for spec in (spec.resolved() for spec in specs):
+        build = f"{_llama_cpp_version()} {llama_cpp_features()}" if spec.backend == "llamacpp" else ""
+        parts.append(f"{model_checksum(spec.model)}|{spec.backend}|{spec.device}|"
+                     f"{precision_of(spec.backend, spec.dtype)}|{build}")
+    return " + ".join(parts)
+
+
+def _llama_cpp_version() -> str:
+    import llama_cpp
+
+    return llama_cpp.__version__
 
 
 def _host_cache(target, draft, cache_ram_bytes: int | None) -> HostPromptCache | None:

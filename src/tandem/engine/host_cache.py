@@ -8,10 +8,7 @@ cells), the runner's per-sequence state (llama.cpp's `llama_state_seq_get_data`:
 cells, target and draft) is copied here; admission restores the entry sharing the longest
 prefix with the new prompt where that beats what the slots hold.
 
-Entries are found through a block-hash chain: the hash of block i covers every token up to the
-end of block i (BLOCK tokens a block), so a prompt's hashes, looked up in order, stop at the
-deepest block some entry shares; the exact common prefix is then counted against that entry's
-tokens (which also rules out a hash collision). Bounded by bytes, evicted least recently used
+Entries are found through a block-hash chain (engine/prefix_index.py). Bounded by bytes, evicted least recently used
 first; an entry larger than the whole budget is not kept. Every entry carries the model key of
 the runners that saved it, and a cache answers only lookups made with its own key: a state is
 never restored into another model (or another tokenizer's token ids).
@@ -22,10 +19,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
+from tandem.engine.prefix_index import BLOCK, PrefixIndex
 from tandem.memory_size import parse_memory
-from tandem.token_ids import common_prefix
 
-BLOCK = 16  # tokens per hashed block; a match shorter than this is not found (nor worth a restore)
 DEFAULT_MAX_BYTES = 8 << 30  # llama-server's --cache-ram default (8 GiB), or a quarter of the RAM if less
 
 
@@ -65,15 +61,6 @@ class HostMatch:
     common: int  # leading tokens the entry shares with the prompt looked up
 
 
-def block_hashes(tokens: Sequence[int]) -> list[int]:
-    """One hash per whole block of tokens, each covering every token before its block's end."""
-    hashes, running = [], 0
-    for end in range(BLOCK, len(tokens) + 1, BLOCK):
-        running = hash((running, tuple(tokens[end - BLOCK:end])))
-        hashes.append(running)
-    return hashes
-
-
 class HostPromptCache:
     def __init__(self, capacity_bytes: int, model_key: str):
         if capacity_bytes < 0:
@@ -84,7 +71,7 @@ class HostPromptCache:
         self.saved = 0  # entries ever stored
         self.evicted = 0  # entries dropped for room
         self._entries: OrderedDict[int, HostEntry] = OrderedDict()  # least recently used first
-        self._by_block: dict[int, set[int]] = {}  # block-chain hash -> entry ids holding that prefix
+        self._index: PrefixIndex[int] = PrefixIndex()
         self._next_id = 0
 
     def __len__(self) -> int:
@@ -92,19 +79,9 @@ class HostPromptCache:
 
     def lookup(self, tokens: Sequence[int], model_key: str) -> HostMatch | None:
         """The entry sharing the longest prefix (at least one block) with tokens, or None."""
-        if model_key != self.model_key or not self._entries:
+        if model_key != self.model_key:
             return None
-        candidates: set[int] = set()
-        for block_hash in block_hashes(tokens):
-            deeper = self._by_block.get(block_hash)
-            if not deeper:
-                break
-            candidates = deeper
-        best = None
-        for entry_id in candidates:
-            common = common_prefix(self._entries[entry_id].tokens, tokens)
-            if common >= BLOCK and (best is None or common > best[1]):
-                best = (entry_id, common)
+        best = self._index.longest(tokens)
         if best is None:
             return None
         self._entries.move_to_end(best[0])
@@ -120,17 +97,16 @@ class HostPromptCache:
         belongs to another model). An entry whose tokens all begin the new one's is replaced."""
         if model_key != self.model_key or entry.nbytes > self.capacity_bytes or len(entry.tokens) < BLOCK:
             return False
-        match = self.lookup(entry.tokens, model_key)
-        if match is not None and match.common == len(match.entry.tokens):
-            self._remove(next(i for i, e in self._entries.items() if e is match.entry))
+        superseded = self._index.extended_by(entry.tokens)
+        if superseded is not None:
+            self._remove(superseded)
         while self.nbytes + entry.nbytes > self.capacity_bytes:
             self._remove(next(iter(self._entries)))
             self.evicted += 1
         entry_id, self._next_id = self._next_id, self._next_id + 1
         self._entries[entry_id] = entry
         self.nbytes += entry.nbytes
-        for block_hash in block_hashes(entry.tokens):
-            self._by_block.setdefault(block_hash, set()).add(entry_id)
+        self._index.add(entry_id, entry.tokens)
         self.saved += 1
         return True
 
@@ -139,11 +115,5 @@ class HostPromptCache:
             self._remove(entry_id)
 
     def _remove(self, entry_id: int) -> None:
-        entry = self._entries.pop(entry_id)
-        self.nbytes -= entry.nbytes
-        for block_hash in block_hashes(entry.tokens):
-            holders = self._by_block.get(block_hash)
-            if holders is not None:
-                holders.discard(entry_id)
-                if not holders:
-                    del self._by_block[block_hash]
+        self.nbytes -= self._entries.pop(entry_id).nbytes
+        self._index.remove(entry_id)

@@ -13,11 +13,14 @@ cache slows every step (llama-server moves idle slots to host memory likewise), 
 conversation's next turn arriving at once still extends its slot in place; a paged pool
 (torch's fused runner, `idle_caches_slow_steps = False`) keeps idle caches until it needs room.
 The draft model's slot follows the target's: copied from the same donor, saved and restored
-with it.
+with it. With a disk tier (`--cache-dir`: engine/disk_cache.py) every entry saved to the host tier
+is also written to disk, a lookup takes the longer of the two tiers' matches, and `close` saves
+the free slots' caches, so that a restarted server starts where this one stopped.
 """
 
 from typing import Callable
 
+from tandem.engine.disk_cache import DiskPromptCache
 from tandem.engine.host_cache import BLOCK, HostEntry, HostPromptCache
 from tandem.engine.slots import MIN_COPY_TOKENS, SlotChoice, SlotTable
 from tandem.memory_size import human_size
@@ -29,7 +32,8 @@ IDLE_STEPS = 8  # engine steps a free slot keeps its cache in the pool while oth
 
 
 class PromptCache:
-    def __init__(self, target: BatchRunner, draft: BatchRunner | None, host: HostPromptCache | None):
+    def __init__(self, target: BatchRunner, draft: BatchRunner | None, host: HostPromptCache | None,
+                 disk: DiskPromptCache | None = None):
         self.target = target
         self.draft = draft
         self.slots = SlotTable(min(getattr(runner, "cache_slots", runner.max_slots)  # running + resident
@@ -37,9 +41,11 @@ class PromptCache:
         self.retained_draft: dict[int, list[int]] = {}  # draft cache of each free slot
         saves = hasattr(target, "save_state") and (draft is None or hasattr(draft, "save_state"))
         self.host = host if saves and host is not None and host.capacity_bytes else None
+        self.disk = disk if saves and disk is not None and disk.capacity_bytes else None
         self.queries = 0  # prompt tokens looked up (first placements only), and found cached
         self.hits = 0
-        self.host_restores = 0  # placements that restored a host-tier entry
+        self.host_restores = 0  # placements that restored a host-tier entry (or a disk one)
+        self.disk_restores = 0
         self._idle_evicts = getattr(target, "idle_caches_slow_steps", True)  # llama.cpp's unified pool
         self._released_at: dict[int, int] = {}  # free slot -> engine step it was released at
         self._step = 0
@@ -48,10 +54,16 @@ class PromptCache:
     def host_bytes(self) -> int:
         return self.host.nbytes if self.host is not None else 0
 
+    @property
+    def disk_bytes(self) -> int:
+        return self.disk.nbytes if self.disk is not None else 0
+
     def describe(self) -> str:
-        """One line for a server's start-up: the slots and the host tier's budget."""
+        """One line for a server's start-up: the slots and the tiers' budgets."""
         host = f"host tier {human_size(self.host.capacity_bytes)} (--cache-ram)" if self.host else "host tier off"
-        return f"prompt cache: {len(self.slots.owner)} slots, {host}"
+        disk = (f", disk tier {human_size(self.disk.capacity_bytes)} in {self.disk.folder} "
+                f"({len(self.disk)} entries, {human_size(self.disk.nbytes)})") if self.disk else ""
+        return f"prompt cache: {len(self.slots.owner)} slots, {host}{disk}"
 
     def place(self, owner: str, prefix: list[int], first: bool, running_draft: RunningDraft) -> tuple[int, int, list[int]]:
         """A slot for `owner`, whose target cache must become `prefix`: the slot, the prompt
@@ -83,7 +95,7 @@ class PromptCache:
         """Count an engine step; with `running` sequences, free slots idle for IDLE_STEPS steps go
         to the host tier (only where there is one: without it they stay, for later reuse)."""
         self._step += 1
-        if self.host is None or not running or not self._idle_evicts:
+        if (self.host is None and self.disk is None) or not running or not self._idle_evicts:
             return
         for slot in self.slots.retained_slots():
             if self._step - self._released_at.get(slot, self._step) >= IDLE_STEPS:
@@ -108,6 +120,16 @@ class PromptCache:
                 self.forget(slot)
         if self.host is not None:
             self.host.clear()
+        if self.disk is not None:
+            self.disk.clear()
+
+    def close(self) -> None:
+        """With a disk tier: write the free slots' caches to it and wait for the writes."""
+        if self.disk is None:
+            return
+        for slot in self.slots.retained_slots():
+            self._save(slot, lambda _slot: [])
+        self.disk.close()
 
     def _reuse_slots(self, choice: SlotChoice, prefix: list[int], running_draft: RunningDraft) -> int:
         """Apply the slot table's choice; the prompt tokens the slot keeps. The draft slot copies
@@ -127,19 +149,17 @@ class PromptCache:
         return choice.reuse_tokens
 
     def _restore(self, slot: int, prefix: list[int], slot_reuse: int) -> int | None:
-        """Restore into slot the host entry sharing the longest prefix with the prompt, where it
+        """Restore into slot the tier entry sharing the longest prefix with the prompt, where it
         shares MIN_COPY_TOKENS more than the slots do: the prompt tokens then kept (0 where the
         runner could not take it: the slot is left empty), or None where no entry beats the slots."""
-        if self.host is None:
+        found = self._lookup(prefix)
+        if found is None or found[1] < slot_reuse + MIN_COPY_TOKENS:
             return None
-        match = self.host.lookup(prefix, self.host.model_key)
-        if match is None or match.common < slot_reuse + MIN_COPY_TOKENS:
-            return None
-        entry = match.entry
+        entry, common = found
         if not self.target.restore_state(slot, entry.target_state, len(entry.tokens)):
             self.forget(slot)
             return 0
-        self.target.rollback(slot, match.common)
+        self.target.rollback(slot, common)
         draft_tokens = []
         if self.draft is not None:
             if entry.draft_state is not None and self.draft.restore_state(slot, entry.draft_state,
@@ -149,20 +169,36 @@ class PromptCache:
                 self.draft.rollback(slot, 0)
         self.retained_draft[slot] = draft_tokens
         self.host_restores += 1
-        return match.common
+        return common
+
+    def _lookup(self, prefix: list[int]) -> tuple[HostEntry, int] | None:
+        """The entry sharing the longest prefix with the prompt in either tier (the host's on a
+        tie), and that length; a disk file that cannot be read counts as no match."""
+        host = self.host.lookup(prefix, self.host.model_key) if self.host is not None else None
+        disk = self.disk.lookup(prefix, self.disk.model_key) if self.disk is not None else None
+        if disk is not None and (host is None or disk.common > host.common):
+            entry = self.disk.load(disk)
+            if entry is not None:
+                self.disk_restores += 1
+                return entry, disk.common
+        return None if host is None else (host.entry, host.common)
 
     def _save(self, slot: int, running_draft: RunningDraft) -> None:
-        """Copy a slot's caches (target and draft) to the host tier, unless it holds them already."""
+        """Copy a slot's caches (target and draft) to the tiers that do not hold them already."""
         tokens = self.slots.cached[slot]
-        if (self.host is None or len(tokens) < BLOCK or self.target.num_cached_tokens(slot) != len(tokens)
-                or self.host.holds(tokens, self.host.model_key)):
+        if len(tokens) < BLOCK or self.target.num_cached_tokens(slot) != len(tokens):
+            return
+        tiers = [tier for tier in (self.host, self.disk)
+                 if tier is not None and not tier.holds(tokens, tier.model_key)]
+        if not tiers:
             return
         draft_tokens = self._draft_tokens(slot, running_draft)
         if self.draft is None or self.draft.num_cached_tokens(slot) != len(draft_tokens):
             draft_tokens = []  # a draft cache not known token for token is not kept
         draft_state = self.draft.save_state(slot) if draft_tokens else None
         entry = HostEntry(tuple(tokens), self.target.save_state(slot), tuple(draft_tokens), draft_state)
-        self.host.put(entry, self.host.model_key)
+        for tier in tiers:
+            tier.put(entry, tier.model_key)
 
     def _draft_tokens(self, slot: int, running_draft: RunningDraft) -> list[int]:
         """What the draft model's cache holds in slot."""

@@ -77,6 +77,8 @@ class Instruments:
         self.prefix_cache_hits = counter("prefix_cache_hits", "Prompt tokens found in the prompt cache.")
         self.prefix_cache_host_bytes = gauge("prefix_cache_host_bytes",
                                              "Bytes of KV states in the prompt cache's host tier.")
+        self.prefix_cache_disk_bytes = gauge("prefix_cache_disk_bytes",
+                                             "Bytes of KV state files in the prompt cache's disk tier.")
         # response cache
         self.cache_hits = counter("response_cache_hits", "Response-cache lookups that hit.")
         self.cache_misses = counter("response_cache_misses", "Response-cache lookups that missed.")

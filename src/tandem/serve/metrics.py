@@ -51,6 +51,7 @@ class ServingMetrics:
         self._m.acceptance_alert_threshold.set(alert_threshold)
         self._workers: list[dict] = []  # the latest cluster worker states (empty: one process)
         self._host_cache_bytes: Callable[[], int] = lambda: 0
+        self._disk_cache_bytes: Callable[[], int] = lambda: 0
 
     # -- the HTTP layer -------------------------------------------------------------------------
 
@@ -75,10 +76,13 @@ class ServingMetrics:
                                 prefix_cache_queries=prompt_tokens, prefix_cache_hits=cached_tokens)
             self._series.add_request(self._clock(), ttft_seconds, e2e_seconds, inter_token_seconds)
 
-    def watch_host_cache(self, host_cache_bytes: Callable[[], int]) -> None:
-        """Read the prompt cache's host-tier bytes from this callable (on scrapes and snapshots)."""
+    def watch_prompt_cache(self, host_cache_bytes: Callable[[], int], disk_cache_bytes: Callable[[], int]) -> None:
+        """Read the prompt cache's host- and disk-tier bytes from these callables (on scrapes and
+        snapshots)."""
         self._host_cache_bytes = host_cache_bytes
+        self._disk_cache_bytes = disk_cache_bytes
         self._m.prefix_cache_host_bytes.set_function(host_cache_bytes)
+        self._m.prefix_cache_disk_bytes.set_function(disk_cache_bytes)
 
     def request_rejected(self, http_status: int) -> None:
         """A request refused before it reached the engine (4xx, 429, 503)."""
@@ -189,10 +193,11 @@ class ServingMetrics:
 
     def _prompt_cache_state(self) -> dict:
         """The prompt cache's hit rate over the prompt tokens of finished requests, and its host
-        tier's bytes (call with the lock held)."""
+        and disk tiers' bytes (call with the lock held)."""
         queries = self._totals["prefix_cache_queries"]
         rate = self._totals["prefix_cache_hits"] / queries if queries else None
-        return {"hit_rate": rate, "host_bytes": int(self._host_cache_bytes())}
+        return {"hit_rate": rate, "host_bytes": int(self._host_cache_bytes()),
+                "disk_bytes": int(self._disk_cache_bytes())}
 
     @property
     def alert_firing(self) -> bool:

@@ -74,7 +74,8 @@ def build_state(config: EngineConfig, settings: ServeSettings, model_name: str, 
     track_process(metrics.registry, model_name, lambda: engine.kv_slots_in_use)
     if hasattr(engine, "prompt_cache"):  # a cluster's replicas keep their own
         print(engine.prompt_cache.describe(), file=sys.stderr)
-    metrics.watch_host_cache(lambda: getattr(engine, "host_cache_bytes", 0))
+    metrics.watch_prompt_cache(lambda: getattr(engine, "host_cache_bytes", 0),
+                               lambda: getattr(engine, "disk_cache_bytes", 0))
     health = getattr(engine, "health", None)  # a cluster: workers' states between steps too
     if health is not None:
         health.listeners.append(metrics.observe_workers)
@@ -103,7 +104,8 @@ def _model_identity(config: EngineConfig) -> str:
 def _engine(config: EngineConfig, settings: ServeSettings, ngram_store, cluster):
     if cluster is None:
         return build_engine(config, max_running=settings.max_running, ngram_store=ngram_store,
-                            cache_ram_bytes=settings.cache_ram_bytes)
+                            cache_ram_bytes=settings.cache_ram_bytes, cache_dir=settings.cache_dir,
+                            cache_disk_bytes=settings.cache_disk_bytes)
     from tandem.cluster.runtime.launch import launch_cluster
 
     return launch_cluster(cluster.spec, config.drafter, config.k, cluster.ray_address, settings.max_running,

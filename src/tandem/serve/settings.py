@@ -50,6 +50,8 @@ class ServeSettings:
     protect_metrics: bool = False  # /metrics, /dashboard/data and /openapi.json need the key too
     log_requests: bool = False  # log each request's prompt and completion text (never the key)
     cache_ram_bytes: int | None = None  # host tier of the prompt cache (None: 8 GiB or RAM/4; 0: off)
+    cache_dir: str | None = None  # disk tier of the prompt cache (None: off)
+    cache_disk_bytes: int | None = None  # its budget (None: 16 GiB or a quarter of the free space)
 
     def __post_init__(self):
         if not self.host:
@@ -71,6 +73,10 @@ class ServeSettings:
         _check_number("grace seconds", self.grace_seconds, low=0.0)
         if self.cache_ram_bytes is not None:
             _check_int("cache RAM bytes", self.cache_ram_bytes, 0, 1 << 50)
+        if self.cache_disk_bytes is not None:
+            _check_int("cache disk bytes", self.cache_disk_bytes, 0, 1 << 60)
+        if self.cache_disk_bytes is not None and self.cache_dir is None:
+            raise TandemError("--cache-disk sizes the disk tier: give it a folder with --cache-dir")
         if self.max_tokens_limit is not None:
             _check_int("max tokens limit", self.max_tokens_limit, 1, 1 << 24)
         if self.max_prompt_tokens is not None:

@@ -8,6 +8,7 @@ import torch
 from engine_support import MAX_TOKENS, fused_runner, make_engine, naive_greedy, run_all
 from tandem.engine.batch_engine import BatchEngine
 from tandem.engine.events import SpeculationOptions
+from tandem.engine.disk_cache import DiskPromptCache
 from tandem.engine.host_cache import HostPromptCache
 from tandem.engine.request import GenerationRequest
 from tandem.models.batch_runner import BatchItem
@@ -68,6 +69,30 @@ def test_the_host_tier_brings_back_a_conversation_evicted_from_the_pool(tiny_tar
     assert engine.prompt_cache.host_restores >= 3
     for user, turn in enumerate(second):
         assert outputs[f"u{user}"] == naive_greedy(tiny_target, turn, MAX_TOKENS)
+
+
+def test_a_restarted_engine_finds_the_last_ones_conversations_on_disk(tiny_target, tiny_draft, tmp_path):
+    """The disk tier: the first engine's evicted histories go to host and disk, and closing it
+    writes the ones still resident; a second engine (new runners, empty host tier, as after a
+    restart) restores every user's history (target and draft) from the files, and the outputs
+    equal cold ones."""
+    def engine_over(folder):
+        return make_engine(tiny_target, tiny_draft, "model", 3, slots=2, runner="fused",
+                           host_cache=HostPromptCache(64 << 20, "tiny"),
+                           disk_cache=DiskPromptCache(folder, 64 << 20, "tiny"))
+
+    before = engine_over(tmp_path)
+    first, _ = run_all(before, {0: [(f"u{u}", turn, SpeculationOptions()) for u, turn in enumerate(FIRST_TURNS)]})
+    before.close()
+    after = engine_over(tmp_path)
+    assert len(after.prompt_cache.disk) == len(FIRST_TURNS)
+    second = _next_turns(first)
+    outputs, _ = run_all(after, {0: [(f"u{u}", turn, SpeculationOptions()) for u, turn in enumerate(second)]})
+    assert after.prompt_cache.disk_restores == len(FIRST_TURNS)
+    assert after.prompt_cache.hits == sum(len(turn) - 3 for turn in second)
+    for user, turn in enumerate(second):
+        assert outputs[f"u{user}"] == naive_greedy(tiny_target, turn, MAX_TOKENS)
+    after.close()
 
 
 def test_resident_caches_give_their_blocks_to_new_requests(tiny_target):

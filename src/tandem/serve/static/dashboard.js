@@ -209,7 +209,7 @@ function renderTiles(snap) {
     ["e2e p99", orDash(snap.latency.e2e.p99, secs)],
     ["target / draft busy", `${pct(snap.utilization.target)} / ${pct(snap.utilization.draft)}`],
     ["requests done / rejected", `${snap.totals.requests} / ${snap.totals.rejected}`],
-    ["prompt cache hits / host tier", `${orDash(snap.prompt_cache.hit_rate, pct)} / ${bytes(snap.prompt_cache.host_bytes)}`],
+    ["prompt cache hits / host / disk tier", `${orDash(snap.prompt_cache.hit_rate, pct)} / ${bytes(snap.prompt_cache.host_bytes)} / ${bytes(snap.prompt_cache.disk_bytes)}`],
     ...Object.entries(snap.memory_bytes).map(([device, used]) => [`memory ${device}`, bytes(used)]),
   ];
   const container = document.getElementById("tiles");

@@ -1,0 +1,270 @@
+"""The disk tier of the prompt cache (`--cache-dir`): the host tier's entries written to files,
+so that a restarted server finds the conversations and system prompts it had computed.
+
+Every entry the host tier keeps is also written here, by one background thread (a request never
+waits for the disk), to `<dir>/<model digest>/<tokens digest>.tkv`:
+
+    MAGIC | header length (4 bytes, little-endian) | header (JSON) | target state | draft state
+
+The header names the model key (the model files' SHA-256 checksums, backend and precision:
+engine/build.py), the format, the tokens each state holds, the states' sizes and the SHA-256 of
+the states. A file is read only from its own model's folder and only when its header's key
+equals the running models' key, so another model's state is never loaded; a file that cannot be
+read, is truncated, or whose states do not match their checksum is ignored with a warning and
+removed. Writes go to a temporary file renamed into place, so a crash never leaves half a file
+that looks whole. Bounded by bytes (the files' sizes), least recently used first (file times
+carry the order across restarts); an entry larger than the whole budget is not written.
+"""
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import struct
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from tandem.engine.host_cache import HostEntry
+from tandem.engine.prefix_index import BLOCK, PrefixIndex
+from tandem.errors import TandemError
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"TANDEMKV"
+FORMAT = 1
+SUFFIX = ".tkv"
+DEFAULT_MAX_BYTES = 16 << 30  # or a quarter of the disk's free space where that is less
+_LENGTH = struct.Struct("<I")
+
+
+def default_cache_disk_bytes(directory: str | Path) -> int:
+    """16 GiB, or a quarter of the free space on directory's disk where that is less."""
+    path = Path(directory)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return min(DEFAULT_MAX_BYTES, shutil.disk_usage(path).free // 4)
+
+
+def digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class DiskRecord:
+    """What the index knows of one file without reading its states."""
+    path: Path
+    tokens: tuple[int, ...]
+    nbytes: int  # the file's size
+
+
+@dataclass(frozen=True, slots=True)
+class DiskMatch:
+    record: DiskRecord
+    common: int  # leading tokens the file's target state shares with the prompt looked up
+
+
+class DiskPromptCache:
+    def __init__(self, directory: str | Path, capacity_bytes: int, model_key: str):
+        if capacity_bytes < 0:
+            raise ValueError(f"the disk prompt cache needs a size of 0 bytes or more, got {capacity_bytes}")
+        self.capacity_bytes = capacity_bytes
+        self.model_key = model_key
+        self.folder = Path(directory).expanduser() / digest(model_key)[:16]
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise TandemError(f"cannot use {directory} for the prompt cache's disk tier: {error}") from None
+        self.nbytes = 0  # files kept, plus writes under way
+        self.written = 0  # files ever written
+        self.evicted = 0  # files removed for room
+        self.failed_writes = 0
+        self._lock = threading.Lock()  # the index is read by the engine, written by the writer
+        self._records: OrderedDict[Path, DiskRecord] = OrderedDict()  # least recently used first
+        self._index: PrefixIndex[Path] = PrefixIndex()
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-disk-cache")
+        self._pending: list[Future] = []
+        self._closed = False
+        self._scan()
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    # -- the engine's side --------------------------------------------------------------------
+
+    def lookup(self, tokens: Sequence[int], model_key: str) -> DiskMatch | None:
+        """The file sharing the longest prefix (at least one block) with tokens, or None."""
+        if model_key != self.model_key:
+            return None
+        with self._lock:
+            best = self._index.longest(tokens)
+            return None if best is None else DiskMatch(self._records[best[0]], best[1])
+
+    def holds(self, tokens: Sequence[int], model_key: str) -> bool:
+        match = self.lookup(tokens, model_key)
+        return match is not None and match.common == len(tokens)
+
+    def load(self, match: DiskMatch) -> HostEntry | None:
+        """The entry in match's file, or None (with a warning, the file removed) where it is gone,
+        damaged or another model's."""
+        path = match.record.path
+        try:
+            with path.open("rb") as f:
+                entry = _read_entry(f, self.model_key, with_states=True)
+            os.utime(path)
+        except (OSError, ValueError) as error:
+            if not isinstance(error, FileNotFoundError):  # (gone: evicted since the lookup, or removed)
+                log.warning("prompt cache: ignoring %s: %s", path, error)
+            with self._lock:
+                if path in self._records:
+                    self._drop(path)
+            return None
+        with self._lock:
+            if path in self._records:
+                self._records.move_to_end(path)
+        return entry
+
+    def put(self, entry: HostEntry, model_key: str) -> bool:
+        """Write entry in the background; False where it cannot be kept (too large, too short,
+        another model's)."""
+        if (self._closed or model_key != self.model_key or entry.nbytes > self.capacity_bytes
+                or len(entry.tokens) < BLOCK):
+            return False
+        self._pending = [f for f in self._pending if not f.done()]
+        self._pending.append(self._writer.submit(self._write, entry))
+        return True
+
+    def flush(self) -> None:
+        """Wait for the writes under way."""
+        for future in self._pending:
+            future.result()
+        self._pending = []
+
+    def clear(self) -> None:
+        """Remove every file of this model."""
+        self.flush()
+        with self._lock:
+            for path in list(self._records):
+                self._drop(path)
+
+    def close(self) -> None:
+        """Finish the writes under way; later puts are refused (a second close does nothing)."""
+        self._closed = True
+        self.flush()
+        self._writer.shutdown(wait=True)
+
+    # -- the writer's side --------------------------------------------------------------------
+
+    def _write(self, entry: HostEntry) -> None:
+        data = _encode(entry, self.model_key)
+        path = self.folder / f"{digest(repr(entry.tokens))[:32]}{SUFFIX}"
+        with self._lock:
+            superseded = self._index.extended_by(entry.tokens)
+            for old in {superseded, path} & set(self._records):
+                self._drop(old)
+            while self._records and self.nbytes + len(data) > self.capacity_bytes:
+                self._drop(next(iter(self._records)))
+                self.evicted += 1
+            if self.nbytes + len(data) > self.capacity_bytes:
+                return  # its header took it past the budget
+            self.nbytes += len(data)  # reserved while the file is written
+        tmp = path.with_suffix(".tmp")
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        except OSError as error:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            with self._lock:
+                self.nbytes -= len(data)
+                self.failed_writes += 1
+            log.warning("prompt cache: could not write %s: %s", path, error)
+            return
+        with self._lock:
+            self.nbytes -= len(data)
+            self._add(DiskRecord(path, entry.tokens, len(data)))
+            self.written += 1
+
+    # -- both (under the lock, or before the writer starts) -----------------------------------
+
+    def _scan(self) -> None:
+        """Index this model's files, oldest first; damaged ones are removed with a warning, and
+        what exceeds the budget goes, least recently used first."""
+        for tmp in self.folder.glob("*.tmp"):
+            tmp.unlink(missing_ok=True)  # a write a crash interrupted
+        found = []
+        for path in self.folder.glob(f"*{SUFFIX}"):
+            try:
+                with path.open("rb") as f:
+                    entry = _read_entry(f, self.model_key, with_states=False)
+                stat = path.stat()
+            except (OSError, ValueError) as error:
+                log.warning("prompt cache: ignoring and removing %s: %s", path, error)
+                path.unlink(missing_ok=True)
+                continue
+            found.append((stat.st_mtime_ns, DiskRecord(path, entry.tokens, stat.st_size)))
+        for _, record in sorted(found, key=lambda item: item[0]):
+            self._add(record)
+        while self.nbytes > self.capacity_bytes:
+            self._drop(next(iter(self._records)))
+            self.evicted += 1
+
+    def _add(self, record: DiskRecord) -> None:
+        self._records[record.path] = record
+        self._index.add(record.path, record.tokens)
+        self.nbytes += record.nbytes
+
+    def _drop(self, path: Path) -> None:
+        self.nbytes -= self._records.pop(path).nbytes
+        self._index.remove(path)
+        path.unlink(missing_ok=True)
+
+
+def _encode(entry: HostEntry, model_key: str) -> bytes:
+    payload = entry.target_state + (entry.draft_state or b"")
+    header = json.dumps({
+        "format": FORMAT, "model_key": model_key, "tokens": list(entry.tokens),
+        "draft_tokens": list(entry.draft_tokens), "target_bytes": len(entry.target_state),
+        "draft_bytes": None if entry.draft_state is None else len(entry.draft_state),
+        "sha256": hashlib.sha256(payload).hexdigest(),
+    }).encode()
+    return MAGIC + _LENGTH.pack(len(header)) + header + payload
+
+
+def _read_entry(f, model_key: str, with_states: bool) -> HostEntry:
+    """The entry in an open file; ValueError where it is not one of this model's whole files.
+    Without states, only the header is read (the file's length is still checked)."""
+    if f.read(len(MAGIC)) != MAGIC:
+        raise ValueError("not a Tandem prompt cache file")
+    raw_length = f.read(_LENGTH.size)
+    if len(raw_length) != _LENGTH.size:
+        raise ValueError("truncated header")
+    try:
+        header = json.loads(f.read(_LENGTH.unpack(raw_length)[0]))
+        if header["format"] != FORMAT:
+            raise ValueError(f"format {header['format']}, this version reads {FORMAT}")
+        if header["model_key"] != model_key:
+            raise ValueError("saved by another model")
+        tokens, draft_tokens = tuple(header["tokens"]), tuple(header["draft_tokens"])
+        target_bytes, draft_bytes = int(header["target_bytes"]), header["draft_bytes"]
+        checksum = header["sha256"]
+    except (KeyError, TypeError, json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"unreadable header ({error})") from None
+    total = target_bytes + (draft_bytes or 0)
+    if not with_states:
+        here = f.tell()
+        if f.seek(0, os.SEEK_END) - here != total:
+            raise ValueError("truncated or padded states")
+        return HostEntry(tokens, b"", draft_tokens, None)
+    payload = f.read(total + 1)
+    if len(payload) != total:
+        raise ValueError("truncated or padded states")
+    if hashlib.sha256(payload).hexdigest() != checksum:
+        raise ValueError("the states do not match their checksum")
+    draft_state = None if draft_bytes is None else payload[target_bytes:]
+    return HostEntry(tokens, payload[:target_bytes], draft_tokens, draft_state)

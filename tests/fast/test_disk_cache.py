@@ -1,0 +1,141 @@
+"""The disk tier of the prompt cache (engine/disk_cache.py): what one process writes, the next one
+finds (same model key only); a damaged, truncated or foreign file is ignored with a warning and
+never loaded; the files never exceed the byte budget; a write that fails leaves the request alone."""
+
+import logging
+import random
+
+import pytest
+
+from tandem.engine.disk_cache import SUFFIX, DiskPromptCache
+from tandem.engine.host_cache import HostEntry
+from tandem.engine.prefix_index import BLOCK
+from tandem.token_ids import common_prefix
+
+KEY = "sha-of-target|llamacpp|cpu|gguf + sha-of-draft|llamacpp|cpu|gguf"
+
+
+def entry(tokens, nbytes=100, draft=True) -> HostEntry:
+    tokens = tuple(tokens)
+    target_state = bytes((sum(tokens) + i) % 251 for i in range(nbytes))
+    if not draft:
+        return HostEntry(tokens, target_state)
+    return HostEntry(tokens, target_state, tokens[:-3], b"d" * (nbytes // 2))
+
+
+def written(cache: DiskPromptCache, *entries: HostEntry) -> DiskPromptCache:
+    for e in entries:
+        assert cache.put(e, cache.model_key)
+    cache.flush()
+    return cache
+
+
+def files_bytes(cache: DiskPromptCache) -> int:
+    return sum(p.stat().st_size for p in cache.folder.glob(f"*{SUFFIX}"))
+
+
+def test_a_restarted_cache_finds_and_loads_what_the_last_one_wrote(tmp_path):
+    saved = entry(range(3, 60))
+    plain = entry(range(100, 140), draft=False)
+    written(DiskPromptCache(tmp_path, 1 << 20, KEY), saved, plain).close()
+    restarted = DiskPromptCache(tmp_path, 1 << 20, KEY)
+    assert len(restarted) == 2
+    match = restarted.lookup(list(range(3, 40)) + [999], KEY)
+    assert match is not None and match.common == 37
+    assert restarted.load(match) == saved  # tokens, both states and the draft's tokens, byte for byte
+    assert restarted.load(restarted.lookup(list(range(100, 140)), KEY)) == plain
+    assert restarted.holds(list(range(3, 60)), KEY) and not restarted.holds(list(range(3, 61)), KEY)
+
+
+def test_another_model_never_sees_the_files_and_a_foreign_file_is_ignored(tmp_path, caplog):
+    ours = written(DiskPromptCache(tmp_path, 1 << 20, KEY), entry(range(3, 60)))
+    other = DiskPromptCache(tmp_path, 1 << 20, KEY + "|another build")
+    assert other.lookup(list(range(3, 60)), other.model_key) is None
+    assert ours.lookup(list(range(3, 60)), other.model_key) is None  # asked with another key
+    # a file of the other model moved into our folder: its header says whose it is
+    written(other, entry(range(3, 60)))
+    moved = next(other.folder.glob(f"*{SUFFIX}"))
+    moved.rename(ours.folder / "moved.tkv")
+    with caplog.at_level(logging.WARNING):
+        rescanned = DiskPromptCache(tmp_path, 1 << 20, KEY)
+    assert len(rescanned) == 1 and "another model" in caplog.text
+    assert not (ours.folder / "moved.tkv").exists()
+
+
+@pytest.mark.parametrize("damage", ["flip a state byte", "truncate", "garbage header"])
+def test_a_damaged_file_is_ignored_with_a_warning_and_never_loaded(tmp_path, caplog, damage):
+    cache = written(DiskPromptCache(tmp_path, 1 << 20, KEY), entry(range(3, 60)))
+    path = next(cache.folder.glob(f"*{SUFFIX}"))
+    data = bytearray(path.read_bytes())
+    if damage == "flip a state byte":
+        data[-10] ^= 0xFF
+    elif damage == "truncate":
+        del data[-10:]
+    else:
+        data[12:20] = b"\xff" * 8
+    path.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING):
+        restarted = DiskPromptCache(tmp_path, 1 << 20, KEY)
+        match = restarted.lookup(list(range(3, 60)), KEY)
+        loaded = restarted.load(match) if match is not None else None
+        # the running cache's index still names the file: loading it finds the damage too
+        stale = cache.load(cache.lookup(list(range(3, 60)), KEY))
+    assert loaded is None and stale is None
+    assert "prompt cache: ignoring" in caplog.text
+    assert not path.exists() and len(cache) == 0
+
+
+def test_the_files_never_exceed_the_budget_and_the_least_recently_used_go_first(tmp_path):
+    one = len(entry([1] * 40, nbytes=300).target_state) + 150 + 700  # states + a header's bound
+    cache = DiskPromptCache(tmp_path, 3 * one, KEY)
+    for i in range(8):
+        written(cache, entry([i] * 40, nbytes=300))
+        assert files_bytes(cache) == cache.nbytes <= cache.capacity_bytes
+    assert len(cache) == 3 and cache.evicted == 5
+    assert cache.load(cache.lookup([5] * 40, KEY)) is not None  # used: now the most recent
+    written(cache, entry([99] * 40, nbytes=300))
+    assert cache.lookup([6] * 40, KEY) is None and cache.lookup([5] * 40, KEY) is not None
+    assert not cache.put(entry([9] * 40, nbytes=4 * one), KEY)  # larger than the whole budget
+    cache.close()
+    smaller = DiskPromptCache(tmp_path, one, KEY)  # restarted with less room: the oldest go
+    assert len(smaller) == 1 and files_bytes(smaller) <= one
+    assert smaller.lookup([99] * 40, KEY) is not None
+
+
+def test_an_entry_extending_another_replaces_its_file(tmp_path):
+    cache = written(DiskPromptCache(tmp_path, 1 << 20, KEY), entry(range(3, 40)), entry(range(3, 80)))
+    assert len(cache) == 1 and len(list(cache.folder.glob(f"*{SUFFIX}"))) == 1
+    assert cache.lookup(list(range(3, 80)), KEY).common == 77
+
+
+def test_lookup_finds_the_longest_prefix_a_brute_force_scan_finds(tmp_path):
+    rng = random.Random(5)
+    trunk = [rng.randrange(40) for _ in range(120)]
+    cache = DiskPromptCache(tmp_path, 1 << 24, KEY)
+    for _ in range(15):
+        cut = rng.randrange(BLOCK, 120)
+        written(cache, entry(trunk[:cut] + [rng.randrange(40) for _ in range(rng.randrange(0, 30))], nbytes=20))
+    stored = [cache.load(cache.lookup(list(t), KEY)).tokens for t in cache._index.tokens.values()]
+    for _ in range(100):
+        query = trunk[:rng.randrange(0, 120)] + [rng.randrange(40) for _ in range(5)]
+        best = max((common_prefix(t, query) for t in stored), default=0)
+        match = cache.lookup(query, KEY)
+        assert (match.common if match else 0) == (best if best >= BLOCK else 0)
+
+
+def test_a_failed_write_is_a_warning_not_an_error(tmp_path, caplog):
+    cache = DiskPromptCache(tmp_path, 1 << 20, KEY)
+    cache.folder.rmdir()
+    cache.folder.write_text("a file where the folder was")
+    with caplog.at_level(logging.WARNING):
+        written(cache, entry(range(3, 60)))
+    assert cache.failed_writes == 1 and cache.nbytes == 0 and len(cache) == 0
+    assert "could not write" in caplog.text
+
+
+def test_an_unusable_folder_is_a_clear_error(tmp_path):
+    (tmp_path / "file").write_text("")
+    from tandem.errors import TandemError
+
+    with pytest.raises(TandemError, match="cannot use"):
+        DiskPromptCache(tmp_path / "file", 1 << 20, KEY)
