@@ -3,11 +3,13 @@
 import argparse
 from pathlib import Path
 
+from tandem.speculation.drafters.registry import drafter_help
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("bench-cluster", help="measure a cluster against one worker on the same hardware")
     parser.add_argument("--cluster", required=True, help="cluster YAML file")
-    parser.add_argument("--drafter", default="hybrid", help="model | ngram | hybrid | none (default hybrid)")
+    parser.add_argument("--drafter", default=None, metavar="NAME", help=drafter_help())
     parser.add_argument("--k", default="auto", help="speculation depth: an integer, or auto")
     parser.add_argument("--configs", default="single,cluster,cluster+draft-ahead,cluster-verify-only",
                         help="comma-separated, run in this order: single, solo (each verifier replica alone), "
@@ -30,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from tandem.cluster.config.load import load_cluster
     from tandem.errors import TandemError
     from tandem.speculation.depth import parse_depth
+    from tandem.speculation.drafters.registry import check_drafter, default_drafter
 
     configs = tuple(c.strip() for c in args.configs.split(",") if c.strip())
     unknown = [c for c in configs if c not in CONFIGS]
@@ -38,7 +41,9 @@ def run(args: argparse.Namespace) -> int:
     if args.concurrency < 1 or args.requests < 1 or args.max_tokens < 1 or args.repeat < 1:
         raise TandemError("--concurrency, --requests, --max-tokens and --repeat must be positive")
     cluster = ClusterOptions(load_cluster(args.cluster), args.ray_address)
-    run_cluster_bench(cluster, args.drafter, parse_depth(args.k), args.concurrency, args.requests,
+    drafter = check_drafter(args.drafter or default_drafter(cluster.has_drafter), cluster.has_drafter,
+                            how_to_add="the cluster file has no worker with a draft_model")
+    run_cluster_bench(cluster, drafter, parse_depth(args.k), args.concurrency, args.requests,
                       args.max_tokens, configs, Path(args.out), repeats=args.repeat)
     print((Path(args.out) / "report.md").read_text())
     return 0

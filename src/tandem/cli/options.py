@@ -5,7 +5,7 @@ import argparse
 from tandem.errors import TandemError
 from tandem.models.backends import TORCH_RUNNERS, RunnerSpec
 from tandem.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
-from tandem.speculation.drafters.registry import USES_MODEL
+from tandem.speculation.drafters.registry import USES_MODEL, check_drafter, default_drafter, drafter_help
 from tandem.engine.batch_engine import STEP_TOKEN_BUDGET
 from tandem.engine.build import EngineConfig
 
@@ -14,7 +14,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("models")
     group.add_argument("--target", default=DEFAULT_TARGET, help="catalog name, .gguf file or HF folder")
     group.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model (same tokenizer as the target)")
-    group.add_argument("--drafter", default="hybrid", help="model | ngram | suffix | hybrid | none (default hybrid)")
+    group.add_argument("--drafter", default=None, metavar="NAME", help=drafter_help())
     group.add_argument("--backend", default="auto", help="target backend: llamacpp | torch | auto")
     group.add_argument("--device", default="auto", help="target device: cpu, cuda:0, mps, npu:0, xpu ...")
     group.add_argument("--dtype", default="fp32", help="target dtype for torch: fp32 | bf16 | fp16")
@@ -53,5 +53,6 @@ def draft_spec(args: argparse.Namespace) -> RunnerSpec:
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    draft = draft_spec(args) if USES_MODEL.get(args.drafter, False) else None
-    return EngineConfig(target_spec(args), draft, args.drafter, args.k, step_token_budget=args.step_tokens)
+    drafter = check_drafter(args.drafter or default_drafter(has_draft_model=True))  # --draft always names one
+    draft = draft_spec(args) if USES_MODEL[drafter] else None
+    return EngineConfig(target_spec(args), draft, drafter, args.k, step_token_budget=args.step_tokens)

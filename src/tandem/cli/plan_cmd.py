@@ -4,12 +4,13 @@ and explain the choice with predicted numbers beside the naive article rule's pl
 import argparse
 import json
 
-from tandem.cluster.planning.drafter_kinds import DRAFTER_KINDS
+from tandem.cluster.config.cluster_spec import ACCEPTANCE_SOURCES
+from tandem.cluster.config.load import load_cluster
 from tandem.cluster.planning.plan_report import plan_json, plan_text
 from tandem.cluster.planning.planner import PLAN_K_MAX, options_for, plan_cluster
 from tandem.cluster.profiles.profile_store import cluster_profiles
-from tandem.cluster.config.load import load_cluster
 from tandem.errors import TandemError
+from tandem.speculation.drafters.registry import DRAFTERS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -17,8 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--cluster", required=True, help="cluster file (see docs/cluster.md)")
     parser.add_argument("--latency-target-ms", type=float, default=None,
                         help="most ms per generated token at the planned load (default: the file's)")
-    parser.add_argument("--drafter", choices=("auto", *DRAFTER_KINDS), default=None,
-                        help="fix the drafter kind (default: the file's, else auto)")
+    parser.add_argument("--drafter", choices=("auto", *DRAFTERS), default=None,
+                        help="fix the drafter (default: the file's, else auto)")
     parser.add_argument("--k", type=int, default=None, help=f"fix k (default: the file's, else 1..{PLAN_K_MAX})")
     parser.add_argument("--acceptance", default=None,
                         help="acceptance assumptions, e.g. model=0.7,ngram=0.45,hybrid=0.7")
@@ -46,7 +47,7 @@ def _acceptance(text: str | None) -> dict[str, float] | None:
             values[name.strip()] = float(value)
         except ValueError:
             raise TandemError(f"--acceptance wants NAME=RATE pairs like model=0.7 (got {part!r})") from None
-    unknown = set(values) - {"model", "ngram", "hybrid"}
+    unknown = set(values) - set(ACCEPTANCE_SOURCES)
     if unknown:
-        raise TandemError(f"--acceptance knows model, ngram, hybrid (got {', '.join(sorted(unknown))})")
+        raise TandemError(f"--acceptance knows {', '.join(ACCEPTANCE_SOURCES)} (got {', '.join(sorted(unknown))})")
     return values

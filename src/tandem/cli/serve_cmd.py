@@ -2,6 +2,7 @@
 
 import argparse
 import os
+import sys
 
 from tandem.cli.options import add_model_options, engine_config
 from tandem.engine.host_cache import parse_cache_ram
@@ -109,10 +110,14 @@ def cluster_engine_config(cluster, args: argparse.Namespace):
     """The served model and drafting defaults when the models live on cluster workers."""
     from tandem.models.backends import RunnerSpec
     from tandem.engine.build import EngineConfig
-    from tandem.speculation.drafters.registry import USES_MODEL
+    from tandem.speculation.drafters.registry import USES_MODEL, check_drafter, default_drafter
 
     target = cluster.target
-    drafter = args.drafter if cluster.has_drafter or args.drafter in ("ngram", "none") else "ngram"
+    drafter = check_drafter(args.drafter or default_drafter(cluster.has_drafter), cluster.has_drafter,
+                            how_to_add="the cluster file has no worker with a draft_model")
+    if args.drafter is None:
+        print(f"drafter: {drafter} (the default for a cluster {'with' if cluster.has_drafter else 'without'} "
+              "a draft model; --drafter chooses another)", file=sys.stderr)
     draft_worker = next((w for w in cluster.spec.workers if w.can_draft and w.drafting_model), None)
     draft = RunnerSpec(draft_worker.drafting_model, draft_worker.backend) if draft_worker else None
     return EngineConfig(RunnerSpec(target.model, target.backend, target.device, target.dtype, target.threads),

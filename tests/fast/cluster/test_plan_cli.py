@@ -32,4 +32,4 @@ def test_plan_errors_are_one_line(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == (
         f"error: {bad}:3: workers[0].role: must be one of draft, verify, both (got 'verfy') (did you mean 'verify'?)")
     assert main(["plan", "--cluster", HETERO, "--acceptance", "modle=0.5"]) == 2
-    assert "--acceptance knows model, ngram, hybrid" in capsys.readouterr().err
+    assert "--acceptance knows ngram, suffix, model, hybrid (got modle)" in capsys.readouterr().err

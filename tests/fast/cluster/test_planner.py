@@ -5,13 +5,14 @@ from pathlib import Path
 import pytest
 from profile_doubles import CHEAP_DRAFT, CONTEXT, FLAT, STEEP, both_worker, cluster, drafter, fused_profile, verifier
 
-from tandem.cluster.planning.drafter_kinds import drafter_kind, expected_tokens
+from tandem.cluster.planning.drafter_kinds import expected_tokens
 from tandem.cluster.planning.placement import PlacementPricer
 from tandem.cluster.planning.planner import PlanOptions, options_for, plan_cluster
 from tandem.cluster.planning.prediction import DraftSource, WorkerCost, predict_step
 from tandem.cluster.profiles.profile_store import cluster_profiles
 from tandem.cluster.config.load import load_cluster
 from tandem.speculation.batch_depth import STEP_OVERHEAD_MS
+from tandem.speculation.drafters.registry import drafter_spec
 
 EXAMPLES = Path(__file__).parents[3] / "examples" / "clusters"
 
@@ -32,7 +33,7 @@ def plan(spec, target_ms, draft_ms=None, **options):
 
 
 def test_step_prediction_adds_up():
-    kind = drafter_kind("model")
+    kind = drafter_spec("model")
     verify = WorkerCost("v", "t", fused_profile(STEEP))
     draft = WorkerCost("d", "d", fused_profile(CHEAP_DRAFT), factor=2.0)
     step = predict_step(verify, DraftSource(kind, 0.5, "d", draft, rtt_ms=12.0), 3, 2, CONTEXT, 1.0)
@@ -156,6 +157,6 @@ def test_pricer_caches_best_batches():
     spec = cluster(verifier())
     costs = {("v", "target"): WorkerCost("v", "target", fused_profile(STEEP))}
     pricer = PlacementPricer(spec, costs, {"ngram": 0.4}, CONTEXT, STEP_OVERHEAD_MS, None, None)
-    source = DraftSource(drafter_kind("ngram"), 0.4, "ngram")
+    source = DraftSource(drafter_spec("ngram"), 0.4, "ngram")
     first = pricer.best_step(spec.workers[0], source, 2)
     assert pricer.best_step(spec.workers[0], source, 2) is first

@@ -17,13 +17,13 @@ from typing import Any, Mapping
 from tandem.cluster.config import rules
 from tandem.errors import TandemError
 from tandem.speculation.depth import K_LIMIT
-from tandem.speculation.drafters.registry import DRAFTER_NAMES
+from tandem.speculation.drafters.registry import DRAFTER_NAMES, DRAFTERS
 
 ROLES = ("draft", "verify", "both")
 BACKENDS = ("llamacpp", "torch")
 DTYPES = ("fp32", "bf16", "fp16")
 DEVICE_KINDS = ("cpu", "cuda", "npu", "mps", "xpu", "hpu", "mlu", "musa")
-ACCEPTANCE_SOURCES = ("model", "ngram", "hybrid")
+ACCEPTANCE_SOURCES = tuple(name for name, spec in DRAFTERS.items() if spec.drafts)  # acceptance given per drafter
 DEFAULT_CONTEXT_TOKENS = 512  # context the planner prices steps at
 NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
 _DEVICE = re.compile(r"([a-z]+)(?::(\d+))?")

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from tandem.cluster.config.cluster_spec import ClusterSpec, WorkerSpec
-from tandem.cluster.planning.drafter_kinds import DRAFTER_KINDS, DrafterKind
 from tandem.cluster.planning.prediction import DraftSource, StepPrediction, WorkerCost, predict_step
+from tandem.speculation.drafters.registry import DRAFTERS, DrafterSpec
 
 EPSILON = 1e-9
 
@@ -92,7 +92,7 @@ class PlacementPricer:
         self.latency_target_ms, self.max_batch = latency_target_ms, max_batch
         self._best: dict[tuple, StepPrediction | None] = {}
 
-    def price(self, kind: DrafterKind, k: int, verify: Mapping[str, int], draft: Mapping[str, int]) -> Placement:
+    def price(self, kind: DrafterSpec, k: int, verify: Mapping[str, int], draft: Mapping[str, int]) -> Placement:
         capacity = {name: float(n) for name, n in draft.items() if n > 0}
         used = dict.fromkeys(capacity, 0.0)
         replicas = [r for name, n in verify.items() if n > 0
@@ -109,15 +109,15 @@ class PlacementPricer:
         return Placement(kind.name, k if kind.drafts else 0, self._group(chosen), _drafting(used),
                          tuple(_merge(idle)))
 
-    def _replica(self, worker: WorkerSpec, kind: DrafterKind, k: int, capacity: Mapping[str, float]) -> _Replica:
-        none = DraftSource(DRAFTER_KINDS["none"], 0.0, "none")
+    def _replica(self, worker: WorkerSpec, kind: DrafterSpec, k: int, capacity: Mapping[str, float]) -> _Replica:
+        none = DraftSource(DRAFTERS["none"], 0.0, "none")
         sources = [self._source(kind, worker, where) for where in self._wheres(worker, kind, capacity)]
         options = [(step, s) for s in sources if (step := self.best_step(worker, s, k)) is not None]
         options.sort(key=lambda pair: pair[0].tokens_per_s, reverse=True)
         plain = self.best_step(worker, none, 0)
         return _Replica(worker, tuple(options), None if plain is None else (plain, none))
 
-    def _wheres(self, worker: WorkerSpec, kind: DrafterKind, capacity: Mapping[str, float]) -> list[str]:
+    def _wheres(self, worker: WorkerSpec, kind: DrafterSpec, capacity: Mapping[str, float]) -> list[str]:
         if not kind.drafts:
             return ["none"]
         if not kind.uses_model:
@@ -125,7 +125,7 @@ class PlacementPricer:
         wheres = ["colocated"] if worker.role == "both" else []
         return wheres + list(capacity)
 
-    def _source(self, kind: DrafterKind, verifier: WorkerSpec, where: str) -> DraftSource:
+    def _source(self, kind: DrafterSpec, verifier: WorkerSpec, where: str) -> DraftSource:
         acceptance = self.acceptance.get(kind.name, 0.0)
         if where in ("none", "ngram"):
             return DraftSource(kind, acceptance, where)
@@ -186,7 +186,7 @@ def _drafting(used: Mapping[str, float]) -> tuple[tuple[str, int, float], ...]:
     return tuple((name, n, share / n) for name, n, share in busy)
 
 
-def _unused(draft: Mapping[str, int], used: Mapping[str, float], kind: DrafterKind) -> list[tuple[str, int, str]]:
+def _unused(draft: Mapping[str, int], used: Mapping[str, float], kind: DrafterSpec) -> list[tuple[str, int, str]]:
     why = "spare: the verifiers have drafters enough" if kind.uses_model else f"drafter {kind.name} uses no draft model"
     spare = [(name, n - math.ceil(used.get(name, 0.0) - EPSILON)) for name, n in draft.items()]
     return [(name, n, why) for name, n in spare if n > 0]

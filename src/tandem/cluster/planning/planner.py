@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from tandem.cluster.config.cluster_spec import ClusterSpec
-from tandem.cluster.planning.drafter_kinds import DEFAULT_ACCEPTANCE, DRAFTER_KINDS, drafter_kind
+from tandem.cluster.planning.drafter_kinds import DEFAULT_ACCEPTANCE
 from tandem.cluster.planning.naive_score import NAIVE_DRAFTER, NAIVE_K, DeviceScore, device_scores, naive_roles
 from tandem.cluster.planning.placement import Placement, PlacementPricer
 from tandem.cluster.planning.prediction import WorkerCost
 from tandem.cluster.profiles.profile import DeviceProfile
 from tandem.errors import TandemError
 from tandem.speculation.batch_depth import STEP_OVERHEAD_MS
+from tandem.speculation.drafters.registry import DRAFTERS, drafter_spec
 
 PLAN_K_MAX = 8
 MAX_SPLITS = 64  # role splits of `both` workers tried per (kind, k)
@@ -33,7 +34,7 @@ SPLIT_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)  # of a both worker's replicas tha
 @dataclass(frozen=True, slots=True)
 class PlanOptions:
     latency_target_ms: float | None = None  # per generated token, at the planned load
-    drafters: tuple[str, ...] = tuple(DRAFTER_KINDS)
+    drafters: tuple[str, ...] = tuple(DRAFTERS)
     ks: tuple[int, ...] = tuple(range(1, PLAN_K_MAX + 1))  # tried for drafting kinds
     acceptance: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_ACCEPTANCE))
     context_tokens: int = 512
@@ -43,7 +44,7 @@ class PlanOptions:
 
     def __post_init__(self):
         for name in self.drafters:
-            drafter_kind(name)
+            drafter_spec(name)
         if not self.ks or min(self.ks) < 0:
             raise TandemError(f"plan ks must be a non-empty set of k >= 0 (got {self.ks})")
         for source, a in self.acceptance.items():
@@ -62,7 +63,7 @@ def options_for(spec: ClusterSpec, latency_target_ms: float | None = None, draft
     k = spec.k if k is None else k
     return PlanOptions(
         latency_target_ms=spec.latency_target_ms if latency_target_ms is None else latency_target_ms,
-        drafters=tuple(DRAFTER_KINDS) if drafter == "auto" else (drafter,),
+        drafters=tuple(DRAFTERS) if drafter == "auto" else (drafter,),
         ks=tuple(range(1, PLAN_K_MAX + 1)) if k is None else (k,),
         acceptance={**DEFAULT_ACCEPTANCE, **spec.acceptance, **(acceptance or {})},
         context_tokens=spec.context_tokens, **more)
@@ -135,9 +136,9 @@ def _search(spec: ClusterSpec, pricer: PlacementPricer, options: PlanOptions,
             splits: list[tuple[dict[str, int], dict[str, int]]]) -> list[Placement]:
     placements = []
     for name in options.drafters:
-        kind = drafter_kind(name)
+        kind = drafter_spec(name)
         for k in (options.ks if kind.drafts else (0,)):
-            plain = drafter_kind("none") if k == 0 else kind  # drafting 0 tokens is plain decoding
+            plain = drafter_spec("none") if k == 0 else kind  # drafting 0 tokens is plain decoding
             placements += [pricer.price(plain, k, verify, draft) for verify, draft in splits]
     return placements
 
@@ -180,9 +181,9 @@ def _naive(spec, profiles, costs, options: PlanOptions) -> tuple[NaiveComparison
     roles = [naive_roles(spec, scores)]
     within = _pricer(spec, costs, options, options.latency_target_ms)
     unbounded = _pricer(spec, costs, options, None)
-    article = within.price(drafter_kind(NAIVE_DRAFTER), NAIVE_K, *roles[0])
+    article = within.price(drafter_spec(NAIVE_DRAFTER), NAIVE_K, *roles[0])
     if article.tokens_per_s == 0:
-        article = unbounded.price(drafter_kind(NAIVE_DRAFTER), NAIVE_K, *roles[0])
+        article = unbounded.price(drafter_spec(NAIVE_DRAFTER), NAIVE_K, *roles[0])
     tuned = [p for p in _search(spec, within, options, roles) if p.tokens_per_s > 0]
     if tuned:
         best = _best_per_label(tuned, by_latency=False)[0]

@@ -20,8 +20,9 @@ divided by `1 - utilization` (the share of the device left to us).
 from dataclasses import dataclass
 
 from tandem.cluster.config.cluster_spec import WorkerSpec
-from tandem.cluster.planning.drafter_kinds import DrafterKind, expected_tokens
+from tandem.cluster.planning.drafter_kinds import expected_tokens
 from tandem.cluster.profiles.profile import DeviceProfile
+from tandem.speculation.drafters.registry import DrafterSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +46,7 @@ class WorkerCost:
 class DraftSource:
     """Where a verifier's drafts come from: nothing, n-gram copies, or a draft model."""
 
-    kind: DrafterKind
+    kind: DrafterSpec
     acceptance: float
     where: str  # "none", "ngram", "colocated" (the verifier's own draft model) or a worker name
     cost: WorkerCost | None = None  # the draft model's cost; None when no model drafts

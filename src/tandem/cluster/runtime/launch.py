@@ -22,7 +22,7 @@ from tandem.cluster.runtime.emulation import Emulation
 from tandem.cluster.runtime.pool import Worker
 from tandem.errors import TandemError
 from tandem.models.backends import RunnerSpec
-from tandem.speculation.drafters.registry import USES_MODEL
+from tandem.speculation.drafters.registry import check_drafter
 
 DEFAULT_SLOTS = 8  # sequences per verifier replica
 DRAFTER_SLOTS = 32  # sequences a drafter keeps caches for
@@ -123,8 +123,7 @@ def launch_cluster(spec: ClusterSpec, drafter: str, k: int | str, ray_address: s
     verifiers, drafters = build_workers(spec)
     if not verifiers:
         raise TandemError("the cluster has no verifier")
-    if USES_MODEL[drafter] and not drafters:
-        drafter = "ngram"  # no draft model anywhere: copy from the context instead
+    check_drafter(drafter, bool(drafters), how_to_add="the cluster file has no worker with a draft_model")
     engine = ClusterEngine(verifiers, drafters, drafter, k, ngram_store, max_running, draft_ahead, loop,
                            health_period_s)
     engine.health.start()  # workers are watched from now on, with or without requests

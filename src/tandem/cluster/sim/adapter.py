@@ -35,10 +35,11 @@ from tandem.cluster.sim.config import Depth, Device, Drafter, Network, Simulatio
 from tandem.cluster.sim.from_profile import device_from_profile
 from tandem.errors import TandemError
 from tandem.speculation.batch_depth import STEP_OVERHEAD_MS
+from tandem.speculation.drafters.registry import DRAFTERS
 
 NGRAM = "ngram"
 LOCAL_HOST = "local-cpu"  # with host_cores: the one machine every CPU worker runs on
-MODEL_DRAFTERS = ("model", "hybrid", "auto")
+MODEL_DRAFTERS = (*(name for name, spec in DRAFTERS.items() if spec.uses_model), "auto")
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,14 +22,14 @@ from tandem.cluster.sim.adapter import (
     colocated_drafter,
     ngram_drafter,
 )
-from tandem.cluster.planning.drafter_kinds import drafter_kind
 from tandem.cluster.sim.config import Drafter, Simulation, Verifier, Workload
+from tandem.speculation.drafters.registry import drafter_spec
 
 
 def simulation_from_plan(spec: ClusterSpec, plan: Plan, workload: Workload, options: ClusterOptions) -> Simulation:
     placement = plan.chosen
     kind = placement.drafter_kind
-    alpha = acceptance_of(spec, kind if drafter_kind(kind).uses_model else "model", options)
+    alpha = acceptance_of(spec, kind if drafter_spec(kind).uses_model else "model", options)
     if options.acceptance is None and kind in plan.options.acceptance:
         alpha = plan.options.acceptance[kind]
     remote = {name: _drafters(spec, name, busy, placement.verifying.get(name, 0), alpha, options)
