@@ -7,7 +7,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from tandem.text.detokenizer import REPLACEMENT, IncrementalDetokenizer
-from tandem.text.stops import StopStrings
+from tandem.text.stop_strings import StopStrings
 from tandem.text.stream import TextStream
 
 ALPHABET = [*"abcdefgh ijk lmn.,!?\n", *"éüñçàø", "e\u0301", "a\u0308", "\u0301", *"中文字日本語한국",

@@ -14,7 +14,7 @@ from tandem.cluster.config.load import load_cluster
 from tandem.cluster.planning.drafter_kinds import DEFAULT_ACCEPTANCE
 from tandem.cluster.runtime.launch import ClusterOptions
 from tandem.errors import TandemError
-from tandem.serve.protocol import TandemOptions
+from tandem.serve.api.protocol import TandemOptions
 from tandem.speculation.drafters.model import DraftModel
 from tandem.speculation.drafters.registry import DRAFTER_NAMES, DRAFTERS, build_drafters, check_drafter
 

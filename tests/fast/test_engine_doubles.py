@@ -16,9 +16,9 @@ import pytest
 
 from hash_doubles import HashRunner, LeakyRollbackRunner, OracleDrafter, StopAfter, StopBeforeSequence, naive_greedy
 from tandem.engine.batch_engine import BatchEngine
-from tandem.engine.generate import generate as run_request
-from tandem.engine.generate import stream_tokens
 from tandem.engine.request import GenerationRequest
+from tandem.engine.run_request import generate as run_request
+from tandem.engine.run_request import stream_tokens
 from tandem.engine.stats import GenerationStats
 from tandem.errors import TandemError
 from tandem.models.batch_runner import SerialBatchRunner

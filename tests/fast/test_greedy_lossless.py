@@ -5,8 +5,8 @@ equals transformers' own greedy `generate` (the slow reference)."""
 import pytest
 
 from engine_support import make_engine
-from tandem.engine.generate import generate
 from tandem.engine.request import GenerationRequest
+from tandem.engine.run_request import generate
 
 PROMPTS = [
     (5, 17, 33, 2, 9, 41),

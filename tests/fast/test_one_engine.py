@@ -10,8 +10,8 @@ from tandem.cluster.runtime.endpoints import LocalEndpoint
 from tandem.cluster.runtime.pool import Worker
 from tandem.cluster.runtime.verifier_worker import VerifierWorker
 from tandem.engine.events import SpeculationOptions
-from tandem.engine.generate import stream_tokens
 from tandem.engine.request import GenerationRequest
+from tandem.engine.run_request import stream_tokens
 from tandem.engine.stats import GenerationStats
 from tandem.engine.worker import EngineWorker
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from engine_support import make_engine
-from tandem.engine.generate import generate
 from tandem.engine.request import GenerationRequest
+from tandem.engine.run_request import generate
 from tandem.models.torch_runner import TorchRunner
 from tandem.speculation.acceptance import AcceptResult, accept_sampling
 from tandem.speculation.sampling import SamplingParams, probs_from_logits, sample

@@ -24,8 +24,8 @@ from dashboard_page import CHART_IDS, open_dashboard
 from fastapi import FastAPI
 
 from tandem.engine.events import RoundReport, StepReport
-from tandem.serve.dashboard import dashboard_router
-from tandem.serve.metrics import ServingMetrics
+from tandem.serve.observability.dashboard import dashboard_router
+from tandem.serve.observability.metrics import ServingMetrics
 
 pytestmark = [
     pytest.mark.real,

@@ -7,8 +7,8 @@ import pytest
 
 from real_support import MAX_TOKENS, NEAR_TIE_LOGITS, first_divergence, greedy_alone, logit_gap
 from tandem.engine.batch_engine import BatchEngine
-from tandem.engine.generate import generate
 from tandem.engine.request import GenerationRequest
+from tandem.engine.run_request import generate
 from tandem.models.batch_runner import SerialBatchRunner, SlotView
 from tandem.models.llamacpp_batch_runner import LlamaCppBatchRunner
 

@@ -12,10 +12,10 @@ import pytest
 import redis
 from redis_support import REDIS_SERVER, RedisProcess, free_port, until
 
-from tandem.serve.cache import RedisResponseCache, open_response_cache
-from tandem.serve.ngram_index import NgramConfig
-from tandem.serve.ngram_store import ReferenceNgramStore, open_ngram_store
-from tandem.serve.ngram_store_redis import RedisNgramStore
+from tandem.serve.response_cache.cache import RedisResponseCache, open_response_cache
+from tandem.speculation.shared_store.index import NgramConfig
+from tandem.speculation.shared_store.redis_store import RedisNgramStore
+from tandem.speculation.shared_store.store import ReferenceNgramStore, open_ngram_store
 
 DEGRADED_CALL_SECONDS = 0.5  # the bound on one call while Redis is dead (socket timeout 0.2 s)
 BACKOFF_MAX_SECONDS = 0.5  # short, so the tests see the reconnect quickly
@@ -95,7 +95,7 @@ def test_redis_killed_mid_run_degrades_then_reconnects(redis_server, caplog):
     assert store.flush(FLUSH_SECONDS) and store.continuation([1, 2, 3, 4], 4) == (4, [5, 6])
 
     redis_server.kill()
-    with caplog.at_level(logging.WARNING, logger="tandem.serve.redis_link"):
+    with caplog.at_level(logging.WARNING, logger="tandem.redis_link"):
         started = time.monotonic()
         assert_degraded_quickly(cache, store, "dead")
         assert store.flush(FLUSH_SECONDS)  # queued writes are given up on, not stuck
@@ -118,7 +118,7 @@ def test_redis_killed_mid_run_degrades_then_reconnects(redis_server, caplog):
 
 def test_unreachable_at_startup_only_warns(tmp_path, caplog):
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
-    with caplog.at_level(logging.WARNING, logger="tandem.serve.redis_link"):
+    with caplog.at_level(logging.WARNING, logger="tandem.redis_link"):
         started = time.monotonic()
         cache = open_response_cache(url, ttl_seconds=60)
         store = open_ngram_store(url)

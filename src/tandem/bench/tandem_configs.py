@@ -13,8 +13,8 @@ from typing import Sequence
 from tandem.bench.config_base import ConfigSpec
 from tandem.bench.models import BenchModels
 from tandem.engine.batch_engine import BatchEngine
-from tandem.engine.generate import generate
 from tandem.engine.request import GenerationRequest
+from tandem.engine.run_request import generate
 from tandem.engine.stats import GenerationStats
 from tandem.errors import TandemError
 from tandem.speculation.depth import parse_depth

@@ -7,8 +7,8 @@ import sys
 from tandem.cli.options import add_model_options, engine_config
 from tandem.engine.stats import GenerationStats
 from tandem.errors import TandemError
-from tandem.text.generation import TextGenerator
 from tandem.speculation.sampling import SamplingParams
+from tandem.text.text_generator import TextGenerator
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
 def _simulate(args: argparse.Namespace) -> int:
     from tandem.cluster.planning.planner import plan_cluster
     from tandem.cluster.profiles.profile_store import cluster_profiles
-    from tandem.cluster.sim.adapter import ClusterOptions, simulation_from_cluster
+    from tandem.cluster.sim.adapter import SimOptions, simulation_from_cluster
     from tandem.cluster.sim.simulator import simulate
     from tandem.cluster.sim.summary import comparison_lines, summary_lines
     from tandem.cluster.sim.validation import MeasuredRun, compare_with_measurement
@@ -84,7 +84,7 @@ def _simulate(args: argparse.Namespace) -> int:
     spec = load_cluster(args.cluster)
     plan = plan_cluster(spec, cluster_profiles(spec)) if args.roles == "plan" else None
     overhead = {} if args.step_overhead_ms is None else {"step_overhead_ms": args.step_overhead_ms}
-    options = ClusterOptions(acceptance=args.acceptance, max_batch=args.max_batch, seed=args.seed,
+    options = SimOptions(acceptance=args.acceptance, max_batch=args.max_batch, seed=args.seed,
                              lockstep=args.coordinator == "lockstep", draft_ahead=args.draft_ahead,
                              fused=_fused(args.batching, default=None), host_cores=args.host_cores,
                              fixed_k=args.k, **overhead)

@@ -18,24 +18,24 @@ from pathlib import Path
 
 import uvicorn
 
+from tandem.engine.build import EngineConfig
 from tandem.engine.build import build_engine
 from tandem.engine.events import SpeculationOptions
 from tandem.engine.worker import EngineWorker
 from tandem.errors import TandemError
+from tandem.models.backends import precision_of
 from tandem.models.resolve import tokenizer_path
-from tandem.engine.build import EngineConfig
-from tandem.serve.app import create_app
-from tandem.serve.cache import open_response_cache, response_cache_key
-from tandem.serve.metrics import ServingMetrics
-from tandem.serve.ngram_store import open_ngram_store
-from tandem.serve.process_stats import track_process
-from tandem.serve.response_store import ResponseStore
+from tandem.serve.api.app import create_app
+from tandem.serve.observability.metrics import ServingMetrics
+from tandem.serve.observability.process_stats import track_process
+from tandem.serve.observability.tracing import RequestTracer
+from tandem.serve.response_cache.cache import open_response_cache, response_cache_key
+from tandem.serve.response_cache.store import ResponseStore
 from tandem.serve.settings import API_KEY_ENV, CACHE_OFF, ServeSettings
 from tandem.serve.state import ServerState
-from tandem.serve.tracing import RequestTracer
-from tandem.text.tokenizer import TextTokenizer
-from tandem.models.backends import precision_of
 from tandem.speculation.drafters.registry import DRAFTER_NAMES
+from tandem.speculation.shared_store.store import open_ngram_store
+from tandem.text.tokenizer import TextTokenizer
 
 UVICORN_CLOSE_SECONDS = 5  # after the drain, how long uvicorn waits for connections to close
 

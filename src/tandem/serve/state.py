@@ -6,12 +6,12 @@ from typing import Protocol
 
 from tandem.engine.events import SpeculationOptions
 from tandem.engine.worker import EngineWorker
-from tandem.speculation.drafters.registry import DRAFTER_NAMES
-from tandem.serve.metrics import ServingMetrics
-from tandem.serve.response_store import ResponseStore
+from tandem.serve.api.stream_limit import StreamLimit
+from tandem.serve.observability.metrics import ServingMetrics
+from tandem.serve.observability.tracing import RequestTracer
+from tandem.serve.response_cache.store import ResponseStore
 from tandem.serve.settings import ServeSettings
-from tandem.serve.stream_limit import StreamLimit
-from tandem.serve.tracing import RequestTracer
+from tandem.speculation.drafters.registry import DRAFTER_NAMES
 
 
 

@@ -6,7 +6,7 @@ text not shown yet, so a whole generation costs time linear in its length.
 """
 
 from tandem.text.detokenizer import DecodeFn, IncrementalDetokenizer
-from tandem.text.stops import first_stop_start, held_back_length
+from tandem.text.stop_strings import first_stop_start, held_back_length
 
 
 class TextStream:

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from tandem.cluster.sim import (
-    Depth,
     Device,
-    Drafter,
     FixedLength,
     GeometricAcceptance,
     Network,
+    SimDepth,
+    SimDrafter,
     Simulation,
     Verifier,
     Workload,
@@ -34,16 +34,16 @@ DRAFT = CostModel({1: 3.0, 8: 4.0, 64: 10.0, 512: 40.0})
 def one_sequence(alpha=0.7, k=4, rtt=10.0, requests=10, output=400, draft_ahead=False, seed=1) -> Simulation:
     return Simulation(
         verifiers=(Verifier(Device("v", TARGET, group="a"), "m", max_batch=1),),
-        drafters=(Drafter("m", GeometricAcceptance(alpha), Device("d", DRAFT, group="b")),),
+        drafters=(SimDrafter("m", GeometricAcceptance(alpha), Device("d", DRAFT, group="b")),),
         workload=Workload(requests, FixedLength(16), FixedLength(output), concurrency=1),
-        network=Network(default_ms=rtt), depth=Depth(fixed_k=k), draft_ahead=draft_ahead, seed=seed)
+        network=Network(default_ms=rtt), depth=SimDepth(fixed_k=k), draft_ahead=draft_ahead, seed=seed)
 
 
 def cluster(replicas=1, concurrency=32, requests=64, rtt=0.0, k=None, output=64, seed=0, **kw) -> Simulation:
     verifiers = tuple(Verifier(Device(f"v{i}", TARGET, group="a"), "m", max_batch=16) for i in range(replicas))
-    drafters = (Drafter("m", GeometricAcceptance(0.7), Device("d", DRAFT, group="b")),)
+    drafters = (SimDrafter("m", GeometricAcceptance(0.7), Device("d", DRAFT, group="b")),)
     return Simulation(verifiers, Workload(requests, FixedLength(4), FixedLength(output), concurrency=concurrency),
-                      drafters, Network(default_ms=rtt), Depth(fixed_k=k), seed=seed, **kw)
+                      drafters, Network(default_ms=rtt), SimDepth(fixed_k=k), seed=seed, **kw)
 
 
 # -- prompt pricing ------------------------------------------------------------------------------
@@ -150,9 +150,9 @@ def test_one_sequence_without_acceptance_is_exact():
 
 
 def test_the_memoised_planner_plans_like_the_engines():
-    device, drafter = Device("v", TARGET), Drafter("m", GeometricAcceptance(0.7), Device("d", DRAFT))
-    memo = make_planner(device, drafter, Depth(), overhead_ms=6.0)
-    engine = make_planner(device, drafter, Depth(), overhead_ms=6.0, memo=False)
+    device, drafter = Device("v", TARGET), SimDrafter("m", GeometricAcceptance(0.7), Device("d", DRAFT))
+    memo = make_planner(device, drafter, SimDepth(), overhead_ms=6.0)
+    engine = make_planner(device, drafter, SimDepth(), overhead_ms=6.0, memo=False)
     rng = np.random.default_rng(0)
     for _ in range(40):
         batch = [DraftCandidate("model", int(rng.integers(0, 17)), True, float(rng.choice([0.0, 2.0])))

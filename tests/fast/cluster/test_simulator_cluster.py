@@ -12,7 +12,7 @@ from tandem.cluster.planning.planner import plan_cluster
 from tandem.cluster.profiles.profile_store import cluster_profiles
 from tandem.cluster.profiles.public_profiles import public_profile
 from tandem.cluster.sim import FixedLength, Workload, simulate
-from tandem.cluster.sim.adapter import ClusterOptions, simulation_from_cluster
+from tandem.cluster.sim.adapter import SimOptions, simulation_from_cluster
 from tandem.cluster.sim.from_profile import device_from_profile
 from tandem.cluster.sim.scaling import SweepOptions, apportion, scaled_spec, sweep
 from tandem.cluster.sim.scaling_report import write_scaling
@@ -41,7 +41,7 @@ def test_a_device_prices_batches_as_its_profile_does():
 
 
 def test_roles_as_written_give_every_replica_its_device_and_drafter():
-    sim = simulation_from_cluster(mixed_cluster(drafter="model"), WORKLOAD, ClusterOptions(fused=True))
+    sim = simulation_from_cluster(mixed_cluster(drafter="model"), WORKLOAD, SimOptions(fused=True))
     assert [v.device.name for v in sim.verifiers] == ["gpu/0", "gpu/1", "npu/0"]
     by_name = {d.name: d for d in sim.drafters}
     assert [v.drafter for v in sim.verifiers] == ["cpu/0", "cpu/1", "npu/0:draft"]
@@ -61,7 +61,7 @@ def test_roles_as_written_give_every_replica_its_device_and_drafter():
 def test_the_plans_placement_is_simulated():
     spec = mixed_cluster()
     plan = plan_cluster(spec, cluster_profiles(spec))
-    sim = simulation_from_cluster(spec, WORKLOAD, ClusterOptions(fused=True, use_plan_k=True), plan)
+    sim = simulation_from_cluster(spec, WORKLOAD, SimOptions(fused=True, use_plan_k=True), plan)
     assert len(sim.verifiers) == sum(plan.chosen.verifying.values())
     assert sim.depth.fixed_k == plan.chosen.k
     assert {v.max_batch for v in sim.verifiers} <= {a.step.batch for a in plan.chosen.assignments}

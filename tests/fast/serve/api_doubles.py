@@ -23,9 +23,9 @@ from tandem.engine.request import GenerationRequest
 from tandem.engine.sequence import Sequence
 from tandem.engine.sequence_pool import SequencePool
 from tandem.engine.worker import EngineWorker
-from tandem.serve.app import create_app
-from tandem.serve.cache import InProcessResponseCache, response_cache_key
-from tandem.serve.response_store import ResponseStore
+from tandem.serve.api.app import create_app
+from tandem.serve.response_cache.cache import InProcessResponseCache, response_cache_key
+from tandem.serve.response_cache.store import ResponseStore
 from tandem.serve.settings import ServeSettings
 from tandem.serve.state import ServerState
 from tandem.speculation.depth import Auto

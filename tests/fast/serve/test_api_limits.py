@@ -7,7 +7,7 @@ import asyncio
 
 from api_doubles import ScriptedEngine, TestServer, async_test, chat_body, completion_body, reply_script, sse_events
 
-from tandem.serve.protocol import MAX_STOP_CHARS
+from tandem.serve.api.protocol import MAX_STOP_CHARS
 
 
 @async_test

@@ -18,7 +18,7 @@ from api_doubles import (
     sse_events,
 )
 
-from tandem.serve.streaming import ClosingStreamingResponse
+from tandem.serve.api.streaming import ClosingStreamingResponse
 
 
 def chunk_texts(events: list, kind: str) -> list[str]:
@@ -221,7 +221,7 @@ async def test_a_response_blocked_on_a_silent_reader_is_dropped_after_its_deadli
     gives up, closes its events and runs on_close, so nothing waits on that client for ever."""
     import time
 
-    from tandem.serve.streaming import STUCK_WRITER_GRACE_S
+    from tandem.serve.api.streaming import STUCK_WRITER_GRACE_S
 
     closed, sent = [], []
 

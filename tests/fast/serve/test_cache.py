@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 from tandem.errors import TandemError
-from tandem.serve.cache import (
+from tandem.serve.response_cache.cache import (
     InProcessResponseCache,
     RedisResponseCache,
     open_response_cache,
     response_cache_key,
 )
-from tandem.serve.cache_stats import CacheStats
+from tandem.cache_stats import CacheStats
 
 PROMPT = [1, 2, 3, 4]
 GREEDY = {"max_tokens": 32, "temperature": 0.0}

@@ -10,8 +10,8 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from tandem.engine.events import RoundReport, StepReport
-from tandem.serve.acceptance_window import AcceptanceWindow
-from tandem.serve.metrics import ServingMetrics
+from tandem.serve.observability.acceptance_window import AcceptanceWindow
+from tandem.serve.observability.metrics import ServingMetrics
 
 MODEL = "tiny"
 T0 = 1_700_000_000.0

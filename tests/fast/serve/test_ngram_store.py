@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from tandem.errors import TandemError
-from tandem.serve.ngram_index import NgramConfig, ngram_entries, suffix_keys
-from tandem.serve.ngram_store import (
+from tandem.speculation.shared_store.index import NgramConfig, ngram_entries, suffix_keys
+from tandem.speculation.shared_store.store import (
     InProcessNgramStore,
     ReferenceNgramStore,
     open_ngram_store,

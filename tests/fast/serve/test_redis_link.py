@@ -7,7 +7,7 @@ import pytest
 import redis
 
 from tandem.errors import TandemError
-from tandem.serve.redis_link import RedisLink, check_redis_url, redact
+from tandem.redis_link import RedisLink, check_redis_url, redact
 
 URL = "redis://127.0.0.1:6379/0"
 
@@ -66,7 +66,7 @@ def test_backoff_is_capped():
 def test_warnings_are_rate_limited(caplog):
     clock, op = FakeClock(), FlakyOp()
     link = RedisLink(URL, backoff_min_s=0.1, backoff_max_s=0.1, clock=clock)
-    with caplog.at_level(logging.WARNING, logger="tandem.serve.redis_link"):
+    with caplog.at_level(logging.WARNING, logger="tandem.redis_link"):
         for _ in range(50):
             link.run(op, None)
             clock.now += 0.2

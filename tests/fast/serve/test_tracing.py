@@ -7,7 +7,7 @@ import sys
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tandem.engine.events import RoundReport, StepReport
-from tandem.serve.tracing import RequestTracer, traces_url
+from tandem.serve.observability.tracing import RequestTracer, traces_url
 
 T0 = 1_700_000_000.0
 
@@ -91,7 +91,7 @@ def test_no_endpoint_is_a_no_op():
 
 
 def test_no_op_tracer_imports_no_opentelemetry():
-    code = ("import sys; from tandem.serve.tracing import RequestTracer; t = RequestTracer(); "
+    code = ("import sys; from tandem.serve.observability.tracing import RequestTracer; t = RequestTracer(); "
             "t.start_request('s', {}); t.end_request('s', {}); t.shutdown(); "
             "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -8,12 +8,12 @@ simulation of the one-sequence case, with its closed form, to test the fast one 
 """
 
 from tandem.cluster.sim.acceptance import EmpiricalAcceptance, GeometricAcceptance
-from tandem.cluster.sim.config import Depth, Device, Drafter, Network, Simulation, Verifier, Workload
+from tandem.cluster.sim.config import Device, Network, SimDepth, SimDrafter, Simulation, Verifier, Workload
 from tandem.cluster.sim.lengths import EmpiricalLengths, FixedLength
 from tandem.cluster.sim.metrics import SimResult
 from tandem.cluster.sim.simulator import simulate
 
 __all__ = [
-    "Depth", "Device", "Drafter", "EmpiricalAcceptance", "EmpiricalLengths", "FixedLength",
-    "GeometricAcceptance", "Network", "SimResult", "Simulation", "Verifier", "Workload", "simulate",
+    "Device", "EmpiricalAcceptance", "EmpiricalLengths", "FixedLength", "GeometricAcceptance", "Network",
+    "SimDepth", "SimDrafter", "SimResult", "Simulation", "Verifier", "Workload", "simulate",
 ]

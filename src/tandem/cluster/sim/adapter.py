@@ -31,7 +31,7 @@ from tandem.cluster.runtime.launch import DEFAULT_SLOTS, coordinator_group
 from tandem.cluster.planning.planner import Plan
 from tandem.cluster.profiles.profile_store import worker_profile
 from tandem.cluster.sim.acceptance import GeometricAcceptance
-from tandem.cluster.sim.config import Depth, Device, Drafter, Network, Simulation, Verifier, Workload
+from tandem.cluster.sim.config import Device, Network, SimDepth, SimDrafter, Simulation, Verifier, Workload
 from tandem.cluster.sim.from_profile import device_from_profile
 from tandem.errors import TandemError
 from tandem.speculation.batch_depth import STEP_OVERHEAD_MS
@@ -43,7 +43,7 @@ MODEL_DRAFTERS = (*(name for name, spec in DRAFTERS.items() if spec.uses_model),
 
 
 @dataclass(frozen=True, slots=True)
-class ClusterOptions:
+class SimOptions:
     acceptance: float | None = None  # per-token acceptance of draft models (hybrid too)
     ngram_acceptance: float | None = None
     max_batch: int | None = None  # None: the plan's batch per replica, or the launcher's slots
@@ -59,14 +59,14 @@ class ClusterOptions:
 
 
 
-def simulation_from_cluster(spec: ClusterSpec, workload: Workload, options: ClusterOptions = ClusterOptions(),
+def simulation_from_cluster(spec: ClusterSpec, workload: Workload, options: SimOptions = SimOptions(),
                             plan: Plan | None = None) -> Simulation:
     if plan is not None:
         from tandem.cluster.sim.plan_adapter import simulation_from_plan
 
         return simulation_from_plan(spec, plan, workload, options)
     alpha = acceptance_of(spec, "hybrid" if spec.drafter == "hybrid" else "model", options)
-    pool = [Drafter(f"{w.name}/{i}", GeometricAcceptance(alpha), cluster_device(spec, w, w.model, i, options))
+    pool = [SimDrafter(f"{w.name}/{i}", GeometricAcceptance(alpha), cluster_device(spec, w, w.model, i, options))
             for w in spec.workers if w.role == "draft" for i in range(w.replicas)]
     choose = _DrafterChoice(spec, options, pool, alpha, ngram_drafter(spec, options))
     batch = options.max_batch or DEFAULT_SLOTS
@@ -82,18 +82,18 @@ def simulation_from_cluster(spec: ClusterSpec, workload: Workload, options: Clus
 class _DrafterChoice:
     """Picks each verifier replica's drafter (roles as written) and remembers those in use."""
 
-    def __init__(self, spec: ClusterSpec, options: ClusterOptions, pool: list[Drafter], alpha: float, ngram: Drafter):
+    def __init__(self, spec: ClusterSpec, options: SimOptions, pool: list[SimDrafter], alpha: float, ngram: SimDrafter):
         self.spec, self.options, self.pool, self.alpha, self.ngram = spec, options, pool, alpha, ngram
         self.turn = 0
-        self.chosen: dict[str, Drafter] = {}
+        self.chosen: dict[str, SimDrafter] = {}
 
-    def __call__(self, worker: WorkerSpec, index: int, device: Device) -> Drafter | None:
+    def __call__(self, worker: WorkerSpec, index: int, device: Device) -> SimDrafter | None:
         drafter = self._pick(worker, index, device)
         if drafter is not None:
             self.chosen.setdefault(drafter.name, drafter)
         return drafter
 
-    def _pick(self, worker: WorkerSpec, index: int, device: Device) -> Drafter | None:
+    def _pick(self, worker: WorkerSpec, index: int, device: Device) -> SimDrafter | None:
         kind = self.spec.drafter
         if kind == "none":
             return None
@@ -109,7 +109,7 @@ class _DrafterChoice:
             raise TandemError("cluster: drafter 'model' needs a draft or both worker, and there is none")
         return self.ngram
 
-    def used(self) -> list[Drafter]:
+    def used(self) -> list[SimDrafter]:
         """Every drafter a verifier uses, and idle draft workers too (their utilisation is 0)."""
         idle = [d for d in self.pool if d.name not in self.chosen and self.spec.drafter in MODEL_DRAFTERS]
         return list(self.chosen.values()) + idle
@@ -117,7 +117,7 @@ class _DrafterChoice:
 
 # -- pieces shared with plan_adapter.py ------------------------------------------------------------
 
-def cluster_device(spec: ClusterSpec, worker: WorkerSpec, model: str, index: int, options: ClusterOptions) -> Device:
+def cluster_device(spec: ClusterSpec, worker: WorkerSpec, model: str, index: int, options: SimOptions) -> Device:
     fused = True if options.fused is None else options.fused
     slowdown = worker.slowdown / (1.0 - worker.utilization)
     device = device_from_profile(f"{worker.name}/{index}", worker_profile(spec, worker, model),
@@ -128,28 +128,28 @@ def cluster_device(spec: ClusterSpec, worker: WorkerSpec, model: str, index: int
 
 
 def colocated_drafter(spec: ClusterSpec, worker: WorkerSpec, index: int, device: Device, alpha: float,
-                      options: ClusterOptions) -> Drafter:
+                      options: SimOptions) -> SimDrafter:
     """A `both` replica's own draft model: the same device (name), another cost curve."""
     own = cluster_device(spec, worker, worker.draft_model, index, options)
-    return Drafter(f"{device.name}:draft", GeometricAcceptance(alpha), own)
+    return SimDrafter(f"{device.name}:draft", GeometricAcceptance(alpha), own)
 
 
-def acceptance_of(spec: ClusterSpec, kind: str, options: ClusterOptions) -> float:
+def acceptance_of(spec: ClusterSpec, kind: str, options: SimOptions) -> float:
     option = options.ngram_acceptance if kind == NGRAM else options.acceptance
     return next(a for a in (option, spec.acceptance.get(kind), DEFAULT_ACCEPTANCE.get(kind)) if a is not None)
 
 
-def ngram_drafter(spec: ClusterSpec, options: ClusterOptions) -> Drafter:
-    return Drafter(NGRAM, GeometricAcceptance(acceptance_of(spec, NGRAM, options)))
+def ngram_drafter(spec: ClusterSpec, options: SimOptions) -> SimDrafter:
+    return SimDrafter(NGRAM, GeometricAcceptance(acceptance_of(spec, NGRAM, options)))
 
 
-def assemble(spec: ClusterSpec, verifiers: list[Verifier], drafters: list[Drafter], workload: Workload,
-             options: ClusterOptions, plan_k: int | None) -> Simulation:
+def assemble(spec: ClusterSpec, verifiers: list[Verifier], drafters: list[SimDrafter], workload: Workload,
+             options: SimOptions, plan_k: int | None) -> Simulation:
     fixed_k = plan_k if options.use_plan_k and plan_k is not None else spec.k
     if options.fixed_k is not None:
         fixed_k = options.fixed_k
     network = Network(tuple((a, b, ms) for (a, b), ms in spec.network.latency_ms.items()))
-    return Simulation(tuple(verifiers), workload, tuple(drafters), network, Depth(fixed_k=fixed_k),
+    return Simulation(tuple(verifiers), workload, tuple(drafters), network, SimDepth(fixed_k=fixed_k),
                       draft_ahead=options.draft_ahead, lockstep=options.lockstep,
                       coordinator_group=options.coordinator_group or coordinator_group(spec),
                       step_overhead_ms=options.step_overhead_ms, seed=options.seed,

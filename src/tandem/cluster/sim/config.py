@@ -84,7 +84,7 @@ class Device:
 
 
 @dataclass(frozen=True, slots=True)
-class Drafter:
+class SimDrafter:
     name: str
     acceptance: AcceptanceModel
     device: Device | None = None  # None: the n-gram drafter, free, beside the coordinator
@@ -106,7 +106,7 @@ class Drafter:
 @dataclass(frozen=True, slots=True)
 class Verifier:
     device: Device
-    drafter: str | None = None  # a Drafter's name; None: plain decoding
+    drafter: str | None = None  # a SimDrafter's name; None: plain decoding
     max_batch: int = 32
 
     def __post_init__(self):
@@ -160,7 +160,7 @@ class Workload:
 
 
 @dataclass(frozen=True, slots=True)
-class Depth:
+class SimDepth:
     """A fixed k for every round, or (fixed_k None) the engine's E/T planner up to k_max."""
 
     fixed_k: int | None = None
@@ -183,9 +183,9 @@ class Simulation:
 
     verifiers: tuple[Verifier, ...]
     workload: Workload
-    drafters: tuple[Drafter, ...] = ()
+    drafters: tuple[SimDrafter, ...] = ()
     network: Network = Network()
-    depth: Depth = Depth()
+    depth: SimDepth = SimDepth()
     draft_ahead: bool = False
     lockstep: bool = False
     coordinator_group: str | None = None  # lockstep only; None: the first verifier's group
@@ -223,5 +223,5 @@ class Simulation:
         if len(set(verifier_names)) != len(verifier_names):
             raise ValueError(f"each verifier replica needs its own device, got {verifier_names}")
 
-    def drafter(self, name: str | None) -> Drafter | None:
+    def drafter(self, name: str | None) -> SimDrafter | None:
         return next((d for d in self.drafters if d.name == name), None)

@@ -15,18 +15,18 @@ from tandem.cluster.planning.planner import Plan
 from tandem.cluster.sim.acceptance import GeometricAcceptance
 from tandem.cluster.sim.adapter import (
     NGRAM,
-    ClusterOptions,
+    SimOptions,
     acceptance_of,
     assemble,
     cluster_device,
     colocated_drafter,
     ngram_drafter,
 )
-from tandem.cluster.sim.config import Drafter, Simulation, Verifier, Workload
+from tandem.cluster.sim.config import SimDrafter, Simulation, Verifier, Workload
 from tandem.speculation.drafters.registry import drafter_spec
 
 
-def simulation_from_plan(spec: ClusterSpec, plan: Plan, workload: Workload, options: ClusterOptions) -> Simulation:
+def simulation_from_plan(spec: ClusterSpec, plan: Plan, workload: Workload, options: SimOptions) -> Simulation:
     placement = plan.chosen
     kind = placement.drafter_kind
     alpha = acceptance_of(spec, kind if drafter_spec(kind).uses_model else "model", options)
@@ -60,10 +60,10 @@ def simulation_from_plan(spec: ClusterSpec, plan: Plan, workload: Workload, opti
 
 
 def _drafters(spec: ClusterSpec, name: str, busy: int, first: int, alpha: float,
-              options: ClusterOptions) -> list[Drafter]:
+              options: SimOptions) -> list[SimDrafter]:
     """The busy draft replicas of a worker, numbered after its verifying replicas (a `both`
     worker's replicas are split between the two roles)."""
     worker = spec.worker(name)
-    return [Drafter(f"{name}/{i}", GeometricAcceptance(alpha),
+    return [SimDrafter(f"{name}/{i}", GeometricAcceptance(alpha),
                     cluster_device(spec, worker, worker.drafting_model, i, options))
             for i in range(first, first + busy)]

@@ -13,7 +13,7 @@ acceptance rounded to ACCEPTANCE_DIGITS decimals; tests check it agrees with the
 
 from dataclasses import dataclass, field
 
-from tandem.cluster.sim.config import Depth, Device, Drafter
+from tandem.cluster.sim.config import Device, SimDepth, SimDrafter
 from tandem.cluster.sim.state import SimSequence
 from tandem.models.cost import CostView, catch_up_ms
 from tandem.speculation.batch_depth import BatchDepthPlanner, DraftCandidate
@@ -37,14 +37,14 @@ class MemoPlanner(BatchDepthPlanner):
         return list(self.memo[key])
 
 
-def make_planner(target: Device, drafter: Drafter | None, depth: Depth, overhead_ms: float,
+def make_planner(target: Device, drafter: SimDrafter | None, depth: SimDepth, overhead_ms: float,
                  memo: bool = True) -> BatchDepthPlanner:
     draft = CostView(drafter.device.cost, drafter.device.fused) if drafter and drafter.device else None
     kind = MemoPlanner if memo else BatchDepthPlanner
     return kind(CostView(target.cost, target.fused), draft, k_max=depth.k_max, overhead_ms=overhead_ms)
 
 
-def candidate(seq: SimSequence, drafter: Drafter | None, depth: Depth) -> DraftCandidate:
+def candidate(seq: SimSequence, drafter: SimDrafter | None, depth: SimDepth) -> DraftCandidate:
     """What seq could draft this round: at most k_max, and one token fewer than it still needs."""
     cap = max(0, min(depth.k_max, seq.remaining - 1))
     if drafter is None or cap == 0:

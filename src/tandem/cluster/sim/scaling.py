@@ -18,7 +18,7 @@ from tandem.bench.workload import DEFAULT_WORKLOAD
 from tandem.cluster.config.cluster_spec import ClusterSpec, NetworkSpec
 from tandem.cluster.planning.planner import Plan, options_for, plan_cluster
 from tandem.cluster.profiles.profile_store import cluster_profiles
-from tandem.cluster.sim.adapter import ClusterOptions, simulation_from_cluster
+from tandem.cluster.sim.adapter import SimOptions, simulation_from_cluster
 from tandem.cluster.sim.config import Workload
 from tandem.cluster.sim.lengths import FixedLength, LengthModel, workload_prompt_lengths
 from tandem.cluster.sim.simulator import simulate
@@ -102,7 +102,7 @@ def _point(spec: ClusterSpec, plan: Plan, devices: int, mode: str, prompts: Leng
     placement = plan.chosen
     slots = sum(a.replicas * a.step.batch for a in placement.assignments)
     workload = Workload(options.waves * slots, prompts, FixedLength(options.output_tokens), concurrency=slots)
-    cluster_options = ClusterOptions(acceptance=options.acceptance, lockstep=MODES[mode], fused=options.fused,
+    cluster_options = SimOptions(acceptance=options.acceptance, lockstep=MODES[mode], fused=options.fused,
                                      use_plan_k=options.use_plan_k, seed=options.seed)
     started = time.perf_counter()
     result = simulate(simulation_from_cluster(spec, workload, cluster_options, plan=plan))

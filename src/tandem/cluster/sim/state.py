@@ -3,7 +3,7 @@
 from collections import deque
 from dataclasses import dataclass, field
 
-from tandem.cluster.sim.config import Drafter, Verifier
+from tandem.cluster.sim.config import SimDrafter, Verifier
 from tandem.cluster.sim.timeline import BackgroundJob, Timeline
 from tandem.speculation.batch_depth import BatchDepthPlanner
 
@@ -51,7 +51,7 @@ class Replica:
     spec: Verifier
     device: Timeline
     planner: BatchDepthPlanner
-    drafter: Drafter | None = None
+    drafter: SimDrafter | None = None
     drafter_device: Timeline | None = None
     waiting: deque[SimSequence] = field(default_factory=deque)
     running: list[SimSequence] = field(default_factory=list)

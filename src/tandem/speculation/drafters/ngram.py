@@ -3,7 +3,7 @@
 Model-free. Prompt lookup: for n from `max_ngram` down to `min_ngram`, find the most recent
 earlier position where the last n tokens also occur, and propose the tokens that followed it
 (source "ngram<n>"). Failing that, the shared n-gram store (what earlier requests produced;
-serve/ngram_store.py) may have a continuation (source "shared<n>"). Code edits and extraction
+speculation/shared_store/store.py) may have a continuation (source "shared<n>"). Code edits and extraction
 copy long spans from the prompt, which is where this shines.
 
 The copy follows its source: each sequence remembers where in its own tokens (prompt or output)

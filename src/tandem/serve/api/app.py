@@ -3,7 +3,7 @@
 The app owns no engine and no threads: server.py (or a test) builds the `ServerState`, starts the
 worker and runs the app. Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
 GET /health, GET /metrics, GET /openapi.json, and the dashboard at GET /. Every error is an OpenAI
-error body (see serve/errors.py for the status codes). Browsers get CORS headers only for the
+error body (see serve/api/errors.py for the status codes). Browsers get CORS headers only for the
 origins in --allowed-origins.
 """
 
@@ -12,11 +12,11 @@ import functools
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from tandem.serve.dashboard import dashboard_router
-from tandem.serve.errors import install_error_handlers
-from tandem.serve.routes_completions import completions_router
-from tandem.serve.openapi import build_openapi
-from tandem.serve.routes_info import models_router, status_router
+from tandem.serve.api.errors import install_error_handlers
+from tandem.serve.api.openapi import build_openapi
+from tandem.serve.api.routes_completions import completions_router
+from tandem.serve.api.routes_info import models_router, status_router
+from tandem.serve.observability.dashboard import dashboard_router
 from tandem.serve.state import ServerState
 
 

@@ -25,9 +25,9 @@ from contextlib import aclosing
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from tandem.serve.errors import error_body, request_timed_out
-from tandem.serve.generation import EngineFailure, GenerationRun
-from tandem.serve.responses import ResponseShape
+from tandem.serve.api.engine_stream import EngineFailure, GenerationRun
+from tandem.serve.api.errors import error_body, request_timed_out
+from tandem.serve.api.responses import ResponseShape
 from tandem.text.stream import TextStream
 
 log = logging.getLogger(__name__)

@@ -16,9 +16,9 @@ import time
 from collections import OrderedDict
 from typing import Callable, Protocol, Sequence
 
+from tandem.cache_stats import CacheStats, StatsCounter
 from tandem.errors import TandemError
-from tandem.serve.cache_stats import CacheStats, StatsCounter
-from tandem.serve.redis_link import (
+from tandem.redis_link import (
     RECONNECT_BACKOFF_MAX_SECONDS,
     RedisLink,
     is_redis_url,

@@ -7,7 +7,7 @@ from typing import TypeVar
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
-from tandem.serve.errors import APIError, invalid_body
+from tandem.serve.api.errors import APIError, invalid_body
 
 M = TypeVar("M", bound=BaseModel)
 

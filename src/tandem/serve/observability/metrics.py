@@ -16,10 +16,10 @@ from collections.abc import Callable
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from tandem.engine.events import StepReport
-from tandem.serve.acceptance_window import DEFAULT_MIN_TOKENS, DEFAULT_WINDOW_TOKENS, AcceptanceWindow
-from tandem.serve.device_usage import DEFAULT_UTILIZATION_WINDOW_SECONDS, BusyWindow, device_memory_bytes
-from tandem.serve.metric_instruments import Instruments
-from tandem.serve.rolling_series import DEFAULT_RECENT_SECONDS, DEFAULT_SERIES_SECONDS, RollingSeries
+from tandem.serve.observability.acceptance_window import DEFAULT_MIN_TOKENS, DEFAULT_WINDOW_TOKENS, AcceptanceWindow
+from tandem.serve.observability.device_usage import DEFAULT_UTILIZATION_WINDOW_SECONDS, BusyWindow, device_memory_bytes
+from tandem.serve.observability.metric_instruments import Instruments
+from tandem.serve.observability.rolling_series import DEFAULT_RECENT_SECONDS, DEFAULT_SERIES_SECONDS, RollingSeries
 
 TOTALS = ("requests", "rejected", "prompt_tokens", "generation_tokens", "drafted", "accepted",
           "cache_hits", "cache_misses", "prefix_cache_queries", "prefix_cache_hits")  # totals since start

@@ -1,6 +1,6 @@
 """GET /v1/models (and /v1/models/{id}), GET /health, GET /metrics, GET /openapi.json.
 
-/openapi.json is the API's schema (serve/openapi.py), open like /metrics unless --protect-metrics.
+/openapi.json is the API's schema (serve/api/openapi.py), open like /metrics unless --protect-metrics.
 /health answers 200 with {"status": "ok", ...} while serving and 503 with "draining" during
 shutdown, so a load balancer stops sending traffic; running/waiting are the engine's counts,
 in_flight every request submitted and not yet finished (queued in the worker included).
@@ -12,8 +12,8 @@ from collections.abc import Callable
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 
-from tandem.serve.auth import require_api_key
-from tandem.serve.errors import APIError
+from tandem.serve.api.auth import require_api_key
+from tandem.serve.api.errors import APIError
 from tandem.serve.state import ServerState
 
 

@@ -1,6 +1,6 @@
 """The response cache as the event loop sees it: lookups and stores that never block the loop.
 
-`serve/cache.py` provides the cache (in memory or Redis) and its key function; both may block (a
+`serve/response_cache/cache.py` provides the cache (in memory or Redis) and its key function; both may block (a
 network round trip), so every call runs on one dedicated thread, which also serialises access for
 a cache that is not thread-safe. A cache failure is a miss, never an error for the client.
 """

@@ -9,13 +9,13 @@ from typing import Iterator
 
 from tandem.engine.batch_engine import BatchEngine
 from tandem.engine.build import EngineConfig, build_engine
-from tandem.engine.generate import stream_tokens
 from tandem.engine.request import GenerationRequest
+from tandem.engine.run_request import stream_tokens
 from tandem.engine.stats import GenerationStats
 from tandem.errors import TandemError
 from tandem.models.resolve import tokenizer_path
 from tandem.speculation.sampling import SamplingParams
-from tandem.text.stops import StopStrings
+from tandem.text.stop_strings import StopStrings
 from tandem.text.stream import TextStream
 from tandem.text.tokenizer import TextTokenizer
 

@@ -15,15 +15,15 @@ from contextlib import aclosing
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
-from tandem.serve.auth import require_api_key
-from tandem.serve.body import read_request
-from tandem.serve.errors import APIError, request_timed_out, shutting_down
-from tandem.serve.generation import EngineFailure, GenerationRun, start_generation
-from tandem.serve.prepare import PreparedRequest, prepare_chat, prepare_completion
-from tandem.serve.protocol import ChatCompletionRequest, CompletionRequest
-from tandem.serve.responses import ResponseShape
+from tandem.serve.api.auth import require_api_key
+from tandem.serve.api.body import read_request
+from tandem.serve.api.engine_stream import EngineFailure, GenerationRun, start_generation
+from tandem.serve.api.errors import APIError, request_timed_out, shutting_down
+from tandem.serve.api.prepare import PreparedRequest, prepare_chat, prepare_completion
+from tandem.serve.api.protocol import ChatCompletionRequest, CompletionRequest
+from tandem.serve.api.responses import ResponseShape
+from tandem.serve.api.streaming import ClosingStreamingResponse, generation_events, replay_events
 from tandem.serve.state import ServerState
-from tandem.serve.streaming import ClosingStreamingResponse, generation_events, replay_events
 
 CACHEABLE_FINISH_REASONS = ("stop", "length")
 CACHED_FIELDS = ("text", "token_ids", "finish_reason", "usage")  # what GenerationRun.cache_value() stores

@@ -15,11 +15,11 @@ from jinja2 import TemplateError
 from tandem.engine.events import SpeculationOptions
 from tandem.engine.request import GenerationRequest
 from tandem.errors import TandemError
-from tandem.serve.errors import APIError
-from tandem.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from tandem.serve.api.errors import APIError
+from tandem.serve.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from tandem.serve.state import ServerState
 from tandem.speculation.sampling import SamplingParams
-from tandem.text.stops import StopStrings
+from tandem.text.stop_strings import StopStrings
 
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; send temperature 0 for greedy decoding

@@ -16,17 +16,17 @@ import threading
 from collections import OrderedDict
 from typing import Protocol, Sequence
 
+from tandem.cache_stats import CacheStats, StatsCounter
 from tandem.errors import TandemError
-from tandem.serve.cache_stats import CacheStats, StatsCounter
-from tandem.serve.ngram_index import (
+from tandem.speculation.shared_store.index import (
     DEFAULT_NGRAM_CONFIG,
     NgramConfig,
     decode_tokens,
     ngram_entries,
     suffix_keys,
 )
-from tandem.serve.ngram_store_redis import DEFAULT_NGRAM_TTL_SECONDS, RedisNgramStore
-from tandem.serve.redis_link import is_redis_url, redact
+from tandem.redis_link import is_redis_url, redact
+from tandem.speculation.shared_store.redis_store import DEFAULT_NGRAM_TTL_SECONDS, RedisNgramStore
 
 DEFAULT_MAX_ENTRIES = 500_000  # about 6 entries per indexed token, ~80 MB
 MEMORY_URL = "memory"

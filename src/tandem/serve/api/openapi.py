@@ -1,5 +1,5 @@
 """The API's OpenAPI 3.1 schema (GET /openapi.json): FastAPI's description of the routes, plus
-what it cannot see because the completion routes read their bodies themselves (serve/body.py):
+what it cannot see because the completion routes read their bodies themselves (serve/api/body.py):
 the request bodies, from the pydantic models in protocol.py, and the error responses, every one
 an OpenAI error object. Fuzzers (schemathesis) and client generators read it."""
 
@@ -7,7 +7,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
-from tandem.serve.protocol import ChatCompletionRequest, CompletionRequest
+from tandem.serve.api.protocol import ChatCompletionRequest, CompletionRequest
 
 BODIES = {"/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest}
 ERROR_STATUSES = {

@@ -8,7 +8,7 @@ from typing import Callable
 import psutil
 from prometheus_client import CollectorRegistry, Gauge, ProcessCollector
 
-from tandem.serve.metric_instruments import PREFIX
+from tandem.serve.observability.metric_instruments import PREFIX
 
 
 def track_process(registry: CollectorRegistry, model_name: str, kv_slots_in_use: Callable[[], int]) -> None:

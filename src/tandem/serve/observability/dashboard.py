@@ -13,8 +13,8 @@ from importlib import resources
 from fastapi import APIRouter, Depends, HTTPException
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from tandem.serve.auth import require_api_key
-from tandem.serve.metrics import ServingMetrics
+from tandem.serve.api.auth import require_api_key
+from tandem.serve.observability.metrics import ServingMetrics
 
 STATIC_TYPES = {
     "dashboard.js": "text/javascript; charset=utf-8",

@@ -5,7 +5,7 @@ import hmac
 
 from fastapi import Request
 
-from tandem.serve.errors import APIError
+from tandem.serve.api.errors import APIError
 
 
 def require_api_key(api_key: str | None):

@@ -18,16 +18,16 @@ from itertools import islice
 from typing import Iterable, Sequence
 from urllib.parse import quote
 
+from tandem.cache_stats import CacheStats, StatsCounter
 from tandem.errors import TandemError
-from tandem.serve.cache_stats import CacheStats, StatsCounter
-from tandem.serve.ngram_index import (
+from tandem.speculation.shared_store.index import (
     DEFAULT_NGRAM_CONFIG,
     NgramConfig,
     decode_tokens,
     ngram_entries,
     suffix_keys,
 )
-from tandem.serve.redis_link import RECONNECT_BACKOFF_MAX_SECONDS, RedisLink
+from tandem.redis_link import RECONNECT_BACKOFF_MAX_SECONDS, RedisLink
 
 log = logging.getLogger(__name__)
 REDIS_NGRAM_PREFIX = "tandem:ngram:"

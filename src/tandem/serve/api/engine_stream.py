@@ -19,8 +19,8 @@ from collections.abc import AsyncIterator
 
 from tandem.engine.worker import EngineStoppedError, QueueFullError, RequestHandle
 from tandem.errors import TandemError
-from tandem.serve.errors import APIError, queue_full, shutting_down
-from tandem.serve.prepare import PreparedRequest
+from tandem.serve.api.errors import APIError, queue_full, shutting_down
+from tandem.serve.api.prepare import PreparedRequest
 from tandem.serve.state import ServerState
 from tandem.text.stream import TextStream
 

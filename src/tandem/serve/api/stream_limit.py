@@ -5,7 +5,7 @@ share the proxy's address: raise --max-streams-per-client there."""
 from collections import Counter
 from collections.abc import Callable
 
-from tandem.serve.errors import APIError
+from tandem.serve.api.errors import APIError
 
 RETRY_AFTER_SECONDS = 1
 

@@ -1,0 +1,1 @@
+"""What a running server shows of itself: Prometheus metrics, the dashboard's series, traces."""

@@ -1,0 +1,1 @@
+"""The response cache: finished responses reused for identical deterministic requests (memory or Redis)."""
