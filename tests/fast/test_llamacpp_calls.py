@@ -4,6 +4,8 @@ position is scored once, in order."""
 
 import random
 
+import pytest
+
 from tandem.models.batch_runner import BatchItem
 from tandem.models.llamacpp_batch_runner import FEW_ROWS, FLASH_TILE_ROWS, plan_calls
 
@@ -58,3 +60,12 @@ def test_every_position_once_in_order_within_every_limit():
         for index, item in enumerate(items):
             scored = [i for call in calls for j, _, i in call if j == index]
             assert scored == list(range(len(item.token_ids)))
+
+
+def test_an_item_asking_more_logits_than_it_has_tokens_is_refused():
+    """Such rows were never scored: a runner would hand back whatever its buffer held."""
+    with pytest.raises(ValueError, match="3 logits asked of 2 tokens"):
+        BatchItem(0, (5, 6), 3)
+    with pytest.raises(ValueError):
+        BatchItem(0, (5,), -1)
+    assert BatchItem(0, (5, 6), 2).num_logits == 2

@@ -51,13 +51,13 @@ def test_a_state_from_the_disk_tier_gives_a_new_process_the_logits_saved(small_g
     written = DiskPromptCache(tmp_path, 1 << 30, key)
     assert written.put(HostEntry(tuple(prompt), model.save_state(0)), key)
     written.close()
-    saved_logits = model.forward_batch([BatchItem(0, (prompt[-1],), len(prompt))])[0]  # [1, vocab]
+    saved_logits = model.forward_batch([BatchItem(0, (prompt[-1],), 1)])[0]  # [1, vocab]
 
     disk = DiskPromptCache(tmp_path, 1 << 30, key)
     entry = disk.load(disk.lookup(prompt, key))
     fresh = runner(small_gguf)
     assert fresh.restore_state(1, entry.target_state, len(entry.tokens))
-    restored_logits = fresh.forward_batch([BatchItem(1, (prompt[-1],), len(prompt))])[0]
+    restored_logits = fresh.forward_batch([BatchItem(1, (prompt[-1],), 1)])[0]
     assert np.array_equal(saved_logits, restored_logits)
     other_key = disk_model_key(EngineConfig(RunnerSpec(small_gguf, backend="torch", device="cpu"), drafter="ngram"),
                                with_draft=False)

@@ -9,8 +9,8 @@ sequences' rounds come first, and prompts are scored in chunks, oldest first, in
 leave, so a long prompt joining does not stall the running streams. A step
 1. admits waiting requests into free slots, reusing the longest cached prompt prefix: in a
    running or a resident finished sequence's slot (copied where the runner shares cells), or
-   restored from the host or disk tier (engine/host_cache.py, disk_cache.py); what their slot lacks of the prompt is
-   `unprefilled`,
+   restored from the host or disk tier (engine/host_cache.py, disk_cache.py); what their slot
+   lacks of the prompt is `unprefilled`,
 2. splits the running sequences: those verifying a round (decoding ones, and prefilling ones
    whose remaining prompt fits the budget left: it is scored in front of their round) and those
    still prefilling,

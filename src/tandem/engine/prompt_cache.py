@@ -152,8 +152,8 @@ class PromptCache:
         """Restore into slot the tier entry sharing the longest prefix with the prompt, where it
         shares MIN_COPY_TOKENS more than the slots do: the prompt tokens then kept (0 where the
         runner could not take it: the slot is left empty), or None where no entry beats the slots."""
-        found = self._lookup(prefix)
-        if found is None or found[1] < slot_reuse + MIN_COPY_TOKENS:
+        found = self._lookup(prefix, slot_reuse + MIN_COPY_TOKENS)
+        if found is None:
             return None
         entry, common = found
         if not self.target.restore_state(slot, entry.target_state, len(entry.tokens)):
@@ -171,17 +171,18 @@ class PromptCache:
         self.host_restores += 1
         return common
 
-    def _lookup(self, prefix: list[int]) -> tuple[HostEntry, int] | None:
+    def _lookup(self, prefix: list[int], at_least: int) -> tuple[HostEntry, int] | None:
         """The entry sharing the longest prefix with the prompt in either tier (the host's on a
-        tie), and that length; a disk file that cannot be read counts as no match."""
+        tie), and that length, where it shares at least `at_least` tokens (a disk file is read
+        only then); a disk file that cannot be read counts as no match."""
         host = self.host.lookup(prefix, self.host.model_key) if self.host is not None else None
         disk = self.disk.lookup(prefix, self.disk.model_key) if self.disk is not None else None
-        if disk is not None and (host is None or disk.common > host.common):
+        if disk is not None and disk.common >= at_least and (host is None or disk.common > host.common):
             entry = self.disk.load(disk)
             if entry is not None:
                 self.disk_restores += 1
                 return entry, disk.common
-        return None if host is None else (host.entry, host.common)
+        return None if host is None or host.common < at_least else (host.entry, host.common)
 
     def _save(self, slot: int, running_draft: RunningDraft) -> None:
         """Copy a slot's caches (target and draft) to the tiers that do not hold them already."""

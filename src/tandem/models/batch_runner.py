@@ -42,6 +42,10 @@ class BatchItem:
     token_ids: tuple[int, ...]  # appended to the slot's cache
     num_logits: int  # logits wanted for the last num_logits of them (0: none)
 
+    def __post_init__(self):
+        if not 0 <= self.num_logits <= len(self.token_ids):  # more would be rows nobody scored
+            raise ValueError(f"slot {self.slot}: {self.num_logits} logits asked of {len(self.token_ids)} tokens")
+
 
 class BatchRunner(Protocol):
     name: str
