@@ -2,11 +2,15 @@
 finds (same model key only); a damaged, truncated or foreign file is ignored with a warning and
 never loaded; the files never exceed the byte budget; a write that fails leaves the request alone."""
 
+import json
 import logging
 import random
+import struct
+import threading
 
 import pytest
 
+from tandem.engine import disk_cache
 from tandem.engine.disk_cache import SUFFIX, DiskPromptCache
 from tandem.engine.host_cache import HostEntry
 from tandem.engine.prefix_index import BLOCK
@@ -62,7 +66,7 @@ def test_another_model_never_sees_the_files_and_a_foreign_file_is_ignored(tmp_pa
     assert not (ours.folder / "moved.tkv").exists()
 
 
-@pytest.mark.parametrize("damage", ["flip a state byte", "truncate", "garbage header"])
+@pytest.mark.parametrize("damage", ["flip a state byte", "truncate", "garbage header", "wrong field type"])
 def test_a_damaged_file_is_ignored_with_a_warning_and_never_loaded(tmp_path, caplog, damage):
     cache = written(DiskPromptCache(tmp_path, 1 << 20, KEY), entry(range(3, 60)))
     path = next(cache.folder.glob(f"*{SUFFIX}"))
@@ -71,8 +75,14 @@ def test_a_damaged_file_is_ignored_with_a_warning_and_never_loaded(tmp_path, cap
         data[-10] ^= 0xFF
     elif damage == "truncate":
         del data[-10:]
-    else:
+    elif damage == "garbage header":
         data[12:20] = b"\xff" * 8
+    else:  # a whole, well-formed header naming a size that is not a number
+        length = struct.unpack("<I", data[8:12])[0]
+        header = json.loads(data[12:12 + length])
+        header["target_bytes"] = "x"
+        raw = json.dumps(header).encode()
+        data = data[:8] + struct.pack("<I", len(raw)) + raw + data[12 + length:]
     path.write_bytes(bytes(data))
     with caplog.at_level(logging.WARNING):
         restarted = DiskPromptCache(tmp_path, 1 << 20, KEY)
@@ -139,3 +149,41 @@ def test_an_unusable_folder_is_a_clear_error(tmp_path):
 
     with pytest.raises(TandemError, match="cannot use"):
         DiskPromptCache(tmp_path / "file", 1 << 20, KEY)
+
+
+def test_an_entry_waiting_for_its_write_is_found_at_once_and_the_queue_is_bounded(tmp_path, monkeypatch):
+    """With the writer held up, a lookup right after the save finds the entry (from memory); past
+    MAX_QUEUED_BYTES of waiting states a save is refused rather than held."""
+    release = threading.Event()
+    store = DiskPromptCache._store
+    monkeypatch.setattr(DiskPromptCache, "_store", lambda self, *a: (release.wait(10), store(self, *a)))
+    monkeypatch.setattr(disk_cache, "MAX_QUEUED_BYTES", 400)
+    cache = DiskPromptCache(tmp_path, 1 << 20, KEY)
+    saved = entry(range(3, 60), nbytes=200)
+    assert cache.put(saved, KEY)
+    match = cache.lookup(list(range(3, 70)), KEY)
+    assert match is not None and match.common == 57 and cache.load(match) == saved
+    assert not cache.put(entry(range(100, 160), nbytes=200), KEY)  # 300 + 300 bytes would wait
+    release.set()
+    cache.flush()
+    assert cache.queued_bytes == 0 and len(cache) == 1
+    assert cache.load(cache.lookup(list(range(3, 60)), KEY)) == saved  # now from its file
+
+
+def test_an_entry_whose_header_does_not_fit_evicts_nothing(tmp_path):
+    kept = entry([1] * 40, nbytes=300)
+    cache = written(DiskPromptCache(tmp_path, 2000, KEY), kept)
+    states_fit = entry([2] * 40, nbytes=1300)  # 1,950 bytes of states: within 2,000, not with its header
+    written(cache, states_fit)
+    assert len(cache) == 1 and cache.lookup([1] * 40, KEY) is not None
+
+
+def test_a_file_that_cannot_be_removed_is_a_warning(tmp_path, monkeypatch, caplog):
+    cache = written(DiskPromptCache(tmp_path, 1 << 20, KEY), entry(range(3, 60)))
+    path = next(cache.folder.glob(f"*{SUFFIX}"))
+    path.write_bytes(b"not a cache file")
+    monkeypatch.setattr(type(path), "unlink", lambda self, missing_ok=False: (_ for _ in ()).throw(PermissionError("no")))
+    with caplog.at_level(logging.WARNING):
+        assert cache.load(cache.lookup(list(range(3, 60)), KEY)) is None
+        DiskPromptCache(tmp_path, 1 << 20, KEY)  # the scan meets it again: still no exception
+    assert "could not remove" in caplog.text

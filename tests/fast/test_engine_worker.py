@@ -90,3 +90,15 @@ def test_start_frees_the_starting_threads_openmp_team_before_the_engine_thread_r
     worker.start()
     assert calls == [(threading.main_thread(), False)]
     worker.shutdown(grace_seconds=1)
+
+
+def test_the_engine_is_closed_once_however_often_the_worker_shuts_down(tiny_target, tiny_draft):
+    """A drain then the server's own close both shut the worker down: the engine (whose close
+    writes the disk tier) is closed once."""
+    engine = make_engine(tiny_target, tiny_draft, slots=2)
+    closes = []
+    engine.close = lambda: closes.append(1)
+    worker = EngineWorker(engine, max_waiting=8).start()
+    worker.shutdown(grace_seconds=1)
+    worker.shutdown(grace_seconds=0)
+    assert closes == [1]

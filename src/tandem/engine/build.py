@@ -4,6 +4,7 @@ runners for the target and the draft (the draft only when the drafter uses a mod
 tokenizer checked) and the batching engine over them.
 `tandem generate`, `tandem bench` and `tandem serve` all build their engine here."""
 
+import sys
 from dataclasses import dataclass
 
 from tandem.engine.batch_engine import STEP_TOKEN_BUDGET, BatchEngine, check_step_token_budget
@@ -66,7 +67,10 @@ def build_engine(config: EngineConfig, max_running: int = DEFAULT_MAX_RUNNING, n
     target = load_batch_runner(config.target, max_running, cache_slots)
     host_cache = _host_cache(target, draft, cache_ram_bytes)
     disk_cache = None
-    if cache_dir is not None and host_cache is not None:
+    if cache_dir is not None and host_cache is None:
+        print(f"warning: --cache-dir {cache_dir} is not used: {target.name} cannot save a slot's state",
+              file=sys.stderr)
+    elif cache_dir is not None and cache_disk_bytes != 0:
         capacity = default_cache_disk_bytes(cache_dir) if cache_disk_bytes is None else cache_disk_bytes
         disk_cache = DiskPromptCache(cache_dir, capacity, disk_model_key(config, draft is not None))
     return BatchEngine(target, draft, config.drafter, config.k, ngram_store, max_running,
@@ -77,14 +81,24 @@ def build_engine(config: EngineConfig, max_running: int = DEFAULT_MAX_RUNNING, n
 def disk_model_key(config: EngineConfig, with_draft: bool) -> str:
     """What a disk-tier state belongs to: each model's content checksum, backend, device and
     precision, and for llama.cpp its build (a state is only restored where the same kernels
-    computed it). Threads and slot counts are left out: they do not change a state."""
+    computed it), and Tandem's version (a runner's state layout may change with it). Threads and
+    slot counts are left out: they do not change a state."""
     specs = [config.target] + ([config.draft] if with_draft else [])
-    parts = []
+    parts = [f"tandem {_tandem_version()}"]
     for spec in (spec.resolved() for spec in specs):
         build = f"{_llama_cpp_version()} {llama_cpp_features()}" if spec.backend == "llamacpp" else ""
         parts.append(f"{model_checksum(spec.model)}|{spec.backend}|{spec.device}|"
                      f"{precision_of(spec.backend, spec.dtype)}|{build}")
     return " + ".join(parts)
+
+
+def _tandem_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("tandem")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def _llama_cpp_version() -> str:

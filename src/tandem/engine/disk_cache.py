@@ -12,8 +12,12 @@ the states. A file is read only from its own model's folder and only when its he
 equals the running models' key, so another model's state is never loaded; a file that cannot be
 read, is truncated, or whose states do not match their checksum is ignored with a warning and
 removed. Writes go to a temporary file renamed into place, so a crash never leaves half a file
-that looks whole. Bounded by bytes (the files' sizes), least recently used first (file times
-carry the order across restarts); an entry larger than the whole budget is not written.
+that looks whole. Bounded by bytes (the files' sizes, per model key: a folder of another key,
+e.g. an older llama.cpp build's, is left alone), least recently used first (file times carry
+the order across restarts); an entry larger than the whole budget is not written. An entry
+waiting for its write is found by lookups at once (from memory), and at most MAX_QUEUED_BYTES
+wait; past that a save is dropped. No error of the disk reaches a request: a file that cannot
+be read, written or removed is a warning. One server process per folder.
 """
 
 import contextlib
@@ -40,15 +44,18 @@ MAGIC = b"TANDEMKV"
 FORMAT = 1
 SUFFIX = ".tkv"
 DEFAULT_MAX_BYTES = 16 << 30  # or a quarter of the disk's free space where that is less
+MAX_QUEUED_BYTES = 1 << 30  # states waiting for the writer, held in memory
 _LENGTH = struct.Struct("<I")
 
 
 def default_cache_disk_bytes(directory: str | Path) -> int:
-    """16 GiB, or a quarter of the free space on directory's disk where that is less."""
-    path = Path(directory)
+    """16 GiB, or a quarter of the space on directory's disk that is free or already holds this
+    cache's files (so a restart does not shrink the budget by what the cache wrote)."""
+    path = Path(directory).expanduser()
+    own = sum(f.stat().st_size for f in path.glob(f"*/*{SUFFIX}") if f.is_file()) if path.is_dir() else 0
     while not path.exists() and path != path.parent:
         path = path.parent
-    return min(DEFAULT_MAX_BYTES, shutil.disk_usage(path).free // 4)
+    return min(DEFAULT_MAX_BYTES, (shutil.disk_usage(path).free + own) // 4)
 
 
 def digest(text: str) -> str:
@@ -67,6 +74,7 @@ class DiskRecord:
 class DiskMatch:
     record: DiskRecord
     common: int  # leading tokens the file's target state shares with the prompt looked up
+    queued: HostEntry | None = None  # the entry itself, while it waits for its write
 
 
 class DiskPromptCache:
@@ -87,6 +95,9 @@ class DiskPromptCache:
         self._lock = threading.Lock()  # the index is read by the engine, written by the writer
         self._records: OrderedDict[Path, DiskRecord] = OrderedDict()  # least recently used first
         self._index: PrefixIndex[Path] = PrefixIndex()
+        self._queued: dict[Path, HostEntry] = {}  # entries waiting for the writer
+        self._queued_index: PrefixIndex[Path] = PrefixIndex()
+        self.queued_bytes = 0
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-disk-cache")
         self._pending: list[Future] = []
         self._closed = False
@@ -103,6 +114,10 @@ class DiskPromptCache:
             return None
         with self._lock:
             best = self._index.longest(tokens)
+            queued = self._queued_index.longest(tokens)
+            if queued is not None and (best is None or queued[1] > best[1]):
+                entry = self._queued[queued[0]]
+                return DiskMatch(DiskRecord(queued[0], entry.tokens, 0), queued[1], entry)
             return None if best is None else DiskMatch(self._records[best[0]], best[1])
 
     def holds(self, tokens: Sequence[int], model_key: str) -> bool:
@@ -112,11 +127,12 @@ class DiskPromptCache:
     def load(self, match: DiskMatch) -> HostEntry | None:
         """The entry in match's file, or None (with a warning, the file removed) where it is gone,
         damaged or another model's."""
+        if match.queued is not None:
+            return match.queued
         path = match.record.path
         try:
             with path.open("rb") as f:
                 entry = _read_entry(f, self.model_key, with_states=True)
-            os.utime(path)
         except (OSError, ValueError) as error:
             if not isinstance(error, FileNotFoundError):  # (gone: evicted since the lookup, or removed)
                 log.warning("prompt cache: ignoring %s: %s", path, error)
@@ -124,6 +140,8 @@ class DiskPromptCache:
                 if path in self._records:
                     self._drop(path)
             return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # the least recently used order, across restarts
         with self._lock:
             if path in self._records:
                 self._records.move_to_end(path)
@@ -135,8 +153,15 @@ class DiskPromptCache:
         if (self._closed or model_key != self.model_key or entry.nbytes > self.capacity_bytes
                 or len(entry.tokens) < BLOCK):
             return False
+        path = self._path(entry)
+        with self._lock:
+            if self.queued_bytes + entry.nbytes > MAX_QUEUED_BYTES or path in self._queued:
+                return False
+            self._queued[path] = entry
+            self._queued_index.add(path, entry.tokens)
+            self.queued_bytes += entry.nbytes
         self._pending = [f for f in self._pending if not f.done()]
-        self._pending.append(self._writer.submit(self._write, entry))
+        self._pending.append(self._writer.submit(self._write, entry, path))
         return True
 
     def flush(self) -> None:
@@ -160,9 +185,22 @@ class DiskPromptCache:
 
     # -- the writer's side --------------------------------------------------------------------
 
-    def _write(self, entry: HostEntry) -> None:
+    def _path(self, entry: HostEntry) -> Path:
+        return self.folder / f"{digest(repr(entry.tokens))[:32]}{SUFFIX}"
+
+    def _write(self, entry: HostEntry, path: Path) -> None:
+        try:
+            self._store(entry, path)
+        finally:
+            with self._lock:
+                self._queued.pop(path, None)
+                self._queued_index.remove(path)
+                self.queued_bytes -= entry.nbytes
+
+    def _store(self, entry: HostEntry, path: Path) -> None:
         data = _encode(entry, self.model_key)
-        path = self.folder / f"{digest(repr(entry.tokens))[:32]}{SUFFIX}"
+        if len(data) > self.capacity_bytes:
+            return  # its header takes it past the whole budget: nothing is evicted for it
         with self._lock:
             superseded = self._index.extended_by(entry.tokens)
             for old in {superseded, path} & set(self._records):
@@ -170,10 +208,8 @@ class DiskPromptCache:
             while self._records and self.nbytes + len(data) > self.capacity_bytes:
                 self._drop(next(iter(self._records)))
                 self.evicted += 1
-            if self.nbytes + len(data) > self.capacity_bytes:
-                return  # its header took it past the budget
             self.nbytes += len(data)  # reserved while the file is written
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp")
         try:
             tmp.write_bytes(data)
             os.replace(tmp, path)
@@ -196,7 +232,7 @@ class DiskPromptCache:
         """Index this model's files, oldest first; damaged ones are removed with a warning, and
         what exceeds the budget goes, least recently used first."""
         for tmp in self.folder.glob("*.tmp"):
-            tmp.unlink(missing_ok=True)  # a write a crash interrupted
+            _remove(tmp)  # a write a crash interrupted
         found = []
         for path in self.folder.glob(f"*{SUFFIX}"):
             try:
@@ -205,7 +241,7 @@ class DiskPromptCache:
                 stat = path.stat()
             except (OSError, ValueError) as error:
                 log.warning("prompt cache: ignoring and removing %s: %s", path, error)
-                path.unlink(missing_ok=True)
+                _remove(path)
                 continue
             found.append((stat.st_mtime_ns, DiskRecord(path, entry.tokens, stat.st_size)))
         for _, record in sorted(found, key=lambda item: item[0]):
@@ -222,7 +258,14 @@ class DiskPromptCache:
     def _drop(self, path: Path) -> None:
         self.nbytes -= self._records.pop(path).nbytes
         self._index.remove(path)
+        _remove(path)
+
+
+def _remove(path: Path) -> None:
+    try:
         path.unlink(missing_ok=True)
+    except OSError as error:
+        log.warning("prompt cache: could not remove %s: %s", path, error)
 
 
 def _encode(entry: HostEntry, model_key: str) -> bytes:
@@ -251,9 +294,13 @@ def _read_entry(f, model_key: str, with_states: bool) -> HostEntry:
         if header["model_key"] != model_key:
             raise ValueError("saved by another model")
         tokens, draft_tokens = tuple(header["tokens"]), tuple(header["draft_tokens"])
-        target_bytes, draft_bytes = int(header["target_bytes"]), header["draft_bytes"]
+        target_bytes, draft_bytes = header["target_bytes"], header["draft_bytes"]
         checksum = header["sha256"]
-    except (KeyError, TypeError, json.JSONDecodeError, UnicodeDecodeError) as error:
+        if not (all(type(t) is int for t in tokens + draft_tokens) and type(target_bytes) is int
+                and target_bytes >= 0 and (draft_bytes is None or type(draft_bytes) is int and draft_bytes >= 0)
+                and isinstance(checksum, str)):
+            raise TypeError("fields of the wrong type")
+    except (KeyError, TypeError, AttributeError, json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"unreadable header ({error})") from None
     total = target_bytes + (draft_bytes or 0)
     if not with_states:

@@ -125,6 +125,7 @@ class EngineWorker:
         self._ids = itertools.count()
         self._accepting = True
         self._drain_deadline: float | None = None
+        self._closed = False  # engine.close() called (once, by whichever shutdown gets there first)
         self._thread = threading.Thread(target=self._run, name="tandem-engine", daemon=True)
         self.last_report: StepReport | None = None
 
@@ -174,6 +175,12 @@ class EngineWorker:
         self._commands.put(("drain", None, grace_seconds, None))
         if self._thread.is_alive():
             self._thread.join(timeout=grace_seconds + 30)
+        if self._thread.is_alive():
+            return  # still inside a step: closing the engine under it would race with it
+        with self._lock:
+            if self._closed:
+                return  # a second shutdown (a drain, then the server's own close) closes nothing
+            self._closed = True
         close = getattr(self.engine, "close", None)
         if close is not None:
             close()

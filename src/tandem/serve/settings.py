@@ -74,7 +74,7 @@ class ServeSettings:
         if self.cache_ram_bytes is not None:
             _check_int("cache RAM bytes", self.cache_ram_bytes, 0, 1 << 50)
         if self.cache_disk_bytes is not None:
-            _check_int("cache disk bytes", self.cache_disk_bytes, 0, 1 << 60)
+            _check_int("cache disk bytes", self.cache_disk_bytes, 1, 1 << 60)
         if self.cache_disk_bytes is not None and self.cache_dir is None:
             raise TandemError("--cache-disk sizes the disk tier: give it a folder with --cache-dir")
         if self.max_tokens_limit is not None:

@@ -119,11 +119,12 @@ def launch_cluster(spec: ClusterSpec, drafter: str, k: int | str, ray_address: s
                    loop: str = "independent", health_period_s: float = DEFAULT_PERIOD_S) -> ClusterEngine:
     check_loop(loop)
     check_period(health_period_s)
+    check_drafter(drafter, any(w.can_draft and w.drafting_model for w in spec.workers),
+                  how_to_add="the cluster file has no worker with a draft_model")
     start_ray(spec, ray_address)
     verifiers, drafters = build_workers(spec)
     if not verifiers:
         raise TandemError("the cluster has no verifier")
-    check_drafter(drafter, bool(drafters), how_to_add="the cluster file has no worker with a draft_model")
     engine = ClusterEngine(verifiers, drafters, drafter, k, ngram_store, max_running, draft_ahead, loop,
                            health_period_s)
     engine.health.start()  # workers are watched from now on, with or without requests
