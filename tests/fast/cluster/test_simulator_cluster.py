@@ -16,6 +16,7 @@ from tandem.cluster.sim.adapter import SimOptions, simulation_from_cluster
 from tandem.cluster.sim.from_profile import device_from_profile
 from tandem.cluster.sim.scaling import SweepOptions, apportion, scaled_spec, sweep
 from tandem.cluster.sim.scaling_report import write_scaling
+from tandem.errors import TandemError
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 WORKLOAD = Workload(24, FixedLength(32), FixedLength(32), concurrency=8)
@@ -56,6 +57,15 @@ def test_roles_as_written_give_every_replica_its_device_and_drafter():
     assert npu.forward_ms([1]) == pytest.approx(2 * plain.forward_ms([1]))  # utilization 0.5
     result = simulate(sim)
     assert result.requests == 24 and set(result.utilisation) == {"gpu/0", "gpu/1", "npu/0", "cpu/0", "cpu/1", "cpu/2"}
+
+
+@pytest.mark.parametrize("drafter", ["model", "hybrid"])
+def test_a_model_drafter_without_a_draft_model_is_an_error_and_auto_copies(drafter):
+    verifiers_only = ClusterSpec(workers=(mixed_cluster().workers[0],), drafter=drafter)
+    with pytest.raises(TandemError, match=f"drafter '{drafter}' needs a draft or both worker"):
+        simulation_from_cluster(verifiers_only, WORKLOAD)
+    auto = simulation_from_cluster(ClusterSpec(workers=verifiers_only.workers, drafter="auto"), WORKLOAD)
+    assert {v.drafter for v in auto.verifiers} == {"ngram"}
 
 
 def test_the_plans_placement_is_simulated():

@@ -8,7 +8,8 @@ scaled by slowdown / (1 - utilization), as the planner prices them. Roles as wri
 - `verify` replicas verify; `draft` replicas draft for them, dealt out in turn, same network
   group first; `both` replicas verify with their own `draft_model` beside them (one device);
 - the file's `drafter`: `none` decodes plainly, the copy drafters use the free n-gram drafter,
-  `model`/`hybrid`/`auto` use draft models where there are any (else n-gram copies).
+  `model`/`hybrid`/`auto` use draft models where there are any; without any, `auto` copies
+  n-grams and `model`/`hybrid` are an error (as `tandem serve --cluster` refuses them).
 With a plan, plan_adapter.py follows the placement instead. k: the file's `k` fixes it, else
 the engine's E/T planner chooses (`use_plan_k` takes the placement's k). Acceptance per token:
 the options, else the file's `acceptance`, else the planner's defaults (drafter_kinds.py).
@@ -105,8 +106,9 @@ class _DrafterChoice:
             near = sorted(self.pool, key=lambda d: d.device.group != worker.group)
             self.turn += 1
             return near[(self.turn - 1) % len(near)]
-        if kind == "model":
-            raise TandemError("cluster: drafter 'model' needs a draft or both worker, and there is none")
+        if kind != "auto":  # a model drafter is never silently replaced (speculation/drafters/registry.py)
+            raise TandemError(f"cluster: drafter {kind!r} needs a draft or both worker, and there is none "
+                              "(drafter: auto copies from the context instead)")
         return self.ngram
 
     def used(self) -> list[SimDrafter]:
