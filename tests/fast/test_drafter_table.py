@@ -11,7 +11,7 @@ from tandem.cli.options import add_model_options, engine_config
 from tandem.cli.serve_cmd import cluster_engine_config
 from tandem.cluster.config.cluster_spec import ACCEPTANCE_SOURCES
 from tandem.cluster.config.load import load_cluster
-from tandem.cluster.planning.drafter_kinds import DEFAULT_ACCEPTANCE
+from tandem.cluster.planning.acceptance import DEFAULT_ACCEPTANCE
 from tandem.cluster.runtime.launch import ClusterOptions
 from tandem.errors import TandemError
 from tandem.serve.api.protocol import TandemOptions

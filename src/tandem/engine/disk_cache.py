@@ -205,9 +205,7 @@ class DiskPromptCache:
             superseded = self._index.extended_by(entry.tokens)
             for old in {superseded, path} & set(self._records):
                 self._drop(old)
-            while self._records and self.nbytes + len(data) > self.capacity_bytes:
-                self._drop(next(iter(self._records)))
-                self.evicted += 1
+            self._evict_for(len(data))
             self.nbytes += len(data)  # reserved while the file is written
         tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp")
         try:
@@ -246,7 +244,11 @@ class DiskPromptCache:
             found.append((stat.st_mtime_ns, DiskRecord(path, entry.tokens, stat.st_size)))
         for _, record in sorted(found, key=lambda item: item[0]):
             self._add(record)
-        while self.nbytes > self.capacity_bytes:
+        self._evict_for(0)
+
+    def _evict_for(self, extra: int) -> None:
+        """Remove files, least recently used first, until `extra` more bytes fit the budget."""
+        while self._records and self.nbytes + extra > self.capacity_bytes:
             self._drop(next(iter(self._records)))
             self.evicted += 1
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from profile_doubles import CHEAP_DRAFT, CONTEXT, FLAT, STEEP, both_worker, cluster, drafter, fused_profile, verifier
 
-from tandem.cluster.planning.drafter_kinds import expected_tokens
+from tandem.cluster.planning.acceptance import expected_tokens
 from tandem.cluster.planning.placement import PlacementPricer
 from tandem.cluster.planning.planner import PlanOptions, options_for, plan_cluster
 from tandem.cluster.planning.prediction import DraftSource, WorkerCost, predict_step

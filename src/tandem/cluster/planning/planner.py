@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from tandem.cluster.config.cluster_spec import ClusterSpec
-from tandem.cluster.planning.drafter_kinds import DEFAULT_ACCEPTANCE
+from tandem.cluster.planning.acceptance import DEFAULT_ACCEPTANCE
 from tandem.cluster.planning.naive_score import NAIVE_DRAFTER, NAIVE_K, DeviceScore, device_scores, naive_roles
 from tandem.cluster.planning.placement import Placement, PlacementPricer
 from tandem.cluster.planning.prediction import WorkerCost

@@ -11,16 +11,16 @@ draft tokens, after the drafter proposed them. With `a` the drafter's acceptance
     tokens/s  = 1000 x tokens / step_ms          (at saturation: all B slots always busy)
     latency   = step_ms / E(k)                   ms per generated token, seen by each sequence
 
-`share` is the share of draft tokens that cost a draft-model step (drafter_kinds.py). The
-drafter is busy `draft_ms / step_ms` of the time, which bounds how many verifier replicas one
-draft replica can serve. Costs are the worker's profile times its `slowdown` (emulation) and
+`share` is the share of draft tokens that cost a draft-model step (the drafter table,
+speculation/drafters/registry.py). The drafter is busy `draft_ms / step_ms` of the time, which
+bounds how many verifier replicas one draft replica can serve. Costs are the worker's profile times its `slowdown` (emulation) and
 divided by `1 - utilization` (the share of the device left to us).
 """
 
 from dataclasses import dataclass
 
 from tandem.cluster.config.cluster_spec import WorkerSpec
-from tandem.cluster.planning.drafter_kinds import expected_tokens
+from tandem.cluster.planning.acceptance import expected_tokens
 from tandem.cluster.profiles.profile import DeviceProfile
 from tandem.speculation.drafters.registry import DrafterSpec
 

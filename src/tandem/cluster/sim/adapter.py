@@ -12,7 +12,7 @@ scaled by slowdown / (1 - utilization), as the planner prices them. Roles as wri
   n-grams and `model`/`hybrid` are an error (as `tandem serve --cluster` refuses them).
 With a plan, plan_adapter.py follows the placement instead. k: the file's `k` fixes it, else
 the engine's E/T planner chooses (`use_plan_k` takes the placement's k). Acceptance per token:
-the options, else the file's `acceptance`, else the planner's defaults (drafter_kinds.py).
+the options, else the file's `acceptance`, else the drafter table's (speculation/drafters/registry.py).
 The coordinator sits where cluster/runtime/launch.py puts it (the first drafting worker's group, else
 "local"; `coordinator_group` overrides) and every call pays the round trip from there; as written,
 each verifier replica holds launch.DEFAULT_SLOTS sequences unless `max_batch` says otherwise.
@@ -27,7 +27,7 @@ agree.
 from dataclasses import dataclass, replace
 
 from tandem.cluster.config.cluster_spec import ClusterSpec, WorkerSpec
-from tandem.cluster.planning.drafter_kinds import DEFAULT_ACCEPTANCE
+from tandem.cluster.planning.acceptance import DEFAULT_ACCEPTANCE
 from tandem.cluster.runtime.launch import DEFAULT_SLOTS, coordinator_group
 from tandem.cluster.planning.planner import Plan
 from tandem.cluster.profiles.profile_store import worker_profile

@@ -2,7 +2,7 @@
 every part of Tandem needs to know of it: whether it needs a draft model (and what share of its
 tokens the model proposes), the acceptance planning assumes before measuring, and a line for
 `--help`. The CLI's `--drafter` choices, the API's `"drafter"`, `tandem serve --cluster`, the
-cluster planner (cluster/planning/drafter_kinds.py) and the simulator all read it, and a name not
+cluster planner (cluster/planning/acceptance.py) and the simulator all read it, and a name not
 in it is an error everywhere. `generate`, `serve` and the cluster build the drafters themselves
 with `build_drafters`; they differ only in where the draft model runs (a `DraftModel`).
 
