@@ -1,14 +1,14 @@
 """One scenario through the three ways Tandem runs it: `tandem generate` (the engine stepped in
 this thread), `tandem serve` (the engine thread behind EngineWorker) and the cluster (the
-coordinator over verifier and drafter workers). fp32 torch: the tokens must be identical, and so
+router over a replica, which runs the same engine, and a drafter worker). fp32 torch: the tokens must be identical, and so
 must every drafter decision (which source drafted each round, and how many tokens)."""
 
 from engine_support import make_engine, serial_runner
-from tandem.cluster.runtime.coordinator import ClusterEngine
 from tandem.cluster.runtime.drafter_worker import DrafterWorker
 from tandem.cluster.runtime.endpoints import LocalEndpoint
 from tandem.cluster.runtime.pool import Worker
-from tandem.cluster.runtime.verifier_worker import VerifierWorker
+from tandem.cluster.runtime.replica import ReplicaEngine
+from tandem.cluster.runtime.router import ClusterRouter
 from tandem.engine.events import SpeculationOptions
 from tandem.engine.request import GenerationRequest
 from tandem.engine.run_request import stream_tokens
@@ -49,21 +49,25 @@ def through_serve(tiny_target, tiny_draft):
 
 
 def through_cluster(tiny_target, tiny_draft):
-    def worker(name, role, make):
-        w = Worker(name, role, lambda: LocalEndpoint(name, make()))
+    def worker(name, role, make, threads=1):
+        w = Worker(name, role, lambda: LocalEndpoint(name, make(), threads))
         w.launch()
         assert w.wait_ready()
         return w
 
-    verifier = worker("verify-0", "verify", lambda: VerifierWorker(serial_runner(tiny_target, 2)))
+    verifier = worker("verify-0", "verify", lambda: ReplicaEngine(serial_runner(tiny_target, 2), max_running=2), 4)
     drafter = worker("draft-0", "draft", lambda: DrafterWorker(serial_runner(tiny_draft, 2)))
-    engine = ClusterEngine([verifier], [drafter])
-    engine.add("c", request(), OPTIONS)
+    router = ClusterRouter([verifier], [drafter])
+    router.add("c", request(), OPTIONS)
     tokens, reports = [], []
-    while engine.has_work:
-        updates, report = engine.step()
-        reports.append(report)
-        tokens += [t for u in updates for t in u.token_ids]
+    try:
+        while router.has_work:
+            updates, report = router.step()
+            reports += [report] if report is not None else []
+            tokens += [t for u in updates for t in u.token_ids]
+    finally:
+        router.close()
+        verifier.endpoint.kill()
     return tokens, decisions(reports, "c")
 
 

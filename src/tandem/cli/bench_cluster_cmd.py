@@ -1,4 +1,4 @@
-"""`tandem bench-cluster --cluster FILE`: cluster vs single worker, draft_ahead, verify-only."""
+"""`tandem bench-cluster --cluster FILE`: cluster vs single worker, each replica solo, verify-only."""
 
 import argparse
 from pathlib import Path
@@ -11,10 +11,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--cluster", required=True, help="cluster YAML file")
     parser.add_argument("--drafter", default=None, metavar="NAME", help=drafter_help())
     parser.add_argument("--k", default="auto", help="speculation depth: an integer, or auto")
-    parser.add_argument("--configs", default="single,cluster,cluster+draft-ahead,cluster-verify-only",
+    parser.add_argument("--configs", default="single,cluster,cluster-verify-only",
                         help="comma-separated, run in this order: single, solo (each verifier replica alone), "
-                        "cluster (replicas on their own loops), cluster-lockstep, cluster+draft-ahead, "
-                        "cluster-verify-only")
+                        "cluster (the router over the replicas), cluster-verify-only (no drafts)")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=50)

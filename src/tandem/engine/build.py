@@ -65,7 +65,7 @@ def build_engine(config: EngineConfig, max_running: int = DEFAULT_MAX_RUNNING, n
         check_same_vocabulary(target_tokenizer, TextTokenizer(str(tokenizer_path(config.draft.model))))
         draft = load_batch_runner(config.draft, max_running, cache_slots)
     target = load_batch_runner(config.target, max_running, cache_slots)
-    host_cache = _host_cache(target, draft, cache_ram_bytes)
+    host_cache = host_cache_for(target, draft, cache_ram_bytes)
     disk_cache = None
     if cache_dir is not None and host_cache is None:
         print(f"warning: --cache-dir {cache_dir} is not used: {target.name} cannot save a slot's state",
@@ -107,7 +107,7 @@ def _llama_cpp_version() -> str:
     return llama_cpp.__version__
 
 
-def _host_cache(target, draft, cache_ram_bytes: int | None) -> HostPromptCache | None:
+def host_cache_for(target, draft, cache_ram_bytes: int | None = None) -> HostPromptCache | None:
     """The host tier, keyed by the runners' names (model, backend, format), so that its states
     are restored only into the models that saved them."""
     capacity = default_cache_ram_bytes() if cache_ram_bytes is None else cache_ram_bytes

@@ -109,7 +109,7 @@ def _engine(config: EngineConfig, settings: ServeSettings, ngram_store, cluster)
     from tandem.cluster.runtime.launch import launch_cluster
 
     return launch_cluster(cluster.spec, config.drafter, config.k, cluster.ray_address, settings.max_running,
-                          ngram_store, cluster.draft_ahead, cluster.loop, cluster.health_period_s)
+                          cluster.health_period_s)
 
 
 def close_state(state: ServerState) -> None:

@@ -80,6 +80,7 @@ class BatchDepthPlanner:
     k_max: int = AUTO_K_MAX  # deepest auto k of a draft model
     copy_k_max: int = COPY_K_MAX  # and of a copy
     overhead_ms: float = STEP_OVERHEAD_MS
+    draft_call_ms: float = 0.0  # a step's model drafts pay this once (a remote drafter's round trip)
     estimates: dict[str, AcceptanceEstimate] = field(default_factory=dict)
     families: dict[str, AcceptanceEstimate] = field(default_factory=dict)  # pooled over match lengths
     probe_credit_ms: float = 0.0  # decoding time x PROBE_BUDGET not yet spent on probes
@@ -253,6 +254,8 @@ class BatchDepthPlanner:
             walk.draft_levels.append(0)
         n = walk.draft_levels[j - 1]
         walk.draft_levels[j - 1] = n + 1
+        if j == 1 and n == 0:
+            walk.draft_ms += self.draft_call_ms
         cost = self.draft.cost
         walk.draft_ms += (cost.cost_ms(n + 1) - cost.cost_ms(n)) if self.draft.fused else cost.cost_ms(1)
 

@@ -31,7 +31,7 @@ def test_summary_folds_each_configurations_passes_and_divides_by_the_mean_solo_s
 
 
 def test_without_solo_runs_there_is_no_ratio():
-    summary = summarize({"cluster": run(36.0), "cluster-lockstep": run(30.0)})
+    summary = summarize({"cluster": run(36.0), "cluster-verify-only": run(30.0)})
     assert all("x_solo_sum" not in entry for entry in summary.values())
 
 
@@ -56,8 +56,7 @@ def test_cli_rejects_bad_counts_with_one_line(capsys):
 
 
 def test_each_cluster_configuration_has_its_measured_file():
-    assert [measured_file(c) for c in ("cluster", "cluster-lockstep", "cluster+draft-ahead", "cluster-verify-only")] == [
-        "measured.json", "measured-lockstep.json", "measured-draft-ahead.json", "measured-verify-only.json"]
+    assert [measured_file(c) for c in ("cluster", "cluster-verify-only")] == ["measured.json", "measured-verify-only.json"]
 
 
 def test_the_measured_figures_a_simulation_is_held_to_are_the_means_of_the_passes():

@@ -6,7 +6,7 @@ import argparse
 import pytest
 
 from tandem.cli.serve_cmd import cluster_options, cluster_engine_config
-from tandem.cluster.runtime.launch import ClusterOptions, coordinator_group, roles_of
+from tandem.cluster.runtime.launch import ClusterOptions, router_group, roles_of
 from tandem.cluster.config.load import load_cluster
 from tandem.errors import TandemError
 
@@ -22,16 +22,15 @@ def test_roles_and_replicas_from_the_example_files():
     assert spec.worker("verify").replicas == 2
 
 
-def test_the_coordinator_sits_with_the_drafter_and_verifiers_pay_the_round_trip():
+def test_the_router_sits_with_the_drafter_and_verifiers_pay_the_round_trip():
     spec = load_cluster(CROSS_REGION)
-    home = coordinator_group(spec)
+    home = router_group(spec)
     assert home == "edge"
     assert spec.network.rtt_ms(home, spec.worker("central-verify").group) == 12.0
 
 
 def serve_args(**overrides) -> argparse.Namespace:
-    values = dict(cluster=None, ray_address=None, draft_ahead=False, drafter="hybrid", k="auto", cluster_loop=None,
-                  health_period=None)
+    values = dict(cluster=None, ray_address=None, drafter="hybrid", k="auto", health_period=None)
     values.update(overrides)
     return argparse.Namespace(**values)
 
@@ -43,12 +42,12 @@ def test_serve_cluster_serves_the_first_verifiers_model():
     assert isinstance(options, ClusterOptions)
     assert config.target.model == "qwen2.5-coder-1.5b-instruct"
     assert config.draft.model == "qwen2.5-coder-0.5b-instruct" and config.drafter == "hybrid"
-    assert options.loop == "independent" and options.health_period_s == 2.0
+    assert options.health_period_s == 2.0
 
 
-def test_cluster_loop_and_health_period_are_read_and_checked():
-    options = cluster_options(serve_args(cluster=CROSS_REGION, cluster_loop="lockstep", health_period="0.5"))
-    assert options.loop == "lockstep" and options.health_period_s == 0.5
+def test_the_health_period_is_read_and_checked():
+    options = cluster_options(serve_args(cluster=CROSS_REGION, health_period="0.5"))
+    assert options.health_period_s == 0.5
     for bad in ("soon", "0", "-1"):
         with pytest.raises(TandemError, match="health"):
             cluster_options(serve_args(cluster=CROSS_REGION, health_period=bad))
@@ -56,6 +55,6 @@ def test_cluster_loop_and_health_period_are_read_and_checked():
 
 def test_ray_options_without_a_cluster_are_refused():
     with pytest.raises(TandemError, match="need --cluster"):
-        cluster_options(serve_args(draft_ahead=True))
+        cluster_options(serve_args(ray_address="127.0.0.1:6379"))
     with pytest.raises(TandemError, match="need --cluster"):
         cluster_options(serve_args(health_period="1"))

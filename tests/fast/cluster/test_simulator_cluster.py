@@ -48,10 +48,10 @@ def test_roles_as_written_give_every_replica_its_device_and_drafter():
     assert [v.drafter for v in sim.verifiers] == ["cpu/0", "cpu/1", "npu/0:draft"]
     assert by_name["npu/0:draft"].device.name == "npu/0"  # beside its verifier, on one device
     assert "cpu/2" in by_name  # idle draft workers are still there, to show they idle
-    assert sim.coordinator_group == "local" and {v.max_batch for v in sim.verifiers} == {DEFAULT_SLOTS}  # as launched
+    assert sim.router_group == "local" and {v.max_batch for v in sim.verifiers} == {DEFAULT_SLOTS}  # as launched
     edge_first = ClusterSpec(workers=(mixed_cluster().workers[2], mixed_cluster().workers[0]),
                              network=NetworkSpec({("edge", "local"): 8.0}), drafter="model")
-    assert simulation_from_cluster(edge_first, WORKLOAD).coordinator_group == "edge"
+    assert simulation_from_cluster(edge_first, WORKLOAD).router_group == "edge"
     npu = sim.verifiers[2].device
     plain = device_from_profile("x", public_profile("ascend-910b", TARGET, "torch", "fp16"), context=512)
     assert npu.forward_ms([1]) == pytest.approx(2 * plain.forward_ms([1]))  # utilization 0.5

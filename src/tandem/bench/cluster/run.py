@@ -4,17 +4,14 @@
   threads, the batching engine: what the cluster has to beat on the same hardware,
 - `solo`: each verifier replica of the cluster alone (the same actor, the file's drafting): what
   each device does on its own; their sum is what a cluster that adds up reaches,
-- `cluster`: the coordinator over the cluster file's Ray workers, the file's drafting, each
-  replica on its own loop (the default),
-- `cluster-lockstep`: the same, with every replica stepping together,
-- `cluster+draft-ahead`: the default loop with drafting of round i+1 during round i's
-  verification (`--pipeline`),
+- `cluster`: the router over the cluster file's Ray workers (each replica an engine), the
+  file's drafting,
 - `cluster-verify-only`: the same workers decoding without drafts (k = 0): the baseline of the
-  cross-region case, paying the same round trips.
+  cross-region case.
 Configurations run one after another on the same requests (`repeats` times over); each run's
 figures are in results.json, and every cluster configuration's figures, averaged over the
 passes, also in the form `tandem simulate --measured` reads (measured.json,
-measured-lockstep.json, ...), with the prompt length of every request in the order sent, so the
+measured-verify-only.json), with the prompt length of every request in the order sent, so the
 simulation can replay them. Workers free a
 sequence's cache when it leaves, so every run starts on an empty KV pool.
 """
@@ -24,8 +21,8 @@ from pathlib import Path
 
 from tandem.bench.cluster.drive import drive
 from tandem.bench.workload import DEFAULT_WORKLOAD, format_prompt, load_prompts
-from tandem.cluster.runtime.coordinator import ClusterEngine
 from tandem.cluster.runtime.launch import ClusterOptions, launch_cluster
+from tandem.cluster.runtime.router import ClusterRouter
 from tandem.engine.request import GenerationRequest
 from tandem.models.backends import RunnerSpec
 from tandem.models.resolve import tokenizer_path
@@ -33,7 +30,7 @@ from tandem.engine.build import EngineConfig, build_engine
 from tandem.speculation.depth import parse_depth
 from tandem.text.tokenizer import TextTokenizer
 
-CONFIGS = ("single", "solo", "cluster", "cluster-lockstep", "cluster+draft-ahead", "cluster-verify-only")
+CONFIGS = ("single", "solo", "cluster", "cluster-verify-only")
 
 
 def requests_for(target_model: str, count: int, max_tokens: int, prompts_file=DEFAULT_WORKLOAD) -> list:
@@ -85,7 +82,7 @@ def run_cluster_bench(cluster: ClusterOptions, drafter: str, k, concurrency: int
 
 
 def measured_file(config: str) -> str:
-    """measured.json for `cluster`, measured-lockstep.json for `cluster-lockstep`, and so on."""
+    """measured.json for `cluster`, measured-verify-only.json for `cluster-verify-only`."""
     return "measured.json" if config == "cluster" else f"measured-{config[len('cluster') + 1:]}.json"
 
 
@@ -121,16 +118,10 @@ def _single_engine(cluster: ClusterOptions, drafter: str, k, concurrency: int):
     return build_engine(config, concurrency)
 
 
-def _cluster_run(engine: ClusterEngine, name: str, requests: list, concurrency: int, drafter: str, k) -> dict:
-    engine.draft_ahead = name == "cluster+draft-ahead"
-    engine.loop = "lockstep" if name == "cluster-lockstep" else "independent"
+def _cluster_run(engine: ClusterRouter, name: str, requests: list, concurrency: int, drafter: str, k) -> dict:
     engine.default_drafter = "none" if name == "cluster-verify-only" else drafter
     engine.default_depth = parse_depth(0 if name == "cluster-verify-only" else k)
-    figures = drive(engine, requests, concurrency, name.replace("+", "_").replace("-", "_"))
-    result = {**figures.to_json(), "draft_ahead_hits": engine.remote.ahead_hits,
-              "draft_ahead_misses": engine.remote.ahead_misses}
-    engine.remote.ahead_hits = engine.remote.ahead_misses = 0
-    return result
+    return drive(engine, requests, concurrency, name.replace("-", "_")).to_json()
 
 
 def summarize(results: dict[str, dict]) -> dict[str, dict]:
@@ -146,13 +137,14 @@ def summarize(results: dict[str, dict]) -> dict[str, dict]:
     return summary
 
 
-def _solo_runs(engine: ClusterEngine, requests: list, concurrency: int, drafter: str, k, progress) -> dict:
+def _solo_runs(engine: ClusterRouter, requests: list, concurrency: int, drafter: str, k, progress) -> dict:
     """Each verifier replica alone, on its running actor, with the cluster's drafters."""
-    engine.close()  # its replica loops would take the solo engine's placements
+    engine.close()  # its polls would take the solo router's news
     results, total = {}, 0.0
     for replica in engine.verifiers:
         progress(f"solo {replica.name} ...")
-        solo = ClusterEngine([replica], engine.drafter_workers, drafter, k, engine.ngram_store, concurrency)
+        solo = ClusterRouter([replica], engine.drafter_workers, drafter, k, concurrency,
+                             rtt_between=engine.rtt_between)
         figures = drive(solo, requests, concurrency, f"solo_{replica.name}".replace("-", "_")).to_json()
         solo.close()
         results[f"solo {replica.name}"] = figures

@@ -1,1 +1,1 @@
-"""The running cluster: coordinator, worker classes, their Ray actors, endpoints and launch."""
+"""The running cluster: the router, the replica engine and drafter worker, their Ray actors, endpoints and launch."""

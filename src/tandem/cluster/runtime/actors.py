@@ -1,11 +1,15 @@
 """Thin Ray actors: each builds its runner inside its own worker process and forwards calls to
-the plain worker class (cluster/runtime/verifier_worker.py, cluster/runtime/drafter_worker.py). No logic lives here."""
+the plain worker class (cluster/runtime/replica.py, cluster/runtime/drafter_worker.py). No logic
+lives here. A replica's actor serves calls concurrently (its poll waits for news while adds and
+pings come in); a drafter's one at a time."""
 
 from tandem.cluster.runtime.drafter_worker import DrafterWorker
 from tandem.cluster.runtime.emulation import Emulation
 from tandem.cluster.runtime.endpoints import RayEndpoint
-from tandem.cluster.runtime.verifier_worker import VerifierWorker
+from tandem.cluster.runtime.replica import ReplicaEngine
 from tandem.models.backends import RunnerSpec
+
+REPLICA_CONCURRENCY = 8  # calls a replica's actor serves at once
 
 
 def _runner(spec: RunnerSpec, slots: int):
@@ -23,9 +27,12 @@ def _with_placement(info: dict) -> dict:
     return {**info, "resources": ray.get_runtime_context().get_assigned_resources()}
 
 
-class VerifierHost:
+class ReplicaHost:
     def __init__(self, spec: RunnerSpec, slots: int, emulation: Emulation):
-        self.worker = VerifierWorker(_runner(spec, slots), emulation)
+        from tandem.engine.build import host_cache_for
+
+        runner = _runner(spec, slots)
+        self.worker = ReplicaEngine(runner, emulation, max_running=slots, host_cache=host_cache_for(runner, None))
 
     def info(self):
         return _with_placement(self.worker.info())
@@ -33,14 +40,20 @@ class VerifierHost:
     def ping(self):
         return self.worker.ping()
 
-    def open(self, seq_id, token_ids):
-        return self.worker.open(seq_id, token_ids)
+    def add(self, seq_id, request, options):
+        return self.worker.add(seq_id, request, options)
 
-    def verify(self, items):
-        return self.worker.verify(items)
+    def cancel(self, seq_ids):
+        return self.worker.cancel(seq_ids)
 
-    def close(self, seq_ids):
-        return self.worker.close(seq_ids)
+    def detach(self, seq_id):
+        return self.worker.detach(seq_id)
+
+    def poll(self):
+        return self.worker.poll()
+
+    def set_drafters(self, links):
+        return self.worker.set_drafters(links)
 
 
 class DrafterHost:
@@ -60,7 +73,7 @@ class DrafterHost:
         return self.worker.forget(seq_ids)
 
 
-HOSTS = {"verify": VerifierHost, "draft": DrafterHost}
+HOSTS = {"verify": ReplicaHost, "draft": DrafterHost}
 
 
 def start_actor(role: str, name: str, spec: RunnerSpec, slots: int, emulation: Emulation,
@@ -72,5 +85,6 @@ def start_actor(role: str, name: str, spec: RunnerSpec, slots: int, emulation: E
     num_gpus = custom.pop("GPU", 0.0)  # Ray's own accelerator resource has its own option
     actor_class = ray.remote(HOSTS[role])
     actor = actor_class.options(num_cpus=num_cpus, num_gpus=num_gpus, resources=custom or None,
-                                max_restarts=0, max_concurrency=1).remote(spec, slots, emulation)
+                                max_restarts=0, max_concurrency=REPLICA_CONCURRENCY if role == "verify" else 1,
+                                ).remote(spec, slots, emulation)
     return RayEndpoint(name, actor)

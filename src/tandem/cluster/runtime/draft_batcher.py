@@ -1,8 +1,7 @@
 """One drafter worker's calls, batched: draft requests that arrive while the drafter is busy are
 sent together in its next call.
 
-Independent replica loops (cluster/runtime/replica_loop.py) ask a drafter for drafts on their own
-clocks. `submit` returns a ticket at once: the request goes out now if the drafter is idle, or
+Replicas (cluster/runtime/replica.py) ask a drafter for drafts on their own clocks. `submit` returns a ticket at once: the request goes out now if the drafter is idle, or
 joins the queue that goes out, whole, as one `propose` call when the call in flight returns.
 `wait(ticket)` blocks until the ticket's replies are in (in the order of its items), or raises
 WorkerDiedError when the call carrying it failed. Every waiting thread waits on the call in

@@ -4,7 +4,8 @@ a Ray actor; `LocalEndpoint` calls a plain object in this process (tests need no
 calls as an actor does: those to one worker one at a time, in order; those to several workers
 concurrently."""
 
-from concurrent.futures import Future, ThreadPoolExecutor
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Protocol
 
 
@@ -36,23 +37,30 @@ class _FuturePending:
 
 
 class LocalEndpoint:
-    """A worker object in this process, called on its own thread; `kill()` makes every call not
-    yet started, and every later one, fail like calls to a dead process."""
+    """A worker object in this process, called on its own thread (or `threads` of them, as a
+    threaded actor); `kill()` makes every call not yet started, and every later one, fail like
+    calls to a dead process."""
 
-    def __init__(self, name: str, worker: Any):
+    def __init__(self, name: str, worker: Any, threads: int = 1):
         self.name = name
         self.worker = worker
         self.dead = False
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"local-{name}")
+        self._thread = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"local-{name}")
 
     def kill(self) -> None:
         self.dead = True
+        stop = getattr(self.worker, "close", None)
+        if stop is not None:  # a replica's engine thread stops as a dead process's would
+            stop()
 
     def call(self, method: str, *args) -> Pending:
         def compute():
             if self.dead:
                 raise WorkerDiedError(f"{self.name} is dead")
-            return getattr(self.worker, method)(*args)
+            value = getattr(self.worker, method)(*args)
+            if self.dead:  # it died while the call ran: its answer never arrives
+                raise WorkerDiedError(f"{self.name} is dead")
+            return value
 
         if not self.dead:
             try:
@@ -92,3 +100,22 @@ class RayEndpoint:
 
     def call(self, method: str, *args) -> Pending:
         return _RayPending(self.name, getattr(self.actor, method).remote(*args))
+
+
+def wait_any(pendings: list[Pending], timeout_s: float) -> None:
+    """Return once any of the calls has finished, or after timeout_s."""
+    futures = [p._future for p in pendings if isinstance(p, _FuturePending)]
+    refs = [p._ref for p in pendings if isinstance(p, _RayPending)]
+    others = [p for p in pendings if not isinstance(p, (_FuturePending, _RayPending))]
+    if futures and not refs and not others:
+        wait(futures, timeout_s, FIRST_COMPLETED)
+    elif refs and not futures and not others:
+        import ray
+
+        ray.wait(refs, num_returns=1, timeout=timeout_s)
+    elif pendings:  # a mix (or wrapped calls): look now and then
+        deadline = time.monotonic() + timeout_s
+        while not any(p.ready() for p in pendings) and time.monotonic() < deadline:
+            time.sleep(0.002)
+    else:
+        time.sleep(timeout_s)

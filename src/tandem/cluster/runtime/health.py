@@ -32,9 +32,10 @@ def check_period(seconds: float) -> float:
 
 class HealthMonitor:
     def __init__(self, workers: list[Worker], on_dead: Callable[[Worker], None], lock, events=None,
-                 period_s: float = DEFAULT_PERIOD_S):
+                 period_s: float = DEFAULT_PERIOD_S, on_up: Callable[[Worker], None] | None = None):
         self.workers = workers
         self.on_dead = on_dead  # called with `lock` held
+        self.on_up = on_up  # a restarted worker answered (called with `lock` held)
         self.lock = lock
         self.events = events
         self.period_s = check_period(period_s)
@@ -69,7 +70,8 @@ class HealthMonitor:
         with self.lock:
             for worker in self.workers:
                 if worker.restarting:
-                    worker.poll_ready()
+                    if worker.poll_ready() and self.on_up is not None:
+                        self.on_up(worker)
                 elif worker.alive and worker.name not in self._pings:
                     self._pings[worker.name] = (worker.endpoint, worker.endpoint.call("ping"))
             pings = dict(self._pings)

@@ -1,4 +1,4 @@
-"""Start a cluster file's workers on Ray and hand back the coordinator (a batching engine).
+"""Start a cluster file's workers on Ray and hand back the router (a batching engine).
 
 `tandem serve --cluster FILE` starts a local Ray cluster, or joins one with `--ray-address`.
 Each replica of each worker becomes an actor that asks Ray for the worker's resources (custom
@@ -6,9 +6,10 @@ resources such as `npu` name accelerators Ray does not know); a `both` worker be
 and a drafter. A local cluster is declared with enough CPUs and custom resources for every
 worker, so heterogeneity can be emulated on one small machine (slowdown, threads, groups).
 
-The coordinator sits in the group of the first drafting worker (drafts are made close to the
-user, the article's edge), or "local"; each worker's calls pay the round trip between its group
-and the coordinator's.
+The router sits in the group of the first drafting worker (drafts are made close to the user,
+the article's edge), or "local". Calls between the router and a replica pay the round trip
+between their groups, and so do a replica's calls to a drafter (emulated where the cluster file
+gives latencies).
 """
 
 import os
@@ -16,10 +17,10 @@ from dataclasses import dataclass
 
 from tandem.cluster.runtime.actors import start_actor
 from tandem.cluster.config.cluster_spec import ClusterSpec, WorkerSpec
-from tandem.cluster.runtime.coordinator import ClusterEngine, check_loop
 from tandem.cluster.runtime.health import DEFAULT_PERIOD_S, check_period
 from tandem.cluster.runtime.emulation import Emulation
 from tandem.cluster.runtime.pool import Worker
+from tandem.cluster.runtime.router import ClusterRouter
 from tandem.errors import TandemError
 from tandem.models.backends import RunnerSpec
 from tandem.speculation.drafters.registry import check_drafter
@@ -44,7 +45,7 @@ def roles_of(worker: WorkerSpec) -> list[Role]:
     return roles
 
 
-def coordinator_group(spec: ClusterSpec) -> str:
+def router_group(spec: ClusterSpec) -> str:
     return next((w.group for w in spec.workers if w.can_draft), "local")
 
 
@@ -68,7 +69,7 @@ def start_ray(spec: ClusterSpec, address: str | None = None) -> None:
 
 
 def build_workers(spec: ClusterSpec) -> tuple[list[Worker], list[Worker]]:
-    home = coordinator_group(spec)
+    home = router_group(spec)
     verifiers, drafters = [], []
     for worker in spec.workers:
         rtt = spec.network.rtt_ms(home, worker.group)
@@ -76,7 +77,9 @@ def build_workers(spec: ClusterSpec) -> tuple[list[Worker], list[Worker]]:
             for role in roles_of(worker):
                 name = f"{worker.name}-{role.role}-{replica}"
                 pool = verifiers if role.role == "verify" else drafters
-                pool.append(Worker(name, role.role, _starter(worker, role, name, rtt), rtt_ms=rtt))
+                rtt_ms = rtt if role.role == "verify" else 0.0  # drafters are called by replicas (links)
+                pool.append(Worker(name, role.role, _starter(worker, role, name, rtt_ms), rtt_ms=rtt_ms,
+                                   group=worker.group))
     for w in verifiers + drafters:
         w.launch()  # all actors load their models concurrently
     for w in verifiers + drafters:
@@ -95,13 +98,10 @@ def _starter(worker: WorkerSpec, role: Role, name: str, rtt_ms: float):
 
 @dataclass(frozen=True, slots=True)
 class ClusterOptions:
-    """`tandem serve --cluster FILE [--ray-address ADDR] [--draft-ahead] [--cluster-loop L]
-    [--health-period S]`."""
+    """`tandem serve --cluster FILE [--ray-address ADDR] [--health-period S]`."""
 
     spec: ClusterSpec
     ray_address: str | None = None
-    draft_ahead: bool = False
-    loop: str = "independent"  # or "lockstep" (cluster/runtime/coordinator.py)
     health_period_s: float = DEFAULT_PERIOD_S
 
     @property
@@ -115,9 +115,7 @@ class ClusterOptions:
 
 
 def launch_cluster(spec: ClusterSpec, drafter: str, k: int | str, ray_address: str | None = None,
-                   max_running: int | None = None, ngram_store=None, draft_ahead: bool = False,
-                   loop: str = "independent", health_period_s: float = DEFAULT_PERIOD_S) -> ClusterEngine:
-    check_loop(loop)
+                   max_running: int | None = None, health_period_s: float = DEFAULT_PERIOD_S) -> ClusterRouter:
     check_period(health_period_s)
     check_drafter(drafter, any(w.can_draft and w.drafting_model for w in spec.workers),
                   how_to_add="the cluster file has no worker with a draft_model")
@@ -125,7 +123,6 @@ def launch_cluster(spec: ClusterSpec, drafter: str, k: int | str, ray_address: s
     verifiers, drafters = build_workers(spec)
     if not verifiers:
         raise TandemError("the cluster has no verifier")
-    engine = ClusterEngine(verifiers, drafters, drafter, k, ngram_store, max_running, draft_ahead, loop,
-                           health_period_s)
-    engine.health.start()  # workers are watched from now on, with or without requests
-    return engine
+    router = ClusterRouter(verifiers, drafters, drafter, k, max_running, health_period_s, spec.network.rtt_ms)
+    router.health.start()  # workers are watched from now on, with or without requests
+    return router

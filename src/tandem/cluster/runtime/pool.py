@@ -21,7 +21,7 @@ RTT_SAMPLES = 3  # calls timed to learn a worker's round trip
 class Worker:
     name: str
     role: str  # "verify" | "draft"
-    start: Callable[[], Endpoint]  # (re)creates the worker where its placement says
+    start: Callable[[], Endpoint] | None  # (re)creates the worker where its placement says (None: not ours to restart)
     rtt_ms: float = 0.0  # round trip from the coordinator: the cluster file's until measured at start-up
     endpoint: Endpoint | None = None
     alive: bool = False
@@ -31,6 +31,7 @@ class Worker:
     cost: CostView = field(default_factory=lambda: CostView(CostModel()))  # replaced whole on (re)start
     pid: int | None = None
     sequences: set[str] = field(default_factory=set)  # placed here (a verifier) or drafted for here
+    group: str = "local"  # the cluster file's network group
     _starting: Pending | None = None
 
     def launch(self) -> None:
@@ -77,7 +78,7 @@ class Worker:
         """Forget the worker's sequences (returned) and start a replacement if allowed."""
         orphans, self.sequences = self.sequences, set()
         self.alive = False
-        if self.restarts < MAX_RESTARTS:
+        if self.start is not None and self.restarts < MAX_RESTARTS:
             self.restarts += 1
             self.launch()
         return orphans

@@ -7,14 +7,9 @@ the committed tokens it has not seen. A drafter that lost a sequence answers `ne
 gets it whole next time; one that dies costs its sequences their drafts for a round. Remote
 drafts go exactly as deep as planned (a worker cannot consult the planner mid-draft).
 
-Draft ahead: while a replica verifies round i, the drafter already drafts round i+1 as if all
-of round i were accepted, one token longer (its first token is the drafter's guess of the
-target's bonus token). If the whole round is accepted and the bonus token equals that guess,
-round i+1's draft is ready without waiting for the drafter; otherwise it is discarded.
-
-Calls go through one DraftBatcher per drafter (cluster/runtime/draft_batcher.py): replica loops
-that ask while a drafter is busy share its next call. The bookkeeping is done under `lock` (the
-coordinator's), the waiting outside it.
+It runs inside a verifier replica (cluster/runtime/replica.py), which gets the live drafters
+from the router (`set_drafters`). Calls go through one DraftBatcher per drafter
+(cluster/runtime/draft_batcher.py). The bookkeeping is done under `lock`, the waiting outside it.
 """
 
 import threading
@@ -23,7 +18,7 @@ from collections import deque
 
 from tandem.cluster.runtime.draft_batcher import DraftBatcher
 from tandem.cluster.runtime.endpoints import WorkerDiedError
-from tandem.cluster.runtime.messages import DraftItem, VerifyResult
+from tandem.cluster.runtime.messages import DraftItem
 from tandem.cluster.runtime.pool import Worker
 from tandem.engine.sequence import Sequence
 from tandem.models.cost import CostView, catch_up_ms
@@ -40,9 +35,6 @@ class RemoteDraftModel:
         self.events = events if events is not None else deque(maxlen=MAX_EVENTS)
         self.drafter_of: dict[str, Worker] = {}
         self.drafter_length: dict[str, int] = {}  # committed tokens the sequence's drafter holds
-        self.ready: dict[str, SequenceDraft] = {}  # drafts made ahead for the next round
-        self.ahead_hits = 0
-        self.ahead_misses = 0
 
     # -- the DraftModel interface ---------------------------------------------------------------
 
@@ -60,25 +52,31 @@ class RemoteDraftModel:
         return catch_up_ms(drafter.cost.cost, len(seq.tokens) - held)
 
     def draft(self, jobs: list[DraftJob], keep_drafting=None) -> list[SequenceDraft]:
-        """Drafts made ahead where still valid; the rest from every drafter concurrently."""
+        """Drafts from every drafter concurrently."""
         drafts: dict[str, SequenceDraft] = {}
         calls: dict[str, list[tuple[Sequence, int]]] = {}
         with self.lock:
             for job in jobs:
-                ready = self.ready.pop(job.seq.seq_id, None)
-                if ready is not None:
-                    q = None if ready.q_draft is None else ready.q_draft[: job.k]
-                    drafts[job.seq.seq_id] = SequenceDraft("model", ready.token_ids[: job.k], q)
-                elif (drafter := self._drafter_for(job.seq)) is not None:
+                if (drafter := self._drafter_for(job.seq)) is not None:
                     calls.setdefault(drafter.name, []).append((job.seq, job.k))
         self._call_drafters(calls, drafts)
         return [drafts.get(job.seq.seq_id, SequenceDraft("none", [])) for job in jobs]
 
-    def discard_ready(self, seq_ids: list[str]) -> None:
-        """These sequences drafted this round: drafts made ahead that it did not use are stale."""
+    def set_drafters(self, drafters: list[Worker]) -> None:
+        """The live drafters now (one restarted is a new process: its sequences sync whole)."""
         with self.lock:
-            for seq_id in seq_ids:
-                self.ready.pop(seq_id, None)
+            known = {d.name: d for d in self.drafters}
+            self.drafters = drafters
+            for drafter in drafters:
+                old = known.get(drafter.name)
+                if old is None or old.restarts != drafter.restarts:
+                    self.batchers[drafter.name] = DraftBatcher(drafter)
+                else:  # the same process: keep its batcher, and its sequences stay with it
+                    drafters[drafters.index(drafter)] = old
+            for seq_id, old in list(self.drafter_of.items()):
+                if all(d is not old for d in drafters):
+                    del self.drafter_of[seq_id]
+                    self.drafter_length.pop(seq_id, None)
 
     # -- assignment and failure -------------------------------------------------------------------
 
@@ -108,7 +106,6 @@ class RemoteDraftModel:
     def forget(self, seq_id: str) -> None:
         """The sequence left the cluster: free its drafter's cache."""
         with self.lock:
-            self.ready.pop(seq_id, None)
             self.drafter_length.pop(seq_id, None)
             drafter = self.drafter_of.pop(seq_id, None)
             if drafter is not None:
@@ -138,44 +135,3 @@ class RemoteDraftModel:
         base = self.drafter_length.get(seq.seq_id, 0)
         seed = zlib.crc32(f"{seq.request.sampling.seed}/{seq.seq_id}/{len(seq.tokens)}{tag}".encode())
         return DraftItem(seq.seq_id, base, (*seq.tokens[base:], *extra), k, seq.request.sampling, seed)
-
-    # -- drafting ahead -------------------------------------------------------------------------
-
-    def start_ahead(self, seqs: list[Sequence], drafts: dict[str, SequenceDraft]) -> list:
-        """Ask each drafter for round i+1 now, assuming round i is accepted whole."""
-        jobs: dict[str, list[DraftItem]] = {}
-        with self.lock:
-            for seq in seqs:
-                draft, drafter = drafts[seq.seq_id], self.drafter_of.get(seq.seq_id)
-                if draft.source != "model" or not draft.token_ids or drafter is None or not drafter.alive:
-                    continue
-                item = self._item(seq, len(draft.token_ids) + 1, tuple(draft.token_ids), "/ahead")
-                jobs.setdefault(drafter.name, []).append(item)
-            return [(name, self.batchers[name].submit(items)) for name, items in jobs.items()]
-
-    def gather_ahead(self, tickets: list) -> dict:
-        replies = {}
-        for name, ticket in tickets:
-            try:
-                replies.update({r.seq_id: r for r in self.batchers[name].wait(ticket)})
-            except WorkerDiedError:
-                self.drafter_died(self.batchers[name].drafter)
-        return replies
-
-    def keep_ahead(self, seq: Sequence, draft: SequenceDraft, result: VerifyResult, reply) -> None:
-        """Keep the draft made ahead if its assumption held; note what the drafter now holds."""
-        if reply is None or reply.needs_sync:
-            return
-        with self.lock:
-            self._keep_ahead(seq, draft, result, reply)
-
-    def _keep_ahead(self, seq: Sequence, draft: SequenceDraft, result: VerifyResult, reply) -> None:
-        k = len(draft.token_ids)
-        self.drafter_length[seq.seq_id] = len(seq.tokens) + result.accepted  # what agrees
-        guess = reply.token_ids[:1]
-        if result.accepted == k and tuple(result.emitted[-1:]) == tuple(guess) and len(reply.token_ids) > 1:
-            q = None if reply.q_draft is None else reply.q_draft[1:]
-            self.ready[seq.seq_id] = SequenceDraft("model", list(reply.token_ids[1:]), q)
-            self.ahead_hits += 1
-        else:
-            self.ahead_misses += 1

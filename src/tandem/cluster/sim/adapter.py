@@ -14,7 +14,7 @@ With a plan, plan_adapter.py follows the placement instead. k: the file's `k` fi
 the engine's E/T planner chooses (`use_plan_k` takes the placement's k). Acceptance per token:
 the options, else the file's `acceptance`, else the drafter table's (speculation/drafters/registry.py).
 The coordinator sits where cluster/runtime/launch.py puts it (the first drafting worker's group, else
-"local"; `coordinator_group` overrides) and every call pays the round trip from there; as written,
+"local"; `router_group` overrides) and every call pays the round trip from there; as written,
 each verifier replica holds launch.DEFAULT_SLOTS sequences unless `max_batch` says otherwise.
 With `host_cores`, every CPU worker is taken to run on one machine with that many cores (a local
 cluster, emulation included), each replica keeping its `threads` busy: overlapping calls there
@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 
 from tandem.cluster.config.cluster_spec import ClusterSpec, WorkerSpec
 from tandem.cluster.planning.acceptance import DEFAULT_ACCEPTANCE
-from tandem.cluster.runtime.launch import DEFAULT_SLOTS, coordinator_group
+from tandem.cluster.runtime.launch import DEFAULT_SLOTS, router_group
 from tandem.cluster.planning.planner import Plan
 from tandem.cluster.profiles.profile_store import worker_profile
 from tandem.cluster.sim.acceptance import GeometricAcceptance
@@ -49,7 +49,7 @@ class SimOptions:
     ngram_acceptance: float | None = None
     max_batch: int | None = None  # None: the plan's batch per replica, or the launcher's slots
     lockstep: bool = False  # True: one coordinator steps every replica together (--cluster-loop lockstep)
-    coordinator_group: str | None = None  # None: where cluster/runtime/launch.py puts it
+    router_group: str | None = None  # None: where cluster/runtime/launch.py puts it
     draft_ahead: bool = False
     fused: bool | None = None  # None: as the backends batch today (llama.cpp and torch's fused runner: fused)
     use_plan_k: bool = False
@@ -153,6 +153,6 @@ def assemble(spec: ClusterSpec, verifiers: list[Verifier], drafters: list[SimDra
     network = Network(tuple((a, b, ms) for (a, b), ms in spec.network.latency_ms.items()))
     return Simulation(tuple(verifiers), workload, tuple(drafters), network, SimDepth(fixed_k=fixed_k),
                       draft_ahead=options.draft_ahead, lockstep=options.lockstep,
-                      coordinator_group=options.coordinator_group or coordinator_group(spec),
+                      router_group=options.router_group or router_group(spec),
                       step_overhead_ms=options.step_overhead_ms, seed=options.seed,
                       host_cores=() if options.host_cores is None else ((LOCAL_HOST, options.host_cores),))

@@ -188,7 +188,7 @@ class Simulation:
     depth: SimDepth = SimDepth()
     draft_ahead: bool = False
     lockstep: bool = False
-    coordinator_group: str | None = None  # lockstep only; None: the first verifier's group
+    router_group: str | None = None  # lockstep only; None: the first verifier's group
     step_overhead_ms: float = STEP_OVERHEAD_MS
     prefill_token_budget: int = PREFILL_TOKEN_BUDGET
     host_cores: tuple[tuple[str, int], ...] = ()  # (host, cores): devices on it share its cores

@@ -83,7 +83,7 @@ class Simulator:
     def _replica(self, index: int) -> Replica:
         spec = self.sim.verifiers[index]
         drafter = self.sim.drafter(spec.drafter)
-        coordinator = self._coordinator_group(spec.device.group)
+        coordinator = self._router_group(spec.device.group)
         network = self.sim.network.rtt_ms(coordinator, spec.device.group)
         if drafter is not None and drafter.device is not None:
             network += self.sim.network.rtt_ms(coordinator, drafter.device.group)
@@ -91,14 +91,14 @@ class Simulator:
         drafter_device = self.timelines[drafter.device.name] if drafter and drafter.device else None
         return Replica(index, spec, self.timelines[spec.device.name], planner, drafter, drafter_device)
 
-    def _coordinator_group(self, replica_group: str) -> str:
+    def _router_group(self, replica_group: str) -> str:
         if not self.sim.lockstep:
             return replica_group
-        return self.sim.coordinator_group or self.sim.verifiers[0].device.group
+        return self.sim.router_group or self.sim.verifiers[0].device.group
 
     def _groups(self, ctx: StepContext) -> list[StepGroup]:
         if self.sim.lockstep:
-            return [StepGroup(ctx, self.replicas, self._coordinator_group(""))]
+            return [StepGroup(ctx, self.replicas, self._router_group(""))]
         return [StepGroup(ctx, [r], r.spec.device.group) for r in self.replicas]
 
     # -- arrivals and completions -------------------------------------------------------------

@@ -40,15 +40,15 @@ class StepContext:
 
 
 class StepGroup:
-    def __init__(self, ctx: StepContext, replicas: list[Replica], coordinator_group: str):
+    def __init__(self, ctx: StepContext, replicas: list[Replica], router_group: str):
         self.ctx = ctx
         self.replicas = replicas
-        self.coordinator_group = coordinator_group
+        self.router_group = router_group
         self.busy = False
         self._round: list[tuple[Replica, SimSequence, int]] = []  # (replica, sequence, k)
 
     def rtt_ms(self, group: str) -> float:
-        return self.ctx.sim.network.rtt_ms(self.coordinator_group, group)
+        return self.ctx.sim.network.rtt_ms(self.router_group, group)
 
     def kick(self, now: float) -> None:
         """Start a step if none is running and there is work."""

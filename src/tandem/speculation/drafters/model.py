@@ -40,3 +40,10 @@ class ModelDrafter:
 
     def propose_batch(self, jobs: list[DraftJob], keep_drafting: KeepDrafting | None = None) -> list[SequenceDraft]:
         return self.model.draft(jobs, keep_drafting) if jobs else []
+
+    def forget(self, seq) -> None:
+        """seq left the engine: a model that keeps per-sequence state elsewhere frees it (drafter
+        workers' caches; a local model's slots are freed with the target's)."""
+        forget = getattr(self.model, "forget", None)
+        if forget is not None:
+            forget(seq.seq_id)

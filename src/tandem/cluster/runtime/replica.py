@@ -1,0 +1,218 @@
+"""A verifier replica: the one batching engine (engine/batch_engine.py) over this worker's target
+runner, stepping on its own thread behind add / cancel / detach / poll. A plain class; the Ray
+actor (cluster/runtime/actors.py) only wraps it, serving calls concurrently (a poll waits for
+news while adds come in).
+
+The replica runs what the single-process engine runs: chunked prefill within the step budget,
+the KV budget and preemption, the prompt cache and its host tier, n-gram and suffix copies.
+Model drafts come from the cluster's drafter workers through `RemoteDraftModel`, a `DraftModel`
+like the local one (cluster/runtime/remote_draft.py); the router hands the replica links to
+them (`set_drafters`) whenever they start, restart or die.
+
+Each placement is named by the router (`seq_id`), so the updates of a placement it has moved or
+re-submitted elsewhere are told apart from the new one's. Updates and step reports queue here
+until the router's next `poll` takes them.
+"""
+
+import os
+import threading
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from tandem.cluster.runtime.emulation import Emulation, SlowedRunner, delayed
+from tandem.cluster.runtime.endpoints import Endpoint
+from tandem.cluster.runtime.pool import Worker
+from tandem.cluster.runtime.remote_draft import RemoteDraftModel
+from tandem.engine.batch_engine import STEP_TOKEN_BUDGET, BatchEngine
+from tandem.engine.events import SequenceUpdate, SpeculationOptions, StepReport
+from tandem.engine.host_cache import HostPromptCache
+from tandem.engine.request import GenerationRequest
+from tandem.errors import TandemError
+from tandem.models.batch_runner import BatchRunner
+from tandem.models.cost import CostModel, CostView
+from tandem.speculation.depth import Auto, Depth
+from tandem.speculation.drafters.registry import build_drafters
+
+POLL_WAIT_S = 1.0  # a poll with no news returns empty after this long (the router polls again)
+
+
+@dataclass(frozen=True, slots=True)
+class DrafterLink:
+    """A drafter worker as a replica reaches it."""
+
+    name: str
+    endpoint: Endpoint
+    cost_ms: dict  # its cost curve, as its `info` reported it
+    incarnation: int = 0  # its restarts so far: a new process holds no sequence
+    rtt_ms: float = 0.0  # round trip between this replica and the drafter (the cluster file's)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaNews:
+    """What a poll hands the router: updates and step reports since the last poll, and the
+    replica's load and learned cost curve (for placement)."""
+
+    updates: tuple[SequenceUpdate, ...]
+    reports: tuple[StepReport, ...]
+    running: int
+    waiting: int
+    cost_ms: dict
+
+
+class ReplicaEngine:
+    def __init__(self, runner: BatchRunner, emulation: Emulation = Emulation(), drafter: str = "hybrid",
+                 depth: "Depth | str | int" = Auto(), max_running: int | None = None,
+                 step_token_budget: int = STEP_TOKEN_BUDGET, host_cache: HostPromptCache | None = None):
+        self.runner = SlowedRunner.around(runner, emulation.slowdown)
+        self.emulation = emulation
+        self.remote = RemoteDraftModel([])
+        self.engine = BatchEngine(self.runner, None, drafter, depth, None, max_running,
+                                  drafters=build_drafters(self.remote, None), step_token_budget=step_token_budget,
+                                  host_cache=host_cache)
+        self._news = threading.Condition()
+        self._updates: list[SequenceUpdate] = []
+        self._reports: list[StepReport] = []
+        self._commands: deque = deque()  # applied by the engine thread between steps
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    # -- calls from the router ------------------------------------------------------------------
+
+    def info(self) -> dict:
+        return {"pid": os.getpid(), "name": self.runner.name, "running": self.engine.num_running,
+                "cost_ms": self.runner.cost.to_json(), "context_length": self.runner.context_length,
+                "max_slots": self.engine.max_running}
+
+    def ping(self) -> int:
+        """A call that does nothing but travel: the router times it to learn the round trip."""
+        with self.emulation.travel():
+            return os.getpid()
+
+    def add(self, seq_id: str, request: GenerationRequest, options: SpeculationOptions) -> None:
+        """Queue a request; a request the engine refuses ends with an error update."""
+        with self.emulation.travel():
+            self._command("add", seq_id, request, options)
+
+    def cancel(self, seq_ids: list[str]) -> None:
+        with self.emulation.travel():
+            for seq_id in seq_ids:
+                self._command("cancel", seq_id)
+
+    def detach(self, seq_id: str) -> tuple[int, ...] | None:
+        """Take a sequence off this replica (the router moves it): the output it committed, or
+        None where it already finished (its last update is in the news)."""
+        with self.emulation.travel():
+            return self._command("detach", seq_id).result()
+
+    def poll(self, wait_s: float = POLL_WAIT_S) -> ReplicaNews:
+        """The news since the last poll, waiting up to wait_s for some."""
+        with self.emulation.travel():
+            with self._news:
+                if not self._updates and not self._reports:
+                    self._news.wait(wait_s)
+                updates, self._updates = self._updates, []
+                reports, self._reports = self._reports, []
+            return ReplicaNews(tuple(updates), tuple(reports), self.engine.num_running, self.engine.num_waiting,
+                               self.runner.cost.to_json())
+
+    def set_drafters(self, links: list[DrafterLink]) -> None:
+        """The live drafter workers; model drafts go to them (none: hybrid copies only)."""
+        with self.emulation.travel():
+            self._command("drafters", None, links).result()
+
+    def close(self) -> None:
+        """Stop the engine thread after its step; calls still waiting for it fail."""
+        with self._news:
+            self._stopped = True
+            self._news.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        with self._news:
+            commands, self._commands = list(self._commands), deque()
+        for *_, done in commands:
+            done.set_exception(TandemError("the replica is closed"))
+
+    # -- the engine thread ------------------------------------------------------------------------
+
+    def _command(self, kind: str, seq_id: str | None, *args) -> Future:
+        done: Future = Future()
+        with self._news:
+            if self._stopped:
+                done.set_exception(TandemError("the replica is closed"))
+                return done
+            self._commands.append((kind, seq_id, args, done))
+            self._news.notify_all()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="tandem-replica", daemon=True)
+                self._thread.start()
+        return done
+
+    def _run(self) -> None:
+        while True:
+            with self._news:
+                while not self._commands and not self.engine.has_work and not self._stopped:
+                    self._news.wait()
+                if self._stopped:
+                    return
+                commands, self._commands = list(self._commands), deque()
+            for command in commands:
+                self._apply(*command)
+            if self.engine.has_work:
+                self._step()
+
+    def _apply(self, kind: str, seq_id: str | None, args: tuple, done: Future) -> None:
+        try:
+            done.set_result(self._applied(kind, seq_id, args))
+        except Exception as error:  # a bug here must not stop the replica's thread
+            done.set_exception(error)
+
+    def _applied(self, kind: str, seq_id: str | None, args: tuple):
+        if kind == "add":
+            try:
+                self.engine.add(seq_id, *args)
+            except TandemError as error:
+                self._post([SequenceUpdate(seq_id, (), finished=True, finish_reason="error", error=str(error))], [])
+        elif kind == "cancel":
+            self.engine.cancel(seq_id)  # the router has already told the client
+        elif kind == "detach":
+            seq = self.engine.running.get(seq_id) or next((s for s in self.engine.waiting if s.seq_id == seq_id), None)
+            if seq is None:
+                return None
+            output = tuple(seq.output)
+            self.engine.cancel(seq_id)
+            return output
+        elif kind == "drafters":
+            self._link_drafters(args[0])
+        return None
+
+    def _link_drafters(self, links: list[DrafterLink]) -> None:
+        workers = []
+        for link in links:
+            worker = Worker(link.name, "draft", None, link.rtt_ms, delayed(link.endpoint, link.rtt_ms), alive=True,
+                            cost=CostView(CostModel.from_json(link.cost_ms)), restarts=link.incarnation)
+            workers.append(worker)
+        self.remote.set_drafters(workers)
+        planner = self.engine.planner
+        planner.draft = self.remote.drafters[0].cost if workers else None
+        planner.draft_call_ms = self.remote.drafters[0].rtt_ms if workers else 0.0
+
+    def _step(self) -> None:
+        try:
+            updates, report = self.engine.step()
+        except Exception as error:  # a bug or a device failure: fail the batch, keep serving
+            message = f"replica step failed: {error}"
+            seq_ids = [seq.seq_id for seq in [*self.engine.running.values(), *self.engine.waiting]]
+            for seq_id in seq_ids:
+                self.engine.cancel(seq_id)
+            self._post([SequenceUpdate(s, (), finished=True, finish_reason="error", error=message) for s in seq_ids],
+                       [])
+            return
+        self._post(updates, [report])
+
+    def _post(self, updates: list[SequenceUpdate], reports: list[StepReport]) -> None:
+        with self._news:
+            self._updates += updates
+            self._reports += reports
+            self._news.notify_all()
+

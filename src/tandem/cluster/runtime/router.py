@@ -1,0 +1,426 @@
+"""The cluster router: the batching engine's interface (add / cancel / step) over verifier
+replicas in other processes (Ray actors), each running the one engine (cluster/runtime/replica.py),
+so the HTTP server runs unchanged on top. No model runs here and no round is planned here: the
+router places requests, relays their streams, watches health and recovers.
+
+- **Placement.** A request goes to the live replica with a free slot chosen by the cost rule
+  (cluster/planning/stream_placement.py), unless another replica holds a longer prefix of it
+  (a conversation's earlier turn, a shared system prompt: the router remembers what each replica
+  served) and serving it there is expected to cost no more: its prefill of what that replica
+  lacks plus its decode at that replica's step cost.
+- **Streams.** Each replica is polled (one poll in flight each); its updates are relayed to the
+  client's sequence. Stop strings are checked here, at the edge, on the whole output: a stop
+  ends the stream and cancels the placement.
+- **Failover.** A replica that dies (a failed call, or the health monitor's ping) takes no
+  output with it: each of its requests is re-submitted to a live replica with the tokens already
+  relayed appended to its prompt and max tokens reduced by as many. Greedy output is unchanged;
+  a seeded sampled request draws anew from there.
+- **Moves.** When a replica idles while another still holds streams, the stream expected to
+  finish soonest there (its prefill on the idle replica plus its remaining tokens at one stream's
+  step, against its remaining tokens at its own replica's step) is detached and re-submitted
+  the same way.
+- **Drafters.** Drafter workers are watched here and handed to every replica (`set_drafters`),
+  again whenever one dies or comes back; the replicas call them.
+
+Every placement has its own id (`seq@attempt`), so updates from a placement that moved or died
+are never relayed twice. State is guarded by `lock`; worker calls are not waited for under it.
+"""
+
+import threading
+from collections import Counter, OrderedDict, deque
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from tandem.cluster.planning.stream_placement import Candidate, choose
+from tandem.cluster.runtime.endpoints import Pending, WorkerDiedError, wait_any
+from tandem.cluster.runtime.health import DEFAULT_PERIOD_S, HealthMonitor
+from tandem.cluster.runtime.pool import Worker
+from tandem.cluster.runtime.replica import DrafterLink, ReplicaNews
+from tandem.engine.events import RoundReport, SequenceUpdate, SpeculationOptions, StepReport
+from tandem.engine.prefix_index import BLOCK, PrefixIndex
+from tandem.engine.request import GenerationRequest
+from tandem.errors import TandemError
+from tandem.models.cost import CostModel, CostView
+from tandem.speculation.depth import Auto, Depth, parse_depth
+from tandem.speculation.drafters.registry import check_drafter
+
+NO_VERIFIER = "no verifier is alive in the cluster"
+MAX_EVENTS = 256  # failovers, moves and restarts kept for logs and tests
+STEP_WAIT_S = 0.02  # how long step() waits for news before giving the engine thread back
+PREFIX_MEMORY = 256  # token sequences remembered per replica for prefix affinity
+MOVE_MARGIN = 1.25  # a stream moves only where it is expected to finish this many times sooner
+
+
+@dataclass(slots=True)
+class Routed:
+    """A client's request as the router follows it across placements."""
+
+    seq_id: str
+    request: GenerationRequest
+    options: SpeculationOptions
+    output: list[int] = field(default_factory=list)  # relayed to the client
+    replica: Worker | None = None
+    placement: str | None = None  # the current placement's id on its replica
+    base: int = 0  # output tokens the current placement was given in its prompt
+    attempts: int = 0
+    cached_tokens: int = 0  # the first placement's prompt-cache hit
+    reason: str = "cost"  # why it is next placed: cost | failover | move
+    moving: tuple[Worker, str, Pending] | None = None  # a detach in flight: to where, which placement
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        return (*self.request.prompt_ids, *self.output)
+
+    @property
+    def room(self) -> int:
+        return self.request.max_tokens - len(self.output)
+
+    def placement_request(self) -> GenerationRequest:
+        """What the replica runs: the prompt with the output so far, the rest of the budget;
+        stop strings stay here."""
+        return replace(self.request, prompt_ids=self.tokens, max_tokens=self.room, stop_condition=None)
+
+
+class ClusterRouter:
+    def __init__(self, verifiers: list[Worker], drafters: list[Worker], drafter: str = "hybrid",
+                 depth: "Depth | str | int" = Auto(), max_running: int | None = None,
+                 health_period_s: float = DEFAULT_PERIOD_S, rtt_between: Callable[[str, str], float] | None = None):
+        self.lock = threading.RLock()
+        self.events: deque[str] = deque(maxlen=MAX_EVENTS)
+        self.verifiers = verifiers
+        self.drafter_workers = drafters
+        self.default_drafter = check_drafter(drafter, bool(drafters), "the cluster file has no worker with a draft_model")
+        self.default_depth = parse_depth(depth)
+        capacity = sum(w.max_slots for w in verifiers)
+        self.max_running = min(max_running or capacity, capacity)
+        self.context_length = min(w.context_length for w in verifiers)
+        self.rtt_between = rtt_between or (lambda a, b: 0.0)
+        self.waiting: deque[Routed] = deque()
+        self.routed: dict[str, Routed] = {}  # placed on a replica
+        self._by_placement: dict[str, Routed] = {}
+        self._polls: dict[str, Pending] = {}
+        self._reports: deque[StepReport] = deque()
+        self._prefixes = {w.name: _PrefixMemory() for w in verifiers}
+        self.decisions: Counter = Counter()  # (replica, reason) -> placements
+        self.health = HealthMonitor(verifiers + drafters, self._worker_died, self.lock, self.events, health_period_s,
+                                    self._worker_up)
+        self._push_drafters(verifiers)
+
+    # -- the engine worker's interface ----------------------------------------------------------
+
+    @property
+    def has_work(self) -> bool:
+        with self.lock:
+            return bool(self.waiting or self.routed or self._reports)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.routed)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def kv_slots_in_use(self) -> int:
+        return sum(len(w.sequences) for w in self.verifiers)
+
+    @property
+    def unavailable_reason(self) -> str | None:
+        return None if any(w.alive or w.restarting for w in self.verifiers) else NO_VERIFIER
+
+    def worker_states(self) -> list[dict]:
+        states = [w.state() for w in self.verifiers + self.drafter_workers]
+        for state in states:
+            state["routed"] = {reason: n for (name, reason), n in self.decisions.items() if name == state["name"]}
+        return states
+
+    def validate(self, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:
+        if len(request.prompt_ids) >= self.context_length:
+            raise TandemError(f"the prompt has {len(request.prompt_ids)} tokens but the context holds "
+                              f"{self.context_length}")
+        check_drafter(options.drafter or self.default_drafter, bool(self.drafter_workers),
+                      "the cluster file has no worker with a draft_model")
+
+    def add(self, seq_id: str, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:
+        self.validate(request, options)
+        options = SpeculationOptions(options.drafter or self.default_drafter,
+                                     self.default_depth if options.k is None else options.k)
+        with self.lock:
+            self.waiting.append(Routed(seq_id, request, options))
+
+    def cancel(self, seq_id: str) -> SequenceUpdate | None:
+        with self.lock:
+            routed = self.routed.get(seq_id) or next((r for r in self.waiting if r.seq_id == seq_id), None)
+            if routed is None:
+                return None
+            if routed in self.waiting:
+                self.waiting.remove(routed)
+            else:
+                self._end(routed, cancel=True)
+            return SequenceUpdate(seq_id, (), finished=True, finish_reason="cancelled")
+
+    def step(self) -> tuple[list[SequenceUpdate], StepReport | None]:
+        """Place what waits, relay what the replicas sent (waiting up to STEP_WAIT_S for some);
+        one replica step's report at a time."""
+        self.health.start()  # launch_cluster starts it; a router built by hand starts it here
+        updates: list[SequenceUpdate] = []
+        with self.lock:
+            self._revive()
+            self._place(updates)
+            self._rebalance()
+            pending = self._start_polls() + [r.moving[2] for r in self.routed.values() if r.moving]
+        if not updates and not self._reports:
+            wait_any(pending, STEP_WAIT_S)
+        with self.lock:
+            self._take_news(updates)
+            self._settle_moves(updates)
+            return updates, self._reports.popleft() if self._reports else None
+
+    def close(self) -> None:
+        """Stop the health monitor and take the polls in flight (the workers stay up, and a later
+        router over them gets all their news)."""
+        self.health.stop()
+        with self.lock:
+            polls, self._polls = list(self._polls.values()), {}
+        for pending in polls:
+            try:
+                pending.result()
+            except WorkerDiedError:
+                pass
+
+    # -- placement ------------------------------------------------------------------------------
+
+    def _place(self, updates: list[SequenceUpdate]) -> None:
+        if self.waiting and self.unavailable_reason:
+            while self.waiting:
+                routed = self.waiting.popleft()
+                updates.append(SequenceUpdate(routed.seq_id, (), finished=True, finish_reason="error",
+                                              error=NO_VERIFIER))
+            return
+        while self.waiting and len(self.routed) < self.max_running:
+            replica, reason = self._choose(self.waiting[0])
+            if replica is None:
+                return  # replicas full or restarting: next step
+            self._submit(self.waiting.popleft(), replica, reason)
+
+    def _choose(self, routed: Routed) -> tuple[Worker | None, str]:
+        live = [w for w in self.verifiers if w.alive and len(w.sequences) < w.max_slots]
+        if not live:
+            return None, ""
+        tokens = routed.tokens
+        candidates = [Candidate(len(w.sequences), w.cost.cost.cost_ms(len(tokens)), w.cost.cost.cost_ms) for w in live]
+        chosen = choose(candidates, routed.room)
+        held = [self._prefixes[w.name].longest(tokens) for w in live]
+        best = max(range(len(live)), key=lambda i: (held[i], -i))
+        reason = routed.reason if routed.reason != "cost" else "prefix" if held[chosen] >= BLOCK else "cost"
+        if held[best] >= BLOCK and best != chosen:
+            def expected_ms(i: int) -> float:
+                cost = live[i].cost.cost
+                return cost.cost_ms(max(1, len(tokens) - held[i])) + routed.room * cost.cost_ms(len(live[i].sequences) + 1)
+
+            if expected_ms(best) <= expected_ms(chosen):
+                return live[best], "prefix"
+        return live[chosen], reason
+
+    def _submit(self, routed: Routed, replica: Worker, reason: str) -> None:
+        routed.attempts += 1
+        routed.placement = f"{routed.seq_id}@{routed.attempts}"
+        routed.replica, routed.base, routed.reason = replica, len(routed.output), "cost"
+        replica.sequences.add(routed.placement)
+        self.routed[routed.seq_id] = routed
+        self._by_placement[routed.placement] = routed
+        self._prefixes[replica.name].add(routed.placement, routed.tokens)
+        self.decisions[(replica.name, reason)] += 1
+        replica.endpoint.call("add", routed.placement, routed.placement_request(), routed.options)
+
+    def _unplace(self, routed: Routed) -> None:
+        """Take routed off its replica's books (what it computed stays remembered there)."""
+        self._by_placement.pop(routed.placement, None)
+        if routed.replica is not None:
+            routed.replica.sequences.discard(routed.placement)
+            self._prefixes[routed.replica.name].add(routed.placement, routed.tokens)
+        if routed.moving is not None:
+            routed.moving[0].sequences.discard(_moving_to(routed))
+        routed.replica, routed.placement, routed.moving = None, None, None
+
+    def _end(self, routed: Routed, cancel: bool = False) -> None:
+        replica, placement = routed.replica, routed.placement
+        self.routed.pop(routed.seq_id, None)
+        self._unplace(routed)
+        if cancel and replica is not None and replica.alive:
+            replica.endpoint.call("cancel", [placement])
+
+    def _requeue(self, routed: Routed, reason: str) -> None:
+        """Back to the front of the queue, to be placed again with its output so far."""
+        self.routed.pop(routed.seq_id, None)
+        self._unplace(routed)
+        routed.reason = reason
+        self.waiting.appendleft(routed)
+
+    # -- streams --------------------------------------------------------------------------------
+
+    def _start_polls(self) -> list[Pending]:
+        for replica in self.verifiers:
+            if replica.alive and replica.name not in self._polls:
+                self._polls[replica.name] = replica.endpoint.call("poll")
+        return list(self._polls.values())
+
+    def _take_news(self, updates: list[SequenceUpdate]) -> None:
+        for replica in self.verifiers:
+            pending = self._polls.get(replica.name)
+            if pending is None or not pending.ready():
+                continue
+            del self._polls[replica.name]
+            try:
+                news: ReplicaNews = pending.result()
+            except WorkerDiedError:
+                self._replica_died(replica)
+                continue
+            replica.cost = CostView(CostModel.from_json(news.cost_ms))
+            for update in news.updates:
+                routed = self._by_placement.get(update.seq_id)
+                if routed is not None and routed.replica is replica:
+                    self._relay(routed, update, updates)
+            self._reports.extend(self._client_report(report) for report in news.reports)
+
+    def _relay(self, routed: Routed, update: SequenceUpdate, updates: list[SequenceUpdate]) -> None:
+        tokens, finished, reason, error = list(update.token_ids), update.finished, update.finish_reason, update.error
+        stop = routed.request.stop_condition
+        if stop is not None and tokens:
+            keep = stop.tokens_to_keep(routed.output + tokens)
+            if keep is not None:
+                tokens, finished, reason, error = tokens[: max(0, keep - len(routed.output))], True, "stop", None
+        if routed.attempts == 1:
+            routed.cached_tokens = max(routed.cached_tokens, update.cached_tokens)
+        routed.output += tokens
+        updates.append(SequenceUpdate(routed.seq_id, tuple(tokens), update.drafted, update.accepted, finished,
+                                      reason, error, routed.cached_tokens))
+        if finished:
+            self._end(routed, cancel=not update.finished)
+
+    def _client_report(self, report: StepReport) -> StepReport:
+        """A replica's step, in the clients' sequence ids, with the workers' states."""
+        def client(placement: str) -> str:
+            return placement.rsplit("@", 1)[0]
+
+        rounds = tuple(replace(r, seq_id=client(r.seq_id)) for r in report.rounds)
+        return replace(report, rounds=rounds, prefilled=tuple(client(s) for s in report.prefilled),
+                       running=len(self.routed), waiting=len(self.waiting), workers=tuple(self.worker_states()))
+
+    # -- moves ----------------------------------------------------------------------------------
+
+    def _rebalance(self) -> None:
+        """Detach the stream that would finish soonest on an idle replica (MOVE_MARGIN sooner)."""
+        idle = [w for w in self.verifiers if w.alive and not w.sequences]
+        if not idle or self.waiting:
+            return  # waiting requests take the idle replica first
+        for target in idle:
+            best, best_gain = None, 0.0
+            for routed in self.routed.values():
+                source = routed.replica
+                if routed.moving or source is None or source is target or routed.room <= 1:
+                    continue
+                stay_ms = routed.room * source.cost.cost.cost_ms(len(source.sequences))
+                move_ms = (target.cost.cost.cost_ms(len(routed.tokens)) + routed.room * target.cost.cost.cost_ms(1)) \
+                    * MOVE_MARGIN
+                if stay_ms - move_ms > best_gain:
+                    best, best_gain = routed, stay_ms - move_ms
+            if best is not None:
+                best.moving = (target, best.placement, best.replica.endpoint.call("detach", best.placement))
+                target.sequences.add(_moving_to(best))  # holds the slot: one move per idle replica at a time
+
+    def _settle_moves(self, updates: list[SequenceUpdate]) -> None:
+        for routed in [r for r in self.routed.values() if r.moving and r.moving[2].ready()]:
+            target, placement, pending = routed.moving
+            target.sequences.discard(_moving_to(routed))
+            routed.moving = None
+            try:
+                output = pending.result()
+            except WorkerDiedError:
+                continue  # the source died: the failover re-submits it
+            if output is None or routed.placement != placement:
+                continue  # it finished there first: its last update comes with the next poll
+            missing = output[len(routed.output) - routed.base:]
+            self._relay(routed, SequenceUpdate(placement, tuple(missing)), updates)
+            if routed.seq_id not in self.routed:
+                continue  # a stop string ended it
+            self.routed.pop(routed.seq_id)
+            self._unplace(routed)  # already cancelled on its replica by the detach
+            self.events.append(f"moved {routed.seq_id} to {target.name}")
+            if target.alive and len(target.sequences) < target.max_slots:
+                self._submit(routed, target, "move")
+            else:
+                routed.reason = "move"
+                self.waiting.appendleft(routed)
+
+    # -- health and failover --------------------------------------------------------------------
+
+    def _revive(self) -> None:
+        for worker in self.verifiers + self.drafter_workers:
+            if worker.restarting and worker.poll_ready():
+                self._worker_up(worker)
+
+    def _worker_up(self, worker: Worker) -> None:
+        """A restarted worker answered: a replica learns the drafters, replicas a drafter."""
+        self.events.append(f"{worker.name} restarted (pid {worker.pid})")
+        self._push_drafters([worker] if worker.role == "verify" else self.verifiers)
+
+    def _push_drafters(self, replicas: list[Worker]) -> None:
+        """Tell replicas which drafters are alive, with the round trip between their groups."""
+        for replica in replicas:
+            if replica.alive:
+                links = [DrafterLink(d.name, d.endpoint, d.cost.cost.to_json(), d.restarts,
+                                     self.rtt_between(replica.group, d.group))
+                         for d in self.drafter_workers if d.alive]
+                replica.endpoint.call("set_drafters", links)
+
+    def _worker_died(self, worker: Worker) -> None:
+        """The health monitor or a failed call found a worker dead (called with the lock held)."""
+        if not worker.alive:
+            return
+        if worker.role == "verify":
+            self._replica_died(worker)
+            return
+        worker.mark_dead()
+        self.events.append(f"{worker.name} died; its sequences draft elsewhere")
+        self._push_drafters(self.verifiers)
+
+    def _replica_died(self, replica: Worker) -> None:
+        if not replica.alive:
+            return
+        replica.mark_dead()  # forgets its placements, starts a replacement
+        self._polls.pop(replica.name, None)
+        self._prefixes[replica.name] = _PrefixMemory()  # a new process holds nothing
+        orphans = [r for r in self.routed.values() if r.replica is replica]
+        for routed in reversed(orphans):
+            self._requeue(routed, "failover")
+        self.events.append(f"{replica.name} died; re-submitting {len(orphans)} requests with their committed tokens")
+
+
+def _moving_to(routed: Routed) -> str:
+    """What holds a slot on a move's target until the stream arrives."""
+    return f"{routed.seq_id}@moving"
+
+
+class _PrefixMemory:
+    """What a replica served lately (prompts and outputs), for prefix affinity; the oldest of
+    PREFIX_MEMORY go first."""
+
+    def __init__(self):
+        self.index: PrefixIndex[str] = PrefixIndex()
+        self.order: OrderedDict[str, None] = OrderedDict()
+
+    def add(self, key: str, tokens) -> None:
+        if key in self.order:
+            self.index.remove(key)
+            self.order.move_to_end(key)
+        self.order[key] = None
+        self.index.add(key, tokens)
+        while len(self.order) > PREFIX_MEMORY:
+            oldest, _ = self.order.popitem(last=False)
+            self.index.remove(oldest)
+
+    def longest(self, tokens) -> int:
+        match = self.index.longest(tokens)
+        return 0 if match is None else match[1]

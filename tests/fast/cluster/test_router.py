@@ -1,0 +1,307 @@
+"""The router over in-process replicas (no Ray; each worker on its own threads, as an actor):
+each replica runs the batching engine, greedy output equals target-only output, a replica or
+drafter dying mid-generation loses and duplicates nothing, streams move to an idle replica,
+conversations return to the replica holding their prefix, and the health monitor finds idle
+dead workers."""
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import pytest
+
+from tandem.cluster.runtime.drafter_worker import DrafterWorker
+from tandem.cluster.runtime.emulation import Emulation
+from tandem.cluster.runtime.endpoints import LocalEndpoint
+from tandem.cluster.runtime.pool import Worker
+from tandem.cluster.runtime.replica import ReplicaEngine
+from tandem.cluster.runtime.router import NO_VERIFIER, ClusterRouter
+from tandem.engine.request import GenerationRequest
+from engine_support import CHEAP_VERIFY, MAX_TOKENS, PROMPTS, naive_greedy, serial_runner  # noqa: F401
+
+ROUTERS = []  # closed after each test: their health monitors stop
+REPLICA_THREADS = 4  # a replica's actor serves calls concurrently (a poll waits while adds come in)
+
+
+@pytest.fixture(autouse=True)
+def close_routers():
+    yield
+    while ROUTERS:
+        router = ROUTERS.pop()
+        router.close()
+        for worker in router.verifiers:
+            worker.endpoint.kill()  # stops the replica's engine thread
+
+
+def make_cluster(tiny_target, tiny_draft, verifiers=2, drafters=1, slots=3, emulations=(), verify_cost=CHEAP_VERIFY,
+                 **kwargs):
+    endpoints = []
+
+    def starter(name, make_worker, threads):
+        def start():
+            endpoint = LocalEndpoint(name, make_worker(), threads)
+            endpoints.append(endpoint)
+            return endpoint
+        return start
+
+    def worker(name, role, make, threads=1):
+        w = Worker(name, role, starter(name, make, threads))
+        w.launch()
+        assert w.wait_ready()
+        return w
+
+    def replica(i):
+        emulation = emulations[i] if i < len(emulations) else Emulation()
+        return lambda: ReplicaEngine(serial_runner(tiny_target, slots, verify_cost), emulation, max_running=slots)
+
+    vs = [worker(f"verify-{i}", "verify", replica(i), REPLICA_THREADS) for i in range(verifiers)]
+    ds = [worker(f"draft-{i}", "draft", lambda: DrafterWorker(serial_runner(tiny_draft, 8, CHEAP_VERIFY)))
+          for i in range(drafters)]
+    kwargs["depth"] = kwargs.pop("k", "auto")
+    router = ClusterRouter(vs, ds, **kwargs)
+    ROUTERS.append(router)
+    return router, endpoints
+
+
+def run(router, prompts, on_step=None, max_tokens=MAX_TOKENS, **request):
+    outputs, reasons, updates_of = defaultdict(list), {}, defaultdict(int)
+    for i, prompt in enumerate(prompts):
+        router.add(f"r{i}", GenerationRequest(prompt, max_tokens=max_tokens, **request))
+    step = 0
+    while router.has_work:
+        if on_step:
+            on_step(step)
+        updates, _ = router.step()
+        for u in updates:
+            assert u.seq_id not in reasons, f"an update after {u.seq_id} finished"
+            outputs[u.seq_id] += u.token_ids
+            if u.finished:
+                reasons[u.seq_id] = (u.finish_reason, u.error)
+        step += 1
+    return [outputs[f"r{i}"] for i in range(len(prompts))], reasons
+
+
+@pytest.mark.parametrize("drafter,k", [("hybrid", "auto"), ("model", 3), ("none", 0)])
+def test_cluster_greedy_equals_target_only(tiny_target, tiny_draft, references, drafter, k):
+    router, _ = make_cluster(tiny_target, tiny_draft, drafter=drafter, k=k)
+    outputs, reasons = run(router, PROMPTS)
+    assert outputs == [references[p] for p in PROMPTS]
+    assert all(reason[0] in ("stop", "length") for reason in reasons.values())
+    assert all(len(v.sequences) == 0 for v in router.verifiers)
+
+
+def test_model_drafts_come_from_the_drafter_worker(tiny_target, tiny_draft, references):
+    router, endpoints = make_cluster(tiny_target, tiny_draft, verifiers=1, drafter="model", k=3)
+    drafted = []
+    router.add("a", GenerationRequest(PROMPTS[0], max_tokens=MAX_TOKENS))
+    while router.has_work:
+        drafted += [u.drafted for u in router.step()[0]]
+    assert sum(drafted) > 0
+    drafter = next(e for e in endpoints if e.name == "draft-0")
+    drafter.call("ping").result()  # the drafter takes calls in order: the forget sent before is done
+    assert not drafter.worker._seqs  # the finished sequence's draft cache was freed there
+
+
+def test_sequences_spread_over_replicas(tiny_target, tiny_draft):
+    router, _ = make_cluster(tiny_target, tiny_draft, verifiers=2, drafter="model", k=2)
+    for i, prompt in enumerate(PROMPTS[:4]):
+        router.add(f"r{i}", GenerationRequest(prompt, max_tokens=MAX_TOKENS))
+    router.step()
+    assert sorted(len(v.sequences) for v in router.verifiers) == [2, 2]
+
+
+def test_a_closed_router_leaves_its_replicas_to_the_next(tiny_target, tiny_draft, references):
+    """bench-cluster's solo runs: a second router over the same workers gets all their news."""
+    first, _ = make_cluster(tiny_target, tiny_draft, verifiers=1, slots=3, drafter="none", k=0)
+    run(first, PROMPTS[:3])
+    first.close()
+    second = ClusterRouter(first.verifiers, first.drafter_workers, "none", 0)
+    ROUTERS.append(second)
+    outputs, reasons = run(second, PROMPTS[:3])
+    assert outputs == [references[p] for p in PROMPTS[:3]]
+    assert all(reason[0] in ("stop", "length") for reason in reasons.values())
+
+
+def test_new_sequences_go_where_their_steps_cost_least(tiny_target, tiny_draft):
+    """A replica emulating a 3x slower device reports its slower curve; on these flat curves the
+    fast replica takes sequences until its batch is full."""
+    router, _ = make_cluster(tiny_target, tiny_draft, verifiers=2, slots=3, drafter="none", k=0,
+                             emulations=(Emulation(slowdown=3.0), Emulation()))
+    slow, fast = router.verifiers
+    assert slow.cost.cost.cost_ms(1) == pytest.approx(3 * fast.cost.cost.cost_ms(1))
+    for i, prompt in enumerate(PROMPTS[:4]):
+        router.add(f"r{i}", GenerationRequest(prompt, max_tokens=MAX_TOKENS))
+    router.step()
+    assert (len(fast.sequences), len(slow.sequences)) == (3, 1)  # the fourth only when the fast one is full
+
+
+def test_an_idle_slow_replica_gets_a_stream_where_the_fast_ones_step_is_still_cheaper(tiny_target, tiny_draft):
+    """On a CPU-like curve (a fixed part, then each token its share) the fast replica's step of
+    four still costs less than the slow one's step of one, but a fourth stream adds little there
+    while one stream on the idle slow replica serves a third of a fast stream's requests."""
+    cpu_like = {1: 10.0, 16: 100.0, 64: 400.0}
+    router, _ = make_cluster(tiny_target, tiny_draft, verifiers=2, slots=4, drafter="none", k=0,
+                             emulations=(Emulation(slowdown=3.0), Emulation()), verify_cost=cpu_like)
+    slow, fast = router.verifiers
+    assert fast.cost.cost.cost_ms(4) < slow.cost.cost.cost_ms(1)
+    for i, prompt in enumerate(PROMPTS[:4]):
+        router.add(f"r{i}", GenerationRequest(prompt, max_tokens=MAX_TOKENS))
+    router.step()
+    assert (len(fast.sequences), len(slow.sequences)) == (3, 1)
+
+
+def test_a_conversations_next_turn_goes_to_the_replica_holding_its_prefix(tiny_target, tiny_draft):
+    """Turn 2 resends turn 1 and its answer: it goes where turn 1 ran, though the cost rule
+    alone may pick the other (idle) replica, and its prompt is found in that replica's cache. On a
+    CPU-like curve the prefill of the whole history elsewhere costs more than anything else."""
+    cpu_like = {1: 10.0, 16: 100.0, 64: 400.0}
+    router, _ = make_cluster(tiny_target, tiny_draft, verifiers=2, slots=2, drafter="none", k=0, verify_cost=cpu_like)
+    history = tuple(range(3, 43))  # 40 tokens: two blocks of the prefix index
+    first, _ = run(router, [history], max_tokens=8)
+    served = [v for v in router.verifiers if router.decisions[(v.name, "cost")]]
+    assert len(served) == 1
+    turn_two = history + tuple(first[0]) + (7, 8, 9)
+    router.add("t2", GenerationRequest(turn_two, max_tokens=8))
+    cached = 0
+    while router.has_work:
+        cached = max([cached] + [u.cached_tokens for u in router.step()[0]])
+    assert router.decisions[(served[0].name, "prefix")] == 1
+    assert cached >= len(history)
+    assert any(state["routed"].get("prefix") for state in router.worker_states())
+
+
+def test_a_stream_moves_to_a_replica_that_idles(tiny_target, tiny_draft, references):
+    """Both streams start on a 3x slower replica (the fast one is down then); once it is back,
+    one moves there with the tokens it has, and the output is unchanged."""
+    router, _ = make_cluster(tiny_target, tiny_draft, verifiers=2, slots=3, drafter="none", k=0,
+                             emulations=(Emulation(slowdown=3.0), Emulation()))
+    slow, fast = router.verifiers
+    fast.alive = False
+
+    def fast_back(step):
+        if step == 1:
+            fast.alive = True
+
+    outputs, _ = run(router, PROMPTS[:2], fast_back, max_tokens=MAX_TOKENS)
+    assert outputs == [references[p] for p in PROMPTS[:2]]
+    assert any(e.startswith("moved ") for e in router.events)
+    assert router.decisions[(fast.name, "move")] >= 1
+
+
+@dataclass(frozen=True)
+class StopAfter:
+    """A stop condition (as stop strings are): stop once the output holds `n` tokens."""
+
+    n: int
+
+    def tokens_to_keep(self, output_ids):
+        return self.n if len(output_ids) >= self.n else None
+
+
+def test_a_stop_condition_is_applied_at_the_router(tiny_target, tiny_draft, references):
+    router, _ = make_cluster(tiny_target, tiny_draft, verifiers=1, drafter="none", k=0)
+    outputs, reasons = run(router, PROMPTS[:2], stop_condition=StopAfter(5))
+    assert outputs == [references[p][:5] for p in PROMPTS[:2]]
+    assert all(reason[0] == "stop" for reason in reasons.values())
+    assert not router.verifiers[0].sequences
+
+
+def test_verifier_killed_mid_generation_loses_nothing(tiny_target, tiny_draft, references):
+    router, _ = make_cluster(tiny_target, tiny_draft, verifiers=2, drafter="model", k=3)
+    relayed = {}
+
+    def kill_first_verifier(step):
+        if step == 3:
+            relayed.update({r.seq_id: len(r.output) for r in router.routed.values()})
+            router.verifiers[0].endpoint.kill()
+
+    outputs, _ = run(router, PROMPTS, kill_first_verifier)
+    assert outputs == [references[p] for p in PROMPTS]
+    assert any("verify-0 died" in e for e in router.events)
+    assert router.verifiers[0].restarts == 1
+    assert sum(n for (_, reason), n in router.decisions.items() if reason == "failover") >= 1
+
+
+def test_drafter_killed_generation_goes_on(tiny_target, tiny_draft, references):
+    router, _ = make_cluster(tiny_target, tiny_draft, verifiers=1, drafters=1, drafter="model", k=3)
+
+    def kill_drafter(step):
+        if step == 2:
+            router.drafter_workers[0].endpoint.kill()
+
+    outputs, reasons = run(router, PROMPTS[:3], kill_drafter)
+    assert outputs == [references[p] for p in PROMPTS[:3]]
+    assert all(reason[0] in ("stop", "length") for reason in reasons.values())
+
+
+def test_no_verifier_left_fails_requests_clearly(tiny_target, tiny_draft):
+    router, _ = make_cluster(tiny_target, tiny_draft, verifiers=1, drafter="none", k=0)
+    for v in router.verifiers:
+        v.restarts = 99  # no restarts left
+        v.endpoint.kill()
+    _, reasons = run(router, PROMPTS[:2])
+    assert all(reason == ("error", NO_VERIFIER) for reason in reasons.values())
+    assert router.unavailable_reason == NO_VERIFIER
+
+
+def test_sampling_through_the_cluster_is_seeded_and_complete(tiny_target, tiny_draft):
+    from tandem.speculation.sampling import SamplingParams
+
+    def sampled():
+        router, _ = make_cluster(tiny_target, tiny_draft, verifiers=1, drafter="model", k=2)
+        router.add("s", GenerationRequest(PROMPTS[0], MAX_TOKENS, SamplingParams(0.8, seed=3)))
+        tokens = []
+        while router.has_work:
+            tokens += [t for u in router.step()[0] for t in u.token_ids]
+        return tokens
+
+    first = sampled()
+    assert first == sampled() and len(first) == MAX_TOKENS
+
+
+def test_round_trips_are_measured_and_a_drafters_feeds_the_replicas_depth_planner(tiny_target, tiny_draft):
+    far = Worker("verify-far", "verify", lambda: LocalEndpoint(
+        "verify-far", ReplicaEngine(serial_runner(tiny_target, 2), Emulation(rtt_ms=30.0)), REPLICA_THREADS),
+        group="central")
+    far.launch()
+    assert far.wait_ready()
+    assert 30.0 <= far.rtt_ms < 60.0  # measured, not taken from a file (this worker was given none)
+    drafter = Worker("draft-edge", "draft", lambda: LocalEndpoint(
+        "draft-edge", DrafterWorker(serial_runner(tiny_draft, 2))), group="edge")
+    drafter.launch()
+    assert drafter.wait_ready()
+    router = ClusterRouter([far], [drafter], "model", "auto", rtt_between=lambda a, b: 0.0 if a == b else 12.0)
+    ROUTERS.append(router)
+    run(router, PROMPTS[:1], max_tokens=4)
+    planner = far.endpoint.worker.engine.planner
+    assert planner.draft_call_ms == 12.0 and planner.draft is not None
+
+
+def test_health_monitor_restarts_an_idle_dead_drafter_and_tells_listeners(tiny_target, tiny_draft, references):
+    router, _ = make_cluster(tiny_target, tiny_draft, verifiers=1, drafter="model", k=2)
+    seen = []
+    router.health.listeners.append(seen.append)
+    drafter = router.drafter_workers[0]
+    drafter.endpoint.kill()  # idle: no sequence would ever call it
+    router.health.check()  # pings it, finds it dead, starts a replacement
+    assert drafter.restarts == 1
+    assert [s["alive"] for s in seen[-1] if s["name"] == "draft-0"] == [False]
+    router.health.check()  # the replacement answered
+    assert drafter.alive and [s["alive"] for s in seen[-1] if s["name"] == "draft-0"] == [True]
+    router.health.check()
+    assert sum("draft-0 is down" in e for e in router.events) == 1  # each transition once
+    outputs, _ = run(router, PROMPTS[:2])
+    assert outputs == [references[p] for p in PROMPTS[:2]]
+    replica = router.verifiers[0].endpoint.worker
+    assert [d.restarts for d in replica.remote.drafters] == [1]  # the replica was told of the new one
+
+
+def test_an_idle_dead_verifier_gets_no_sequence_until_it_is_back(tiny_target, tiny_draft, references):
+    router, _ = make_cluster(tiny_target, tiny_draft, verifiers=2, drafter="none", k=0)
+    victim = router.verifiers[0]
+    victim.restarts = 99  # no restart left: it stays down
+    victim.endpoint.kill()
+    router.health.check()
+    assert not victim.alive and not victim.restarting
+    outputs, reasons = run(router, PROMPTS[:4])
+    assert outputs == [references[p] for p in PROMPTS[:4]]
+    assert all(reason[0] in ("stop", "length") for reason in reasons.values())
