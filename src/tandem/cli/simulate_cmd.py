@@ -42,10 +42,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--roles", choices=("plan", "as-written"), default="plan",
                         help="simulate the planner's placement (default) or the file's roles as written")
-    parser.add_argument("--coordinator", choices=("lockstep", "independent"), default="independent",
-                        help="a step loop per verifier replica, as `serve --cluster` runs by default, or one "
-                        "lock-step coordinator (`--cluster-loop lockstep`); default independent")
-    parser.add_argument("--draft-ahead", action="store_true", help="remote drafters draft the next round ahead")
     parser.add_argument("--batching", choices=("backend", "fused", "serial"), default=None,
                         help="how verifiers batch: as the backends do today (fused: llama.cpp and torch's fused "
                         "runner; the default), or serial (torch's --torch-runner serial)")
@@ -85,9 +81,8 @@ def _simulate(args: argparse.Namespace) -> int:
     plan = plan_cluster(spec, cluster_profiles(spec)) if args.roles == "plan" else None
     overhead = {} if args.step_overhead_ms is None else {"step_overhead_ms": args.step_overhead_ms}
     options = SimOptions(acceptance=args.acceptance, max_batch=args.max_batch, seed=args.seed,
-                             lockstep=args.coordinator == "lockstep", draft_ahead=args.draft_ahead,
-                             fused=_fused(args.batching, default=None), host_cores=args.host_cores,
-                             fixed_k=args.k, **overhead)
+                         fused=_fused(args.batching, default=None), host_cores=args.host_cores,
+                         fixed_k=args.k, **overhead)
     measured = MeasuredRun.load(args.measured) if args.measured else None
     workload = _workload(args, _recorded_prompts(args, measured))
     result = simulate(_checked(lambda: simulation_from_cluster(spec, workload, options, plan)))
@@ -99,7 +94,7 @@ def _simulate(args: argparse.Namespace) -> int:
     else:
         placement = f"plan: {plan.chosen.label()}" if plan else "roles as written"
         print("\n".join(summary_lines(result, f"simulated {result.requests} requests on {args.cluster} "
-                                               f"({placement}; {args.coordinator} coordinator)")))
+                                               f"({placement})")))
         if comparison:
             print("\n".join(comparison_lines(comparison)))
     if args.out:

@@ -1,1 +1,1 @@
-"""Cluster mode: a coordinator over verifier and drafter workers on Ray."""
+"""Cluster mode: a router over verifier replicas (each the batching engine) and drafter workers on Ray."""

@@ -1,8 +1,5 @@
-"""The stages of an engine step that every engine runs the same way.
-
-engine/batch_engine.py runs a step in one process; cluster/runtime/coordinator.py runs it per
-verifier replica over workers. They differ only where the work happens: admission (slots of one
-runner vs replicas) and verification (one forward vs remote calls). These stages are shared:
+"""The stages of an engine step (engine/batch_engine.py), kept apart from its scheduling: the
+same step runs in `tandem generate`, `serve` and every cluster replica (cluster/runtime/replica.py).
 - plan: each sequence's drafter offers what it could draft (a copy, the draft model, nothing);
   the load-aware planner chooses every k at once (speculation/batch_depth.py),
 - draft: each drafter proposes for all its sequences in one batch call,

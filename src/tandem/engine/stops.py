@@ -1,7 +1,8 @@
 """Where a sequence stops: EOS ids, a stop condition (e.g. stop strings), max tokens, context.
 
 `apply_stops` cuts a round's proposed tokens at the first stop so nothing after it is emitted;
-every engine (the batching engine, the cluster coordinator) commits rounds through it.
+the batching engine commits rounds through it (the cluster router applies stop conditions to
+its streams itself, cluster/runtime/router.py).
 """
 
 from tandem.engine.request import GenerationRequest

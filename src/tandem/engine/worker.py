@@ -66,8 +66,8 @@ class BatchingEngine(Protocol):
     def cancel(self, seq_id: str) -> SequenceUpdate | None: ...
 
     def step(self) -> tuple[list[SequenceUpdate], StepReport | None]:
-        """One step's updates and report (None: no work was done, e.g. a cluster coordinator
-        whose replicas finished no round while it waited)."""
+        """One step's updates and report (None: no work was done, e.g. a cluster router whose
+        replicas finished no step while it waited)."""
         ...
 
 

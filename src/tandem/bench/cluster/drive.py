@@ -1,4 +1,4 @@
-"""Drive a batching engine (single-process or cluster coordinator) with a closed loop of C
+"""Drive a batching engine (single-process or cluster router) with a closed loop of C
 concurrent requests, on token ids, and measure what clients would see: completion tokens per
 second over the run, request latency, time to first token, time per output token and
 inter-token gaps."""

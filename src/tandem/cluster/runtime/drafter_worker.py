@@ -2,8 +2,8 @@
 many sequences in lock-step (speculation/drafters/lockstep.py). A plain class; the Ray actor wraps it.
 
 It is stateless apart from caches: it holds each sequence's token ids as built from the deltas
-the coordinator sends, and when it has lost a sequence (restarted, evicted) it answers
-`needs_sync` and the coordinator resends the sequence whole. When all slots are taken, the
+a replica sends, and when it has lost a sequence (restarted, evicted) it answers
+`needs_sync` and the replica resends the sequence whole. When all slots are taken, the
 least recently used sequence is evicted.
 """
 
@@ -36,7 +36,7 @@ class DrafterWorker:
         return {"pid": os.getpid(), "name": self.runner.name, "sequences": len(self._seqs), "cost_ms": cost}
 
     def ping(self) -> int:
-        """A call that does nothing but travel: the coordinator times it to learn the round trip."""
+        """A call that does nothing but travel: the router times it to learn the round trip."""
         with self.emulation.call():
             return os.getpid()
 

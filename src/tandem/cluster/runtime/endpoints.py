@@ -1,4 +1,4 @@
-"""How the coordinator calls a worker: `call(method, *args)` starts the call and returns a
+"""How the router (and a replica, its drafters) calls a worker: `call(method, *args)` starts the call and returns a
 `Pending` whose `result()` gives the value or raises `WorkerDiedError`. `RayEndpoint` talks to
 a Ray actor; `LocalEndpoint` calls a plain object in this process (tests need no Ray). Both run
 calls as an actor does: those to one worker one at a time, in order; those to several workers

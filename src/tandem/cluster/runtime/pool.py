@@ -1,6 +1,6 @@
-"""The coordinator's view of its workers: which are alive, what they hold, how to restart them.
+"""The router's view of its workers: which are alive, what they hold, how to restart them.
 
-A worker that dies is marked dead at once (its sequences are re-placed by the coordinator) and
+A worker that dies is marked dead at once (its requests are re-submitted by the router) and
 a replacement is started in the background with the same placement; it rejoins when its first
 `info` call answers. Restarts are bounded per worker. When a worker comes up, the round trip to
 it is measured (a few calls that do nothing but travel) and the depth planner uses that.
@@ -22,7 +22,7 @@ class Worker:
     name: str
     role: str  # "verify" | "draft"
     start: Callable[[], Endpoint] | None  # (re)creates the worker where its placement says (None: not ours to restart)
-    rtt_ms: float = 0.0  # round trip from the coordinator: the cluster file's until measured at start-up
+    rtt_ms: float = 0.0  # round trip from the router: the cluster file's until measured at start-up
     endpoint: Endpoint | None = None
     alive: bool = False
     restarts: int = 0
@@ -58,7 +58,7 @@ class Worker:
         self.context_length = info.get("context_length", self.context_length)
         self.cost = CostView(CostModel.from_json(info["cost_ms"]))
         self._measure_round_trip()
-        self.alive = True  # last: replica loops and placement read it without the coordinator's lock
+        self.alive = True  # last: placement reads it
         return True
 
     def _measure_round_trip(self) -> None:

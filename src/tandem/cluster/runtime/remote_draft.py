@@ -1,6 +1,6 @@
 """The draft model on drafter workers: the `DraftModel` behind the cluster's `model` and
-`hybrid` drafters (speculation/drafters/model.py), so the coordinator plans and drafts through
-the same drafters and stages as the single-process engine.
+`hybrid` drafters (speculation/drafters/model.py) in a cluster replica, which plans and drafts
+through the same drafters and stages as the single-process engine.
 
 Each sequence sticks to one live drafter (its KV cache is there); the drafter is sent deltas:
 the committed tokens it has not seen. A drafter that lost a sequence answers `needs_sync` and

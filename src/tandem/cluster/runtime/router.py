@@ -42,7 +42,7 @@ from tandem.engine.request import GenerationRequest
 from tandem.errors import TandemError
 from tandem.models.cost import CostModel, CostView
 from tandem.speculation.depth import Auto, Depth, parse_depth
-from tandem.speculation.drafters.registry import check_drafter
+from tandem.speculation.drafters.registry import USES_MODEL, check_drafter
 
 NO_VERIFIER = "no verifier is alive in the cluster"
 MAX_EVENTS = 256  # failovers, moves and restarts kept for logs and tests
@@ -120,6 +120,11 @@ class ClusterRouter:
     @property
     def num_waiting(self) -> int:
         return len(self.waiting)
+
+    @property
+    def drafters(self) -> tuple[str, ...]:
+        """The drafters a request may ask for: those needing a model only with drafter workers."""
+        return tuple(name for name, uses_model in USES_MODEL.items() if self.drafter_workers or not uses_model)
 
     @property
     def kv_slots_in_use(self) -> int:

@@ -13,13 +13,14 @@ scaled by slowdown / (1 - utilization), as the planner prices them. Roles as wri
 With a plan, plan_adapter.py follows the placement instead. k: the file's `k` fixes it, else
 the engine's E/T planner chooses (`use_plan_k` takes the placement's k). Acceptance per token:
 the options, else the file's `acceptance`, else the drafter table's (speculation/drafters/registry.py).
-The coordinator sits where cluster/runtime/launch.py puts it (the first drafting worker's group, else
-"local"; `router_group` overrides) and every call pays the round trip from there; as written,
-each verifier replica holds launch.DEFAULT_SLOTS sequences unless `max_batch` says otherwise.
+The router sits where cluster/runtime/launch.py puts it (the first drafting worker's group, else
+"local"; `router_group` overrides): requests and streamed tokens pay the round trip between it
+and their replica, a replica's draft calls the round trip to its drafter; as written, each
+verifier replica holds launch.DEFAULT_SLOTS sequences unless `max_batch` says otherwise.
 With `host_cores`, every CPU worker is taken to run on one machine with that many cores (a local
 cluster, emulation included), each replica keeping its `threads` busy: overlapping calls there
 slow each other down (timeline.py).
-Unlike the running coordinator, which spreads each *sequence* over all drafters by a hash of its
+Unlike the running replicas, which spread each *sequence* over all drafters by a hash of its
 id, the simulator gives each *replica* one drafter; with one drafter (or one per verifier) the two
 agree.
 """
@@ -48,9 +49,7 @@ class SimOptions:
     acceptance: float | None = None  # per-token acceptance of draft models (hybrid too)
     ngram_acceptance: float | None = None
     max_batch: int | None = None  # None: the plan's batch per replica, or the launcher's slots
-    lockstep: bool = False  # True: one coordinator steps every replica together (--cluster-loop lockstep)
     router_group: str | None = None  # None: where cluster/runtime/launch.py puts it
-    draft_ahead: bool = False
     fused: bool | None = None  # None: as the backends batch today (llama.cpp and torch's fused runner: fused)
     use_plan_k: bool = False
     step_overhead_ms: float = STEP_OVERHEAD_MS  # per step, besides the calls (Ray, bookkeeping)
@@ -152,7 +151,6 @@ def assemble(spec: ClusterSpec, verifiers: list[Verifier], drafters: list[SimDra
         fixed_k = options.fixed_k
     network = Network(tuple((a, b, ms) for (a, b), ms in spec.network.latency_ms.items()))
     return Simulation(tuple(verifiers), workload, tuple(drafters), network, SimDepth(fixed_k=fixed_k),
-                      draft_ahead=options.draft_ahead, lockstep=options.lockstep,
                       router_group=options.router_group or router_group(spec),
                       step_overhead_ms=options.step_overhead_ms, seed=options.seed,
                       host_cores=() if options.host_cores is None else ((LOCAL_HOST, options.host_cores),))

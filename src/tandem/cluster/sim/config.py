@@ -13,7 +13,7 @@ cluster file (adapter.py) or from public device classes (device_classes.py) alik
 - a *verifier replica* holds the target model on a device and verifies up to `max_batch`
   sequences per step; it names its drafter.
 - a *drafter* proposes draft tokens: a draft model on a device, or the n-gram drafter (free,
-  on the coordinator's host). Its acceptance model says how many drafts the target accepts.
+  in the replica). Its acceptance model says how many drafts the target accepts.
 - the *network* gives a round-trip time between two named groups of devices.
 - a *host* (optional) is one machine whose cores several devices share: CPU workers of a local
   cluster. A call that starts while other calls run there takes longer in proportion to the
@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from tandem.cluster.sim.acceptance import AcceptanceModel
 from tandem.cluster.sim.lengths import LengthModel
 from tandem.models.cost import CostModel
+from tandem.engine.batch_engine import STEP_TOKEN_BUDGET
 from tandem.speculation.batch_depth import STEP_OVERHEAD_MS
 from tandem.speculation.depth import AUTO_K_MAX
 
-PREFILL_TOKEN_BUDGET = 2048  # prompt tokens admitted per replica step (the engine itself now chunks prefill: --step-tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +87,7 @@ class Device:
 class SimDrafter:
     name: str
     acceptance: AcceptanceModel
-    device: Device | None = None  # None: the n-gram drafter, free, beside the coordinator
+    device: Device | None = None  # None: the n-gram drafter, free, in the replica
 
     def __post_init__(self):
         if not self.name:
@@ -175,22 +175,18 @@ class SimDepth:
 
 @dataclass(frozen=True, slots=True)
 class Simulation:
-    """Everything one run needs. `lockstep`: one coordinator steps every replica together and
-    waits for the slowest (how cluster/runtime/coordinator.py works); otherwise each replica runs its own
-    step loop with its coordinator beside it. `draft_ahead`: a remote draft model drafts round
-    i + 1 while round i verifies, assuming every draft is accepted; the drafts are discarded on
-    a rejection."""
+    """Everything one run needs. Each replica steps on its own (the engine's step, step.py);
+    the router sits in `router_group` (None: the first verifier's), a half round trip from each
+    replica each way."""
 
     verifiers: tuple[Verifier, ...]
     workload: Workload
     drafters: tuple[SimDrafter, ...] = ()
     network: Network = Network()
     depth: SimDepth = SimDepth()
-    draft_ahead: bool = False
-    lockstep: bool = False
-    router_group: str | None = None  # lockstep only; None: the first verifier's group
+    router_group: str | None = None  # None: the first verifier's group
     step_overhead_ms: float = STEP_OVERHEAD_MS
-    prefill_token_budget: int = PREFILL_TOKEN_BUDGET
+    step_token_budget: int = STEP_TOKEN_BUDGET  # tokens one replica step's call scores
     host_cores: tuple[tuple[str, int], ...] = ()  # (host, cores): devices on it share its cores
     seed: int = 0
 
@@ -209,8 +205,8 @@ class Simulation:
         self._check_devices()
         if self.step_overhead_ms < 0:
             raise ValueError(f"step_overhead_ms must be >= 0, got {self.step_overhead_ms}")
-        if self.prefill_token_budget < 1:
-            raise ValueError(f"prefill_token_budget must be >= 1, got {self.prefill_token_budget}")
+        if self.step_token_budget < 1:
+            raise ValueError(f"step_token_budget must be >= 1, got {self.step_token_budget}")
 
     def _check_devices(self) -> None:
         """One name, one place: the models of one physical device sit in one network group."""

@@ -1,10 +1,10 @@
 """What one round costs and how deep it drafts, as the engine plans it (speculation/batch_depth.py).
 
 The simulator reuses the engine's BatchDepthPlanner unchanged: it gets cost views of the
-simulated devices, and its per-step overhead is the step's bookkeeping plus the network round
-trips the step pays (coordinator to verifier, and to a remote drafter), as cluster/runtime/coordinator.py
-sets it, so a long round trip makes deeper drafts pay. It learns acceptance from the rounds
-it sees, like the engine. It is not told about draft_ahead.
+simulated devices, its per-step overhead is the step's bookkeeping, and a model draft's call
+pays the round trip to the drafter (`draft_call_ms`), as a replica sets them
+(cluster/runtime/replica.py), so a long round trip makes deeper drafts pay. It learns
+acceptance from the rounds it sees, like the engine.
 
 Planning is most of a simulation's time (the walk prices every candidate draft token), and most
 steps plan the same batch again, so `MemoPlanner` remembers plans by their candidates and their
@@ -67,6 +67,8 @@ def draft_call_ms(device: Device, unseen: list[int], ks: list[int]) -> float:
     return device.prompt_ms(unseen) + device.lockstep_draft_ms(levels(ks)[1:])
 
 
-def verify_ms(device: Device, ks: list[int]) -> float:
-    """One batched verify: every sequence scores its last committed token plus its k drafts."""
-    return device.forward_ms([k + 1 for k in ks])
+def verify_ms(device: Device, ks: list[int], prompt_parts: list[int] = ()) -> float:
+    """One batched call: every round scores its last committed token plus its k drafts, and the
+    prompt tokens scored beside them (rests of prompts, chunks) cost what a prefill of them
+    costs (priced apart: the rounds' part of a call is what the planner reads)."""
+    return device.forward_ms([k + 1 for k in ks]) + device.prompt_ms([n for n in prompt_parts if n > 0])

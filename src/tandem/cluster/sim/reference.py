@@ -24,7 +24,7 @@ class OneSequenceCase:
     draft: CostModel  # ms of one draft pass over n tokens
     k: int
     alpha: float  # per-token acceptance
-    rtt_ms: float = 0.0  # between the verifier (and its coordinator) and the drafter
+    rtt_ms: float = 0.0  # between the verifier replica and the drafter
     overhead_ms: float = 1.0  # per round
 
     def __post_init__(self):

@@ -1,4 +1,4 @@
-"""Where a new sequence goes, as cluster/runtime/coordinator.py places it: among the replicas
+"""Where a new sequence goes, as the router (cluster/runtime/router.py) places it: among the replicas
 with a free batch slot, the one with the least expected completion time, unless a replica would
 otherwise idle and one stream there is worth more (cluster/planning/stream_placement.py).
 
@@ -8,7 +8,8 @@ of n + 1: a fast fused device takes sequences until its batch is full before a s
 any; on compute-bound curves sequences spread until their steps cost the same, and an idle
 replica gets a stream where one stream there serves more requests per second than one more
 adds to the cheapest. When every replica is full the sequence waits in the cluster's queue and
-is placed as soon as a slot frees. Ties go to the replica listed first.
+is placed as soon as a slot frees. Ties go to the replica listed first. (The router's prefix
+affinity and moves are not modelled.)
 """
 
 from tandem.cluster.planning.stream_placement import Candidate, choose

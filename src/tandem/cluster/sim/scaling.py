@@ -3,10 +3,9 @@
 At each size every worker keeps its share of the devices (largest remainder; at least one
 device that can verify), network links to groups left empty are dropped, the planner chooses a
 placement (cluster/planning/planner.py) and the simulator runs it at the planned load: closed-loop
-clients, one per planned batch slot, `waves` requests each. Each size is simulated with each
-coordinator mode: `independent` (every verifier replica steps on its own) and `lockstep` (one
-coordinator steps all replicas together and waits for the slowest, as cluster/runtime/coordinator.py
-does today). Accelerators are simulated with fused batches by default: Tandem's torch runner
+clients, one per planned batch slot, `waves` requests each, with every verifier replica
+stepping on its own behind the router (`independent`, the one mode left since the lock-step
+coordinator went). Accelerators are simulated with fused batches by default: Tandem's torch runner
 verifies a batch one sequence at a time today, which no 64-device deployment would keep.
 """
 
@@ -25,7 +24,7 @@ from tandem.cluster.sim.simulator import simulate
 from tandem.errors import TandemError
 
 SWEEP_SIZES = (1, 2, 4, 8, 16, 32, 64)
-MODES = {"independent": False, "lockstep": True}
+MODES = ("independent",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +35,7 @@ class SweepOptions:
     prompt_tokens: LengthModel | None = None  # None: estimated from the default bench workload
     acceptance: float | None = None  # per-token, draft models
     fused: bool = True
-    modes: tuple[str, ...] = tuple(MODES)
+    modes: tuple[str, ...] = MODES
     use_plan_k: bool = True  # False: the engine's E/T planner picks k (slower to simulate)
     seed: int = 0
 
@@ -102,8 +101,8 @@ def _point(spec: ClusterSpec, plan: Plan, devices: int, mode: str, prompts: Leng
     placement = plan.chosen
     slots = sum(a.replicas * a.step.batch for a in placement.assignments)
     workload = Workload(options.waves * slots, prompts, FixedLength(options.output_tokens), concurrency=slots)
-    cluster_options = SimOptions(acceptance=options.acceptance, lockstep=MODES[mode], fused=options.fused,
-                                     use_plan_k=options.use_plan_k, seed=options.seed)
+    cluster_options = SimOptions(acceptance=options.acceptance, fused=options.fused,
+                                 use_plan_k=options.use_plan_k, seed=options.seed)
     started = time.perf_counter()
     result = simulate(simulation_from_cluster(spec, workload, cluster_options, plan=plan))
     return {

@@ -5,8 +5,7 @@ from pathlib import Path
 
 from tandem.bench.plots import DPI, _pyplot
 
-LABELS = {"independent": "simulated, per-replica step loops",
-          "lockstep": "simulated, one lock-step coordinator (today's)"}
+LABELS = {"independent": "simulated, each replica an engine behind the router"}
 
 
 def write_scaling(result: dict, out_dir: str | Path) -> list[Path]:
@@ -32,7 +31,7 @@ def scaling_markdown(result: dict) -> str:
     lines = [f"# Scaling: {result['cluster']}", "", intro, "", header, rule]
     lines += [_row(row) for row in result["rows"]]
     lines += ["", ("Planned tok/s is the planner's analytic prediction at saturation (cluster/planning/prediction.py); "
-                   "the simulation adds prefill, admission, ramp-up and the coordinator mode. Steady tok/s counts "
+                   "the simulation adds prefill, admission, ramp-up and the router's placement. Steady tok/s counts "
                    "tokens until the last request was sent (full load); whole-run tok/s divides all tokens by the "
                    "whole run, as `tandem bench-serve` does, so it also pays for the tail in which slow replicas "
                    "finish their last requests while fast ones idle."),

@@ -1,15 +1,16 @@
 """`simulate(Simulation) -> SimResult`: run a cluster through a workload on the event loop.
 
 Requests arrive (Poisson, or closed-loop clients that send the next request when one finishes),
-are placed on a verifier replica with a free batch slot (routing.py; while all are full they
-wait in the cluster's queue) and are stepped by their replica's coordinator (step.py) until
+are placed by the router on a verifier replica with a free batch slot (routing.py; while all are
+full they wait in the router's queue) and are stepped by their replica's engine (step.py) until
 they have emitted their output length. Time is simulated in milliseconds.
 
 Two random streams come from the seed: one draws the workload (arrival times, prompt and output
 lengths, all drawn up front), one draws acceptance. So two clusters simulated with one seed see
 the same requests, and a run is a pure function of its Simulation.
 Not modelled: context-length-dependent cost (curves are read at one context), KV-cache
-limits beyond max_batch, stop tokens (every request runs to its output length), failures.
+limits beyond max_batch, stop tokens (every request runs to its output length), failures,
+prefix affinity and moves.
 """
 
 from collections import deque
@@ -22,7 +23,7 @@ from tandem.cluster.sim.metrics import Recorder, SimResult
 from tandem.cluster.sim.planning import make_planner
 from tandem.cluster.sim.routing import route
 from tandem.cluster.sim.state import Replica, SimSequence
-from tandem.cluster.sim.step import StepContext, StepGroup
+from tandem.cluster.sim.step import ReplicaSteps, StepContext
 from tandem.cluster.sim.timeline import Host, Timeline
 
 
@@ -50,8 +51,7 @@ class Simulator:
         self.timelines = self._timelines()
         self.replicas = [self._replica(i) for i in range(len(sim.verifiers))]
         ctx = StepContext(sim, self.events, np.random.default_rng([sim.seed, 1]), self.recorder, self._finished)
-        self.groups = self._groups(ctx)
-        self.group_of = {id(r): g for g in self.groups for r in g.replicas}
+        self.steps = {id(r): self._steps(ctx, r) for r in self.replicas}
         self.requests = draw_requests(sim.workload, sim.seed)
         self.sent = 0
         self.backlog: deque[SimSequence] = deque()  # requests waiting for a free batch slot
@@ -83,23 +83,19 @@ class Simulator:
     def _replica(self, index: int) -> Replica:
         spec = self.sim.verifiers[index]
         drafter = self.sim.drafter(spec.drafter)
-        coordinator = self._router_group(spec.device.group)
-        network = self.sim.network.rtt_ms(coordinator, spec.device.group)
-        if drafter is not None and drafter.device is not None:
-            network += self.sim.network.rtt_ms(coordinator, drafter.device.group)
-        planner = make_planner(spec.device, drafter, self.sim.depth, self.sim.step_overhead_ms + network)
+        planner = make_planner(spec.device, drafter, self.sim.depth, self.sim.step_overhead_ms)
+        planner.draft_call_ms = self._draft_rtt_ms(spec.device.group, drafter)
         drafter_device = self.timelines[drafter.device.name] if drafter and drafter.device else None
         return Replica(index, spec, self.timelines[spec.device.name], planner, drafter, drafter_device)
 
-    def _router_group(self, replica_group: str) -> str:
-        if not self.sim.lockstep:
-            return replica_group
-        return self.sim.router_group or self.sim.verifiers[0].device.group
+    def _draft_rtt_ms(self, group: str, drafter) -> float:
+        return self.sim.network.rtt_ms(group, drafter.device.group) if drafter and drafter.device else 0.0
 
-    def _groups(self, ctx: StepContext) -> list[StepGroup]:
-        if self.sim.lockstep:
-            return [StepGroup(ctx, self.replicas, self._router_group(""))]
-        return [StepGroup(ctx, [r], r.spec.device.group) for r in self.replicas]
+    def _steps(self, ctx: StepContext, replica: Replica) -> ReplicaSteps:
+        group = replica.spec.device.group
+        router = self.sim.router_group or self.sim.verifiers[0].device.group
+        return ReplicaSteps(ctx, replica, self.sim.network.rtt_ms(router, group) / 2,
+                            self._draft_rtt_ms(group, replica.drafter))
 
     # -- arrivals and completions -------------------------------------------------------------
 
@@ -116,8 +112,11 @@ class Simulator:
             replica = route(self.replicas, self.backlog[0])
             if replica is None:
                 return
-            replica.waiting.append(self.backlog.popleft())
-            self.group_of[id(replica)].kick(now)
+            seq = self.backlog.popleft()
+            steps = self.steps[id(replica)]
+            seq.ready_ms = now + steps.relay_ms
+            replica.waiting.append(seq)
+            steps.kick(now)
 
     def _finished(self, seq: SimSequence, now: float) -> None:
         self.recorder.finish(seq, now)

@@ -4,17 +4,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from tandem.cluster.sim.config import SimDrafter, Verifier
-from tandem.cluster.sim.timeline import BackgroundJob, Timeline
+from tandem.cluster.sim.timeline import Timeline
 from tandem.speculation.batch_depth import BatchDepthPlanner
-
-
-@dataclass(slots=True)
-class Predraft:
-    """Drafts a drafter drafting ahead made ahead for a sequence's next round."""
-
-    k: int
-    job: BackgroundJob  # the drafter's work; discarded if a real call preempted it
-    ready_ms: float  # when the drafts reach the coordinator
 
 
 @dataclass(slots=True)
@@ -27,8 +18,8 @@ class SimSequence:
     drafter_seen: int = 0  # leading committed tokens the draft model holds
     first_token_ms: float | None = None
     last_token_ms: float | None = None
-    predraft: Predraft | None = None  # valid drafts made ahead (draft_ahead)
-    pending: Predraft | None = None  # drafts made ahead of the round being verified
+    ready_ms: float = 0.0  # when it reaches its replica (placed, plus the router's half round trip)
+    unprefilled: int = 0  # prompt tokens its replica has not scored yet
 
     @property
     def context(self) -> int:
@@ -63,8 +54,3 @@ class Replica:
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
-
-    @property
-    def can_draft_ahead(self) -> bool:
-        """Drafting ahead needs a draft model on a device other than the one verifying."""
-        return self.drafter_device is not None and self.drafter_device is not self.device

@@ -1,36 +1,41 @@
-"""One coordinator stepping its verifier replicas: the simulated twin of an engine step.
+"""One verifier replica's engine step, simulated: the twin of `BatchEngine.step`
+(engine/batch_engine.py), which every replica of the cluster runs (cluster/runtime/replica.py).
 
-A step, as cluster/runtime/coordinator.py runs it (engine/batch_engine.py now prefills in
-chunks under --step-tokens; the coordinator and this twin admit whole prompts):
-1. admit: each replica takes waiting sequences into free batch slots (PREFILL_TOKEN_BUDGET
-   prompt tokens a step, at least one sequence) and prefills them in one call,
-2. plan: each replica's depth planner picks k for every running sequence,
-3. draft: one lock-step call per drafter for the sequences that need fresh drafts (n-gram
-   drafts are free); with draft_ahead, drafts made ahead and still valid are used instead,
-4. verify: one batched call per replica,
-5. commit: acceptance is drawn per sequence, tokens are emitted, finished sequences leave;
-   the next step starts after the step overhead.
-Every call pays the round trip between the coordinator and the device it runs on. The parts of
-phases 1, 3 and 4 run in parallel and each phase waits for its slowest part.
+A step:
+1. admit: waiting sequences that have reached the replica take free batch slots; what they
+   lack of their prompt is unprefilled,
+2. split: decoding sequences verify a round; prefilling ones whose rest of prompt fits the step
+   token budget left by the rounds finish it in front of their round, the others score a chunk
+   of it (oldest first, in what the budget leaves; the oldest at least MIN_PREFILL_CHUNK),
+3. plan: the replica's depth planner picks k for every round,
+4. draft: one lock-step call per drafter device for the rounds drafting with a model, paying
+   the round trip between the replica and the drafter (n-gram drafts are free),
+5. verify: ONE call scores every round (its rest of prompt, last token and drafts) and every
+   chunk,
+6. commit: acceptance is drawn per round, tokens are emitted, finished sequences leave; the
+   next step starts after the step overhead.
+The router relays: a request reaches its replica half a router round trip after it is placed,
+and each round's tokens reach the client half a round trip after they are committed. Not
+modelled: the engine's stall cap on prompt chunks (STALL_FACTOR), prefix reuse, moves.
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 import numpy as np
 
 from tandem.cluster.sim.config import Simulation
-from tandem.cluster.sim.events import EventQueue, Join
+from tandem.cluster.sim.events import EventQueue
 from tandem.cluster.sim.metrics import Recorder
-from tandem.cluster.sim.planning import candidate, draft_call_ms, levels, verify_ms
-from tandem.cluster.sim.state import Predraft, Replica, SimSequence
+from tandem.cluster.sim.planning import candidate, draft_call_ms, verify_ms
+from tandem.cluster.sim.state import Replica, SimSequence
 from tandem.cluster.sim.timeline import remote_call
+from tandem.engine.batch_engine import MIN_PREFILL_CHUNK
 
 
 @dataclass(slots=True)
 class StepContext:
-    """What every step group shares with the simulator."""
+    """What every replica's steps share with the simulator."""
 
     sim: Simulation
     events: EventQueue
@@ -39,149 +44,100 @@ class StepContext:
     on_finish: Callable[[SimSequence, float], None]
 
 
-class StepGroup:
-    def __init__(self, ctx: StepContext, replicas: list[Replica], router_group: str):
+class ReplicaSteps:
+    def __init__(self, ctx: StepContext, replica: Replica, relay_ms: float, draft_rtt_ms: float):
         self.ctx = ctx
-        self.replicas = replicas
-        self.router_group = router_group
+        self.replica = replica
+        self.relay_ms = relay_ms  # router <-> replica, one way
+        self.draft_rtt_ms = draft_rtt_ms  # replica <-> its drafter, a round trip
         self.busy = False
-        self._round: list[tuple[Replica, SimSequence, int]] = []  # (replica, sequence, k)
-
-    def rtt_ms(self, group: str) -> float:
-        return self.ctx.sim.network.rtt_ms(self.router_group, group)
+        self._rounds: list[tuple[SimSequence, int]] = []  # (sequence, k)
+        self._chunks: list[tuple[SimSequence, int]] = []  # (sequence, prompt tokens scored)
 
     def kick(self, now: float) -> None:
-        """Start a step if none is running and there is work."""
-        if not self.busy and any(r.has_work for r in self.replicas):
-            self.busy = True
-            self._admit(now)
-
-    # -- 1. admission and prefill -------------------------------------------------------------
-
-    def _admit(self, now: float) -> None:
-        calls = [(r, self._take_waiting(r)) for r in self.replicas]
-        calls = [(r, seqs) for r, seqs in calls if seqs]
-        if not calls:
-            self._plan(now)
+        """Start a step if none is running and a sequence is there to step; else wake when the
+        next placed one arrives."""
+        if self.busy:
             return
-        join = Join(len(calls), self._plan)
-        for replica, seqs in calls:
-            prefill_ms = replica.spec.device.prompt_ms([s.prompt_tokens - 1 for s in seqs])
-            remote_call(self.ctx.events, now, self.rtt_ms(replica.spec.device.group), replica.device,
-                        prefill_ms, join.done)
+        replica = self.replica
+        if replica.running or any(seq.ready_ms <= now for seq in replica.waiting):
+            self.busy = True
+            self._step(now)
+        elif replica.waiting:
+            self.ctx.events.push(min(seq.ready_ms for seq in replica.waiting), self.kick)
 
-    def _take_waiting(self, replica: Replica) -> list[SimSequence]:
-        taken, budget = [], self.ctx.sim.prefill_token_budget
-        while replica.waiting and len(replica.running) < replica.spec.max_batch:
-            seq = replica.waiting[0]
-            if taken and seq.prompt_tokens > budget:
-                break
-            replica.waiting.popleft()
+    # -- 1-3. admission, split, plan -------------------------------------------------------------
+
+    def _step(self, now: float) -> None:
+        replica, budget = self.replica, self.ctx.sim.step_token_budget
+        while replica.waiting and replica.waiting[0].ready_ms <= now and len(replica.running) < replica.spec.max_batch:
+            seq = replica.waiting.popleft()
+            seq.unprefilled = seq.prompt_tokens - 1
             replica.running.append(seq)
-            taken.append(seq)
-            budget -= seq.prompt_tokens
-        return taken
+        decoding = [seq for seq in replica.running if not seq.unprefilled]
+        prefilling = [seq for seq in replica.running if seq.unprefilled]
+        left = budget - len(decoding)
+        rounds = list(decoding)
+        for seq in prefilling:  # oldest first: those whose rest fits finish it with their round
+            if seq.unprefilled + 1 <= left:
+                rounds.append(seq)
+                left -= seq.unprefilled + 1
+        still = [seq for seq in prefilling if seq not in rounds]
+        self._chunks = []
+        for i, seq in enumerate(still):
+            n = min(seq.unprefilled, max(left, MIN_PREFILL_CHUNK if i == 0 else 0))
+            if n > 0:
+                self._chunks.append((seq, n))
+                left -= n
+        ks = []
+        if rounds:
+            ks, _ = replica.planner.plan([candidate(s, replica.drafter, self.ctx.sim.depth) for s in rounds])
+        self._rounds = list(zip(rounds, ks))
+        self._draft(now)
 
-    # -- 2-3. planning and drafting -----------------------------------------------------------
+    # -- 4. drafting ------------------------------------------------------------------------------
 
-    def _plan(self, now: float) -> None:
-        self._round = []
-        for replica in self.replicas:
-            if replica.running:
-                depth = self.ctx.sim.depth
-                ks, _ = replica.planner.plan([candidate(s, replica.drafter, depth) for s in replica.running])
-                self._round += [(replica, seq, k) for seq, k in zip(replica.running, ks)]
-        parts = self._draft_parts(now)
-        join = Join(len(parts) + 1, self._verify)
-        for start in parts:
-            start(join.done)  # each part calls back when its drafts reach the coordinator
-        join.done(now)
+    def _draft(self, now: float) -> None:
+        replica = self.replica
+        jobs = [(seq, k) for seq, k in self._rounds if k and replica.drafter is not None and replica.drafter.uses_model]
+        if not jobs:
+            self._verify(now)
+            return
+        call_ms = draft_call_ms(replica.drafter.device, [s.unseen_by_drafter() for s, _ in jobs], [k for _, k in jobs])
+        remote_call(self.ctx.events, now, self.draft_rtt_ms, replica.drafter_device, call_ms, self._verify)
 
-    def _draft_parts(self, now: float) -> list[Callable]:
-        """One part per drafter call and per set of drafts made ahead; each calls back when its
-        drafts reach the coordinator."""
-        fresh: dict[int, list[tuple[Replica, SimSequence, int]]] = {}
-        ahead: dict[int, list[tuple[Replica, SimSequence, int]]] = {}
-        for job in self._round:
-            replica, seq, k = job
-            made, seq.predraft, seq.pending = seq.predraft, None, None
-            if made is not None and not made.job.done_by(now):
-                replica.drafter_device.cancel(made.job, now)  # still drafting: too late, dropped
-                made = None
-            if k == 0 or not replica.drafter.uses_model:
-                continue
-            if made is not None and made.k >= k:
-                seq.pending = made
-                ahead.setdefault(id(replica.drafter_device), []).append(job)
-            else:
-                fresh.setdefault(id(replica.drafter_device), []).append(job)
-        parts = [self._fresh_call(now, jobs) for jobs in fresh.values()]
-        return parts + [self._made_ahead(now, jobs) for jobs in ahead.values()]
-
-    def _fresh_call(self, now: float, jobs: list) -> Callable:
-        replica = jobs[0][0]
-        drafter = replica.drafter
-        ks = [k for _, _, k in jobs]
-        call_ms = draft_call_ms(drafter.device, [s.unseen_by_drafter() for _, s, _ in jobs], ks)
-        rtt = self.rtt_ms(drafter.device.group)
-        ahead = None
-        if self.ctx.sim.draft_ahead and replica.can_draft_ahead:
-            ahead = partial(self._draft_ahead, jobs, rtt=rtt)
-        return partial(remote_call, self.ctx.events, now, rtt, replica.drafter_device, call_ms,
-                       on_device_done=ahead)
-
-    def _made_ahead(self, now: float, jobs: list) -> Callable:
-        """Drafts already made: ready when they arrive; the drafter goes on one round ahead."""
-        ready = max(seq.pending.ready_ms for _, seq, _ in jobs)
-        finished = max(seq.pending.job.end_ms for _, seq, _ in jobs)
-        self._draft_ahead(jobs, finished, self.rtt_ms(jobs[0][0].drafter.device.group))
-        return partial(self.ctx.events.push, max(ready, now))
-
-    def _draft_ahead(self, jobs: list, device_free_ms: float, rtt: float) -> None:
-        """The drafter drafts the next round of these sequences in the background, assuming
-        every draft of this round is accepted; a call that arrives meanwhile preempts it."""
-        replica = jobs[0][0]
-        draft_ms = replica.drafter.device.lockstep_draft_ms(levels([k for _, _, k in jobs]))
-        work = replica.drafter_device.reserve_background(device_free_ms, draft_ms)
-        for _, seq, k in jobs:
-            seq.pending = Predraft(k, work, work.end_ms + rtt / 2)
-
-    # -- 4. verification ----------------------------------------------------------------------
+    # -- 5. verification --------------------------------------------------------------------------
 
     def _verify(self, now: float) -> None:
-        busy = [r for r in self.replicas if r.running]
-        if not busy:
+        if not self._rounds and not self._chunks:
             self._commit(now)
             return
-        join = Join(len(busy), self._commit)
-        for replica in busy:
-            ks = [k for r, _, k in self._round if r is replica]
-            remote_call(self.ctx.events, now, self.rtt_ms(replica.spec.device.group), replica.device,
-                        verify_ms(replica.spec.device, ks), join.done)
+        device = self.replica.spec.device
+        call_ms = verify_ms(device, [k for _, k in self._rounds],
+                            [s.unprefilled for s, _ in self._rounds] + [n for _, n in self._chunks])
+        self.ctx.events.push(self.replica.device.reserve(now, call_ms), self._commit)
 
-    # -- 5. commit ----------------------------------------------------------------------------
+    # -- 6. commit --------------------------------------------------------------------------------
 
     def _commit(self, now: float) -> None:
-        for replica, seq, k in self._round:
+        replica, client_at = self.replica, now + self.relay_ms
+        for seq, n in self._chunks:
+            seq.unprefilled -= n
+        for seq, k in self._rounds:
+            seq.unprefilled = 0
             run = replica.drafter.acceptance.draw_run(self.ctx.rng) if k else 0
             accepted = min(run, k)
             if k:
                 replica.planner.record(replica.drafter.source, k, accepted)
-            made_ahead, seq.pending = seq.pending, None
-            if made_ahead is not None:
-                if run > k:
-                    seq.predraft = made_ahead  # the whole round and the bonus token matched
-                else:  # the drafter hears of the rejection half a round trip later
-                    replica.drafter_device.cancel(made_ahead.job, now + self.rtt_ms(replica.drafter.device.group) / 2)
             if replica.drafter is not None and replica.drafter.uses_model and k:
                 seq.drafter_seen = seq.context + accepted
             emitted = min(accepted + 1, seq.remaining)
-            self.ctx.recorder.round(seq, now, k, accepted, emitted)
+            self.ctx.recorder.round(seq, client_at, k, accepted, emitted)
             seq.emitted += emitted
             if seq.remaining == 0:
                 replica.running.remove(seq)
-                self.ctx.on_finish(seq, now)
-        self._round = []
+                self.ctx.events.push(client_at, lambda at, seq=seq: self.ctx.on_finish(seq, at))
+        self._rounds, self._chunks = [], []
         self.ctx.events.push(now + self.ctx.sim.step_overhead_ms, self._next)
 
     def _next(self, now: float) -> None:

@@ -1,32 +1,20 @@
 """A device's time, and a call over the network.
 
-A device runs one call at a time, first come first served. It can also run *background* work
-(a drafter drafting ahead) while it has nothing else to do: a call that arrives
-preempts background work, which is then discarded, so speculative work never delays real work.
+A device runs one call at a time, first come first served.
 
-Devices on one host (several CPU workers of one machine) share its cores: a call or background
-job that starts while others run there is stretched by (threads asking) / cores when that
-exceeds 1. The stretch is fixed when the work starts (calls already running keep theirs), an
-approximation of processor sharing that conserves the host's total work well when calls overlap
-for most of their length, as lock-step calls do.
+Devices on one host (several CPU workers of one machine) share its cores: a call that starts
+while others run there is stretched by (threads asking) / cores when that exceeds 1. The
+stretch is fixed when the work starts (calls already running keep theirs), an approximation of
+processor sharing that conserves the host's total work well when calls overlap for most of
+their length.
 
 `remote_call` sends a request that pays half a round trip each way; the device is reserved when
-the request *arrives*, so calls from near and far coordinators queue in arrival order.
+the request *arrives*, so calls from near and far replicas queue in arrival order.
 """
 
 from dataclasses import dataclass, field
 
 from tandem.cluster.sim.events import Action, EventQueue
-
-
-@dataclass(slots=True)
-class BackgroundJob:
-    start_ms: float
-    end_ms: float
-    cancelled: bool = False
-
-    def done_by(self, now: float) -> bool:
-        return not self.cancelled and self.end_ms <= now
 
 
 @dataclass(slots=True, eq=False)
@@ -47,7 +35,6 @@ class Timeline:
     name: str
     free_at: float = 0.0  # end of the last call
     busy_ms: float = 0.0
-    background: list[BackgroundJob] = field(default_factory=list)
     threads: int = 1
     host: Host | None = None  # None: the device has its cores to itself
 
@@ -56,8 +43,7 @@ class Timeline:
             self.host.members.append(self)
 
     def busy_at(self, moment: float) -> bool:
-        return self.free_at > moment or any(
-            not job.cancelled and job.start_ms <= moment < job.end_ms for job in self.background)
+        return self.free_at > moment
 
     def _stretched(self, start: float, duration_ms: float) -> float:
         return duration_ms if self.host is None else duration_ms * self.host.stretch(self, start)
@@ -68,49 +54,26 @@ class Timeline:
         if duration_ms < 0:
             raise ValueError(f"{self.name}: a call cannot take {duration_ms} ms")
         start = max(earliest, self.free_at)
-        for job in self.background:
-            self.cancel(job, start)
-        self.background = [job for job in self.background if not job.cancelled]
         duration_ms = self._stretched(start, duration_ms)
         self.free_at = start + duration_ms
         self.busy_ms += duration_ms
         return self.free_at
 
-    def reserve_background(self, earliest: float, duration_ms: float) -> BackgroundJob:
-        """Run preemptible work once the device is free of calls and earlier background work."""
-        start = max([earliest, self.free_at] + [job.end_ms for job in self.background])
-        duration_ms = self._stretched(start, duration_ms)
-        job = BackgroundJob(start, start + duration_ms)
-        self.background.append(job)
-        self.busy_ms += duration_ms
-        return job
-
-    def cancel(self, job: BackgroundJob, at: float) -> None:
-        """Stop background work at `at`: it is discarded if it had not finished by then."""
-        if not job.cancelled and job.end_ms > at:
-            self.busy_ms -= job.end_ms - max(job.start_ms, at)
-            job.cancelled = True
-
     def utilisation(self, end_ms: float) -> float:
-        """Busy share of [0, end_ms]; work past the end (drafts made ahead) is not counted."""
+        """Busy share of [0, end_ms]; work past the end is not counted."""
         if end_ms <= 0:
             return 0.0
         past_end = max(0.0, self.free_at - end_ms)
-        past_end += sum(max(0.0, j.end_ms - max(j.start_ms, end_ms)) for j in self.background if not j.cancelled)
         return min(1.0, max(0.0, (self.busy_ms - past_end) / end_ms))
 
 
 def remote_call(events: EventQueue, sent_ms: float, rtt_ms: float, device: Timeline,
-                duration_ms: float, then: Action, on_device_done: Action | None = None) -> None:
+                duration_ms: float, then: Action) -> None:
     """Request at `sent_ms` + rtt/2; runs `duration_ms` on `device` when it is free; the reply
-    reaches the caller rtt/2 after the device finishes, and `then(reply_time)` runs. An optional
-    `on_device_done(end)` runs as the device finishes (a drafter drafting ahead)."""
+    reaches the caller rtt/2 after the device finishes, and `then(reply_time)` runs."""
     half = rtt_ms / 2
 
     def arrive(now: float) -> None:
-        end = device.reserve(now, duration_ms)
-        if on_device_done is not None:
-            events.push(end, on_device_done)
-        events.push(end + half, then)
+        events.push(device.reserve(now, duration_ms) + half, then)
 
     events.push(sent_ms + half, arrive)

@@ -135,6 +135,8 @@ class ServingMetrics:
             m.worker_up.labels(self.model_name, worker["name"], worker["role"]).set(1 if worker["alive"] else 0)
             m.worker_sequences.labels(self.model_name, worker["name"]).set(worker["sequences"])
             m.worker_restarts.labels(self.model_name, worker["name"]).set(worker["restarts"])
+            for reason, count in worker.get("routed", {}).items():
+                m.cluster_routed.labels(self.model_name, worker["name"], reason).set(count)
         with self._lock:
             self._workers = [dict(worker) for worker in workers]
 

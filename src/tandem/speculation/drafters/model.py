@@ -2,8 +2,8 @@
 
 `ModelDrafter` offers the draft model to every sequence (priced with its catch-up on tokens the
 draft has not seen yet) and hands the chosen jobs to a `DraftModel`: where the model runs. Here
-that is `LocalDraftModel` (a batch runner in this process, drafting in lock-step); the cluster
-coordinator plugs in the drafter workers instead (cluster/runtime/remote_draft.py).
+that is `LocalDraftModel` (a batch runner in this process, drafting in lock-step); a cluster
+replica plugs in the drafter workers instead (cluster/runtime/remote_draft.py).
 """
 
 from typing import Protocol
