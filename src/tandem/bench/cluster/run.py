@@ -58,6 +58,9 @@ def run_cluster_bench(cluster: ClusterOptions, drafter: str, k, concurrency: int
         suffix = "" if index == 1 else f" #{index}"
         for name in configs:
             progress(f"{name}{suffix} ...")
+            for cold in (single, engine):  # every run starts cold: no prompt cached by an earlier one
+                if cold is not None:
+                    cold.clear_caches()
             if name == "single":
                 runs = {"single": drive(single, requests, concurrency, "single").to_json()}
             elif name == "solo":
@@ -121,7 +124,9 @@ def _single_engine(cluster: ClusterOptions, drafter: str, k, concurrency: int):
 def _cluster_run(engine: ClusterRouter, name: str, requests: list, concurrency: int, drafter: str, k) -> dict:
     engine.default_drafter = "none" if name == "cluster-verify-only" else drafter
     engine.default_depth = parse_depth(0 if name == "cluster-verify-only" else k)
-    return drive(engine, requests, concurrency, name.replace("-", "_")).to_json()
+    engine.decisions.clear()
+    figures = drive(engine, requests, concurrency, name.replace("-", "_")).to_json()
+    return {**figures, "placements": {f"{replica} {reason}": n for (replica, reason), n in engine.decisions.items()}}
 
 
 def summarize(results: dict[str, dict]) -> dict[str, dict]:
@@ -145,6 +150,7 @@ def _solo_runs(engine: ClusterRouter, requests: list, concurrency: int, drafter:
         progress(f"solo {replica.name} ...")
         solo = ClusterRouter([replica], engine.drafter_workers, drafter, k, concurrency,
                              rtt_between=engine.rtt_between)
+        solo.clear_caches()
         figures = drive(solo, requests, concurrency, f"solo_{replica.name}".replace("-", "_")).to_json()
         solo.close()
         results[f"solo {replica.name}"] = figures

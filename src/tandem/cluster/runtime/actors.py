@@ -55,6 +55,9 @@ class ReplicaHost:
     def set_drafters(self, links):
         return self.worker.set_drafters(links)
 
+    def clear_caches(self):
+        return self.worker.clear_caches()
+
 
 class DrafterHost:
     def __init__(self, spec: RunnerSpec, slots: int, emulation: Emulation):

@@ -121,6 +121,11 @@ class ReplicaEngine:
         with self.emulation.travel():
             self._command("drafters", None, links).result()
 
+    def clear_caches(self) -> None:
+        """Forget every retained prompt cache (a benchmark starts each run cold)."""
+        with self.emulation.travel():
+            self._command("clear", None).result()
+
     def close(self) -> None:
         """Stop the engine thread after its step; calls still waiting for it fail."""
         with self._news:
@@ -184,6 +189,8 @@ class ReplicaEngine:
             return output
         elif kind == "drafters":
             self._link_drafters(args[0])
+        elif kind == "clear":
+            self.engine.clear_caches()
         return None
 
     def _link_drafters(self, links: list[DrafterLink]) -> None:

@@ -182,6 +182,18 @@ class ClusterRouter:
             self._settle_moves(updates)
             return updates, self._reports.popleft() if self._reports else None
 
+    def clear_caches(self) -> None:
+        """Every replica forgets its retained prompt caches, the router what they held (a
+        benchmark starts each run cold)."""
+        with self.lock:
+            calls = [w.endpoint.call("clear_caches") for w in self.verifiers if w.alive]
+            self._prefixes = {w.name: _PrefixMemory() for w in self.verifiers}
+        for call in calls:
+            try:
+                call.result()
+            except WorkerDiedError:
+                pass
+
     def close(self) -> None:
         """Stop the health monitor and take the polls in flight (the workers stay up, and a later
         router over them gets all their news)."""

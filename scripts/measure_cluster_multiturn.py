@@ -1,0 +1,99 @@
+"""Multi-turn conversations on a 2-replica cluster: do later turns find their history cached?
+
+Starts `tandem serve --cluster` on two verifier replicas (llama.cpp, one thread each), runs
+bench-serve's multi-turn scenarios against it (`chat`: 10 users x 3 turns, each first message a
+~700-token source file; `shared_system`: 16 users behind one ~1,900-token system prompt), and
+prints the time to first token by turn, the prompt share the replicas' prompt caches held, and
+the router's placement decisions by reason from /metrics (`tandem:cluster_routed_requests`).
+
+    python scripts/measure_cluster_multiturn.py [--model smollm2-135m-instruct] [--max-tokens 48]
+
+Name the CPU beside the figures (printed).
+"""
+
+import argparse
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from tandem.bench.serve.conversations import CONCURRENCY, load_scenarios, run_scenario, summarize_scenario
+from tandem.hardware import cpu_model
+
+CLUSTER = """
+workers:
+  - name: verify
+    role: verify
+    model: {model}
+    backend: llamacpp
+    threads: 1
+    replicas: 2
+    resources: {{CPU: 1}}
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--scenarios", default="chat,shared_system")
+    args = parser.parse_args()
+    scenarios = load_scenarios()
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "cluster.yaml"
+        path.write_text(CLUSTER.format(model=args.model))
+        process, url = _start(path)
+        try:
+            rows = []
+            for name in args.scenarios.split(","):
+                run = run_scenario(url, name, scenarios[name], args.model, args.max_tokens, {}, CONCURRENCY[name])
+                rows.append(summarize_scenario(run))
+            routed = re.findall(r'tandem:cluster_routed_requests\{[^}]*reason="(\w+)"[^}]*worker="([^"]+)"[^}]*\} (\S+)|'
+                                r'tandem:cluster_routed_requests\{[^}]*worker="([^"]+)"[^}]*reason="(\w+)"[^}]*\} (\S+)',
+                                httpx.get(f"{url}/metrics").text)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=60)
+    print(f"CPU: {cpu_model()}; {args.model} on 2 llama.cpp replicas, 1 thread each; {args.max_tokens}-token answers")
+    print("| scenario | wall s | TTFT p50 ms by turn | cached prompt share | errors |")
+    print("|---|---:|---|---:|---:|")
+    for row in rows:
+        turns = " / ".join(f"{v:.0f}" for v in row["ttft_p50_ms_by_turn"].values())
+        print(f"| {row['scenario']} | {row['wall_s']:.1f} | {turns} | {row['cached_share']} | {row['errors']} |")
+    decisions = {}
+    for match in routed:
+        reason, worker, count = (match[0], match[1], match[2]) if match[0] else (match[4], match[3], match[5])
+        decisions[(worker, reason)] = int(float(count))
+    print("placements:", ", ".join(f"{w} {r}: {n}" for (w, r), n in sorted(decisions.items())))
+
+
+def _start(cluster: Path):
+    command = [sys.executable, "-m", "tandem.cli.main", "serve", "--cluster", str(cluster), "--port", "0",
+               "--cache", "off"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in process.stdout:
+        match = re.search(r"http://127\.0\.0\.1:\d+", line)
+        if match:
+            url = match.group(0)
+            break
+    else:
+        raise SystemExit("the server did not start")
+    threading.Thread(target=lambda: [None for _ in process.stdout], daemon=True).start()  # keep the pipe drained
+    for _ in range(600):  # the workers load their models
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit("the server did not become healthy")
+
+
+if __name__ == "__main__":
+    main()
