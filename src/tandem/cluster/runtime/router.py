@@ -1,43 +1,33 @@
 """The cluster router: the batching engine's interface (add / cancel / step) over verifier
-replicas in other processes (Ray actors), each running the one engine (cluster/runtime/replica.py),
-so the HTTP server runs unchanged on top. No model runs here and no round is planned here: the
-router places requests, relays their streams, watches health and recovers.
-
-- **Placement.** A request goes to the live replica with a free slot chosen by the cost rule
-  (cluster/planning/stream_placement.py), unless another replica holds a longer prefix of it
-  (a conversation's earlier turn, a shared system prompt: the router remembers what each replica
-  served) and serving it there is expected to cost no more: its prefill of what that replica
-  lacks plus its decode at that replica's step cost.
-- **Streams.** Each replica is polled (one poll in flight each); its updates are relayed to the
-  client's sequence. Stop strings are checked here, at the edge, on the whole output: a stop
-  ends the stream and cancels the placement.
-- **Failover.** A replica that dies (a failed call, or the health monitor's ping) takes no
-  output with it: each of its requests is re-submitted to a live replica with the tokens already
-  relayed appended to its prompt and max tokens reduced by as many. Greedy output is unchanged;
-  a seeded sampled request draws anew from there.
-- **Moves.** When a replica idles while another still holds streams, the stream expected to
-  finish soonest there (its prefill on the idle replica plus its remaining tokens at one stream's
-  step, against its remaining tokens at its own replica's step) is detached and re-submitted
-  the same way.
-- **Drafters.** Drafter workers are watched here and handed to every replica (`set_drafters`),
-  again whenever one dies or comes back; the replicas call them.
-
-Every placement has its own id (`seq@attempt`), so updates from a placement that moved or died
-are never relayed twice. State is guarded by `lock`; worker calls are not waited for under it.
+replicas in Ray actors, each running the one engine (cluster/runtime/replica.py), so the HTTP
+server runs unchanged on top. No model runs here and no round is planned here. The router
+- places each request by the cost rule (cluster/planning/stream_placement.py) or, where a
+  replica holds its prefix, there (cluster/planning/affinity.py),
+- relays each replica's updates (one poll in flight per replica), checking stop strings on the
+  whole output (a stop cancels the placement),
+- moves a stream to a replica that idles while another still holds streams (detached with the
+  output it committed, re-submitted with it),
+- watches health, hands every replica the live drafters, and when a replica dies re-submits
+  each of its requests to a live one with the tokens already relayed appended to its prompt
+  (nothing lost; greedy output unchanged; a seeded sampled request draws anew from there).
+State is guarded by `lock`; worker calls are not waited for under it.
 """
 
 import threading
-from collections import Counter, OrderedDict, deque
-from dataclasses import dataclass, field, replace
+from collections import Counter, deque
+from dataclasses import replace
 from typing import Callable
 
+from tandem.cluster.planning.affinity import PrefixMemory, move_gain_ms, prefer_prefix
 from tandem.cluster.planning.stream_placement import Candidate, choose
 from tandem.cluster.runtime.endpoints import Pending, WorkerDiedError, wait_any
 from tandem.cluster.runtime.health import DEFAULT_PERIOD_S, HealthMonitor
 from tandem.cluster.runtime.pool import Worker
-from tandem.cluster.runtime.replica import DrafterLink, ReplicaNews
-from tandem.engine.events import RoundReport, SequenceUpdate, SpeculationOptions, StepReport
-from tandem.engine.prefix_index import BLOCK, PrefixIndex
+from tandem.cluster.runtime.drafter_links import push_drafters
+from tandem.cluster.runtime.replica import ReplicaNews
+from tandem.cluster.runtime.routed import Routed, client_id
+from tandem.engine.events import SequenceUpdate, SpeculationOptions, StepReport
+from tandem.engine.prefix_index import BLOCK
 from tandem.engine.request import GenerationRequest
 from tandem.errors import TandemError
 from tandem.models.cost import CostModel, CostView
@@ -47,38 +37,6 @@ from tandem.speculation.drafters.registry import USES_MODEL, check_drafter
 NO_VERIFIER = "no verifier is alive in the cluster"
 MAX_EVENTS = 256  # failovers, moves and restarts kept for logs and tests
 STEP_WAIT_S = 0.02  # how long step() waits for news before giving the engine thread back
-PREFIX_MEMORY = 256  # token sequences remembered per replica for prefix affinity
-MOVE_MARGIN = 1.25  # a stream moves only where it is expected to finish this many times sooner
-
-
-@dataclass(slots=True)
-class Routed:
-    """A client's request as the router follows it across placements."""
-
-    seq_id: str
-    request: GenerationRequest
-    options: SpeculationOptions
-    output: list[int] = field(default_factory=list)  # relayed to the client
-    replica: Worker | None = None
-    placement: str | None = None  # the current placement's id on its replica
-    base: int = 0  # output tokens the current placement was given in its prompt
-    attempts: int = 0
-    cached_tokens: int = 0  # the first placement's prompt-cache hit
-    reason: str = "cost"  # why it is next placed: cost | failover | move
-    moving: tuple[Worker, str, Pending] | None = None  # a detach in flight: to where, which placement
-
-    @property
-    def tokens(self) -> tuple[int, ...]:
-        return (*self.request.prompt_ids, *self.output)
-
-    @property
-    def room(self) -> int:
-        return self.request.max_tokens - len(self.output)
-
-    def placement_request(self) -> GenerationRequest:
-        """What the replica runs: the prompt with the output so far, the rest of the budget;
-        stop strings stay here."""
-        return replace(self.request, prompt_ids=self.tokens, max_tokens=self.room, stop_condition=None)
 
 
 class ClusterRouter:
@@ -100,7 +58,7 @@ class ClusterRouter:
         self._by_placement: dict[str, Routed] = {}
         self._polls: dict[str, Pending] = {}
         self._reports: deque[StepReport] = deque()
-        self._prefixes = {w.name: _PrefixMemory() for w in verifiers}
+        self._prefixes = {w.name: PrefixMemory() for w in verifiers}
         self.decisions: Counter = Counter()  # (replica, reason) -> placements
         self.health = HealthMonitor(verifiers + drafters, self._worker_died, self.lock, self.events, health_period_s,
                                     self._worker_up)
@@ -187,7 +145,7 @@ class ClusterRouter:
         benchmark starts each run cold)."""
         with self.lock:
             calls = [w.endpoint.call("clear_caches") for w in self.verifiers if w.alive]
-            self._prefixes = {w.name: _PrefixMemory() for w in self.verifiers}
+            self._prefixes = {w.name: PrefixMemory() for w in self.verifiers}
         for call in calls:
             try:
                 call.result()
@@ -225,26 +183,17 @@ class ClusterRouter:
         live = [w for w in self.verifiers if w.alive and len(w.sequences) < w.max_slots]
         if not live:
             return None, ""
-        tokens = routed.tokens
-        candidates = [Candidate(len(w.sequences), w.cost.cost.cost_ms(len(tokens)), w.cost.cost.cost_ms) for w in live]
-        chosen = choose(candidates, routed.room)
+        tokens, costs = routed.tokens, [w.cost.cost.cost_ms for w in live]
+        chosen = choose([Candidate(len(w.sequences), cost(len(tokens)), cost) for w, cost in zip(live, costs)],
+                        routed.room)
         held = [self._prefixes[w.name].longest(tokens) for w in live]
-        best = max(range(len(live)), key=lambda i: (held[i], -i))
-        reason = routed.reason if routed.reason != "cost" else "prefix" if held[chosen] >= BLOCK else "cost"
-        if held[best] >= BLOCK and best != chosen:
-            def expected_ms(i: int) -> float:
-                cost = live[i].cost.cost
-                return cost.cost_ms(max(1, len(tokens) - held[i])) + routed.room * cost.cost_ms(len(live[i].sequences) + 1)
-
-            if expected_ms(best) <= expected_ms(chosen):
-                return live[best], "prefix"
-        return live[chosen], reason
+        better = prefer_prefix(chosen, held, [len(w.sequences) for w in live], costs, len(tokens), routed.room)
+        if better is not None:
+            return live[better], "prefix"
+        return live[chosen], routed.reason if routed.reason != "cost" else "prefix" if held[chosen] >= BLOCK else "cost"
 
     def _submit(self, routed: Routed, replica: Worker, reason: str) -> None:
-        routed.attempts += 1
-        routed.placement = f"{routed.seq_id}@{routed.attempts}"
-        routed.replica, routed.base, routed.reason = replica, len(routed.output), "cost"
-        replica.sequences.add(routed.placement)
+        replica.sequences.add(routed.next_placement(replica))
         self.routed[routed.seq_id] = routed
         self._by_placement[routed.placement] = routed
         self._prefixes[replica.name].add(routed.placement, routed.tokens)
@@ -258,7 +207,7 @@ class ClusterRouter:
             routed.replica.sequences.discard(routed.placement)
             self._prefixes[routed.replica.name].add(routed.placement, routed.tokens)
         if routed.moving is not None:
-            routed.moving[0].sequences.discard(_moving_to(routed))
+            routed.moving[0].sequences.discard(routed.slot_hold)
         routed.replica, routed.placement, routed.moving = None, None, None
 
     def _end(self, routed: Routed, cancel: bool = False) -> None:
@@ -318,39 +267,31 @@ class ClusterRouter:
 
     def _client_report(self, report: StepReport) -> StepReport:
         """A replica's step, in the clients' sequence ids, with the workers' states."""
-        def client(placement: str) -> str:
-            return placement.rsplit("@", 1)[0]
-
-        rounds = tuple(replace(r, seq_id=client(r.seq_id)) for r in report.rounds)
-        return replace(report, rounds=rounds, prefilled=tuple(client(s) for s in report.prefilled),
+        rounds = tuple(replace(r, seq_id=client_id(r.seq_id)) for r in report.rounds)
+        return replace(report, rounds=rounds, prefilled=tuple(client_id(s) for s in report.prefilled),
                        running=len(self.routed), waiting=len(self.waiting), workers=tuple(self.worker_states()))
 
     # -- moves ----------------------------------------------------------------------------------
 
     def _rebalance(self) -> None:
-        """Detach the stream that would finish soonest on an idle replica (MOVE_MARGIN sooner)."""
+        """Detach, for each idle replica, the stream whose finish it brings forward most."""
         idle = [w for w in self.verifiers if w.alive and not w.sequences]
         if not idle or self.waiting:
             return  # waiting requests take the idle replica first
         for target in idle:
-            best, best_gain = None, 0.0
-            for routed in self.routed.values():
-                source = routed.replica
-                if routed.moving or source is None or source is target or routed.room <= 1:
-                    continue
-                stay_ms = routed.room * source.cost.cost.cost_ms(len(source.sequences))
-                move_ms = (target.cost.cost.cost_ms(len(routed.tokens)) + routed.room * target.cost.cost.cost_ms(1)) \
-                    * MOVE_MARGIN
-                if stay_ms - move_ms > best_gain:
-                    best, best_gain = routed, stay_ms - move_ms
+            gains = {id(r): move_gain_ms(r.room, len(r.tokens), len(r.replica.sequences), r.replica.cost.cost.cost_ms,
+                                         target.cost.cost.cost_ms)
+                     for r in self.routed.values() if not r.moving and r.replica not in (None, target) and r.room > 1}
+            best = max((r for r in self.routed.values() if gains.get(id(r), 0.0) > 0), default=None,
+                       key=lambda r: gains[id(r)])
             if best is not None:
                 best.moving = (target, best.placement, best.replica.endpoint.call("detach", best.placement))
-                target.sequences.add(_moving_to(best))  # holds the slot: one move per idle replica at a time
+                target.sequences.add(best.slot_hold)  # holds the slot: one move per idle replica at a time
 
     def _settle_moves(self, updates: list[SequenceUpdate]) -> None:
         for routed in [r for r in self.routed.values() if r.moving and r.moving[2].ready()]:
             target, placement, pending = routed.moving
-            target.sequences.discard(_moving_to(routed))
+            target.sequences.discard(routed.slot_hold)
             routed.moving = None
             try:
                 output = pending.result()
@@ -358,8 +299,7 @@ class ClusterRouter:
                 continue  # the source died: the failover re-submits it
             if output is None or routed.placement != placement:
                 continue  # it finished there first: its last update comes with the next poll
-            missing = output[len(routed.output) - routed.base:]
-            self._relay(routed, SequenceUpdate(placement, tuple(missing)), updates)
+            self._relay(routed, SequenceUpdate(placement, tuple(output[len(routed.output) - routed.base:])), updates)
             if routed.seq_id not in self.routed:
                 continue  # a stop string ended it
             self.routed.pop(routed.seq_id)
@@ -384,13 +324,7 @@ class ClusterRouter:
         self._push_drafters([worker] if worker.role == "verify" else self.verifiers)
 
     def _push_drafters(self, replicas: list[Worker]) -> None:
-        """Tell replicas which drafters are alive, with the round trip between their groups."""
-        for replica in replicas:
-            if replica.alive:
-                links = [DrafterLink(d.name, d.endpoint, d.cost.cost.to_json(), d.restarts,
-                                     self.rtt_between(replica.group, d.group))
-                         for d in self.drafter_workers if d.alive]
-                replica.endpoint.call("set_drafters", links)
+        push_drafters(replicas, self.drafter_workers, self.rtt_between)
 
     def _worker_died(self, worker: Worker) -> None:
         """The health monitor or a failed call found a worker dead (called with the lock held)."""
@@ -408,36 +342,8 @@ class ClusterRouter:
             return
         replica.mark_dead()  # forgets its placements, starts a replacement
         self._polls.pop(replica.name, None)
-        self._prefixes[replica.name] = _PrefixMemory()  # a new process holds nothing
+        self._prefixes[replica.name] = PrefixMemory()  # a new process holds nothing
         orphans = [r for r in self.routed.values() if r.replica is replica]
         for routed in reversed(orphans):
             self._requeue(routed, "failover")
         self.events.append(f"{replica.name} died; re-submitting {len(orphans)} requests with their committed tokens")
-
-
-def _moving_to(routed: Routed) -> str:
-    """What holds a slot on a move's target until the stream arrives."""
-    return f"{routed.seq_id}@moving"
-
-
-class _PrefixMemory:
-    """What a replica served lately (prompts and outputs), for prefix affinity; the oldest of
-    PREFIX_MEMORY go first."""
-
-    def __init__(self):
-        self.index: PrefixIndex[str] = PrefixIndex()
-        self.order: OrderedDict[str, None] = OrderedDict()
-
-    def add(self, key: str, tokens) -> None:
-        if key in self.order:
-            self.index.remove(key)
-            self.order.move_to_end(key)
-        self.order[key] = None
-        self.index.add(key, tokens)
-        while len(self.order) > PREFIX_MEMORY:
-            oldest, _ = self.order.popitem(last=False)
-            self.index.remove(oldest)
-
-    def longest(self, tokens) -> int:
-        match = self.index.longest(tokens)
-        return 0 if match is None else match[1]

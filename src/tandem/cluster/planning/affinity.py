@@ -1,0 +1,67 @@
+"""Where a conversation's next turn goes, and when a stream moves: the router's two rules on
+top of the cost rule (cluster/planning/stream_placement.py).
+
+- **Prefix affinity.** The router remembers what each replica served lately (`PrefixMemory`:
+  prompts and outputs, a block-hash index, the oldest of PREFIX_MEMORY forgotten first). A
+  request goes to the replica holding at least AFFINITY_SHARE of its prompt beyond what the
+  cost rule's choice holds (a conversation's history, a long shared system prompt; not a chat
+  template's few tokens, which every replica soon holds and which would pull every request to
+  one replica), unless serving it there is expected to cost more: its prefill of what each
+  replica lacks plus its decode at each replica's step with it (`prefer_prefix`).
+- **Moves.** A replica that idles while another holds streams takes the stream whose finish it
+  brings forward most: its prefill there plus its remaining tokens at one stream's step,
+  MOVE_MARGIN times, against its remaining tokens at its own replica's step (`move_gain_ms`).
+"""
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+from tandem.engine.prefix_index import BLOCK, PrefixIndex
+
+PREFIX_MEMORY = 256  # token sequences remembered per replica
+AFFINITY_SHARE = 0.5  # of the prompt a replica must hold (beyond the cost rule's choice) to draw it
+MOVE_MARGIN = 1.25  # a stream moves only where it is expected to finish this many times sooner
+
+CostMs = Callable[[int], float]  # a replica's forward over n tokens
+
+
+class PrefixMemory:
+    def __init__(self):
+        self.index: PrefixIndex[str] = PrefixIndex()
+        self.order: OrderedDict[str, None] = OrderedDict()
+
+    def add(self, key: str, tokens: Sequence[int]) -> None:
+        if key in self.order:
+            self.index.remove(key)
+            self.order.move_to_end(key)
+        self.order[key] = None
+        self.index.add(key, tokens)
+        while len(self.order) > PREFIX_MEMORY:
+            oldest, _ = self.order.popitem(last=False)
+            self.index.remove(oldest)
+
+    def longest(self, tokens: Sequence[int]) -> int:
+        """Tokens of the longest remembered prefix of `tokens` (0 under one block)."""
+        match = self.index.longest(tokens)
+        return 0 if match is None else match[1]
+
+
+def prefer_prefix(chosen: int, held: list[int], streams: list[int], costs: list[CostMs], tokens: int,
+                  room: int) -> int | None:
+    """The candidate holding the longest prefix, where it holds AFFINITY_SHARE of the prompt
+    more than `chosen` (the cost rule's pick) and is expected to serve it no dearer; else None."""
+    best = max(range(len(held)), key=lambda i: (held[i], -i))
+    if best == chosen or held[best] < BLOCK or held[best] - held[chosen] < AFFINITY_SHARE * tokens:
+        return None
+
+    def expected_ms(i: int) -> float:
+        return costs[i](max(1, tokens - held[i])) + room * costs[i](streams[i] + 1)
+
+    return best if expected_ms(best) <= expected_ms(chosen) else None
+
+
+def move_gain_ms(room: int, tokens: int, source_streams: int, source_cost: CostMs, target_cost: CostMs) -> float:
+    """How much sooner a stream is expected to finish on an idle replica (<= 0: stay)."""
+    stay_ms = room * source_cost(source_streams)
+    move_ms = (target_cost(tokens) + room * target_cost(1)) * MOVE_MARGIN
+    return stay_ms - move_ms

@@ -1,0 +1,54 @@
+"""A client's request as the router follows it across placements (cluster/runtime/router.py).
+
+Each placement on a replica has its own id (`seq@attempt`), so the updates of one that moved
+or died are told apart from the next one's. A placement runs the prompt with the output so far
+appended and the rest of the token budget; stop strings stay with the router.
+"""
+
+from dataclasses import dataclass, field, replace
+
+from tandem.cluster.runtime.endpoints import Pending
+from tandem.cluster.runtime.pool import Worker
+from tandem.engine.events import SpeculationOptions
+from tandem.engine.request import GenerationRequest
+
+
+@dataclass(slots=True, eq=False)
+class Routed:
+    seq_id: str
+    request: GenerationRequest
+    options: SpeculationOptions
+    output: list[int] = field(default_factory=list)  # relayed to the client
+    replica: Worker | None = None
+    placement: str | None = None  # the current placement's id on its replica
+    base: int = 0  # output tokens the current placement was given in its prompt
+    attempts: int = 0
+    cached_tokens: int = 0  # the first placement's prompt-cache hit
+    reason: str = "cost"  # why it is next placed: cost | failover | move
+    moving: tuple[Worker, str, Pending] | None = None  # a detach in flight: to where, which placement
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        return (*self.request.prompt_ids, *self.output)
+
+    @property
+    def room(self) -> int:
+        return self.request.max_tokens - len(self.output)
+
+    @property
+    def slot_hold(self) -> str:
+        """What holds a slot on a move's target until the stream arrives."""
+        return f"{self.seq_id}@moving"
+
+    def next_placement(self, replica: Worker) -> str:
+        self.attempts += 1
+        self.placement = f"{self.seq_id}@{self.attempts}"
+        self.replica, self.base, self.reason = replica, len(self.output), "cost"
+        return self.placement
+
+    def placement_request(self) -> GenerationRequest:
+        return replace(self.request, prompt_ids=self.tokens, max_tokens=self.room, stop_condition=None)
+
+
+def client_id(placement: str) -> str:
+    return placement.rsplit("@", 1)[0]

@@ -1,0 +1,43 @@
+"""The router's two rules beside the cost rule (cluster/planning/affinity.py): a prompt goes
+where its prefix is held unless that costs more, and a stream moves only where it finishes
+sooner; the prefix memory is bounded and finds the longest remembered prefix."""
+
+from tandem.cluster.planning import affinity
+from tandem.cluster.planning.affinity import PrefixMemory, move_gain_ms, prefer_prefix
+from tandem.engine.prefix_index import BLOCK
+
+
+def cpu_like(n: int) -> float:
+    return 10.0 + 5.0 * n  # a fixed part, then each token its share
+
+
+def test_the_replica_holding_the_prefix_wins_unless_it_is_dearer():
+    tokens, room = 600, 50
+    # replica 1 holds 576 of 600 prompt tokens; the cost rule chose replica 0 (fewer streams)
+    assert prefer_prefix(0, [0, 576], [0, 1], [cpu_like, cpu_like], tokens, room) == 1
+    # ... but not when replica 1 is so busy that its decode costs more than the prefill saved
+    assert prefer_prefix(0, [0, 576], [0, 60], [cpu_like, cpu_like], tokens, room) is None
+    # under one block nothing is held; a chat template's few tokens draw nothing
+    assert prefer_prefix(0, [0, BLOCK - 1], [0, 0], [cpu_like, cpu_like], tokens, room) is None
+    assert prefer_prefix(0, [0, 32], [0, 0], [cpu_like, cpu_like], tokens, room) is None
+    assert prefer_prefix(0, [560, 576], [0, 0], [cpu_like, cpu_like], tokens, room) is None  # both hold it
+    assert prefer_prefix(1, [0, 576], [0, 0], [cpu_like, cpu_like], tokens, room) is None
+
+
+def test_a_stream_moves_only_where_it_finishes_sooner():
+    slow = lambda n: 3 * cpu_like(n)  # noqa: E731
+    assert move_gain_ms(room=40, tokens=100, source_streams=4, source_cost=slow, target_cost=cpu_like) > 0
+    assert move_gain_ms(room=2, tokens=2000, source_streams=1, source_cost=slow, target_cost=cpu_like) <= 0
+    assert move_gain_ms(room=40, tokens=100, source_streams=1, source_cost=cpu_like, target_cost=slow) <= 0
+
+
+def test_the_prefix_memory_finds_the_longest_and_forgets_the_oldest(monkeypatch):
+    monkeypatch.setattr(affinity, "PREFIX_MEMORY", 2)
+    memory = PrefixMemory()
+    memory.add("a", range(40))
+    memory.add("b", range(100, 164))
+    assert memory.longest(tuple(range(40)) + (7, 7)) == 40
+    memory.add("a", range(48))  # re-added: now the newest, with its longer tokens
+    assert memory.longest(range(50)) == 48
+    memory.add("c", range(200, 232))  # a third: "b", now the oldest, is forgotten
+    assert memory.longest(range(100, 164)) == 0 and len(memory.order) == 2
