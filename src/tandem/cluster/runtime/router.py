@@ -18,7 +18,7 @@ from collections import Counter, deque
 from dataclasses import replace
 from typing import Callable
 
-from tandem.cluster.planning.affinity import PrefixMemory, move_gain_ms, prefer_prefix
+from tandem.cluster.planning.affinity import AFFINITY_SHARE, PrefixMemory, move_gain_ms, prefer_prefix
 from tandem.cluster.planning.stream_placement import Candidate, choose
 from tandem.cluster.runtime.endpoints import Pending, WorkerDiedError, wait_any
 from tandem.cluster.runtime.health import DEFAULT_PERIOD_S, HealthMonitor
@@ -190,7 +190,8 @@ class ClusterRouter:
         better = prefer_prefix(chosen, held, [len(w.sequences) for w in live], costs, len(tokens), routed.room)
         if better is not None:
             return live[better], "prefix"
-        return live[chosen], routed.reason if routed.reason != "cost" else "prefix" if held[chosen] >= BLOCK else "cost"
+        held_most = held[chosen] >= max(BLOCK, AFFINITY_SHARE * len(tokens))
+        return live[chosen], routed.reason if routed.reason != "cost" else "prefix" if held_most else "cost"
 
     def _submit(self, routed: Routed, replica: Worker, reason: str) -> None:
         replica.sequences.add(routed.next_placement(replica))
