@@ -52,7 +52,8 @@ def main() -> None:
         try:
             rows = []
             for name in args.scenarios.split(","):
-                run = run_scenario(url, name, scenarios[name], args.model, args.max_tokens, {}, CONCURRENCY[name])
+                run = run_scenario(f"{url}/v1/chat/completions", name, scenarios[name], args.model, args.max_tokens, {},
+                                   CONCURRENCY[name])
                 rows.append(summarize_scenario(run))
             routed = re.findall(r'tandem:cluster_routed_requests\{[^}]*reason="(\w+)"[^}]*worker="([^"]+)"[^}]*\} (\S+)|'
                                 r'tandem:cluster_routed_requests\{[^}]*worker="([^"]+)"[^}]*reason="(\w+)"[^}]*\} (\S+)',
