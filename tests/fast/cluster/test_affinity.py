@@ -26,9 +26,12 @@ def test_the_replica_holding_the_prefix_wins_unless_it_is_dearer():
 
 def test_a_stream_moves_only_where_it_finishes_sooner():
     slow = lambda n: 3 * cpu_like(n)  # noqa: E731
-    assert move_gain_ms(room=40, tokens=100, source_streams=4, source_cost=slow, target_cost=cpu_like) > 0
-    assert move_gain_ms(room=2, tokens=2000, source_streams=1, source_cost=slow, target_cost=cpu_like) <= 0
-    assert move_gain_ms(room=40, tokens=100, source_streams=1, source_cost=cpu_like, target_cost=slow) <= 0
+    assert move_gain_ms(room=40, refill_tokens=100, source_streams=4, source_cost=slow, target_cost=cpu_like) > 0
+    assert move_gain_ms(room=2, refill_tokens=2000, source_streams=1, source_cost=slow, target_cost=cpu_like) <= 0
+    assert move_gain_ms(room=40, refill_tokens=100, source_streams=1, source_cost=cpu_like, target_cost=slow) <= 0
+    # a history that would be prefilled again keeps a short stream where it is; its KV state moving does not
+    assert move_gain_ms(room=8, refill_tokens=300, source_streams=1, source_cost=slow, target_cost=cpu_like) <= 0
+    assert move_gain_ms(room=8, refill_tokens=1, source_streams=1, source_cost=slow, target_cost=cpu_like) > 0
 
 
 def test_the_prefix_memory_finds_the_longest_and_forgets_the_oldest(monkeypatch):

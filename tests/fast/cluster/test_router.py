@@ -16,7 +16,8 @@ from tandem.cluster.runtime.pool import Worker
 from tandem.cluster.runtime.replica import ReplicaEngine
 from tandem.cluster.runtime.router import NO_VERIFIER, ClusterRouter
 from tandem.engine.request import GenerationRequest
-from engine_support import CHEAP_VERIFY, MAX_TOKENS, PROMPTS, naive_greedy, serial_runner  # noqa: F401
+from tandem.engine.host_cache import HostPromptCache
+from engine_support import CHEAP_VERIFY, MAX_TOKENS, PROMPTS, fused_runner, naive_greedy, serial_runner  # noqa: F401
 
 ROUTERS = []  # closed after each test: their health monitors stop
 REPLICA_THREADS = 4  # a replica's actor serves calls concurrently (a poll waits while adds come in)
@@ -33,7 +34,7 @@ def close_routers():
 
 
 def make_cluster(tiny_target, tiny_draft, verifiers=2, drafters=1, slots=3, emulations=(), verify_cost=CHEAP_VERIFY,
-                 **kwargs):
+                 runner="serial", **kwargs):
     endpoints = []
 
     def starter(name, make_worker, threads):
@@ -51,6 +52,11 @@ def make_cluster(tiny_target, tiny_draft, verifiers=2, drafters=1, slots=3, emul
 
     def replica(i):
         emulation = emulations[i] if i < len(emulations) else Emulation()
+        if runner == "fused":  # saves slot states: a host tier, and moves that carry the KV state
+            def make():
+                target = fused_runner(tiny_target, slots, verify_cost)
+                return ReplicaEngine(target, emulation, max_running=slots, host_cache=HostPromptCache(64 << 20, target.name))
+            return make
         return lambda: ReplicaEngine(serial_runner(tiny_target, slots, verify_cost), emulation, max_running=slots)
 
     vs = [worker(f"verify-{i}", "verify", replica(i), REPLICA_THREADS) for i in range(verifiers)]
@@ -169,11 +175,13 @@ def test_a_conversations_next_turn_goes_to_the_replica_holding_its_prefix(tiny_t
     assert any(state["routed"].get("prefix") for state in router.worker_states())
 
 
-def test_a_stream_moves_to_a_replica_that_idles(tiny_target, tiny_draft, references):
+@pytest.mark.parametrize("runner", ["serial", "fused"])
+def test_a_stream_moves_to_a_replica_that_idles(tiny_target, tiny_draft, references, runner):
     """Both streams start on a 3x slower replica (the fast one is down then); once it is back,
-    one moves there with the tokens it has, and the output is unchanged."""
+    one moves there with the tokens it has (and, on a runner that saves slot states, its KV
+    state, restored instead of prefilled), and the output is unchanged."""
     router, _ = make_cluster(tiny_target, tiny_draft, verifiers=2, slots=3, drafter="none", k=0,
-                             emulations=(Emulation(slowdown=3.0), Emulation()))
+                             emulations=(Emulation(slowdown=3.0), Emulation()), runner=runner)
     slow, fast = router.verifiers
     fast.alive = False
 
@@ -185,6 +193,8 @@ def test_a_stream_moves_to_a_replica_that_idles(tiny_target, tiny_draft, referen
     assert outputs == [references[p] for p in PROMPTS[:2]]
     assert any(e.startswith("moved ") for e in router.events)
     assert router.decisions[(fast.name, "move")] >= 1
+    restored = fast.endpoint.worker.engine.prompt_cache.host_restores
+    assert restored >= 1 if runner == "fused" else restored == 0
 
 
 @dataclass(frozen=True)

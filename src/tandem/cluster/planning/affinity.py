@@ -9,7 +9,8 @@ top of the cost rule (cluster/planning/stream_placement.py).
   one replica), unless serving it there is expected to cost more: its prefill of what each
   replica lacks plus its decode at each replica's step with it (`prefer_prefix`).
 - **Moves.** A replica that idles while another holds streams takes the stream whose finish it
-  brings forward most: its prefill there plus its remaining tokens at one stream's step,
+  brings forward most: what it must compute first there (its whole history, or nothing but a
+  restore where its KV state travels with it) plus its remaining tokens at one stream's step,
   MOVE_MARGIN times, against its remaining tokens at its own replica's step (`move_gain_ms`).
 """
 
@@ -60,8 +61,9 @@ def prefer_prefix(chosen: int, held: list[int], streams: list[int], costs: list[
     return best if expected_ms(best) <= expected_ms(chosen) else None
 
 
-def move_gain_ms(room: int, tokens: int, source_streams: int, source_cost: CostMs, target_cost: CostMs) -> float:
+def move_gain_ms(room: int, refill_tokens: int, source_streams: int, source_cost: CostMs,
+                 target_cost: CostMs) -> float:
     """How much sooner a stream is expected to finish on an idle replica (<= 0: stay)."""
     stay_ms = room * source_cost(source_streams)
-    move_ms = (target_cost(tokens) + room * target_cost(1)) * MOVE_MARGIN
+    move_ms = (target_cost(refill_tokens) + room * target_cost(1)) * MOVE_MARGIN
     return stay_ms - move_ms

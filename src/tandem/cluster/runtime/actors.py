@@ -40,8 +40,8 @@ class ReplicaHost:
     def ping(self):
         return self.worker.ping()
 
-    def add(self, seq_id, request, options):
-        return self.worker.add(seq_id, request, options)
+    def add(self, seq_id, request, options, state=None):
+        return self.worker.add(seq_id, request, options, state)
 
     def cancel(self, seq_ids):
         return self.worker.cancel(seq_ids)

@@ -32,6 +32,7 @@ class Worker:
     pid: int | None = None
     sequences: set[str] = field(default_factory=set)  # placed here (a verifier) or drafted for here
     group: str = "local"  # the cluster file's network group
+    carries_state: bool = False  # a replica whose sequences move with their KV state
     _starting: Pending | None = None
 
     def launch(self) -> None:
@@ -55,6 +56,7 @@ class Worker:
         self._starting = None
         self.pid = info["pid"]
         self.max_slots = info.get("max_slots", self.max_slots)
+        self.carries_state = info.get("carries_state", False)
         self.context_length = info.get("context_length", self.context_length)
         self.cost = CostView(CostModel.from_json(info["cost_ms"]))
         self._measure_round_trip()

@@ -11,7 +11,10 @@ them (`set_drafters`) whenever they start, restart or die.
 
 Each placement is named by the router (`seq_id`), so the updates of a placement it has moved or
 re-submitted elsewhere are told apart from the new one's. Updates and step reports queue here
-until the router's next `poll` takes them.
+until the router's next `poll` takes them. A sequence detached to move elsewhere takes its KV
+state with it where the runner can save one (`Carried`): the next replica puts it in its
+prompt cache's host tier before admitting the sequence, which then restores it instead of
+prefilling its history again.
 """
 
 import os
@@ -26,7 +29,8 @@ from tandem.cluster.runtime.pool import Worker
 from tandem.cluster.runtime.remote_draft import RemoteDraftModel
 from tandem.engine.batch_engine import STEP_TOKEN_BUDGET, BatchEngine
 from tandem.engine.events import SequenceUpdate, SpeculationOptions, StepReport
-from tandem.engine.host_cache import HostPromptCache
+from tandem.engine.prefix_index import BLOCK
+from tandem.engine.host_cache import HostEntry, HostPromptCache
 from tandem.engine.request import GenerationRequest
 from tandem.errors import TandemError
 from tandem.models.batch_runner import BatchRunner
@@ -46,6 +50,15 @@ class DrafterLink:
     cost_ms: dict  # its cost curve, as its `info` reported it
     incarnation: int = 0  # its restarts so far: a new process holds no sequence
     rtt_ms: float = 0.0  # round trip between this replica and the drafter (the cluster file's)
+
+
+@dataclass(frozen=True, slots=True)
+class Detached:
+    """A sequence taken off a replica: the output it committed, and its target KV state where
+    the runner could save it (None: the next replica prefills it again)."""
+
+    output: tuple[int, ...]
+    state: HostEntry | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,26 +95,28 @@ class ReplicaEngine:
     def info(self) -> dict:
         return {"pid": os.getpid(), "name": self.runner.name, "running": self.engine.num_running,
                 "cost_ms": self.runner.cost.to_json(), "context_length": self.runner.context_length,
-                "max_slots": self.engine.max_running}
+                "max_slots": self.engine.max_running, "carries_state": self.engine.prompt_cache.host is not None}
 
     def ping(self) -> int:
         """A call that does nothing but travel: the router times it to learn the round trip."""
         with self.emulation.travel():
             return os.getpid()
 
-    def add(self, seq_id: str, request: GenerationRequest, options: SpeculationOptions) -> None:
-        """Queue a request; a request the engine refuses ends with an error update."""
+    def add(self, seq_id: str, request: GenerationRequest, options: SpeculationOptions,
+            state: HostEntry | None = None) -> None:
+        """Queue a request (with the KV state of its prompt, for a moved one); a request the
+        engine refuses ends with an error update."""
         with self.emulation.travel():
-            self._command("add", seq_id, request, options)
+            self._command("add", seq_id, request, options, state)
 
     def cancel(self, seq_ids: list[str]) -> None:
         with self.emulation.travel():
             for seq_id in seq_ids:
                 self._command("cancel", seq_id)
 
-    def detach(self, seq_id: str) -> tuple[int, ...] | None:
-        """Take a sequence off this replica (the router moves it): the output it committed, or
-        None where it already finished (its last update is in the news)."""
+    def detach(self, seq_id: str) -> Detached | None:
+        """Take a sequence off this replica (the router moves it); None where it already
+        finished (its last update is in the news)."""
         with self.emulation.travel():
             return self._command("detach", seq_id).result()
 
@@ -174,8 +189,12 @@ class ReplicaEngine:
 
     def _applied(self, kind: str, seq_id: str | None, args: tuple):
         if kind == "add":
+            request, options, state = args
+            host = self.engine.prompt_cache.host
+            if state is not None and host is not None:
+                host.put(state, host.model_key)  # another model's state is refused by its key
             try:
-                self.engine.add(seq_id, *args)
+                self.engine.add(seq_id, request, options)
             except TandemError as error:
                 self._post([SequenceUpdate(seq_id, (), finished=True, finish_reason="error", error=str(error))], [])
         elif kind == "cancel":
@@ -184,14 +203,22 @@ class ReplicaEngine:
             seq = self.engine.running.get(seq_id) or next((s for s in self.engine.waiting if s.seq_id == seq_id), None)
             if seq is None:
                 return None
-            output = tuple(seq.output)
+            detached = Detached(tuple(seq.output), self._state_of(seq))
             self.engine.cancel(seq_id)
-            return output
+            return detached
         elif kind == "drafters":
             self._link_drafters(args[0])
         elif kind == "clear":
             self.engine.clear_caches()
         return None
+
+    def _state_of(self, seq) -> HostEntry | None:
+        """seq's target KV state, where it is prefilled and the runner can save it."""
+        cached = self.engine.slots.cached[seq.slot] if seq.seq_id in self.engine.running else []
+        if (self.engine.prompt_cache.host is None or seq.unprefilled or len(cached) < BLOCK
+                or self.runner.num_cached_tokens(seq.slot) != len(cached)):
+            return None
+        return HostEntry(tuple(cached), self.runner.save_state(seq.slot))
 
     def _link_drafters(self, links: list[DrafterLink]) -> None:
         workers = []

@@ -6,7 +6,7 @@ server runs unchanged on top. No model runs here and no round is planned here. T
 - relays each replica's updates (one poll in flight per replica), checking stop strings on the
   whole output (a stop cancels the placement),
 - moves a stream to a replica that idles while another still holds streams (detached with the
-  output it committed, re-submitted with it),
+  output it committed and, where the runners can save it, its KV state; re-submitted with both),
 - watches health, hands every replica the live drafters, and when a replica dies re-submits
   each of its requests to a live one with the tokens already relayed appended to its prompt
   (nothing lost; greedy output unchanged; a seeded sampled request draws anew from there).
@@ -193,13 +193,13 @@ class ClusterRouter:
         held_most = held[chosen] >= max(BLOCK, AFFINITY_SHARE * len(tokens))
         return live[chosen], routed.reason if routed.reason != "cost" else "prefix" if held_most else "cost"
 
-    def _submit(self, routed: Routed, replica: Worker, reason: str) -> None:
+    def _submit(self, routed: Routed, replica: Worker, reason: str, state=None) -> None:
         replica.sequences.add(routed.next_placement(replica))
         self.routed[routed.seq_id] = routed
         self._by_placement[routed.placement] = routed
         self._prefixes[replica.name].add(routed.placement, routed.tokens)
         self.decisions[(replica.name, reason)] += 1
-        replica.endpoint.call("add", routed.placement, routed.placement_request(), routed.options)
+        replica.endpoint.call("add", routed.placement, routed.placement_request(), routed.options, state)
 
     def _unplace(self, routed: Routed) -> None:
         """Take routed off its replica's books (what it computed stays remembered there)."""
@@ -280,8 +280,8 @@ class ClusterRouter:
         if not idle or self.waiting:
             return  # waiting requests take the idle replica first
         for target in idle:
-            gains = {id(r): move_gain_ms(r.room, len(r.tokens), len(r.replica.sequences), r.replica.cost.cost.cost_ms,
-                                         target.cost.cost.cost_ms)
+            gains = {id(r): move_gain_ms(r.room, self._refill_tokens(r, target), len(r.replica.sequences),
+                                         r.replica.cost.cost.cost_ms, target.cost.cost.cost_ms)
                      for r in self.routed.values() if not r.moving and r.replica not in (None, target) and r.room > 1}
             best = max((r for r in self.routed.values() if gains.get(id(r), 0.0) > 0), default=None,
                        key=lambda r: gains[id(r)])
@@ -289,25 +289,32 @@ class ClusterRouter:
                 best.moving = (target, best.placement, best.replica.endpoint.call("detach", best.placement))
                 target.sequences.add(best.slot_hold)  # holds the slot: one move per idle replica at a time
 
+    @staticmethod
+    def _refill_tokens(routed: Routed, target: Worker) -> int:
+        """What a move makes the target compute before decoding: nothing where the KV state
+        travels (one token's step stands for its restore), else the whole history."""
+        return 1 if routed.replica.carries_state and target.carries_state else len(routed.tokens)
+
     def _settle_moves(self, updates: list[SequenceUpdate]) -> None:
         for routed in [r for r in self.routed.values() if r.moving and r.moving[2].ready()]:
             target, placement, pending = routed.moving
             target.sequences.discard(routed.slot_hold)
             routed.moving = None
             try:
-                output = pending.result()
+                detached = pending.result()
             except WorkerDiedError:
                 continue  # the source died: the failover re-submits it
-            if output is None or routed.placement != placement:
+            if detached is None or routed.placement != placement:
                 continue  # it finished there first: its last update comes with the next poll
-            self._relay(routed, SequenceUpdate(placement, tuple(output[len(routed.output) - routed.base:])), updates)
+            missing = detached.output[len(routed.output) - routed.base:]
+            self._relay(routed, SequenceUpdate(placement, tuple(missing)), updates)
             if routed.seq_id not in self.routed:
                 continue  # a stop string ended it
             self.routed.pop(routed.seq_id)
             self._unplace(routed)  # already cancelled on its replica by the detach
             self.events.append(f"moved {routed.seq_id} to {target.name}")
             if target.alive and len(target.sequences) < target.max_slots:
-                self._submit(routed, target, "move")
+                self._submit(routed, target, "move", detached.state)
             else:
                 routed.reason = "move"
                 self.waiting.appendleft(routed)
