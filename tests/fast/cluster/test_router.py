@@ -189,8 +189,9 @@ def test_a_stream_moves_to_a_replica_that_idles(tiny_target, tiny_draft, referen
         if step == 1:
             fast.alive = True
 
-    outputs, _ = run(router, PROMPTS[:2], fast_back, max_tokens=MAX_TOKENS)
-    assert outputs == [references[p] for p in PROMPTS[:2]]
+    prompts = [PROMPTS[0] * 5, PROMPTS[1] * 3]  # 30 tokens each: a state worth carrying (two blocks)
+    outputs, _ = run(router, prompts, fast_back, max_tokens=MAX_TOKENS)
+    assert outputs == [naive_greedy(tiny_target, p, MAX_TOKENS) for p in prompts]
     assert any(e.startswith("moved ") for e in router.events)
     assert router.decisions[(fast.name, "move")] >= 1
     restored = fast.endpoint.worker.engine.prompt_cache.host_restores
