@@ -12,7 +12,7 @@ them (`set_drafters`) whenever they start, restart or die.
 Each placement is named by the router (`seq_id`), so the updates of a placement it has moved or
 re-submitted elsewhere are told apart from the new one's. Updates and step reports queue here
 until the router's next `poll` takes them. A sequence detached to move elsewhere takes its KV
-state with it where the runner can save one (`Carried`): the next replica puts it in its
+state with it where the runner can save one (`Detached`): the next replica puts it in its
 prompt cache's host tier before admitting the sequence, which then restores it instead of
 prefilling its history again.
 """
