@@ -188,10 +188,11 @@ class ClusterRouter:
                         routed.room)
         held = [self._prefixes[w.name].longest(tokens) for w in live]
         better = prefer_prefix(chosen, held, [len(w.sequences) for w in live], costs, len(tokens), routed.room)
+        if routed.reason != "cost":  # a failover or a move keeps its label wherever it goes
+            return live[chosen if better is None else better], routed.reason
         if better is not None:
             return live[better], "prefix"
-        held_most = held[chosen] >= max(BLOCK, AFFINITY_SHARE * len(tokens))
-        return live[chosen], routed.reason if routed.reason != "cost" else "prefix" if held_most else "cost"
+        return live[chosen], "prefix" if held[chosen] >= max(BLOCK, AFFINITY_SHARE * len(tokens)) else "cost"
 
     def _submit(self, routed: Routed, replica: Worker, reason: str, state=None) -> None:
         replica.sequences.add(routed.next_placement(replica))
