@@ -1,7 +1,8 @@
 """What the batching engine keeps of its requests (engine/batch_engine.py; the cluster router
-keeps its own, cluster/runtime/router.py): the waiting queue, the running sequences, the drafters, the counts the worker
-thread reads, the checks on submit, adding and cancelling requests that are still queued, and
-retiring a finished or cancelled sequence (its committed tokens feed the shared n-gram store)."""
+keeps its own, cluster/runtime/router.py): the waiting queue, the running sequences, the
+drafters, the counts the worker thread reads, the checks on submit, adding and cancelling
+requests that are still queued, and retiring a finished or cancelled sequence (its committed
+tokens feed the shared n-gram store)."""
 
 from collections import deque
 
