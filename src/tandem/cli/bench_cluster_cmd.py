@@ -13,7 +13,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--k", default="auto", help="speculation depth: an integer, or auto")
     parser.add_argument("--configs", default="single,cluster,cluster-verify-only",
                         help="comma-separated, run in this order: single, solo (each verifier replica alone), "
-                        "cluster (the router over the replicas), cluster-verify-only (no drafts)")
+                        "cluster (the router over the replicas), cluster+draft-ahead (drafters draft the next "
+                        "round while one verifies), cluster-verify-only (no drafts)")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=50)

@@ -63,6 +63,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cluster = parser.add_argument_group("cluster")
     cluster.add_argument("--cluster", default=None, help="serve on the Ray workers a cluster YAML file describes")
     cluster.add_argument("--ray-address", default=None, help="join this Ray cluster (default: start a local one)")
+    cluster.add_argument("--draft-ahead", "--pipeline", dest="draft_ahead", action="store_true",
+                         help="drafter workers draft round i+1 while round i verifies (needs --cluster)")
     cluster.add_argument("--health-period", default=None,
                          help="seconds between health checks of every cluster worker (default 2)")
     parser.set_defaults(func=run)
@@ -82,15 +84,15 @@ def run(args: argparse.Namespace) -> int:
 
 def cluster_options(args: argparse.Namespace):
     if args.cluster is None:
-        if args.ray_address or args.health_period:
-            raise TandemError("--ray-address and --health-period need --cluster FILE")
+        if args.ray_address or args.health_period or args.draft_ahead:
+            raise TandemError("--ray-address, --draft-ahead and --health-period need --cluster FILE")
         return None
     from tandem.cluster.runtime.health import DEFAULT_PERIOD_S, check_period
     from tandem.cluster.runtime.launch import ClusterOptions
     from tandem.cluster.config.load import load_cluster
 
     period = DEFAULT_PERIOD_S if args.health_period is None else check_period(_seconds(args.health_period))
-    return ClusterOptions(load_cluster(args.cluster), args.ray_address, period)
+    return ClusterOptions(load_cluster(args.cluster), args.ray_address, args.draft_ahead, period)
 
 
 def _seconds(text: str) -> float:

@@ -127,6 +127,8 @@ class BatchEngine(SequencePool):
         prefill_tokens = sum(len(seq.unprefilled) for seq in rounds) + sum(n for _, n in chunks)
         updates, reports, verify_seconds = [], [], 0.0
         if rounds or chunks:
+            ahead = self._ahead_model()  # a draft model elsewhere drafts round i+1 while this one verifies
+            tickets = ahead.start_ahead(rounds, drafts) if ahead is not None else []
             verify_start = time.perf_counter()
             try:
                 logits = self._verify(rounds, drafts, chunks)
@@ -134,16 +136,26 @@ class BatchEngine(SequencePool):
                 self._free_kv(rounds + [seq for seq, _ in chunks])
                 rounds, logits = [], []
             verify_seconds = time.perf_counter() - verify_start
+            made_ahead = ahead.gather_ahead(tickets) if tickets else {}
             for seq, draft, seq_logits in zip(rounds, drafts, logits):
+                before = len(seq.tokens)
                 update, round_report = self._commit(seq, draft, seq_logits)
                 updates.append(update)
                 reports.append(round_report)
+                if seq.seq_id in made_ahead and seq.seq_id in self.running:
+                    ahead.keep_ahead(seq, draft, before, round_report.accepted, made_ahead[seq.seq_id])
         step_seconds = time.perf_counter() - start
         self.planner.observe_overhead((step_seconds - draft_seconds - verify_seconds) * 1000)
         report = StepReport(started_at, step_seconds, 0.0, draft_seconds, verify_seconds, len(self.running),
                             len(self.waiting), sum(len(d.token_ids) + 1 for d in drafts), tuple(reports),
                             prefilled, draft_forwards=draft_forwards, prefill_tokens=prefill_tokens)
         return updates, report
+
+    def _ahead_model(self):
+        """The draft model, where it drafts elsewhere and was asked to draft ahead (a cluster
+        replica's drafter workers, `--draft-ahead`); None otherwise."""
+        model = getattr(self.drafters.get("model"), "model", None)
+        return model if getattr(model, "draft_ahead", False) else None
 
     # -- 1. admission -----------------------------------------------------------------------
 

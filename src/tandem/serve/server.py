@@ -109,7 +109,7 @@ def _engine(config: EngineConfig, settings: ServeSettings, ngram_store, cluster)
     from tandem.cluster.runtime.launch import launch_cluster
 
     return launch_cluster(cluster.spec, config.drafter, config.k, cluster.ray_address, settings.max_running,
-                          cluster.health_period_s)
+                          cluster.health_period_s, cluster.draft_ahead)
 
 
 def close_state(state: ServerState) -> None:

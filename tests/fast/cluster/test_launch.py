@@ -30,7 +30,7 @@ def test_the_router_sits_with_the_drafter_and_verifiers_pay_the_round_trip():
 
 
 def serve_args(**overrides) -> argparse.Namespace:
-    values = dict(cluster=None, ray_address=None, drafter="hybrid", k="auto", health_period=None)
+    values = dict(cluster=None, ray_address=None, draft_ahead=False, drafter="hybrid", k="auto", health_period=None)
     values.update(overrides)
     return argparse.Namespace(**values)
 
@@ -56,5 +56,7 @@ def test_the_health_period_is_read_and_checked():
 def test_ray_options_without_a_cluster_are_refused():
     with pytest.raises(TandemError, match="need --cluster"):
         cluster_options(serve_args(ray_address="127.0.0.1:6379"))
+    with pytest.raises(TandemError, match="need --cluster"):
+        cluster_options(serve_args(draft_ahead=True))
     with pytest.raises(TandemError, match="need --cluster"):
         cluster_options(serve_args(health_period="1"))

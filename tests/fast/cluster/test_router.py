@@ -254,6 +254,17 @@ def test_no_verifier_left_fails_requests_clearly(tiny_target, tiny_draft):
     assert router.unavailable_reason == NO_VERIFIER
 
 
+def test_drafts_made_ahead_keep_greedy_output_and_get_used(tiny_target, references):
+    """The target drafting for itself: every guess of the bonus token is right, so drafts made
+    while a round verifies are used for the next one; output unchanged."""
+    router, _ = make_cluster(tiny_target, tiny_target, verifiers=1, drafter="model", k=3, draft_ahead=True)
+    outputs, _ = run(router, PROMPTS)
+    assert outputs == [references[p] for p in PROMPTS]
+    remote = router.verifiers[0].endpoint.worker.remote
+    assert remote.draft_ahead and remote.ahead_hits > 0
+    assert not remote.ready  # nothing left behind for finished sequences
+
+
 def test_sampling_through_the_cluster_is_seeded_and_complete(tiny_target, tiny_draft):
     from tandem.speculation.sampling import SamplingParams
 

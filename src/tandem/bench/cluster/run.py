@@ -6,6 +6,7 @@
   each device does on its own; their sum is what a cluster that adds up reaches,
 - `cluster`: the router over the cluster file's Ray workers (each replica an engine), the
   file's drafting,
+- `cluster+draft-ahead`: the same, drafters drafting round i+1 while round i verifies,
 - `cluster-verify-only`: the same workers decoding without drafts (k = 0): the baseline of the
   cross-region case.
 Configurations run one after another on the same requests (`repeats` times over); each run's
@@ -30,7 +31,7 @@ from tandem.engine.build import EngineConfig, build_engine
 from tandem.speculation.depth import parse_depth
 from tandem.text.tokenizer import TextTokenizer
 
-CONFIGS = ("single", "solo", "cluster", "cluster-verify-only")
+CONFIGS = ("single", "solo", "cluster", "cluster+draft-ahead", "cluster-verify-only")
 
 
 def requests_for(target_model: str, count: int, max_tokens: int, prompts_file=DEFAULT_WORKLOAD) -> list:
@@ -124,6 +125,7 @@ def _single_engine(cluster: ClusterOptions, drafter: str, k, concurrency: int):
 def _cluster_run(engine: ClusterRouter, name: str, requests: list, concurrency: int, drafter: str, k) -> dict:
     engine.default_drafter = "none" if name == "cluster-verify-only" else drafter
     engine.default_depth = parse_depth(0 if name == "cluster-verify-only" else k)
+    engine.set_draft_ahead(name == "cluster+draft-ahead")
     engine.decisions.clear()
     figures = drive(engine, requests, concurrency, name.replace("-", "_")).to_json()
     return {**figures, "placements": {f"{replica} {reason}": n for (replica, reason), n in engine.decisions.items()}}

@@ -52,8 +52,8 @@ class ReplicaHost:
     def poll(self):
         return self.worker.poll()
 
-    def set_drafters(self, links):
-        return self.worker.set_drafters(links)
+    def set_drafters(self, links, draft_ahead=False):
+        return self.worker.set_drafters(links, draft_ahead)
 
     def clear_caches(self):
         return self.worker.clear_caches()

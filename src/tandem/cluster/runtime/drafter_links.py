@@ -10,9 +10,10 @@ from tandem.cluster.runtime.pool import Worker
 from tandem.cluster.runtime.replica import DrafterLink
 
 
-def push_drafters(replicas: list[Worker], drafters: list[Worker], rtt_between: Callable[[str, str], float]) -> None:
+def push_drafters(replicas: list[Worker], drafters: list[Worker], rtt_between: Callable[[str, str], float],
+                  draft_ahead: bool = False) -> None:
     for replica in replicas:
         if replica.alive:
             links = [DrafterLink(d.name, d.endpoint, d.cost.cost.to_json(), d.restarts, rtt_between(replica.group, d.group))
                      for d in drafters if d.alive]
-            replica.endpoint.call("set_drafters", links)
+            replica.endpoint.call("set_drafters", links, draft_ahead)

@@ -98,10 +98,11 @@ def _starter(worker: WorkerSpec, role: Role, name: str, rtt_ms: float):
 
 @dataclass(frozen=True, slots=True)
 class ClusterOptions:
-    """`tandem serve --cluster FILE [--ray-address ADDR] [--health-period S]`."""
+    """`tandem serve --cluster FILE [--ray-address ADDR] [--draft-ahead] [--health-period S]`."""
 
     spec: ClusterSpec
     ray_address: str | None = None
+    draft_ahead: bool = False
     health_period_s: float = DEFAULT_PERIOD_S
 
     @property
@@ -115,7 +116,8 @@ class ClusterOptions:
 
 
 def launch_cluster(spec: ClusterSpec, drafter: str, k: int | str, ray_address: str | None = None,
-                   max_running: int | None = None, health_period_s: float = DEFAULT_PERIOD_S) -> ClusterRouter:
+                   max_running: int | None = None, health_period_s: float = DEFAULT_PERIOD_S,
+                   draft_ahead: bool = False) -> ClusterRouter:
     check_period(health_period_s)
     check_drafter(drafter, any(w.can_draft and w.drafting_model for w in spec.workers),
                   how_to_add="the cluster file has no worker with a draft_model")
@@ -123,6 +125,7 @@ def launch_cluster(spec: ClusterSpec, drafter: str, k: int | str, ray_address: s
     verifiers, drafters = build_workers(spec)
     if not verifiers:
         raise TandemError("the cluster has no verifier")
-    router = ClusterRouter(verifiers, drafters, drafter, k, max_running, health_period_s, spec.network.rtt_ms)
+    router = ClusterRouter(verifiers, drafters, drafter, k, max_running, health_period_s, spec.network.rtt_ms,
+                           draft_ahead)
     router.health.start()  # workers are watched from now on, with or without requests
     return router

@@ -7,6 +7,13 @@ the committed tokens it has not seen. A drafter that lost a sequence answers `ne
 gets it whole next time; one that dies costs its sequences their drafts for a round. Remote
 drafts go exactly as deep as planned (a worker cannot consult the planner mid-draft).
 
+Draft ahead (`draft_ahead`): while the replica verifies round i, the drafter already drafts
+round i+1 as if all of round i were accepted, one token longer (its first token is the
+drafter's guess of the target's bonus token). If the whole round is accepted and the bonus token
+equals that guess, round i+1's draft is ready without waiting for the drafter; otherwise it is
+discarded. The engine's step calls `start_ahead` before its verify call and `keep_ahead` per
+round after it (engine/batch_engine.py).
+
 It runs inside a verifier replica (cluster/runtime/replica.py), which gets the live drafters
 from the router (`set_drafters`). Calls go through one DraftBatcher per drafter
 (cluster/runtime/draft_batcher.py). The bookkeeping is done under `lock`, the waiting outside it.
@@ -35,6 +42,10 @@ class RemoteDraftModel:
         self.events = events if events is not None else deque(maxlen=MAX_EVENTS)
         self.drafter_of: dict[str, Worker] = {}
         self.drafter_length: dict[str, int] = {}  # committed tokens the sequence's drafter holds
+        self.draft_ahead = False
+        self.ready: dict[str, SequenceDraft] = {}  # drafts made ahead for the next round
+        self.ahead_hits = 0
+        self.ahead_misses = 0
 
     # -- the DraftModel interface ---------------------------------------------------------------
 
@@ -52,12 +63,16 @@ class RemoteDraftModel:
         return catch_up_ms(drafter.cost.cost, len(seq.tokens) - held)
 
     def draft(self, jobs: list[DraftJob], keep_drafting=None) -> list[SequenceDraft]:
-        """Drafts from every drafter concurrently."""
+        """Drafts made ahead where still valid; the rest from every drafter concurrently."""
         drafts: dict[str, SequenceDraft] = {}
         calls: dict[str, list[tuple[Sequence, int]]] = {}
         with self.lock:
             for job in jobs:
-                if (drafter := self._drafter_for(job.seq)) is not None:
+                ready = self.ready.pop(job.seq.seq_id, None)
+                if ready is not None and len(ready.token_ids) >= job.k:
+                    q = None if ready.q_draft is None else ready.q_draft[: job.k]
+                    drafts[job.seq.seq_id] = SequenceDraft("model", ready.token_ids[: job.k], q)
+                elif (drafter := self._drafter_for(job.seq)) is not None:
                     calls.setdefault(drafter.name, []).append((job.seq, job.k))
         self._call_drafters(calls, drafts)
         return [drafts.get(job.seq.seq_id, SequenceDraft("none", [])) for job in jobs]
@@ -107,6 +122,7 @@ class RemoteDraftModel:
         """The sequence left the cluster: free its drafter's cache."""
         with self.lock:
             self.drafter_length.pop(seq_id, None)
+            self.ready.pop(seq_id, None)
             drafter = self.drafter_of.pop(seq_id, None)
             if drafter is not None:
                 drafter.sequences.discard(seq_id)
@@ -135,3 +151,45 @@ class RemoteDraftModel:
         base = self.drafter_length.get(seq.seq_id, 0)
         seed = zlib.crc32(f"{seq.request.sampling.seed}/{seq.seq_id}/{len(seq.tokens)}{tag}".encode())
         return DraftItem(seq.seq_id, base, (*seq.tokens[base:], *extra), k, seq.request.sampling, seed)
+
+
+    # -- drafting ahead -------------------------------------------------------------------------
+
+    def start_ahead(self, seqs: list[Sequence], drafts: list[SequenceDraft]) -> list:
+        """Ask each drafter for round i+1 now, assuming round i is accepted whole (drafts made
+        ahead before this round are stale by now: dropped)."""
+        jobs: dict[str, list[DraftItem]] = {}
+        with self.lock:
+            for seq, draft in zip(seqs, drafts):
+                self.ready.pop(seq.seq_id, None)
+                drafter = self.drafter_of.get(seq.seq_id)
+                if draft.source != "model" or not draft.token_ids or drafter is None or not drafter.alive:
+                    continue
+                item = self._item(seq, len(draft.token_ids) + 1, tuple(draft.token_ids), "/ahead")
+                jobs.setdefault(drafter.name, []).append(item)
+            return [(name, self.batchers[name].submit(items)) for name, items in jobs.items()]
+
+    def gather_ahead(self, tickets: list) -> dict:
+        replies = {}
+        for name, ticket in tickets:
+            try:
+                replies.update({r.seq_id: r for r in self.batchers[name].wait(ticket)})
+            except WorkerDiedError:
+                self.drafter_died(self.batchers[name].drafter)
+        return replies
+
+    def keep_ahead(self, seq: Sequence, draft: SequenceDraft, before: int, accepted: int, reply) -> None:
+        """After seq's round (it had `before` tokens; `accepted` of the draft were accepted): keep
+        the draft made ahead if its assumption held; note what the drafter now holds."""
+        if reply is None or reply.needs_sync:
+            return
+        with self.lock:
+            k = len(draft.token_ids)
+            self.drafter_length[seq.seq_id] = before + accepted  # what agrees
+            bonus = seq.tokens[before + k: before + k + 1]
+            if accepted == k and tuple(bonus) == tuple(reply.token_ids[:1]) and len(reply.token_ids) > 1:
+                q = None if reply.q_draft is None else reply.q_draft[1:]
+                self.ready[seq.seq_id] = SequenceDraft("model", list(reply.token_ids[1:]), q)
+                self.ahead_hits += 1
+            else:
+                self.ahead_misses += 1

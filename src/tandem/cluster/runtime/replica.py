@@ -131,10 +131,11 @@ class ReplicaEngine:
             return ReplicaNews(tuple(updates), tuple(reports), self.engine.num_running, self.engine.num_waiting,
                                self.runner.cost.to_json())
 
-    def set_drafters(self, links: list[DrafterLink]) -> None:
-        """The live drafter workers; model drafts go to them (none: hybrid copies only)."""
+    def set_drafters(self, links: list[DrafterLink], draft_ahead: bool = False) -> None:
+        """The live drafter workers; model drafts go to them (none: hybrid copies only), and with
+        draft_ahead they draft round i+1 while round i verifies (remote_draft.py)."""
         with self.emulation.travel():
-            self._command("drafters", None, links).result()
+            self._command("drafters", None, links, draft_ahead).result()
 
     def clear_caches(self) -> None:
         """Forget every retained prompt cache (a benchmark starts each run cold)."""
@@ -208,6 +209,7 @@ class ReplicaEngine:
             return detached
         elif kind == "drafters":
             self._link_drafters(args[0])
+            self.remote.draft_ahead = args[1]
         elif kind == "clear":
             self.engine.clear_caches()
         return None

@@ -42,7 +42,8 @@ STEP_WAIT_S = 0.02  # how long step() waits for news before giving the engine th
 class ClusterRouter:
     def __init__(self, verifiers: list[Worker], drafters: list[Worker], drafter: str = "hybrid",
                  depth: "Depth | str | int" = Auto(), max_running: int | None = None,
-                 health_period_s: float = DEFAULT_PERIOD_S, rtt_between: Callable[[str, str], float] | None = None):
+                 health_period_s: float = DEFAULT_PERIOD_S, rtt_between: Callable[[str, str], float] | None = None,
+                 draft_ahead: bool = False):
         self.lock = threading.RLock()
         self.events: deque[str] = deque(maxlen=MAX_EVENTS)
         self.verifiers = verifiers
@@ -53,6 +54,7 @@ class ClusterRouter:
         self.max_running = min(max_running or capacity, capacity)
         self.context_length = min(w.context_length for w in verifiers)
         self.rtt_between = rtt_between or (lambda a, b: 0.0)
+        self.draft_ahead = draft_ahead  # drafters draft round i+1 while round i verifies
         self.waiting: deque[Routed] = deque()
         self.routed: dict[str, Routed] = {}  # placed on a replica
         self._by_placement: dict[str, Routed] = {}
@@ -333,7 +335,12 @@ class ClusterRouter:
         self._push_drafters([worker] if worker.role == "verify" else self.verifiers)
 
     def _push_drafters(self, replicas: list[Worker]) -> None:
-        push_drafters(replicas, self.drafter_workers, self.rtt_between)
+        push_drafters(replicas, self.drafter_workers, self.rtt_between, self.draft_ahead)
+
+    def set_draft_ahead(self, on: bool) -> None:
+        with self.lock:
+            self.draft_ahead = on
+            self._push_drafters(self.verifiers)
 
     def _worker_died(self, worker: Worker) -> None:
         """The health monitor or a failed call found a worker dead (called with the lock held)."""
