@@ -86,7 +86,7 @@ def run_cluster_bench(cluster: ClusterOptions, drafter: str, k, concurrency: int
 
 
 def measured_file(config: str) -> str:
-    """measured.json for `cluster`, measured-verify-only.json for `cluster-verify-only`."""
+    """measured.json for `cluster`, measured-draft-ahead.json for `cluster+draft-ahead`, and so on."""
     return "measured.json" if config == "cluster" else f"measured-{config[len('cluster') + 1:]}.json"
 
 
