@@ -21,7 +21,6 @@ from the router (`set_drafters`). Calls go through one DraftBatcher per drafter
 
 import threading
 import zlib
-from collections import deque
 
 from tandem.cluster.runtime.draft_batcher import DraftBatcher
 from tandem.cluster.runtime.endpoints import WorkerDiedError
@@ -31,15 +30,11 @@ from tandem.engine.sequence import Sequence
 from tandem.models.cost import CostView, catch_up_ms
 from tandem.speculation.drafters.base import DraftJob, SequenceDraft
 
-MAX_EVENTS = 256  # failovers and restarts kept for logs and tests
-
-
 class RemoteDraftModel:
-    def __init__(self, drafters: list[Worker], events: deque | None = None, lock=None):
+    def __init__(self, drafters: list[Worker]):
         self.drafters = drafters
-        self.lock = lock if lock is not None else threading.RLock()
+        self.lock = threading.RLock()
         self.batchers = {d.name: DraftBatcher(d) for d in drafters}
-        self.events = events if events is not None else deque(maxlen=MAX_EVENTS)
         self.drafter_of: dict[str, Worker] = {}
         self.drafter_length: dict[str, int] = {}  # committed tokens the sequence's drafter holds
         self.draft_ahead = False
@@ -116,7 +111,6 @@ class RemoteDraftModel:
             for seq_id in drafter.mark_dead():
                 self.drafter_of.pop(seq_id, None)
                 self.drafter_length.pop(seq_id, None)
-            self.events.append(f"{drafter.name} died; its sequences draft elsewhere")
 
     def forget(self, seq_id: str) -> None:
         """The sequence left the cluster: free its drafter's cache."""
