@@ -119,3 +119,13 @@ def wait_any(pendings: list[Pending], timeout_s: float) -> None:
             time.sleep(0.002)
     else:
         time.sleep(timeout_s)
+
+
+def wait_all(pendings: list[Pending]) -> None:
+    """Wait for every call to finish; a dead worker's fails quietly (the health monitor or the
+    next call reports the death)."""
+    for pending in pendings:
+        try:
+            pending.result()
+        except WorkerDiedError:
+            pass

@@ -68,11 +68,9 @@ class HealthMonitor:
     def check(self) -> None:
         """One pass: revive workers that came up, ping live ones, mark the dead down."""
         with self.lock:
+            self.revive()
             for worker in self.workers:
-                if worker.restarting:
-                    if worker.poll_ready() and self.on_up is not None:
-                        self.on_up(worker)
-                elif worker.alive and worker.name not in self._pings:
+                if worker.alive and worker.name not in self._pings:
                     self._pings[worker.name] = (worker.endpoint, worker.endpoint.call("ping"))
             pings = dict(self._pings)
         deadline = time.monotonic() + ANSWER_WAIT_S
@@ -86,6 +84,12 @@ class HealthMonitor:
             states = [w.state() for w in self.workers]
         for listener in self.listeners:
             listener(states)
+
+    def revive(self) -> None:
+        """Hand each restarted worker that answered to on_up (call with `lock` held)."""
+        for worker in self.workers:
+            if worker.restarting and worker.poll_ready() and self.on_up is not None:
+                self.on_up(worker)
 
     def _take_ping(self, worker: Worker) -> None:
         endpoint, ping = self._pings.get(worker.name, (None, None))

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 
 from tandem.cluster.runtime.endpoints import Pending
 from tandem.cluster.runtime.pool import Worker
-from tandem.engine.events import SpeculationOptions
+from tandem.engine.events import SequenceUpdate, SpeculationOptions, StepReport
 from tandem.engine.request import GenerationRequest
 
 
@@ -49,6 +49,28 @@ class Routed:
     def placement_request(self) -> GenerationRequest:
         return replace(self.request, prompt_ids=self.tokens, max_tokens=self.room, stop_condition=None)
 
+    def take(self, update: SequenceUpdate) -> SequenceUpdate:
+        """A placement's update, for the client: cut at a stop string (finishing it there),
+        its tokens added to the output."""
+        tokens, finished, reason, error = list(update.token_ids), update.finished, update.finish_reason, update.error
+        stop = self.request.stop_condition
+        if stop is not None and tokens:
+            keep = stop.tokens_to_keep(self.output + tokens)
+            if keep is not None:
+                tokens, finished, reason, error = tokens[: max(0, keep - len(self.output))], True, "stop", None
+        if self.attempts == 1:
+            self.cached_tokens = max(self.cached_tokens, update.cached_tokens)
+        self.output += tokens
+        return SequenceUpdate(self.seq_id, tuple(tokens), update.drafted, update.accepted, finished, reason, error,
+                              self.cached_tokens)
+
 
 def client_id(placement: str) -> str:
     return placement.rsplit("@", 1)[0]
+
+
+def client_report(report: StepReport, running: int, waiting: int, workers: tuple[dict, ...]) -> StepReport:
+    """A replica's step, in the clients' sequence ids, with the cluster's counts and workers."""
+    rounds = tuple(replace(r, seq_id=client_id(r.seq_id)) for r in report.rounds)
+    return replace(report, rounds=rounds, prefilled=tuple(client_id(s) for s in report.prefilled),
+                   running=running, waiting=waiting, workers=workers)

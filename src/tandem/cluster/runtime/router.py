@@ -15,19 +15,17 @@ State is guarded by `lock`; worker calls are not waited for under it.
 
 import threading
 from collections import Counter, deque
-from dataclasses import replace
 from typing import Callable
 
-from tandem.cluster.planning.affinity import AFFINITY_SHARE, PrefixMemory, move_gain_ms, prefer_prefix
-from tandem.cluster.planning.stream_placement import Candidate, choose
-from tandem.cluster.runtime.endpoints import Pending, WorkerDiedError, wait_any
+from tandem.cluster.planning.affinity import PrefixMemory
+from tandem.cluster.runtime.endpoints import Pending, WorkerDiedError, wait_all, wait_any
 from tandem.cluster.runtime.health import DEFAULT_PERIOD_S, HealthMonitor
 from tandem.cluster.runtime.pool import Worker
 from tandem.cluster.runtime.drafter_links import push_drafters
 from tandem.cluster.runtime.replica import ReplicaNews
-from tandem.cluster.runtime.routed import Routed, client_id
+from tandem.cluster.runtime.replica_choice import choose_moves, choose_replica
+from tandem.cluster.runtime.routed import Routed, client_report
 from tandem.engine.events import SequenceUpdate, SpeculationOptions, StepReport
-from tandem.engine.prefix_index import BLOCK
 from tandem.engine.request import GenerationRequest
 from tandem.errors import TandemError
 from tandem.models.cost import CostModel, CostView
@@ -35,6 +33,7 @@ from tandem.speculation.depth import Auto, Depth, parse_depth
 from tandem.speculation.drafters.registry import USES_MODEL, check_drafter
 
 NO_VERIFIER = "no verifier is alive in the cluster"
+NO_DRAFT_MODEL = "the cluster file has no worker with a draft_model"
 MAX_EVENTS = 256  # failovers, moves and restarts kept for logs and tests
 STEP_WAIT_S = 0.02  # how long step() waits for news before giving the engine thread back
 
@@ -48,7 +47,7 @@ class ClusterRouter:
         self.events: deque[str] = deque(maxlen=MAX_EVENTS)
         self.verifiers = verifiers
         self.drafter_workers = drafters
-        self.default_drafter = check_drafter(drafter, bool(drafters), "the cluster file has no worker with a draft_model")
+        self.default_drafter = check_drafter(drafter, bool(drafters), NO_DRAFT_MODEL)
         self.default_depth = parse_depth(depth)
         capacity = sum(w.max_slots for w in verifiers)
         self.max_running = min(max_running or capacity, capacity)
@@ -104,8 +103,7 @@ class ClusterRouter:
         if len(request.prompt_ids) >= self.context_length:
             raise TandemError(f"the prompt has {len(request.prompt_ids)} tokens but the context holds "
                               f"{self.context_length}")
-        check_drafter(options.drafter or self.default_drafter, bool(self.drafter_workers),
-                      "the cluster file has no worker with a draft_model")
+        check_drafter(options.drafter or self.default_drafter, bool(self.drafter_workers), NO_DRAFT_MODEL)
 
     def add(self, seq_id: str, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:
         self.validate(request, options)
@@ -131,7 +129,7 @@ class ClusterRouter:
         self.health.start()  # launch_cluster starts it; a router built by hand starts it here
         updates: list[SequenceUpdate] = []
         with self.lock:
-            self._revive()
+            self.health.revive()
             self._place(updates)
             self._rebalance()
             pending = self._start_polls() + [r.moving[2] for r in self.routed.values() if r.moving]
@@ -148,11 +146,7 @@ class ClusterRouter:
         with self.lock:
             calls = [w.endpoint.call("clear_caches") for w in self.verifiers if w.alive]
             self._prefixes = {w.name: PrefixMemory() for w in self.verifiers}
-        for call in calls:
-            try:
-                call.result()
-            except WorkerDiedError:
-                pass
+        wait_all(calls)
 
     def close(self) -> None:
         """Stop the health monitor and take the polls in flight (the workers stay up, and a later
@@ -160,41 +154,21 @@ class ClusterRouter:
         self.health.stop()
         with self.lock:
             polls, self._polls = list(self._polls.values()), {}
-        for pending in polls:
-            try:
-                pending.result()
-            except WorkerDiedError:
-                pass
+        wait_all(polls)
 
     # -- placement ------------------------------------------------------------------------------
 
     def _place(self, updates: list[SequenceUpdate]) -> None:
         if self.waiting and self.unavailable_reason:
-            while self.waiting:
-                routed = self.waiting.popleft()
-                updates.append(SequenceUpdate(routed.seq_id, (), finished=True, finish_reason="error",
-                                              error=NO_VERIFIER))
+            updates.extend(SequenceUpdate(r.seq_id, (), finished=True, finish_reason="error", error=NO_VERIFIER)
+                           for r in self.waiting)
+            self.waiting.clear()
             return
         while self.waiting and len(self.routed) < self.max_running:
-            replica, reason = self._choose(self.waiting[0])
+            replica, reason = choose_replica(self.verifiers, self.waiting[0], self._prefixes)
             if replica is None:
                 return  # replicas full or restarting: next step
             self._submit(self.waiting.popleft(), replica, reason)
-
-    def _choose(self, routed: Routed) -> tuple[Worker | None, str]:
-        live = [w for w in self.verifiers if w.alive and len(w.sequences) < w.max_slots]
-        if not live:
-            return None, ""
-        tokens, costs = routed.tokens, [w.cost.cost.cost_ms for w in live]
-        chosen = choose([Candidate(len(w.sequences), cost(len(tokens)), cost) for w, cost in zip(live, costs)],
-                        routed.room)
-        held = [self._prefixes[w.name].longest(tokens) for w in live]
-        better = prefer_prefix(chosen, held, [len(w.sequences) for w in live], costs, len(tokens), routed.room)
-        if routed.reason != "cost":  # a failover or a move keeps its label wherever it goes
-            return live[chosen if better is None else better], routed.reason
-        if better is not None:
-            return live[better], "prefix"
-        return live[chosen], "prefix" if held[chosen] >= max(BLOCK, AFFINITY_SHARE * len(tokens)) else "cost"
 
     def _submit(self, routed: Routed, replica: Worker, reason: str, state=None) -> None:
         replica.sequences.add(routed.next_placement(replica))
@@ -245,58 +219,30 @@ class ClusterRouter:
             try:
                 news: ReplicaNews = pending.result()
             except WorkerDiedError:
-                self._replica_died(replica)
+                self._worker_died(replica)
                 continue
             replica.cost = CostView(CostModel.from_json(news.cost_ms))
             for update in news.updates:
                 routed = self._by_placement.get(update.seq_id)
                 if routed is not None and routed.replica is replica:
                     self._relay(routed, update, updates)
-            self._reports.extend(self._client_report(report) for report in news.reports)
+            self._reports.extend(client_report(report, len(self.routed), len(self.waiting), tuple(self.worker_states()))
+                                 for report in news.reports)
 
     def _relay(self, routed: Routed, update: SequenceUpdate, updates: list[SequenceUpdate]) -> None:
-        tokens, finished, reason, error = list(update.token_ids), update.finished, update.finish_reason, update.error
-        stop = routed.request.stop_condition
-        if stop is not None and tokens:
-            keep = stop.tokens_to_keep(routed.output + tokens)
-            if keep is not None:
-                tokens, finished, reason, error = tokens[: max(0, keep - len(routed.output))], True, "stop", None
-        if routed.attempts == 1:
-            routed.cached_tokens = max(routed.cached_tokens, update.cached_tokens)
-        routed.output += tokens
-        updates.append(SequenceUpdate(routed.seq_id, tuple(tokens), update.drafted, update.accepted, finished,
-                                      reason, error, routed.cached_tokens))
-        if finished:
-            self._end(routed, cancel=not update.finished)
-
-    def _client_report(self, report: StepReport) -> StepReport:
-        """A replica's step, in the clients' sequence ids, with the workers' states."""
-        rounds = tuple(replace(r, seq_id=client_id(r.seq_id)) for r in report.rounds)
-        return replace(report, rounds=rounds, prefilled=tuple(client_id(s) for s in report.prefilled),
-                       running=len(self.routed), waiting=len(self.waiting), workers=tuple(self.worker_states()))
+        updates.append(routed.take(update))
+        if updates[-1].finished:
+            self._end(routed, cancel=not update.finished)  # a stop string the replica did not see
 
     # -- moves ----------------------------------------------------------------------------------
 
     def _rebalance(self) -> None:
         """Detach, for each idle replica, the stream whose finish it brings forward most."""
-        idle = [w for w in self.verifiers if w.alive and not w.sequences]
-        if not idle or self.waiting:
-            return  # waiting requests take the idle replica first
-        for target in idle:
-            gains = {id(r): move_gain_ms(r.room, self._refill_tokens(r, target), len(r.replica.sequences),
-                                         r.replica.cost.cost.cost_ms, target.cost.cost.cost_ms)
-                     for r in self.routed.values() if not r.moving and r.replica not in (None, target) and r.room > 1}
-            best = max((r for r in self.routed.values() if gains.get(id(r), 0.0) > 0), default=None,
-                       key=lambda r: gains[id(r)])
-            if best is not None:
-                best.moving = (target, best.placement, best.replica.endpoint.call("detach", best.placement))
-                target.sequences.add(best.slot_hold)  # holds the slot: one move per idle replica at a time
-
-    @staticmethod
-    def _refill_tokens(routed: Routed, target: Worker) -> int:
-        """What a move makes the target compute before decoding: nothing where the KV state
-        travels (one token's step stands for its restore), else the whole history."""
-        return 1 if routed.replica.carries_state and target.carries_state else len(routed.tokens)
+        if self.waiting:
+            return  # waiting requests take an idle replica first
+        for routed, target in choose_moves(self.verifiers, self.routed.values()):
+            routed.moving = (target, routed.placement, routed.replica.endpoint.call("detach", routed.placement))
+            target.sequences.add(routed.slot_hold)  # holds the slot: one move per idle replica at a time
 
     def _settle_moves(self, updates: list[SequenceUpdate]) -> None:
         for routed in [r for r in self.routed.values() if r.moving and r.moving[2].ready()]:
@@ -313,21 +259,12 @@ class ClusterRouter:
             self._relay(routed, SequenceUpdate(placement, tuple(missing)), updates)
             if routed.seq_id not in self.routed:
                 continue  # a stop string ended it
-            self.routed.pop(routed.seq_id)
-            self._unplace(routed)  # already cancelled on its replica by the detach
+            self._requeue(routed, "move")  # already cancelled on its replica by the detach
             self.events.append(f"moved {routed.seq_id} to {target.name}")
             if target.alive and len(target.sequences) < target.max_slots:
-                self._submit(routed, target, "move", detached.state)
-            else:
-                routed.reason = "move"
-                self.waiting.appendleft(routed)
+                self._submit(self.waiting.popleft(), target, "move", detached.state)
 
     # -- health and failover --------------------------------------------------------------------
-
-    def _revive(self) -> None:
-        for worker in self.verifiers + self.drafter_workers:
-            if worker.restarting and worker.poll_ready():
-                self._worker_up(worker)
 
     def _worker_up(self, worker: Worker) -> None:
         """A restarted worker answered: a replica learns the drafters, replicas a drafter."""
@@ -346,17 +283,12 @@ class ClusterRouter:
         """The health monitor or a failed call found a worker dead (called with the lock held)."""
         if not worker.alive:
             return
-        if worker.role == "verify":
-            self._replica_died(worker)
+        worker.mark_dead()  # forgets its placements, starts a replacement
+        if worker.role != "verify":
+            self.events.append(f"{worker.name} died; its sequences draft elsewhere")
+            self._push_drafters(self.verifiers)
             return
-        worker.mark_dead()
-        self.events.append(f"{worker.name} died; its sequences draft elsewhere")
-        self._push_drafters(self.verifiers)
-
-    def _replica_died(self, replica: Worker) -> None:
-        if not replica.alive:
-            return
-        replica.mark_dead()  # forgets its placements, starts a replacement
+        replica = worker
         self._polls.pop(replica.name, None)
         self._prefixes[replica.name] = PrefixMemory()  # a new process holds nothing
         orphans = [r for r in self.routed.values() if r.replica is replica]

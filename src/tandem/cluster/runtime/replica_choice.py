@@ -1,0 +1,54 @@
+"""The router's two choices over its live replicas (cluster/runtime/router.py), the rules
+themselves being cluster/planning/stream_placement.py (cost) and affinity.py (prefix, moves):
+where a request goes, and which streams move to a replica that idles.
+"""
+
+from collections.abc import Iterable
+
+from tandem.cluster.planning.affinity import AFFINITY_SHARE, PrefixMemory, move_gain_ms, prefer_prefix
+from tandem.cluster.planning.stream_placement import Candidate, choose
+from tandem.cluster.runtime.pool import Worker
+from tandem.cluster.runtime.routed import Routed
+from tandem.engine.prefix_index import BLOCK
+
+
+def choose_replica(verifiers: list[Worker], routed: Routed,
+                   prefixes: dict[str, PrefixMemory]) -> tuple[Worker | None, str]:
+    """The live replica with a free slot for `routed` and why (cost | prefix, or the failover
+    or move label it carries); None where every replica is full or down."""
+    live = [w for w in verifiers if w.alive and len(w.sequences) < w.max_slots]
+    if not live:
+        return None, ""
+    tokens, costs = routed.tokens, [w.cost.cost.cost_ms for w in live]
+    chosen = choose([Candidate(len(w.sequences), cost(len(tokens)), cost) for w, cost in zip(live, costs)],
+                    routed.room)
+    held = [prefixes[w.name].longest(tokens) for w in live]
+    better = prefer_prefix(chosen, held, [len(w.sequences) for w in live], costs, len(tokens), routed.room)
+    if routed.reason != "cost":  # a failover or a move keeps its label wherever it goes
+        return live[chosen if better is None else better], routed.reason
+    if better is not None:
+        return live[better], "prefix"
+    return live[chosen], "prefix" if held[chosen] >= max(BLOCK, AFFINITY_SHARE * len(tokens)) else "cost"
+
+
+def choose_moves(verifiers: list[Worker], streams: Iterable[Routed]) -> list[tuple[Routed, Worker]]:
+    """For each idle live replica, the stream (not already moving) whose finish it brings
+    forward most, if any does."""
+    streams, moves = list(streams), []
+    taken: set[int] = set()
+    for target in [w for w in verifiers if w.alive and not w.sequences]:
+        gains = {id(r): move_gain_ms(r.room, refill_tokens(r, target), len(r.replica.sequences),
+                                     r.replica.cost.cost.cost_ms, target.cost.cost.cost_ms)
+                 for r in streams if not r.moving and id(r) not in taken and r.replica not in (None, target)
+                 and r.room > 1}
+        best = max((r for r in streams if gains.get(id(r), 0.0) > 0), default=None, key=lambda r: gains[id(r)])
+        if best is not None:
+            taken.add(id(best))
+            moves.append((best, target))
+    return moves
+
+
+def refill_tokens(routed: Routed, target: Worker) -> int:
+    """What a move makes the target compute before decoding: nothing where the KV state travels
+    (one token's step stands for its restore), else the whole history."""
+    return 1 if routed.replica.carries_state and target.carries_state else len(routed.tokens)
