@@ -9,7 +9,7 @@ import pytest
 
 from engine_support import MAX_TOKENS, PROMPTS, make_engine, naive_greedy, run_all
 from tandem.engine import batch_engine
-from tandem.engine.batch_engine import FLOOR_CHUNK, MIN_PREFILL_CHUNK, STEP_TOKEN_BUDGET, BatchEngine
+from tandem.engine.batch_engine import MIN_PREFILL_CHUNK, STEP_TOKEN_BUDGET, BatchEngine, floor_chunk
 from tandem.engine.build import EngineConfig
 from tandem.engine.events import SpeculationOptions
 from tandem.engine.request import GenerationRequest
@@ -272,24 +272,46 @@ def chunk_sizes(target, cost_points: dict[int, float], joining: int) -> list[lis
     return steps
 
 
+def test_the_floor_chunk_is_the_fewest_tokens_near_batch_speed():
+    """The floor is the smallest call within FLOOR_SLACK (1.15) of a 64-token call's cost a
+    token: with a 90 ms fixed cost and 10 ms a token, (90 + 10n) / n <= 1.15 * 730 / 64 from
+    n = 29; on a linear curve one token is already at batch speed; on a flat one, 57 tokens."""
+    from tandem.models.cost import CostModel
+
+    assert floor_chunk(CostModel({1: 100.0, 64: 730.0}).cost_ms) == 29
+    assert floor_chunk(CostModel({1: 10.0, 64: 640.0}).cost_ms) == 1
+    assert floor_chunk(CostModel({1: 50.0, 64: 50.0}).cost_ms) == 56
+
+
 def test_beside_a_stream_a_chunk_costs_at_most_stall_factor_times_its_round_or_the_floor(tiny_target):
-    """Linear cost (10 ms a token): beside one decoding stream (a 1-token round, 10 ms) a step
-    may cost 30 ms (STALL_FACTOR) or what FLOOR_CHUNK tokens alone cost, whichever is more: the
-    joining prompt goes in FLOOR_CHUNK - 1 tokens at a time. Alone, it gets the whole budget."""
+    """A curve with a fixed cost (100 ms for one token, 10 ms each more): beside one decoding
+    stream (a 1-token round) a step may cost 300 ms (STALL_FACTOR) or what the 29-token floor
+    chunk costs (380 ms), whichever is more: the joining prompt goes in 28 tokens at a time.
+    Alone, it gets the whole budget."""
     from engine_support import fused_runner
 
     target = fused_runner(tiny_target, slots=3, context=256)
-    sizes = [step[0] for step in chunk_sizes(target, {1: 10.0, 64: 640.0}, joining=1)]
-    assert sizes[:3] == [FLOOR_CHUNK - 1] * 3 and max(sizes) == FLOOR_CHUNK - 1
+    sizes = [step[0] for step in chunk_sizes(target, {1: 100.0, 64: 730.0}, joining=1)]
+    assert sizes[:3] == [28] * 3 and max(sizes) == 28
     alone = BatchEngine(target, None, "none")
     alone.add("long", GenerationRequest(JOINING, max_tokens=2))
     updates, report = alone.step()
     assert report.prefill_tokens == JOINING_PREFILL and updates  # the whole prompt in one step
 
 
+def test_on_a_linear_curve_no_floor_lengthens_the_gap(tiny_target):
+    """10 ms a token: one token is already at batch speed, so beside a 1-token round a step may
+    cost only 30 ms (3 tokens), and the prompt gets the minimum chunk, MIN_PREFILL_CHUNK."""
+    from engine_support import fused_runner
+
+    target = fused_runner(tiny_target, slots=3, context=256)
+    sizes = [step[0] for step in chunk_sizes(target, {1: 10.0, 64: 640.0}, joining=1)]
+    assert sizes[:3] == [MIN_PREFILL_CHUNK] * 3 and max(sizes) == MIN_PREFILL_CHUNK
+
+
 def test_where_a_round_is_dear_the_stall_bound_rules_over_the_floor(tiny_target):
-    """A curve where 3x a 1-token round (300 ms) buys more than FLOOR_CHUNK tokens alone (147
-    ms): a step may cost 300 ms, 64 tokens, so the prompt goes in 63 at a time, not 47."""
+    """A curve where 3x a 1-token round (300 ms) buys more than the floor chunk alone (23
+    tokens, 122 ms): a step may cost 300 ms, 64 tokens, so the prompt goes in 63 at a time."""
     from engine_support import fused_runner
 
     target = fused_runner(tiny_target, slots=3, context=256)

@@ -3,8 +3,9 @@
 
 Requests join and leave the running batch at every step. A step's target forward scores at most
 `step_token_budget` tokens (chunked prefill), and on a fused runner, while streams decode and
-prompts do not outnumber them, no more than costs STALL_FACTOR times their rounds alone or
-FLOOR_CHUNK tokens alone, whichever is more (read off the measured cost curve): the decoding
+prompts do not outnumber them, no more than costs STALL_FACTOR times their rounds alone or the
+floor chunk alone (the smallest call near the device's batch speed), whichever is more (read off
+the measured cost curve): the decoding
 sequences' rounds come first, and prompts are scored in chunks, oldest first, in what they
 leave, so a long prompt joining does not stall the running streams. A step
 1. admits waiting requests into free slots, reusing the longest cached prompt prefix: in a
@@ -42,7 +43,7 @@ from tandem.engine.slots import MIN_COPY_TOKENS
 from tandem.engine.stages import commit_round, draft_all, plan_drafts
 from tandem.errors import TandemError
 from tandem.models.batch_runner import BatchItem, BatchRunner, KvPoolFullError
-from tandem.models.cost import catch_up_ms
+from tandem.models.cost import CostModel, catch_up_ms
 from tandem.speculation.acceptance import accept_round
 from tandem.speculation.batch_depth import BatchDepthPlanner
 from tandem.speculation.depth import Auto, Depth, parse_depth
@@ -57,7 +58,8 @@ from tandem.token_ids import common_prefix
 STEP_TOKEN_BUDGET = 512  # tokens one step's target forward scores: rounds first, prompt chunks after
 MIN_PREFILL_CHUNK = 16  # prompt tokens the oldest prompt still gets when the rounds fill the budget
 STALL_FACTOR = 3.0  # a step with prompt chunks costs at most this many times the decoding rounds alone,
-FLOOR_CHUNK = 48  # or what this many tokens alone cost, whichever is more
+FULL_SPEED_CHUNK = 64  # a call this size runs at the device's batch speed, near enough (the largest profiled)
+FLOOR_SLACK = 1.15  # or what the floor chunk costs: the smallest call within this of FULL_SPEED_CHUNK's cost a token
 KV_HEADROOM_TOKENS = 64  # per running sequence, for drafts being verified
 CATCH_UP_SHARE = 1.0  # beside other streams, a step's draft catch-up costs at most this share of its target call
 MIN_CATCH_UP = 8  # prompt tokens the draft model may always catch up on in a step
@@ -231,10 +233,13 @@ class BatchEngine(SequencePool):
         """step_token_budget, held back while streams decode on a fused runner, so a prompt chunk
         slows their step (a bounded inter-token gap) instead of stalling it for a whole prefill:
         a step then scores no more tokens than cost, on the target's curve, the larger of
-        STALL_FACTOR times the decoding rounds alone and FLOOR_CHUNK tokens alone. The floor
-        keeps chunks near the device's full batch speed where single rounds are cheap (on a CPU
-        a 16-token call costs 25-50% more a token than a 64-token one; on a flat curve it adds
-        nothing). While more sequences wait on their prompt than decode, nothing is held back:
+        STALL_FACTOR times the decoding rounds alone and the floor chunk alone. The floor keeps
+        chunks near the device's full batch speed where single rounds are cheap and a call's
+        fixed cost is large (llama.cpp 1.5B on a CPU: a 16-token call costs ~35% more a token
+        than a 64-token one, so the floor is ~45 tokens), and adds nothing where a few tokens
+        already run at batch speed (smollm2 on one core: ~10 tokens) or the curve is flat, so it
+        lengthens gaps only where that buys prefill speed. While more sequences wait on their
+        prompt than decode, nothing is held back:
         the many first tokens outweigh the few streams' gaps (a closed loop's wave of new
         requests goes in at full speed)."""
         decoding = [seq for seq in self.running.values() if not seq.unprefilled]
@@ -242,10 +247,7 @@ class BatchEngine(SequencePool):
         if not decoding or not self.target.fused or prefilling > len(decoding):
             return self.step_token_budget
         rounds = sum(self._round_bound(seq) for seq in decoding)
-        cost_ms = self.target.cost.cost_ms
-        limit = max(STALL_FACTOR * cost_ms(rounds), cost_ms(FLOOR_CHUNK))
-        fits = _largest_within(cost_ms, limit, rounds, self.step_token_budget)
-        return max(fits, min(rounds + MIN_PREFILL_CHUNK, self.step_token_budget))
+        return held_back_budget(self.target.cost, rounds, self.step_token_budget)
 
     def _split(self, budget: int) -> tuple[list[Sequence], list[Sequence]]:
         """The running sequences that verify a round this step and those still prefilling, both
@@ -394,6 +396,23 @@ class BatchEngine(SequencePool):
 def _round_tokens(rounds: list[Sequence], drafts: list[SequenceDraft]) -> int:
     """Tokens the rounds score: each one's rest of prompt, last token and drafts."""
     return sum(len(seq.unprefilled) + 1 + len(d.token_ids) for seq, d in zip(rounds, drafts))
+
+
+def held_back_budget(cost: CostModel, rounds: int, budget: int) -> int:
+    """Tokens a step beside decoding rounds (`rounds` tokens) may score: as many as cost no more
+    than STALL_FACTOR times the rounds alone or the floor chunk alone, whichever is more, and
+    at least the rounds plus MIN_PREFILL_CHUNK (all within `budget`). The floor is read off the
+    profile, not the learned corrections: those follow the contexts served, not the kernels."""
+    limit = max(STALL_FACTOR * cost.cost_ms(rounds), cost.cost_ms(floor_chunk(cost.profiled_ms)))
+    fits = _largest_within(cost.cost_ms, limit, rounds, budget)
+    return max(fits, min(rounds + MIN_PREFILL_CHUNK, budget))
+
+
+def floor_chunk(cost_ms) -> int:
+    """The fewest tokens a call may score at a cost a token within FLOOR_SLACK of a
+    FULL_SPEED_CHUNK-token call's (FULL_SPEED_CHUNK where none fewer does)."""
+    full_speed_ms = FLOOR_SLACK * cost_ms(FULL_SPEED_CHUNK) / FULL_SPEED_CHUNK
+    return next((n for n in range(1, FULL_SPEED_CHUNK) if cost_ms(n) <= full_speed_ms * n), FULL_SPEED_CHUNK)
 
 
 def _largest_within(cost_ms, limit_ms: float, low: int, high: int) -> int:

@@ -6,7 +6,8 @@ A step:
    lack of their prompt is unprefilled,
 2. split: decoding sequences verify a round; prefilling ones whose rest of prompt fits the step
    token budget left by the rounds finish it in front of their round, the others score a chunk
-   of it (oldest first, in what the budget leaves; the oldest at least MIN_PREFILL_CHUNK),
+   of it (oldest first, in what the budget leaves; the oldest at least MIN_PREFILL_CHUNK). The
+   budget is held back beside decoding streams as the engine's is (`held_back_budget`),
 3. plan: the replica's depth planner picks k for every round,
 4. draft: one lock-step call per drafter device for the rounds drafting with a model, paying
    the round trip between the replica and the drafter (n-gram drafts are free),
@@ -16,7 +17,7 @@ A step:
    next step starts after the step overhead.
 The router relays: a request reaches its replica half a router round trip after it is placed,
 and each round's tokens reach the client half a round trip after they are committed. Not
-modelled: the engine's stall cap on prompt chunks (STALL_FACTOR), prefix reuse, moves.
+modelled: prefix reuse, moves.
 """
 
 from collections.abc import Callable
@@ -30,7 +31,7 @@ from tandem.cluster.sim.metrics import Recorder
 from tandem.cluster.sim.planning import candidate, draft_call_ms, verify_ms
 from tandem.cluster.sim.state import Replica, SimSequence
 from tandem.cluster.sim.timeline import remote_call
-from tandem.engine.batch_engine import MIN_PREFILL_CHUNK
+from tandem.engine.batch_engine import MIN_PREFILL_CHUNK, held_back_budget
 
 
 @dataclass(slots=True)
@@ -76,6 +77,9 @@ class ReplicaSteps:
             replica.running.append(seq)
         decoding = [seq for seq in replica.running if not seq.unprefilled]
         prefilling = [seq for seq in replica.running if seq.unprefilled]
+        device, fixed_k = replica.spec.device, self.ctx.sim.depth.fixed_k or 0
+        if decoding and device.fused and len(prefilling) <= len(decoding):  # held back, as the engine's
+            budget = held_back_budget(device.cost, len(decoding) * (1 + fixed_k), budget)
         left = budget - len(decoding)
         rounds = list(decoding)
         for seq in prefilling:  # oldest first: those whose rest fits finish it with their round
