@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     cluster = cluster_options(args)
     if cluster is not None and (args.cache_dir is not None or args.cache_ram is not None):
         raise TandemError("--cache-ram and --cache-dir size one process's prompt cache; a cluster's "
-                          "replicas keep their own (leave them out with --cluster)")
+                          "replicas keep their own: give a worker `cache_ram: 2G` in the cluster file "
+                          "(default: an equal share of one process's default per verifier replica)")
     config = engine_config(args) if cluster is None else cluster_engine_config(cluster, args)
     from tandem.serve.server import serve  # fastapi, uvicorn and the models: only when serving
 

@@ -6,7 +6,9 @@ import argparse
 import pytest
 
 from tandem.cli.serve_cmd import cluster_options, cluster_engine_config
-from tandem.cluster.runtime.launch import ClusterOptions, router_group, roles_of
+from tandem.cluster.config.cluster_spec import ClusterSpec, WorkerSpec
+from tandem.cluster.runtime.launch import ClusterOptions, replica_cache_ram, router_group, roles_of
+from tandem.engine.host_cache import default_cache_ram_bytes
 from tandem.cluster.config.load import load_cluster
 from tandem.errors import TandemError
 
@@ -27,6 +29,30 @@ def test_the_router_sits_with_the_drafter_and_verifiers_pay_the_round_trip():
     home = router_group(spec)
     assert home == "edge"
     assert spec.network.rtt_ms(home, spec.worker("central-verify").group) == 12.0
+
+
+def test_replicas_share_one_process_default_host_cache_unless_the_file_sizes_it():
+    """Three verifier replicas (a worker with two, one with one) on what may be one machine:
+    each gets a third of what one `tandem serve` would take; `cache_ram: 512M` (or 0) wins."""
+    two = WorkerSpec("a", "verify", "m", replicas=2)
+    spec = ClusterSpec([two, WorkerSpec("b", "verify", "m"), WorkerSpec("d", "draft", "m2")])
+    share = default_cache_ram_bytes() // 3
+    assert replica_cache_ram(spec) == {"a": share, "b": share, "d": share}
+    sized = ClusterSpec([WorkerSpec("a", "verify", "m", replicas=2, cache_ram="512M"), WorkerSpec("b", "verify", "m", cache_ram=0)])
+    assert replica_cache_ram(sized) == {"a": 512 << 20, "b": 0}
+
+
+def test_a_replica_host_sizes_its_host_tier_as_told(tiny_target):
+    """What launch hands a replica's actor is its host tier's capacity (the plain class, no Ray)."""
+    from tandem.cluster.runtime.actors import ReplicaHost
+    from tandem.cluster.runtime.emulation import Emulation
+    from tandem.models.backends import RunnerSpec
+
+    host = ReplicaHost(RunnerSpec(str(tiny_target), backend="torch", context_length=256), 2, Emulation(), 3 << 20)
+    try:
+        assert host.worker.engine.prompt_cache.host.capacity_bytes == 3 << 20
+    finally:
+        host.worker.close()
 
 
 def serve_args(**overrides) -> argparse.Namespace:

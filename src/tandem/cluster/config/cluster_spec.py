@@ -41,6 +41,19 @@ def device_rule(value: object) -> str:
     return value
 
 
+def cache_ram_rule(value: object) -> int:
+    """A replica's prompt-cache host tier: '2G', '512M', a plain number of MiB (as `--cache-ram`),
+    or 0 for none; bytes."""
+    from tandem.engine.host_cache import parse_cache_ram
+
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise rules.RuleError(f"must be a size like 2G or 512M, or 0 (got {value!r})")
+    try:
+        return parse_cache_ram(str(value))
+    except TandemError as error:
+        raise rules.RuleError(str(error)) from None
+
+
 def device_kind(device: str) -> str:
     """'cuda:1' -> 'cuda'."""
     return device.split(":", 1)[0]
@@ -61,6 +74,7 @@ WORKER_RULES: Mapping[str, rules.Rule] = MappingProxyType({
     "slowdown": rules.number(minimum=1.0),
     "utilization": rules.number(minimum=0.0, below=1.0),
     "group": rules.text(NAME, "a group name of letters, digits, '_', '.', '-'"),
+    "cache_ram": rules.optional(cache_ram_rule),
 })
 
 
@@ -80,6 +94,7 @@ class WorkerSpec:
     slowdown: float = 1.0  # emulation: each call takes slowdown x its measured time
     utilization: float = 0.0  # share of the device busy with other work
     group: str = "local"  # network group
+    cache_ram: int | None = None  # bytes of each replica's prompt-cache host tier (None: a share of the default)
 
     def __post_init__(self):
         for name, rule in WORKER_RULES.items():
@@ -138,6 +153,8 @@ def worker_problems(worker: Mapping[str, Any]) -> list[tuple[str, str]]:
         problems.append(("draft_model", "a worker with role both needs a draft_model"))
     if role != "both" and draft_model is not None:
         problems.append(("draft_model", f"only a worker with role both has a draft_model (role is {role})"))
+    if role == "draft" and worker.get("cache_ram") is not None:
+        problems.append(("cache_ram", "sizes a verifier replica's prompt cache; a draft worker has none"))
     if worker["backend"] == "llamacpp" and worker["device"] != "cpu":
         problems.append(("device", f"the llamacpp backend runs on cpu (got {worker['device']!r}); use backend torch"))
     return problems

@@ -28,11 +28,12 @@ def _with_placement(info: dict) -> dict:
 
 
 class ReplicaHost:
-    def __init__(self, spec: RunnerSpec, slots: int, emulation: Emulation):
+    def __init__(self, spec: RunnerSpec, slots: int, emulation: Emulation, cache_ram_bytes: int | None = None):
         from tandem.engine.build import host_cache_for
 
         runner = _runner(spec, slots)
-        self.worker = ReplicaEngine(runner, emulation, max_running=slots, host_cache=host_cache_for(runner, None))
+        self.worker = ReplicaEngine(runner, emulation, max_running=slots,
+                                    host_cache=host_cache_for(runner, None, cache_ram_bytes))
 
     def info(self):
         return _with_placement(self.worker.info())
@@ -80,8 +81,9 @@ HOSTS = {"verify": ReplicaHost, "draft": DrafterHost}
 
 
 def start_actor(role: str, name: str, spec: RunnerSpec, slots: int, emulation: Emulation,
-                num_cpus: float, resources: dict[str, float]) -> RayEndpoint:
-    """Create the actor where Ray finds `num_cpus` and the custom `resources` free."""
+                num_cpus: float, resources: dict[str, float], cache_ram_bytes: int | None = None) -> RayEndpoint:
+    """Create the actor where Ray finds `num_cpus` and the custom `resources` free (a replica's
+    prompt cache holds up to `cache_ram_bytes` in host memory; None: the process default)."""
     import ray
 
     custom = dict(resources)
@@ -89,5 +91,5 @@ def start_actor(role: str, name: str, spec: RunnerSpec, slots: int, emulation: E
     actor_class = ray.remote(HOSTS[role])
     actor = actor_class.options(num_cpus=num_cpus, num_gpus=num_gpus, resources=custom or None,
                                 max_restarts=0, max_concurrency=REPLICA_CONCURRENCY if role == "verify" else 1,
-                                ).remote(spec, slots, emulation)
+                                ).remote(spec, slots, emulation, *([cache_ram_bytes] if role == "verify" else []))
     return RayEndpoint(name, actor)

@@ -21,6 +21,7 @@ from tandem.cluster.runtime.health import DEFAULT_PERIOD_S, check_period
 from tandem.cluster.runtime.emulation import Emulation
 from tandem.cluster.runtime.pool import Worker
 from tandem.cluster.runtime.router import ClusterRouter
+from tandem.engine.host_cache import default_cache_ram_bytes
 from tandem.errors import TandemError
 from tandem.models.backends import RunnerSpec
 from tandem.speculation.drafters.registry import check_drafter
@@ -71,6 +72,7 @@ def start_ray(spec: ClusterSpec, address: str | None = None) -> None:
 def build_workers(spec: ClusterSpec) -> tuple[list[Worker], list[Worker]]:
     home = router_group(spec)
     verifiers, drafters = [], []
+    cache_ram = replica_cache_ram(spec)
     for worker in spec.workers:
         rtt = spec.network.rtt_ms(home, worker.group)
         for replica in range(worker.replicas):
@@ -78,8 +80,8 @@ def build_workers(spec: ClusterSpec) -> tuple[list[Worker], list[Worker]]:
                 name = f"{worker.name}-{role.role}-{replica}"
                 pool = verifiers if role.role == "verify" else drafters
                 rtt_ms = rtt if role.role == "verify" else 0.0  # drafters are called by replicas (links)
-                pool.append(Worker(name, role.role, _starter(worker, role, name, rtt_ms), rtt_ms=rtt_ms,
-                                   group=worker.group))
+                start = _starter(worker, role, name, rtt_ms, cache_ram[worker.name])
+                pool.append(Worker(name, role.role, start, rtt_ms=rtt_ms, group=worker.group))
     for w in verifiers + drafters:
         w.launch()  # all actors load their models concurrently
     for w in verifiers + drafters:
@@ -88,12 +90,22 @@ def build_workers(spec: ClusterSpec) -> tuple[list[Worker], list[Worker]]:
     return verifiers, drafters
 
 
-def _starter(worker: WorkerSpec, role: Role, name: str, rtt_ms: float):
+def replica_cache_ram(spec: ClusterSpec) -> dict[str, int]:
+    """Bytes of each verifier replica's prompt-cache host tier, by worker: its `cache_ram`, else
+    an equal share of one process's default (`default_cache_ram_bytes`) among all the
+    cluster's verifier replicas, so that replicas sharing a machine stay within what one
+    `tandem serve` would take there."""
+    replicas = sum(w.replicas for w in spec.workers if w.can_verify)
+    share = default_cache_ram_bytes() // max(1, replicas)
+    return {w.name: share if w.cache_ram is None else w.cache_ram for w in spec.workers}
+
+
+def _starter(worker: WorkerSpec, role: Role, name: str, rtt_ms: float, cache_ram_bytes: int):
     runner = RunnerSpec(role.model, worker.backend, worker.device, worker.dtype, worker.threads)
     emulation = Emulation(worker.slowdown, rtt_ms)
     resources = dict(worker.ray_resources)
     num_cpus = resources.pop("CPU", 0.0)
-    return lambda: start_actor(role.role, name, runner, role.slots, emulation, num_cpus, resources)
+    return lambda: start_actor(role.role, name, runner, role.slots, emulation, num_cpus, resources, cache_ram_bytes)
 
 
 @dataclass(frozen=True, slots=True)
