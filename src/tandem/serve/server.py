@@ -68,7 +68,7 @@ def build_state(config: EngineConfig, settings: ServeSettings, model_name: str, 
     tokenizer = TextTokenizer(str(tokenizer_path(config.target.model)))
     metrics = ServingMetrics(model_name, settings.alert_threshold)
     tracer = RequestTracer(settings.otlp_endpoint)
-    engine = _engine(config, settings, ngram_store, cluster)
+    engine = _engine(config, settings, ngram_store, cluster, model_name)
     cache = _response_store(settings, _model_identity(config))
     worker = EngineWorker(engine, settings.max_waiting, observers=[metrics.observe_step, tracer.observe_step])
     track_process(metrics.registry, model_name, lambda: engine.kv_slots_in_use)
@@ -101,7 +101,7 @@ def _model_identity(config: EngineConfig) -> str:
     return f"{target.model}|{target.backend}|{precision_of(target.backend, target.dtype)}"
 
 
-def _engine(config: EngineConfig, settings: ServeSettings, ngram_store, cluster):
+def _engine(config: EngineConfig, settings: ServeSettings, ngram_store, cluster, model_name: str):
     if cluster is None:
         return build_engine(config, max_running=settings.max_running, ngram_store=ngram_store,
                             cache_ram_bytes=settings.cache_ram_bytes, cache_dir=settings.cache_dir,
@@ -109,7 +109,8 @@ def _engine(config: EngineConfig, settings: ServeSettings, ngram_store, cluster)
     from tandem.cluster.runtime.launch import launch_cluster
 
     return launch_cluster(cluster.spec, config.drafter, config.k, cluster.ray_address, settings.max_running,
-                          cluster.health_period_s, cluster.draft_ahead)
+                          cluster.health_period_s, cluster.draft_ahead,
+                          None if settings.cache_url == CACHE_OFF else settings.cache_url, model_name)
 
 
 def close_state(state: ServerState) -> None:

@@ -42,15 +42,18 @@ def test_replicas_share_one_process_default_host_cache_unless_the_file_sizes_it(
     assert replica_cache_ram(sized) == {"a": 512 << 20, "b": 0}
 
 
-def test_a_replica_host_sizes_its_host_tier_as_told(tiny_target):
-    """What launch hands a replica's actor is its host tier's capacity (the plain class, no Ray)."""
+def test_a_replica_host_sizes_its_host_tier_and_opens_its_ngram_store_as_told(tiny_target):
+    """What launch hands a replica's actor: its host tier's capacity, the n-gram store's URL
+    (the plain class, no Ray)."""
     from tandem.cluster.runtime.actors import ReplicaHost
     from tandem.cluster.runtime.emulation import Emulation
     from tandem.models.backends import RunnerSpec
 
-    host = ReplicaHost(RunnerSpec(str(tiny_target), backend="torch", context_length=256), 2, Emulation(), 3 << 20)
+    host = ReplicaHost(RunnerSpec(str(tiny_target), backend="torch", context_length=256), 2, Emulation(), 3 << 20,
+                       "memory", "tiny")
     try:
         assert host.worker.engine.prompt_cache.host.capacity_bytes == 3 << 20
+        assert host.worker.engine.ngram_store is not None  # its own in-process n-gram store
     finally:
         host.worker.close()
 

@@ -34,7 +34,7 @@ def close_routers():
 
 
 def make_cluster(tiny_target, tiny_draft, verifiers=2, drafters=1, slots=3, emulations=(), verify_cost=CHEAP_VERIFY,
-                 runner="serial", **kwargs):
+                 runner="serial", ngram_store=None, **kwargs):
     endpoints = []
 
     def starter(name, make_worker, threads):
@@ -57,7 +57,8 @@ def make_cluster(tiny_target, tiny_draft, verifiers=2, drafters=1, slots=3, emul
                 target = fused_runner(tiny_target, slots, verify_cost)
                 return ReplicaEngine(target, emulation, max_running=slots, host_cache=HostPromptCache(64 << 20, target.name))
             return make
-        return lambda: ReplicaEngine(serial_runner(tiny_target, slots, verify_cost), emulation, max_running=slots)
+        return lambda: ReplicaEngine(serial_runner(tiny_target, slots, verify_cost), emulation, max_running=slots,
+                                     ngram_store=ngram_store)
 
     vs = [worker(f"verify-{i}", "verify", replica(i), REPLICA_THREADS) for i in range(verifiers)]
     ds = [worker(f"draft-{i}", "draft", lambda: DrafterWorker(serial_runner(tiny_draft, 8, CHEAP_VERIFY)))
@@ -105,6 +106,28 @@ def test_model_drafts_come_from_the_drafter_worker(tiny_target, tiny_draft, refe
     drafter = next(e for e in endpoints if e.name == "draft-0")
     drafter.call("ping").result()  # the drafter takes calls in order: the forget sent before is done
     assert not drafter.worker._seqs  # the finished sequence's draft cache was freed there
+
+
+def test_replicas_over_one_ngram_store_draft_from_each_others_outputs(tiny_target, tiny_draft, references):
+    """Two clusters' replicas over one n-gram store (as over one Redis): what the first served is
+    drafting material for the second, whose replicas never saw it, and output is unchanged."""
+    from tandem.speculation.shared_store.store import InProcessNgramStore
+
+    def accepted_on_a_fresh_cluster(store) -> tuple[list[int], int, int]:
+        router, _ = make_cluster(tiny_target, tiny_draft, drafters=0, ngram_store=store, drafter="ngram", k=4)
+        router.add("a", GenerationRequest(PROMPTS[0], max_tokens=MAX_TOKENS))
+        output, drafted, accepted = [], 0, 0
+        while router.has_work:
+            for u in router.step()[0]:
+                output += u.token_ids
+                drafted, accepted = drafted + u.drafted, accepted + u.accepted
+        return output, drafted, accepted
+
+    store = InProcessNgramStore()
+    first, _, accepted_first = accepted_on_a_fresh_cluster(store)
+    second, drafted, accepted_second = accepted_on_a_fresh_cluster(store)
+    assert first == second == references[PROMPTS[0]]
+    assert accepted_second >= len(second) - 1 - 4 and accepted_second > accepted_first  # copied from the store
 
 
 def test_sequences_spread_over_replicas(tiny_target, tiny_draft):

@@ -28,12 +28,15 @@ def _with_placement(info: dict) -> dict:
 
 
 class ReplicaHost:
-    def __init__(self, spec: RunnerSpec, slots: int, emulation: Emulation, cache_ram_bytes: int | None = None):
+    def __init__(self, spec: RunnerSpec, slots: int, emulation: Emulation, cache_ram_bytes: int | None = None,
+                 ngram_store_url: str | None = None, ngram_namespace: str = "default"):
         from tandem.engine.build import host_cache_for
+        from tandem.speculation.shared_store.store import open_ngram_store
 
         runner = _runner(spec, slots)
+        store = open_ngram_store(ngram_store_url, namespace=ngram_namespace)
         self.worker = ReplicaEngine(runner, emulation, max_running=slots,
-                                    host_cache=host_cache_for(runner, None, cache_ram_bytes))
+                                    host_cache=host_cache_for(runner, None, cache_ram_bytes), ngram_store=store)
 
     def info(self):
         return _with_placement(self.worker.info())
@@ -81,9 +84,10 @@ HOSTS = {"verify": ReplicaHost, "draft": DrafterHost}
 
 
 def start_actor(role: str, name: str, spec: RunnerSpec, slots: int, emulation: Emulation,
-                num_cpus: float, resources: dict[str, float], cache_ram_bytes: int | None = None) -> RayEndpoint:
-    """Create the actor where Ray finds `num_cpus` and the custom `resources` free (a replica's
-    prompt cache holds up to `cache_ram_bytes` in host memory; None: the process default)."""
+                num_cpus: float, resources: dict[str, float], replica_args: tuple = ()) -> RayEndpoint:
+    """Create the actor where Ray finds `num_cpus` and the custom `resources` free; a replica's
+    actor also gets `replica_args` (ReplicaHost's: its host tier's bytes, the n-gram store's URL
+    and namespace)."""
     import ray
 
     custom = dict(resources)
@@ -91,5 +95,5 @@ def start_actor(role: str, name: str, spec: RunnerSpec, slots: int, emulation: E
     actor_class = ray.remote(HOSTS[role])
     actor = actor_class.options(num_cpus=num_cpus, num_gpus=num_gpus, resources=custom or None,
                                 max_restarts=0, max_concurrency=REPLICA_CONCURRENCY if role == "verify" else 1,
-                                ).remote(spec, slots, emulation, *([cache_ram_bytes] if role == "verify" else []))
+                                ).remote(spec, slots, emulation, *(replica_args if role == "verify" else ()))
     return RayEndpoint(name, actor)

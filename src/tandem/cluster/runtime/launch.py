@@ -69,7 +69,11 @@ def start_ray(spec: ClusterSpec, address: str | None = None) -> None:
              log_to_driver=False)
 
 
-def build_workers(spec: ClusterSpec) -> tuple[list[Worker], list[Worker]]:
+def build_workers(spec: ClusterSpec, ngram_store_url: str | None = None,
+                  ngram_namespace: str = "default") -> tuple[list[Worker], list[Worker]]:
+    """Every replica of every worker, launched and ready. Verifier replicas open the n-gram
+    store at `ngram_store_url` (None or "memory": each its own, in process; a Redis URL: one
+    shared by all, under `ngram_namespace`)."""
     home = router_group(spec)
     verifiers, drafters = [], []
     cache_ram = replica_cache_ram(spec)
@@ -80,7 +84,8 @@ def build_workers(spec: ClusterSpec) -> tuple[list[Worker], list[Worker]]:
                 name = f"{worker.name}-{role.role}-{replica}"
                 pool = verifiers if role.role == "verify" else drafters
                 rtt_ms = rtt if role.role == "verify" else 0.0  # drafters are called by replicas (links)
-                start = _starter(worker, role, name, rtt_ms, cache_ram[worker.name])
+                replica_args = (cache_ram[worker.name], ngram_store_url, ngram_namespace)
+                start = _starter(worker, role, name, rtt_ms, replica_args)
                 pool.append(Worker(name, role.role, start, rtt_ms=rtt_ms, group=worker.group))
     for w in verifiers + drafters:
         w.launch()  # all actors load their models concurrently
@@ -100,12 +105,12 @@ def replica_cache_ram(spec: ClusterSpec) -> dict[str, int]:
     return {w.name: share if w.cache_ram is None else w.cache_ram for w in spec.workers}
 
 
-def _starter(worker: WorkerSpec, role: Role, name: str, rtt_ms: float, cache_ram_bytes: int):
+def _starter(worker: WorkerSpec, role: Role, name: str, rtt_ms: float, replica_args: tuple):
     runner = RunnerSpec(role.model, worker.backend, worker.device, worker.dtype, worker.threads)
     emulation = Emulation(worker.slowdown, rtt_ms)
     resources = dict(worker.ray_resources)
     num_cpus = resources.pop("CPU", 0.0)
-    return lambda: start_actor(role.role, name, runner, role.slots, emulation, num_cpus, resources, cache_ram_bytes)
+    return lambda: start_actor(role.role, name, runner, role.slots, emulation, num_cpus, resources, replica_args)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,12 +134,13 @@ class ClusterOptions:
 
 def launch_cluster(spec: ClusterSpec, drafter: str, k: int | str, ray_address: str | None = None,
                    max_running: int | None = None, health_period_s: float = DEFAULT_PERIOD_S,
-                   draft_ahead: bool = False) -> ClusterRouter:
+                   draft_ahead: bool = False, ngram_store_url: str | None = None,
+                   ngram_namespace: str = "default") -> ClusterRouter:
     check_period(health_period_s)
     check_drafter(drafter, any(w.can_draft and w.drafting_model for w in spec.workers),
                   how_to_add="the cluster file has no worker with a draft_model")
     start_ray(spec, ray_address)
-    verifiers, drafters = build_workers(spec)
+    verifiers, drafters = build_workers(spec, ngram_store_url, ngram_namespace)
     if not verifiers:
         raise TandemError("the cluster has no verifier")
     router = ClusterRouter(verifiers, drafters, drafter, k, max_running, health_period_s, spec.network.rtt_ms,

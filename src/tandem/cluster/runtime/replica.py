@@ -76,13 +76,14 @@ class ReplicaNews:
 class ReplicaEngine:
     def __init__(self, runner: BatchRunner, emulation: Emulation = Emulation(), drafter: str = "hybrid",
                  depth: "Depth | str | int" = Auto(), max_running: int | None = None,
-                 step_token_budget: int = STEP_TOKEN_BUDGET, host_cache: HostPromptCache | None = None):
+                 step_token_budget: int = STEP_TOKEN_BUDGET, host_cache: HostPromptCache | None = None,
+                 ngram_store=None):
         self.runner = SlowedRunner.around(runner, emulation.slowdown)
         self.emulation = emulation
         self.remote = RemoteDraftModel([])
-        self.engine = BatchEngine(self.runner, None, drafter, depth, None, max_running,
-                                  drafters=build_drafters(self.remote, None), step_token_budget=step_token_budget,
-                                  host_cache=host_cache)
+        self.engine = BatchEngine(self.runner, None, drafter, depth, ngram_store, max_running,
+                                  drafters=build_drafters(self.remote, ngram_store),
+                                  step_token_budget=step_token_budget, host_cache=host_cache)
         self._news = threading.Condition()
         self._updates: list[SequenceUpdate] = []
         self._reports: list[StepReport] = []
