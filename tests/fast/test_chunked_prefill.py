@@ -275,7 +275,7 @@ def chunk_sizes(target, cost_points: dict[int, float], joining: int) -> list[lis
 def test_the_floor_chunk_is_the_fewest_tokens_near_batch_speed():
     """The floor is the smallest call within FLOOR_SLACK (1.15) of a 64-token call's cost a
     token: with a 90 ms fixed cost and 10 ms a token, (90 + 10n) / n <= 1.15 * 730 / 64 from
-    n = 29; on a linear curve one token is already at batch speed; on a flat one, 57 tokens."""
+    n = 29; on a linear curve one token is already at batch speed; on a flat one, 56 tokens."""
     from tandem.models.cost import CostModel
 
     assert floor_chunk(CostModel({1: 100.0, 64: 730.0}).cost_ms) == 29

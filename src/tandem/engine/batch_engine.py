@@ -235,10 +235,11 @@ class BatchEngine(SequencePool):
         a step then scores no more tokens than cost, on the target's curve, the larger of
         STALL_FACTOR times the decoding rounds alone and the floor chunk alone. The floor keeps
         chunks near the device's full batch speed where single rounds are cheap and a call's
-        fixed cost is large (llama.cpp 1.5B on a CPU: a 16-token call costs ~35% more a token
-        than a 64-token one, so the floor is ~45 tokens), and adds nothing where a few tokens
-        already run at batch speed (smollm2 on one core: ~10 tokens) or the curve is flat, so it
-        lengthens gaps only where that buys prefill speed. While more sequences wait on their
+        fixed cost is large (llama.cpp 1.5B on two CPU threads: a 16-token call costs ~35% more
+        a token than a 64-token one; the floor is 33 tokens), and little where a few tokens
+        already run near batch speed (smollm2 on one core: 12 tokens) or the curve is flat (one
+        round costs about what the floor does), so it lengthens gaps only where that buys
+        prefill speed. While more sequences wait on their
         prompt than decode, nothing is held back:
         the many first tokens outweigh the few streams' gaps (a closed loop's wave of new
         requests goes in at full speed)."""
