@@ -1,7 +1,8 @@
 """The cluster on a real local Ray cluster (custom resources emulate device kinds): placement
 honours resources, new sequences spread over replicas, kill -9 of a verifier replica or a
 drafter mid-generation loses nothing (greedy output equals an uninterrupted run), dead workers
-restart, and the simulator predicts a real run from a profile."""
+restart, replicas share one Redis n-gram store, and the simulator predicts a real run from a
+profile."""
 
 import os
 import signal
@@ -164,3 +165,50 @@ def test_simulator_predicts_a_real_local_cluster_run(ray_cluster, chat_prompt_id
     comparison = compare_with_measurement(simulated(speed), measured)
     assert 0.75 < speed < 1.35, f"the device ran {speed:.2f}x its profiled time: beyond this machine's drift"
     assert comparison["within_tolerance"], (speed, comparison)
+
+
+def test_replicas_share_one_redis_ngram_store(ray_cluster, requests, tmp_path):
+    """Two replicas in their own Ray processes over one Redis n-gram store (`tandem serve
+    --cluster FILE --cache redis://...`): a request served on one is in the store, and the same
+    request on the other, which never saw it, is drafted from it (greedy output unchanged)."""
+    import shutil
+
+    import redis
+    from redis_support import REDIS_SERVER, RedisProcess, free_port
+
+    if shutil.which(REDIS_SERVER) is None:
+        pytest.skip(f"redis-server not installed (looked for {REDIS_SERVER})")
+    server = RedisProcess(tmp_path, free_port())
+    server.start()
+    replica_args = (None, server.url, "cluster-test")
+    replicas = [Worker(name, "verify", lambda name=name: start_actor("verify", name, TARGET, 4, Emulation(), 0.25, {},
+                                                                     replica_args))
+                for name in ("verify-a", "verify-b")]
+    try:
+        for replica in replicas:
+            replica.launch()
+            assert replica.wait_ready()
+        served = []
+        for replica in replicas:  # one router per replica: the request goes to each in turn
+            router = ClusterRouter([replica], [], "ngram", 4)
+            router.add("q", requests[0])
+            output, accepted = [], 0
+            while router.has_work:
+                for update in router.step()[0]:
+                    output += update.token_ids
+                    accepted += update.accepted
+            router.close()
+            served.append((output, accepted))
+            if not served[1:]:
+                keys = redis.Redis.from_url(server.url).keys(b"tandem:ngram:cluster-test:*")
+                assert keys, "the first replica's request is not in the shared store"
+        (first, accepted_first), (second, accepted_second) = served
+        assert first == second
+        # k = 4: a round accepts at most 4 and adds a bonus token, so a draft followed all the way
+        # accepts 4 of every 5 tokens after the first; allow one round short of that
+        assert accepted_second > accepted_first and accepted_second >= 4 * (len(second) - 1) // 5 - 4
+    finally:
+        for replica in replicas:
+            if replica.endpoint is not None:
+                ray_cluster.kill(replica.endpoint.actor)
+        server.kill()

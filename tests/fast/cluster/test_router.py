@@ -127,7 +127,9 @@ def test_replicas_over_one_ngram_store_draft_from_each_others_outputs(tiny_targe
     first, _, accepted_first = accepted_on_a_fresh_cluster(store)
     second, drafted, accepted_second = accepted_on_a_fresh_cluster(store)
     assert first == second == references[PROMPTS[0]]
-    assert accepted_second >= len(second) - 1 - 4 and accepted_second > accepted_first  # copied from the store
+    # k = 4: a round accepts at most 4 and adds a bonus token, so a draft followed all the way
+    # accepts 4 of every 5 tokens after the first; allow one round short of that
+    assert accepted_second > accepted_first and accepted_second >= 4 * (len(second) - 1) // 5 - 4
 
 
 def test_sequences_spread_over_replicas(tiny_target, tiny_draft):
