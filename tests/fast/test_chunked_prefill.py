@@ -243,7 +243,7 @@ JOINING = tuple(range(1, 90)) * 2  # a prompt joining a stream
 JOINING_PREFILL = len(JOINING) - 1  # its tokens scored as prompt: the last one is its first round's
 
 
-def chunk_sizes(target, cost_points: dict[int, float], joining: int) -> list[list[int]]:
+def chunk_sizes(target, cost_points: dict[int, float], joining: int, prefill_floor: int | None = None) -> list[list[int]]:
     """One stream decoding on a runner with the given cost curve, then `joining` prompts like
     JOINING join, each with its own first token (prompts sharing a prefix would wait for one
     another's prefill): the prompt tokens each step scores for each of them, until the stream
@@ -252,7 +252,7 @@ def chunk_sizes(target, cost_points: dict[int, float], joining: int) -> list[lis
 
     target.cost = CostModel(cost_points)
     target.cost.observe = lambda num_tokens, elapsed_ms: None  # the curve as given, uncorrected
-    engine = BatchEngine(target, None, "none")
+    engine = BatchEngine(target, None, "none", prefill_floor=prefill_floor)
     engine.add("stream", GenerationRequest((5, 6, 7), max_tokens=60))
     engine.step()
     names = [f"long-{i}" for i in range(joining)]
@@ -307,6 +307,29 @@ def test_on_a_linear_curve_no_floor_lengthens_the_gap(tiny_target):
     target = fused_runner(tiny_target, slots=3, context=256)
     sizes = [step[0] for step in chunk_sizes(target, {1: 10.0, 64: 640.0}, joining=1)]
     assert sizes[:3] == [MIN_PREFILL_CHUNK] * 3 and max(sizes) == MIN_PREFILL_CHUNK
+
+
+def test_a_fixed_prefill_floor_rules_over_the_profiles(tiny_target):
+    """`--prefill-floor 48` on the linear curve above (whose own floor is one token): beside one
+    stream a step may cost what 48 tokens alone cost, so the prompt goes in 47 at a time."""
+    from engine_support import fused_runner
+
+    target = fused_runner(tiny_target, slots=3, context=256)
+    sizes = [step[0] for step in chunk_sizes(target, {1: 10.0, 64: 640.0}, joining=1, prefill_floor=48)]
+    assert sizes[:3] == [47] * 3 and max(sizes) == 47
+
+
+def test_the_prefill_floor_option_is_auto_or_a_token_count():
+    import argparse
+
+    from tandem.cli.options import prefill_floor_option
+
+    assert prefill_floor_option("auto") is None and prefill_floor_option("48") == 48
+    for bad in ("0", "5000", "lots", "-3"):
+        with pytest.raises(argparse.ArgumentTypeError, match="auto or a number of tokens"):
+            prefill_floor_option(bad)
+    with pytest.raises(TandemError, match="prefill floor"):
+        batch_engine.check_prefill_floor(0)
 
 
 def test_where_a_round_is_dear_the_stall_bound_rules_over_the_floor(tiny_target):

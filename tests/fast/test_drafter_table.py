@@ -69,7 +69,8 @@ def test_the_default_drafter_is_hybrid_and_an_asked_one_is_kept():
 def _cluster_args(tmp_path, drafter):
     path = tmp_path / "cluster.yaml"
     path.write_text(CLUSTER_WITHOUT_DRAFT_MODEL)
-    return ClusterOptions(load_cluster(str(path))), argparse.Namespace(drafter=drafter, k="auto")
+    return ClusterOptions(load_cluster(str(path))), argparse.Namespace(drafter=drafter, k="auto", step_tokens=512,
+                                                                           prefill_floor=None)
 
 
 @pytest.mark.parametrize("drafter", ["suffix", "ngram", "none"])

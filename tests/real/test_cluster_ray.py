@@ -13,6 +13,7 @@ import pytest
 from tandem.cluster.runtime.actors import start_actor
 from tandem.cluster.runtime.emulation import Emulation
 from tandem.cluster.runtime.pool import Worker
+from tandem.cluster.runtime.replica import ReplicaSettings
 from tandem.cluster.runtime.router import ClusterRouter
 from tandem.engine.request import GenerationRequest
 from tandem.models.backends import RunnerSpec
@@ -180,9 +181,9 @@ def test_replicas_share_one_redis_ngram_store(ray_cluster, requests, tmp_path):
         pytest.skip(f"redis-server not installed (looked for {REDIS_SERVER})")
     server = RedisProcess(tmp_path, free_port())
     server.start()
-    replica_args = (None, server.url, "cluster-test")
+    settings = ReplicaSettings(ngram_store_url=server.url, ngram_namespace="cluster-test")
     replicas = [Worker(name, "verify", lambda name=name: start_actor("verify", name, TARGET, 4, Emulation(), 0.25, {},
-                                                                     replica_args))
+                                                                     settings))
                 for name in ("verify-a", "verify-b")]
     try:
         for replica in replicas:

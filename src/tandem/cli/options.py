@@ -6,7 +6,7 @@ from tandem.errors import TandemError
 from tandem.models.backends import TORCH_RUNNERS, RunnerSpec
 from tandem.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from tandem.speculation.drafters.registry import USES_MODEL, check_drafter, default_drafter, drafter_help
-from tandem.engine.batch_engine import STEP_TOKEN_BUDGET
+from tandem.engine.batch_engine import STEP_TOKEN_BUDGET, check_prefill_floor
 from tandem.engine.build import EngineConfig
 
 
@@ -26,11 +26,27 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--step-tokens", type=int, default=STEP_TOKEN_BUDGET,
                        help=f"most tokens one engine step scores; long prompts are prefilled in chunks "
                        f"(default {STEP_TOKEN_BUDGET})")
+    group.add_argument("--prefill-floor", default=None, type=prefill_floor_option, metavar="auto|N",
+                       help="prompt tokens a step may always score beside decoding streams: auto (default: "
+                       "the fewest within 15%% of a 64-token call's cost a token, read off the target's "
+                       "profile; short inter-token gaps) or a number (e.g. 48: prompts nearer batch "
+                       "speed on a CPU, longer gaps)")
     group.add_argument("--torch-runner", default="fused", choices=TORCH_RUNNERS,
                        help="torch backend: fused (one paged forward for all sequences, default) or serial "
                        "(transformers, one sequence at a time)")
     group.add_argument("--kv-memory", default=None, type=kv_memory_option,
                        help="KV pool size for the fused torch runner, e.g. 2G (default: a quarter of free memory)")
+
+
+def prefill_floor_option(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        tokens = int(text)
+        check_prefill_floor(tokens)
+    except (ValueError, TandemError):
+        raise argparse.ArgumentTypeError(f"must be auto or a number of tokens from 1 to 4096, got {text!r}") from None
+    return tokens
 
 
 def kv_memory_option(text: str) -> int:
@@ -55,4 +71,5 @@ def draft_spec(args: argparse.Namespace) -> RunnerSpec:
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     drafter = check_drafter(args.drafter or default_drafter(has_draft_model=True))  # --draft always names one
     draft = draft_spec(args) if USES_MODEL[drafter] else None
-    return EngineConfig(target_spec(args), draft, drafter, args.k, step_token_budget=args.step_tokens)
+    return EngineConfig(target_spec(args), draft, drafter, args.k, step_token_budget=args.step_tokens,
+                        prefill_floor=args.prefill_floor)

@@ -118,7 +118,8 @@ def cluster_engine_config(cluster, args: argparse.Namespace):
     draft_worker = next((w for w in cluster.spec.workers if w.can_draft and w.drafting_model), None)
     draft = RunnerSpec(draft_worker.drafting_model, draft_worker.backend) if draft_worker else None
     return EngineConfig(RunnerSpec(target.model, target.backend, target.device, target.dtype, target.threads),
-                        draft if USES_MODEL.get(drafter, False) else None, drafter, args.k)
+                        draft if USES_MODEL.get(drafter, False) else None, drafter, args.k,
+                        step_token_budget=args.step_tokens, prefill_floor=args.prefill_floor)
 
 
 def serve_settings(args: argparse.Namespace) -> ServeSettings:

@@ -68,6 +68,12 @@ SHARE_WAIT_TOKENS = MIN_COPY_TOKENS  # a new prompt waits for a running prefill 
 Chunk = tuple[Sequence, int]  # a still-prefilling sequence and how many prompt tokens it scores
 
 
+def check_prefill_floor(tokens: int | None) -> None:
+    """None: read off the profile (`floor_chunk`); else a number of prompt tokens."""
+    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= 4096):
+        raise TandemError(f"the prefill floor must be auto or 1..4096 tokens, got {tokens!r}")
+
+
 def check_step_token_budget(tokens: int) -> None:
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
         raise TandemError(f"the step token budget must be a positive integer, got {tokens!r}")
@@ -77,8 +83,10 @@ class BatchEngine(SequencePool):
     def __init__(self, target: BatchRunner, draft: BatchRunner | None = None, drafter: str = "hybrid",
                  depth: "Depth | str | int" = Auto(), ngram_store=None, max_running: int | None = None,
                  drafters: dict[str, Drafter] | None = None, step_token_budget: int = STEP_TOKEN_BUDGET,
-                 host_cache: HostPromptCache | None = None, disk_cache: DiskPromptCache | None = None):
+                 host_cache: HostPromptCache | None = None, disk_cache: DiskPromptCache | None = None,
+                 prefill_floor: int | None = None):
         check_step_token_budget(step_token_budget)
+        check_prefill_floor(prefill_floor)
         self.draft_model = LocalDraftModel(draft) if draft is not None else None
         super().__init__(drafters or build_drafters(self.draft_model, ngram_store), ngram_store)
         self.target = target
@@ -88,6 +96,7 @@ class BatchEngine(SequencePool):
         self.max_running = min(max_running or target.max_slots, target.max_slots)
         self.context_length = target.context_length
         self.step_token_budget = step_token_budget
+        self.prefill_floor = prefill_floor  # None: floor_chunk of the target's profile
         self.planner = BatchDepthPlanner(target, draft)
         self.prompt_cache = PromptCache(target, draft, host_cache, disk_cache)
         self.slots = self.prompt_cache.slots
@@ -248,7 +257,7 @@ class BatchEngine(SequencePool):
         if not decoding or not self.target.fused or prefilling > len(decoding):
             return self.step_token_budget
         rounds = sum(self._round_bound(seq) for seq in decoding)
-        return held_back_budget(self.target.cost, rounds, self.step_token_budget)
+        return held_back_budget(self.target.cost, rounds, self.step_token_budget, self.prefill_floor)
 
     def _split(self, budget: int) -> tuple[list[Sequence], list[Sequence]]:
         """The running sequences that verify a round this step and those still prefilling, both
@@ -399,12 +408,14 @@ def _round_tokens(rounds: list[Sequence], drafts: list[SequenceDraft]) -> int:
     return sum(len(seq.unprefilled) + 1 + len(d.token_ids) for seq, d in zip(rounds, drafts))
 
 
-def held_back_budget(cost: CostModel, rounds: int, budget: int) -> int:
+def held_back_budget(cost: CostModel, rounds: int, budget: int, floor: int | None = None) -> int:
     """Tokens a step beside decoding rounds (`rounds` tokens) may score: as many as cost no more
     than STALL_FACTOR times the rounds alone or the floor chunk alone, whichever is more, and
-    at least the rounds plus MIN_PREFILL_CHUNK (all within `budget`). The floor is read off the
-    profile, not the learned corrections: those follow the contexts served, not the kernels."""
-    limit = max(STALL_FACTOR * cost.cost_ms(rounds), cost.cost_ms(floor_chunk(cost.profiled_ms)))
+    at least the rounds plus MIN_PREFILL_CHUNK (all within `budget`). The floor (None) is read
+    off the profile, not the learned corrections: those follow the contexts served, not the
+    kernels; `--prefill-floor N` fixes it."""
+    floor = floor_chunk(cost.profiled_ms) if floor is None else floor
+    limit = max(STALL_FACTOR * cost.cost_ms(rounds), cost.cost_ms(floor))
     fits = _largest_within(cost.cost_ms, limit, rounds, budget)
     return max(fits, min(rounds + MIN_PREFILL_CHUNK, budget))
 

@@ -7,7 +7,7 @@ tokenizer checked) and the batching engine over them.
 import sys
 from dataclasses import dataclass
 
-from tandem.engine.batch_engine import STEP_TOKEN_BUDGET, BatchEngine, check_step_token_budget
+from tandem.engine.batch_engine import STEP_TOKEN_BUDGET, BatchEngine, check_prefill_floor, check_step_token_budget
 from tandem.engine.disk_cache import DiskPromptCache, default_cache_disk_bytes
 from tandem.engine.host_cache import HostPromptCache, default_cache_ram_bytes
 from tandem.errors import TandemError
@@ -38,10 +38,12 @@ class EngineConfig:
     drafter: str = "hybrid"
     k: Depth = Auto()  # "auto" or an int are parsed on creation
     step_token_budget: int = STEP_TOKEN_BUDGET  # rounds first, prompt chunks fill the rest
+    prefill_floor: int | None = None  # prompt tokens a step may always score beside streams (None: from the profile)
 
     def __post_init__(self):
         object.__setattr__(self, "k", parse_depth(self.k))
         check_step_token_budget(self.step_token_budget)
+        check_prefill_floor(self.prefill_floor)
         check_drafter(self.drafter, has_draft_model=self.draft is not None)
 
     @property
@@ -75,7 +77,7 @@ def build_engine(config: EngineConfig, max_running: int = DEFAULT_MAX_RUNNING, n
         disk_cache = DiskPromptCache(cache_dir, capacity, disk_model_key(config, draft is not None))
     return BatchEngine(target, draft, config.drafter, config.k, ngram_store, max_running,
                        step_token_budget=config.step_token_budget, host_cache=host_cache,
-                       disk_cache=disk_cache)
+                       disk_cache=disk_cache, prefill_floor=config.prefill_floor)
 
 
 def disk_model_key(config: EngineConfig, with_draft: bool) -> str:

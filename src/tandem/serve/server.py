@@ -107,10 +107,13 @@ def _engine(config: EngineConfig, settings: ServeSettings, ngram_store, cluster,
                             cache_ram_bytes=settings.cache_ram_bytes, cache_dir=settings.cache_dir,
                             cache_disk_bytes=settings.cache_disk_bytes)
     from tandem.cluster.runtime.launch import launch_cluster
+    from tandem.cluster.runtime.replica import ReplicaSettings
 
+    replica = ReplicaSettings(ngram_store_url=None if settings.cache_url == CACHE_OFF else settings.cache_url,
+                              ngram_namespace=model_name, step_token_budget=config.step_token_budget,
+                              prefill_floor=config.prefill_floor)
     return launch_cluster(cluster.spec, config.drafter, config.k, cluster.ray_address, settings.max_running,
-                          cluster.health_period_s, cluster.draft_ahead,
-                          None if settings.cache_url == CACHE_OFF else settings.cache_url, model_name)
+                          cluster.health_period_s, cluster.draft_ahead, replica)
 
 
 def close_state(state: ServerState) -> None:

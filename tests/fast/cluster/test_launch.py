@@ -43,23 +43,28 @@ def test_replicas_share_one_process_default_host_cache_unless_the_file_sizes_it(
 
 
 def test_a_replica_host_sizes_its_host_tier_and_opens_its_ngram_store_as_told(tiny_target):
-    """What launch hands a replica's actor: its host tier's capacity, the n-gram store's URL
-    (the plain class, no Ray)."""
+    """What launch hands a replica's actor: its host tier's capacity, the n-gram store's URL,
+    `tandem serve`'s step budget and prefill floor (the plain class, no Ray)."""
     from tandem.cluster.runtime.actors import ReplicaHost
     from tandem.cluster.runtime.emulation import Emulation
     from tandem.models.backends import RunnerSpec
 
-    host = ReplicaHost(RunnerSpec(str(tiny_target), backend="torch", context_length=256), 2, Emulation(), 3 << 20,
-                       "memory", "tiny")
+    from tandem.cluster.runtime.replica import ReplicaSettings
+
+    settings = ReplicaSettings(3 << 20, "memory", "tiny", step_token_budget=100, prefill_floor=24)
+    host = ReplicaHost(RunnerSpec(str(tiny_target), backend="torch", context_length=256), 2, Emulation(), settings)
     try:
-        assert host.worker.engine.prompt_cache.host.capacity_bytes == 3 << 20
-        assert host.worker.engine.ngram_store is not None  # its own in-process n-gram store
+        engine = host.worker.engine
+        assert engine.prompt_cache.host.capacity_bytes == 3 << 20
+        assert engine.ngram_store is not None  # its own in-process n-gram store
+        assert (engine.step_token_budget, engine.prefill_floor) == (100, 24)
     finally:
         host.worker.close()
 
 
 def serve_args(**overrides) -> argparse.Namespace:
-    values = dict(cluster=None, ray_address=None, draft_ahead=False, drafter="hybrid", k="auto", health_period=None)
+    values = dict(cluster=None, ray_address=None, draft_ahead=False, drafter="hybrid", k="auto", health_period=None,
+                  step_tokens=512, prefill_floor=None)
     values.update(overrides)
     return argparse.Namespace(**values)
 
@@ -72,6 +77,8 @@ def test_serve_cluster_serves_the_first_verifiers_model():
     assert config.target.model == "qwen2.5-coder-1.5b-instruct"
     assert config.draft.model == "qwen2.5-coder-0.5b-instruct" and config.drafter == "hybrid"
     assert options.health_period_s == 2.0
+    fixed = cluster_engine_config(options, serve_args(cluster=CROSS_REGION, step_tokens=256, prefill_floor=48))
+    assert (fixed.step_token_budget, fixed.prefill_floor) == (256, 48)  # handed on to the replicas
 
 
 def test_the_health_period_is_read_and_checked():

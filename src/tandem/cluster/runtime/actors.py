@@ -6,7 +6,7 @@ pings come in); a drafter's one at a time."""
 from tandem.cluster.runtime.drafter_worker import DrafterWorker
 from tandem.cluster.runtime.emulation import Emulation
 from tandem.cluster.runtime.endpoints import RayEndpoint
-from tandem.cluster.runtime.replica import ReplicaEngine
+from tandem.cluster.runtime.replica import ReplicaEngine, ReplicaSettings
 from tandem.models.backends import RunnerSpec
 
 REPLICA_CONCURRENCY = 8  # calls a replica's actor serves at once
@@ -28,15 +28,16 @@ def _with_placement(info: dict) -> dict:
 
 
 class ReplicaHost:
-    def __init__(self, spec: RunnerSpec, slots: int, emulation: Emulation, cache_ram_bytes: int | None = None,
-                 ngram_store_url: str | None = None, ngram_namespace: str = "default"):
+    def __init__(self, spec: RunnerSpec, slots: int, emulation: Emulation, settings: ReplicaSettings = ReplicaSettings()):
         from tandem.engine.build import host_cache_for
         from tandem.speculation.shared_store.store import open_ngram_store
 
         runner = _runner(spec, slots)
-        store = open_ngram_store(ngram_store_url, namespace=ngram_namespace)
+        store = open_ngram_store(settings.ngram_store_url, namespace=settings.ngram_namespace)
         self.worker = ReplicaEngine(runner, emulation, max_running=slots,
-                                    host_cache=host_cache_for(runner, None, cache_ram_bytes), ngram_store=store)
+                                    step_token_budget=settings.step_token_budget,
+                                    host_cache=host_cache_for(runner, None, settings.cache_ram_bytes),
+                                    ngram_store=store, prefill_floor=settings.prefill_floor)
 
     def info(self):
         return _with_placement(self.worker.info())
@@ -84,10 +85,10 @@ HOSTS = {"verify": ReplicaHost, "draft": DrafterHost}
 
 
 def start_actor(role: str, name: str, spec: RunnerSpec, slots: int, emulation: Emulation,
-                num_cpus: float, resources: dict[str, float], replica_args: tuple = ()) -> RayEndpoint:
-    """Create the actor where Ray finds `num_cpus` and the custom `resources` free; a replica's
-    actor also gets `replica_args` (ReplicaHost's: its host tier's bytes, the n-gram store's URL
-    and namespace)."""
+                num_cpus: float, resources: dict[str, float],
+                settings: ReplicaSettings = ReplicaSettings()) -> RayEndpoint:
+    """Create the actor where Ray finds `num_cpus` and the custom `resources` free (a replica's
+    with `settings`)."""
     import ray
 
     custom = dict(resources)
@@ -95,5 +96,5 @@ def start_actor(role: str, name: str, spec: RunnerSpec, slots: int, emulation: E
     actor_class = ray.remote(HOSTS[role])
     actor = actor_class.options(num_cpus=num_cpus, num_gpus=num_gpus, resources=custom or None,
                                 max_restarts=0, max_concurrency=REPLICA_CONCURRENCY if role == "verify" else 1,
-                                ).remote(spec, slots, emulation, *(replica_args if role == "verify" else ()))
+                                ).remote(spec, slots, emulation, *((settings,) if role == "verify" else ()))
     return RayEndpoint(name, actor)

@@ -13,13 +13,14 @@ gives latencies).
 """
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tandem.cluster.runtime.actors import start_actor
 from tandem.cluster.config.cluster_spec import ClusterSpec, WorkerSpec
 from tandem.cluster.runtime.health import DEFAULT_PERIOD_S, check_period
 from tandem.cluster.runtime.emulation import Emulation
 from tandem.cluster.runtime.pool import Worker
+from tandem.cluster.runtime.replica import ReplicaSettings
 from tandem.cluster.runtime.router import ClusterRouter
 from tandem.engine.host_cache import default_cache_ram_bytes
 from tandem.errors import TandemError
@@ -69,11 +70,9 @@ def start_ray(spec: ClusterSpec, address: str | None = None) -> None:
              log_to_driver=False)
 
 
-def build_workers(spec: ClusterSpec, ngram_store_url: str | None = None,
-                  ngram_namespace: str = "default") -> tuple[list[Worker], list[Worker]]:
-    """Every replica of every worker, launched and ready. Verifier replicas open the n-gram
-    store at `ngram_store_url` (None or "memory": each its own, in process; a Redis URL: one
-    shared by all, under `ngram_namespace`)."""
+def build_workers(spec: ClusterSpec, settings: ReplicaSettings = ReplicaSettings()) -> tuple[list[Worker], list[Worker]]:
+    """Every replica of every worker, launched and ready; verifier replicas with `settings`, their
+    host tier sized by the file (`replica_cache_ram`)."""
     home = router_group(spec)
     verifiers, drafters = [], []
     cache_ram = replica_cache_ram(spec)
@@ -84,8 +83,7 @@ def build_workers(spec: ClusterSpec, ngram_store_url: str | None = None,
                 name = f"{worker.name}-{role.role}-{replica}"
                 pool = verifiers if role.role == "verify" else drafters
                 rtt_ms = rtt if role.role == "verify" else 0.0  # drafters are called by replicas (links)
-                replica_args = (cache_ram[worker.name], ngram_store_url, ngram_namespace)
-                start = _starter(worker, role, name, rtt_ms, replica_args)
+                start = _starter(worker, role, name, rtt_ms, replace(settings, cache_ram_bytes=cache_ram[worker.name]))
                 pool.append(Worker(name, role.role, start, rtt_ms=rtt_ms, group=worker.group))
     for w in verifiers + drafters:
         w.launch()  # all actors load their models concurrently
@@ -105,12 +103,12 @@ def replica_cache_ram(spec: ClusterSpec) -> dict[str, int]:
     return {w.name: share if w.cache_ram is None else w.cache_ram for w in spec.workers}
 
 
-def _starter(worker: WorkerSpec, role: Role, name: str, rtt_ms: float, replica_args: tuple):
+def _starter(worker: WorkerSpec, role: Role, name: str, rtt_ms: float, settings: ReplicaSettings):
     runner = RunnerSpec(role.model, worker.backend, worker.device, worker.dtype, worker.threads)
     emulation = Emulation(worker.slowdown, rtt_ms)
     resources = dict(worker.ray_resources)
     num_cpus = resources.pop("CPU", 0.0)
-    return lambda: start_actor(role.role, name, runner, role.slots, emulation, num_cpus, resources, replica_args)
+    return lambda: start_actor(role.role, name, runner, role.slots, emulation, num_cpus, resources, settings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,13 +132,12 @@ class ClusterOptions:
 
 def launch_cluster(spec: ClusterSpec, drafter: str, k: int | str, ray_address: str | None = None,
                    max_running: int | None = None, health_period_s: float = DEFAULT_PERIOD_S,
-                   draft_ahead: bool = False, ngram_store_url: str | None = None,
-                   ngram_namespace: str = "default") -> ClusterRouter:
+                   draft_ahead: bool = False, settings: ReplicaSettings = ReplicaSettings()) -> ClusterRouter:
     check_period(health_period_s)
     check_drafter(drafter, any(w.can_draft and w.drafting_model for w in spec.workers),
                   how_to_add="the cluster file has no worker with a draft_model")
     start_ray(spec, ray_address)
-    verifiers, drafters = build_workers(spec, ngram_store_url, ngram_namespace)
+    verifiers, drafters = build_workers(spec, settings)
     if not verifiers:
         raise TandemError("the cluster has no verifier")
     router = ClusterRouter(verifiers, drafters, drafter, k, max_running, health_period_s, spec.network.rtt_ms,

@@ -73,17 +73,31 @@ class ReplicaNews:
     cost_ms: dict
 
 
+@dataclass(frozen=True, slots=True)
+class ReplicaSettings:
+    """What a verifier replica is built with beside its runner: from the cluster file (its
+    worker's `cache_ram`) and `tandem serve`'s options (`--cache`, `--step-tokens`,
+    `--prefill-floor`)."""
+
+    cache_ram_bytes: int | None = None  # its prompt cache's host tier (None: the process default)
+    ngram_store_url: str | None = None  # None or "memory": its own n-gram store; redis://...: shared
+    ngram_namespace: str = "default"  # the store's namespace (one per vocabulary)
+    step_token_budget: int = STEP_TOKEN_BUDGET
+    prefill_floor: int | None = None  # None: read off the target's profile
+
+
 class ReplicaEngine:
     def __init__(self, runner: BatchRunner, emulation: Emulation = Emulation(), drafter: str = "hybrid",
                  depth: "Depth | str | int" = Auto(), max_running: int | None = None,
                  step_token_budget: int = STEP_TOKEN_BUDGET, host_cache: HostPromptCache | None = None,
-                 ngram_store=None):
+                 ngram_store=None, prefill_floor: int | None = None):
         self.runner = SlowedRunner.around(runner, emulation.slowdown)
         self.emulation = emulation
         self.remote = RemoteDraftModel([])
         self.engine = BatchEngine(self.runner, None, drafter, depth, ngram_store, max_running,
                                   drafters=build_drafters(self.remote, ngram_store),
-                                  step_token_budget=step_token_budget, host_cache=host_cache)
+                                  step_token_budget=step_token_budget, host_cache=host_cache,
+                                  prefill_floor=prefill_floor)
         self._news = threading.Condition()
         self._updates: list[SequenceUpdate] = []
         self._reports: list[StepReport] = []
