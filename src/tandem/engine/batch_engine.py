@@ -5,9 +5,9 @@ Requests join and leave the running batch at every step. A step's target forward
 `step_token_budget` tokens (chunked prefill), and on a fused runner, while streams decode and
 prompts do not outnumber them, no more than costs STALL_FACTOR times their rounds alone or the
 floor chunk alone (the smallest call near the device's batch speed), whichever is more (read off
-the measured cost curve): the decoding
-sequences' rounds come first, and prompts are scored in chunks, oldest first, in what they
-leave, so a long prompt joining does not stall the running streams. A step
+the measured cost curve): the decoding sequences' rounds come first, and prompts are scored in
+chunks, oldest first, in what they leave, so a long prompt joining does not stall the running
+streams. A step
 1. admits waiting requests into free slots, reusing the longest cached prompt prefix: in a
    running or a resident finished sequence's slot (copied where the runner shares cells), or
    restored from the host or disk tier (engine/host_cache.py, disk_cache.py); what their slot
@@ -248,10 +248,9 @@ class BatchEngine(SequencePool):
         a token than a 64-token one; the floor is 33 tokens), and little where a few tokens
         already run near batch speed (smollm2 on one core: 12 tokens) or the curve is flat (one
         round costs about what the floor does), so it lengthens gaps only where that buys
-        prefill speed. While more sequences wait on their
-        prompt than decode, nothing is held back:
-        the many first tokens outweigh the few streams' gaps (a closed loop's wave of new
-        requests goes in at full speed)."""
+        prefill speed (`--prefill-floor N` fixes it). While more sequences wait on their prompt
+        than decode, nothing is held back: the many first tokens outweigh the few streams' gaps
+        (a closed loop's wave of new requests goes in at full speed)."""
         decoding = [seq for seq in self.running.values() if not seq.unprefilled]
         prefilling = len(self.running) - len(decoding)
         if not decoding or not self.target.fused or prefilling > len(decoding):

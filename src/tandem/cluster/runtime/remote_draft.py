@@ -30,6 +30,7 @@ from tandem.engine.sequence import Sequence
 from tandem.models.cost import CostView, catch_up_ms
 from tandem.speculation.drafters.base import DraftJob, SequenceDraft
 
+
 class RemoteDraftModel:
     def __init__(self, drafters: list[Worker]):
         self.drafters = drafters
@@ -145,7 +146,6 @@ class RemoteDraftModel:
         base = self.drafter_length.get(seq.seq_id, 0)
         seed = zlib.crc32(f"{seq.request.sampling.seed}/{seq.seq_id}/{len(seq.tokens)}{tag}".encode())
         return DraftItem(seq.seq_id, base, (*seq.tokens[base:], *extra), k, seq.request.sampling, seed)
-
 
     # -- drafting ahead -------------------------------------------------------------------------
 
