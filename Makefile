@@ -5,9 +5,9 @@
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
-# llama.cpp built for this CPU's vector units (AVX2, and AVX-512 where present), never AMX and never
-# -march=native: a native build on CPUs with AMX segfaults on every multi-token llama_decode inside
-# VMs (scripts/llama-cmake-args.py). A venv built on another CPU is rebuilt when the flags differ.
+# llama.cpp built for this CPU's vector units (AVX2, and AVX-512 and AMX where present), never
+# -march=native (scripts/llama-cmake-args.py: with AMX under GCC 12 it adds the flag without which
+# the tile kernels die on SIGILL). A venv built on another CPU is rebuilt when the flags differ.
 # `make install LLAMA_CMAKE_ARGS="$$(scripts/llama-cmake-args.py --generic)"`: an AVX2 build for any x86-64.
 LLAMA_CMAKE_ARGS ?= $(shell $(PYTHON) scripts/llama-cmake-args.py)
 LLAMA_VERSION := 0.3.36

@@ -2,8 +2,8 @@
 # Builds llama.cpp's own C++ llama-server and llama-bench (the peer for the default llama.cpp path)
 # into a cache outside git: $TANDEM_PEERS (default ~/.cache/tandem-peers). About 15 minutes on 2
 # cores. Bench tooling only: `make test` never needs it. Prints the llama-server path at the end.
-# Built with this CPU's best flags that run (scripts/llama-cmake-args.py: AVX-512 where present,
-# never AMX), the same as the Makefile's llama-cpp-python build; a build made with other flags (a
+# Built with this CPU's best flags that run (scripts/llama-cmake-args.py: AVX-512 and AMX where
+# present), the same as the Makefile's llama-cpp-python build; a build made with other flags (a
 # cache carried from another CPU) is rebuilt.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"

@@ -1,5 +1,6 @@
-"""scripts/llama-cmake-args.py: llama.cpp's CPU flags chosen from /proc/cpuinfo, AVX-512 where the
-CPU has it, AMX never (a native build with AMX segfaults in the VMs we run on)."""
+"""scripts/llama-cmake-args.py: llama.cpp's CPU flags chosen from /proc/cpuinfo, AVX-512 and AMX
+where the CPU has them, and with AMX under GCC the flag that keeps the tile configuration's stores
+(GCC 12 drops them and the first tile instruction raises SIGILL)."""
 
 import importlib.util
 from pathlib import Path
@@ -14,18 +15,31 @@ SAPPHIRE_RAPIDS = EPYC | {"avx_vnni", "avx512f", "avx512bw", "avx512dq", "avx512
                           "avx512vbmi", "amx_tile", "amx_int8", "amx_bf16"}
 
 
-def options(cpu_flags) -> dict[str, str]:
-    args = llama_cmake_args.cmake_args(cpu_flags)
-    return dict(arg.removeprefix("-D").split("=") for arg in args)
+def options(cpu_flags, compiler_is_gcc=True) -> dict[str, str]:
+    args = llama_cmake_args.cmake_args(cpu_flags, compiler_is_gcc)
+    return dict(arg.removeprefix("-D").split("=", 1) for arg in args)
 
 
-def test_avx512_is_used_where_present_and_amx_never():
+def test_avx512_and_amx_are_used_where_present():
     chosen = options(SAPPHIRE_RAPIDS)
     for option in ("GGML_AVX2", "GGML_AVX512", "GGML_AVX512_VNNI", "GGML_AVX512_BF16", "GGML_AVX512_VBMI",
-                   "GGML_AVX_VNNI"):
+                   "GGML_AVX_VNNI", "GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16"):
         assert chosen[option] == "ON", option
     assert chosen["GGML_NATIVE"] == "OFF"
-    assert {chosen[o] for o in ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")} == {"OFF"}
+
+
+def test_amx_under_gcc_keeps_the_tile_configuration_stores():
+    assert options(SAPPHIRE_RAPIDS)["CMAKE_CXX_FLAGS"] == "-fno-dse"
+    assert "CMAKE_CXX_FLAGS" not in options(SAPPHIRE_RAPIDS, compiler_is_gcc=False)
+    assert "CMAKE_CXX_FLAGS" not in options(EPYC)  # nothing changes where AMX is off
+
+
+def test_amx_needs_avx512_vnni_and_int8_tiles():
+    """ggml's AMX kernels are built only beside AVX-512 VNNI; tiles without int8 are no use to Q4."""
+    for missing in ("amx_int8", "avx512_vnni", "avx512f"):
+        chosen = options(SAPPHIRE_RAPIDS - {missing})
+        assert {chosen[o] for o in ("GGML_AMX_TILE", "GGML_AMX_INT8", "GGML_AMX_BF16")} == {"OFF"}, missing
+        assert "CMAKE_CXX_FLAGS" not in chosen
 
 
 def test_avx2_only_cpu_gets_no_avx512():
