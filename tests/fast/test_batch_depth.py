@@ -190,3 +190,17 @@ def test_a_reliable_copy_drafts_past_the_model_depth_limit_where_verification_is
     [model_k] = plan_ks(p, [DraftCandidate("model", 64, True)])
     assert copy_k > 16 and model_k == 16
     assert p.expected_accepted(DraftCandidate("follow3", 64, False)) > p.expected_accepted(DraftCandidate("model", 64, True))
+
+
+def test_a_copy_that_rarely_breaks_is_priced_for_full_rounds():
+    """Rounds of 63 copied tokens, one in ten broken after 20: the estimate says ~0.998, not the
+    old cap of 0.99, and on the 1.5B's AMX profile (64 tokens cost 1.9x 32) the planner drafts
+    the whole 63 (at 0.99 it stopped near 32)."""
+    estimate = AcceptanceEstimate.for_source("follow3")
+    for round_ in range(60):
+        estimate.update(63, 20 if round_ % 10 == 9 else 63)
+    assert estimate.rate > 0.995
+    p = planner({1: 84.0, 2: 137.0, 4: 151.0, 8: 178.0, 16: 214.0, 24: 272.0, 32: 301.0, 48: 501.0,
+                 63: 591.0, 64: 562.0})
+    p.estimates["follow3"] = estimate
+    assert plan_ks(p, [DraftCandidate("follow3", 63, False)]) == [63]
