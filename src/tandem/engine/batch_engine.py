@@ -58,8 +58,8 @@ from tandem.token_ids import common_prefix
 STEP_TOKEN_BUDGET = 512  # tokens one step's target forward scores: rounds first, prompt chunks after
 MIN_PREFILL_CHUNK = 16  # prompt tokens the oldest prompt still gets when the rounds fill the budget
 STALL_FACTOR = 3.0  # a step with prompt chunks costs at most this many times the decoding rounds alone,
-FULL_SPEED_CHUNK = 64  # a call this size runs at the device's batch speed, near enough (the largest profiled)
-FLOOR_SLACK = 1.15  # or what the floor chunk costs: the smallest call within this of FULL_SPEED_CHUNK's cost a token
+FULL_SPEED_CHUNK = 64  # calls up to this size set the device's batch speed (the largest profiled)
+FLOOR_SLACK = 1.15  # or what the floor chunk costs: the smallest call within this of the batch speed's cost a token
 KV_HEADROOM_TOKENS = 64  # per running sequence, for drafts being verified
 CATCH_UP_SHARE = 1.0  # beside other streams, a step's draft catch-up costs at most this share of its target call
 MIN_CATCH_UP = 8  # prompt tokens the draft model may always catch up on in a step
@@ -420,10 +420,14 @@ def held_back_budget(cost: CostModel, rounds: int, budget: int, floor: int | Non
 
 
 def floor_chunk(cost_ms) -> int:
-    """The fewest tokens a call may score at a cost a token within FLOOR_SLACK of a
-    FULL_SPEED_CHUNK-token call's (FULL_SPEED_CHUNK where none fewer does)."""
-    full_speed_ms = FLOOR_SLACK * cost_ms(FULL_SPEED_CHUNK) / FULL_SPEED_CHUNK
-    return next((n for n in range(1, FULL_SPEED_CHUNK) if cost_ms(n) <= full_speed_ms * n), FULL_SPEED_CHUNK)
+    """The fewest tokens a call may score at a cost a token within FLOOR_SLACK of the cheapest
+    call below FULL_SPEED_CHUNK tokens (FULL_SPEED_CHUNK where none fewer does). Not of the
+    FULL_SPEED_CHUNK-token call itself: llama.cpp's CPU flash attention scores 64 positions as
+    one tile, and where its matrix products are cheap (AMX) that call dips ~15% below every
+    smaller one, which put smollm2's floor at the whole 64 (16 tokens were 20% dearer a token)."""
+    batch_speed_ms = min(cost_ms(n) / n for n in range(1, FULL_SPEED_CHUNK))
+    return next((n for n in range(1, FULL_SPEED_CHUNK) if cost_ms(n) <= FLOOR_SLACK * batch_speed_ms * n),
+                FULL_SPEED_CHUNK)
 
 
 def _largest_within(cost_ms, limit_ms: float, low: int, high: int) -> int:
