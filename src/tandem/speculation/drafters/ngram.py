@@ -14,7 +14,10 @@ of looking up the tail again, which in repetitive text (keys of a config, simila
 code) may jump to another place. After the answer departs from its source (an edit), the
 lookup re-aligns as soon as its tail matches again, preferring among equally long matches the
 one nearest after the old source position: an edited file rejoins its original just past the
-edit.
+edit. Where the answer has twice rejoined after writing the same short span of its own in place
+of the source's (a rename), the copy proposes that replacement wherever the source holds the
+original further on (speculation/substitutions.py), so a renamed identifier breaks the copy
+twice, not at every occurrence.
 """
 
 from dataclasses import dataclass
@@ -24,6 +27,7 @@ import numpy as np
 
 from tandem.speculation.batch_depth import DraftCandidate
 from tandem.speculation.drafters.base import NO_OFFER, DraftJob, DraftOffer, SequenceDraft, copy_drafts
+from tandem.speculation.substitutions import MAX_SPAN, Substitution, Substitutions, learn
 
 SHARED_MIN_NGRAM = 3  # shorter matches in the shared store are too often coincidences
 FOLLOW_BUCKETS = (8, 32, 128)  # tokens an alignment has had accepted: follow0 below 8, follow1 below 32, ...
@@ -32,36 +36,68 @@ FOLLOW_BUCKETS = (8, 32, 128)  # tokens an alignment has had accepted: follow0 b
 @dataclass(frozen=True, slots=True)
 class Follow:
     """Where a sequence's copy comes from: tokens[position] is what the source says comes after
-    tokens[:length]; `run`: tokens emitted along this alignment so far."""
+    tokens[:length] (or, while `pending` holds the rest of a substitution's replacement, those
+    first); `run`: tokens emitted along this alignment so far."""
 
     length: int
     position: int
     run: int
+    pending: tuple[int, ...] = ()
+    applying: Substitution | None = None  # the substitution `pending` is the rest of
+
+
+@dataclass(frozen=True, slots=True)
+class Departure:
+    """Where an answer left its copy: the source position it left (the start of the original
+    where it left inside a substitution's replacement), the answer's length then, and that
+    substitution, if any (the answer did not follow it)."""
+
+    position: int
+    at: int
+    broken: Substitution | None = None
 
 
 def follow_source(run: int) -> str:
     return f"follow{sum(run >= edge for edge in FOLLOW_BUCKETS)}"
 
 
-def agreed(follow: Follow, tokens: Sequence[int]) -> int:
-    """How many of the tokens emitted since `follow` was made are what its source says."""
-    count = 0
-    while (follow.length + count < len(tokens) and follow.position + count < len(tokens)
-           and tokens[follow.length + count] == tokens[follow.position + count]):
-        count += 1
-    return count
+def advance(follow: Follow, tokens: Sequence[int], substitutions: Substitutions | None = None) -> Follow | Departure:
+    """The alignment after the tokens emitted since it was made, where they are what its source
+    (with the substitutions applied) said; else where they departed from it."""
+    if len(tokens) < follow.length:
+        return Departure(follow.position, len(tokens))
+    position, pending, applying = follow.position, list(follow.pending), follow.applying
+    for n in range(follow.length, len(tokens)):
+        if not pending:
+            applying = substitutions.at(tokens, position, n) if substitutions else None
+            if applying is not None:
+                pending, position = list(applying.replacement), position + len(applying.original)
+            elif position < n and tokens[position] == tokens[n]:
+                position += 1
+                continue
+            else:
+                return Departure(position, n)
+        if pending[0] != tokens[n]:
+            return Departure(position - len(applying.original), n, applying)
+        pending.pop(0)
+    if position >= len(tokens):
+        return Departure(position, len(tokens))
+    return Follow(len(tokens), position, follow.run + len(tokens) - follow.length, tuple(pending),
+                  applying if pending else None)
 
 
-def advance(follow: Follow | None, tokens: Sequence[int]) -> Follow | None:
-    """The alignment after the tokens emitted since it was made, if they are what its source
-    said (None where they departed from it)."""
-    if follow is None:
-        return None
-    grown = len(tokens) - follow.length
-    end = follow.position + grown
-    if grown < 0 or end >= len(tokens) or agreed(follow, tokens) < grown:
-        return None
-    return Follow(len(tokens), end, follow.run + grown)
+def copy_ahead(follow: Follow, tokens: Sequence[int], substitutions: Substitutions | None, limit: int) -> list[int]:
+    """Up to `limit` tokens the source says come next, the substitutions applied."""
+    ahead, position = list(follow.pending[:limit]), follow.position
+    while len(ahead) < limit and position < len(tokens):
+        found = substitutions.at(tokens, position, len(tokens)) if substitutions else None
+        if found is not None:
+            ahead.extend(found.replacement)
+            position += len(found.original)
+        else:
+            ahead.append(tokens[position])
+            position += 1
+    return ahead[:limit]
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,27 +156,50 @@ class NgramDrafter:
         self.max_ngram = max_ngram
         self.store = store  # shared n-gram store, or None
         self.follows: dict[str, Follow] = {}  # seq_id -> where its copy comes from
-        self.departed: dict[str, int] = {}  # seq_id -> the source position its copy departed from
+        self.departed: dict[str, Departure] = {}  # seq_id -> where its copy last departed from its source
+        self.unjoined: dict[str, Departure] = {}  # the same, until a lookup rejoins a source
+        self.substitutions: dict[str, Substitutions] = {}  # seq_id -> what its answer writes for what
 
     def offer(self, seq, limit: int) -> DraftOffer:
         tokens = seq.tokens
+        substitutions = self.substitutions.get(seq.seq_id)
         previous = self.follows.pop(seq.seq_id, None)
-        follow = advance(previous, tokens)
-        if follow is not None and follow.run > 0:
-            self.follows[seq.seq_id] = follow
-            return _copy_offer(follow_source(follow.run), list(tokens[follow.position: follow.position + limit]), seq)
-        if previous is not None and follow is None:
-            self.departed[seq.seq_id] = previous.position + agreed(previous, tokens)  # where it left
-        found = _ngram_match_end(tokens, self.min_ngram, self.max_ngram, self.departed.get(seq.seq_id))
+        moved = None if previous is None else advance(previous, tokens, substitutions)
+        if isinstance(moved, Follow) and moved.run > 0:
+            self.follows[seq.seq_id] = moved
+            return _copy_offer(follow_source(moved.run), copy_ahead(moved, tokens, substitutions, limit), seq)
+        if isinstance(moved, Departure):
+            if moved.broken is not None:
+                after = moved.position + len(moved.broken.original)
+                substitutions.broken(moved.broken, tokens[after] if after < len(tokens) else None)
+            self.departed[seq.seq_id] = self.unjoined[seq.seq_id] = moved
+        departed = self.departed.get(seq.seq_id)
+        found = _ngram_match_end(tokens, self.min_ngram, self.max_ngram, None if departed is None else departed.position)
         if found is not None and found[1] + 1 < len(tokens):
             length, end = found
-            self.follows[seq.seq_id] = Follow(len(tokens), end + 1, 0)
-            return _copy_offer(f"ngram{length}", list(tokens[end + 1: end + 1 + limit]), seq)
+            follow = Follow(len(tokens), end + 1, 0)
+            unjoined = self.unjoined.pop(seq.seq_id, None)
+            if unjoined is not None:
+                self._learn(seq.seq_id, unjoined, follow, length, tokens)
+            substitutions = self.substitutions.get(seq.seq_id)
+            self.follows[seq.seq_id] = follow
+            return _copy_offer(f"ngram{length}", copy_ahead(follow, tokens, substitutions, limit), seq)
         if self.store is not None:
             length, continuation = self.store.continuation(seq.tokens, limit)
             if length >= SHARED_MIN_NGRAM and continuation:
                 return _copy_offer(f"shared{length}", continuation, seq)
         return NO_OFFER
+
+    def _learn(self, seq_id: str, departed: Departure, rejoined: Follow, matched: int, tokens: Sequence[int]) -> None:
+        """The copy rejoined its source soon after departing: what the answer wrote in place of
+        the source's span, if a short substitution, is kept for the rest of the copy."""
+        source_span = tokens[departed.position:rejoined.position]
+        written = tokens[departed.at:]
+        if (departed.position < departed.at and rejoined.position - matched >= departed.position
+                and len(source_span) <= MAX_SPAN + matched + 1 and len(written) <= MAX_SPAN + matched + 1):
+            found = learn(source_span, written)
+            if found is not None:
+                self.substitutions.setdefault(seq_id, Substitutions()).saw(found)
 
     def propose_batch(self, jobs: list[DraftJob], keep_drafting=None) -> list[SequenceDraft]:
         return copy_drafts(jobs)
@@ -148,6 +207,8 @@ class NgramDrafter:
     def forget(self, seq) -> None:
         self.follows.pop(seq.seq_id, None)
         self.departed.pop(seq.seq_id, None)
+        self.unjoined.pop(seq.seq_id, None)
+        self.substitutions.pop(seq.seq_id, None)
 
 
 def _copy_offer(source: str, continuation: list[int], seq) -> DraftOffer:
