@@ -1,5 +1,5 @@
 """The copy drafter's substitutions (speculation/substitutions.py): an answer that renames an
-identifier breaks its copy at the first two occurrences; from then on the copy proposes the new
+identifier breaks its copy at the first occurrence; from then on the copy proposes the new
 name wherever the source has the old one, and drops the substitution where the answer keeps
 the old name."""
 
@@ -10,7 +10,9 @@ from tandem.speculation.drafters.ngram import NgramDrafter
 from tandem.speculation.substitutions import Substitution, Substitutions, learn
 
 OLD, NEW = [50, 51], [60]  # an identifier of two tokens, renamed to one
-SOURCE = [1, 2, *OLD, 3, 4, 5, 6, *OLD, 7, 8, 9, 10, *OLD, 11, 12, 13, 14, *OLD, 15, 16]
+LEAD = list(range(100, 110))
+GAPS = [list(range(3 + 10 * i, 13 + 10 * i)) for i in range(3)]  # 3..12, 13..22, 23..32
+SOURCE = [*LEAD, *OLD, *GAPS[0], *OLD, *GAPS[1], *OLD, *GAPS[2], *OLD, 90, 91]
 
 
 def sequence(tokens) -> Sequence:
@@ -28,51 +30,72 @@ def test_learn_takes_the_differing_middle_of_a_short_change():
     assert learn([50, 51], [60, 61]) is None  # nothing shared after it: not a rejoin
 
 
-def test_a_substitution_applies_from_its_second_sighting_where_its_original_is_followed_by_no_excluded_token():
-    subs = Substitutions()
+def test_a_substitution_applies_where_its_original_is_followed_by_no_excluded_token():
+    subs, first, second = Substitutions(), len(LEAD), len(LEAD) + 12  # where OLD starts, twice
     found = Substitution(tuple(OLD), tuple(NEW))
+    assert subs.at(SOURCE, first, len(SOURCE)) is None
     subs.saw(found)
-    assert subs.at(SOURCE, 2, len(SOURCE)) is None  # seen once: a one-off edit, maybe
-    subs.saw(found)
-    assert subs.at(SOURCE, 2, len(SOURCE)) == found and subs.at(SOURCE, 3, len(SOURCE)) is None
-    assert subs.at(SOURCE, 2, 3) is None  # the original must lie before `end`
+    assert subs.at(SOURCE, first, len(SOURCE)) == found and subs.at(SOURCE, first + 1, len(SOURCE)) is None
+    assert subs.at(SOURCE, first, first + 1) is None  # the original must lie before `end`
     subs.broken(found, 3)
-    assert subs.at(SOURCE, 2, len(SOURCE)) is None and subs.at(SOURCE, 8, len(SOURCE)) is not None
-    subs.broken(found, 7)
+    assert subs.at(SOURCE, first, len(SOURCE)) is None and subs.at(SOURCE, second, len(SOURCE)) is not None
+    subs.broken(found, 13)
     assert len(subs) == 0  # struck out
 
 
-def test_a_renamed_identifier_breaks_the_copy_twice_then_the_copy_writes_the_new_name():
+def test_a_renamed_identifier_breaks_the_copy_once_then_the_copy_writes_the_new_name():
     drafter = NgramDrafter(min_ngram=2, max_ngram=4)
-    seq = sequence(SOURCE + [1, 2])  # the answer starts copying the source
-    assert drafter.offer(seq, limit=4).copy == (*OLD, 3, 4)
+    seq = sequence(SOURCE + LEAD[:2])  # the answer starts copying the source
+    assert drafter.offer(seq, limit=4).copy == tuple(LEAD[2:6])
+    seq.tokens += LEAD[2:]
+    assert drafter.offer(seq, limit=4).copy == (*OLD, 3, 4)  # the copy has held for 8 tokens
     seq.tokens += NEW  # the first occurrence renamed (the round's bonus token): the copy departs ...
     assert drafter.offer(seq, limit=4).candidate.cap == 0
     seq.tokens += [3, 4]
-    assert drafter.offer(seq, limit=4).copy == (5, 6, *OLD)  # ... and rejoins; seen once, not applied
-    seq.tokens += [5, 6, *NEW, 7, 8]  # the second occurrence renamed too (in one round: another drafter's copy)
+    assert drafter.offer(seq, limit=4).copy == (5, 6, 7, 8)  # ... and rejoins: a substitution seen
+    seq.tokens += GAPS[0][2:]
     second = drafter.offer(seq, limit=4)
-    assert second.copy == (9, 10, *NEW, 11)  # from here on the copy writes the new name
-    seq.tokens += [9, 10, *NEW, 11]
-    followed = drafter.offer(seq, limit=4)
-    assert followed.candidate.source.startswith("follow") and followed.copy == (12, 13, 14, *NEW)
-    seq.tokens += [12, 13, 14, *OLD]  # here the answer keeps the old name: struck, not before 15
+    assert second.copy == (*NEW, 13, 14, 15)  # from here on the copy writes the new name
+    seq.tokens += [*NEW, *GAPS[1]]
+    assert drafter.offer(seq, limit=4).copy == (*NEW, 23, 24, 25)
+    seq.tokens += [*NEW, 23]
+    followed = drafter.offer(seq, limit=10)
+    assert followed.candidate.source.startswith("follow") and followed.copy == (*GAPS[2][1:], *NEW)
+    seq.tokens += [*GAPS[2][1:], *OLD]  # here the answer keeps the old name: struck, not before 90
     drafter.offer(seq, limit=4)
     (kept,) = drafter.substitutions["s"].applied
-    assert kept.unless_next == {15} and kept.strikes == 1
+    assert kept.unless_next == {90} and kept.strikes == 1
     drafter.forget(seq)
     assert not (drafter.substitutions or drafter.follows or drafter.departed or drafter.unjoined)
 
 
-def test_without_substitutions_the_copy_is_the_source_verbatim():
-    """A one-off edit is never applied elsewhere: the constant 50 changed once stays 50 later."""
+def test_a_rejoin_elsewhere_first_waits_for_the_rejoin_past_the_departure():
+    """The prompt's instruction names the new identifier ([60, 3] before the file): right after
+    the departure the lookup follows it there, which is no substitution; the rejoin into the
+    file just past the old name is."""
+    instruction = [98, 60, 3, 97, 96]
     drafter = NgramDrafter(min_ngram=2, max_ngram=4)
-    seq = sequence(SOURCE + [1, 2])
+    seq = sequence(instruction + SOURCE + LEAD[:2])
     drafter.offer(seq, limit=4)
-    seq.tokens += [*NEW, 3, 4]
+    seq.tokens += LEAD[2:]
     drafter.offer(seq, limit=4)
-    seq.tokens += [5, 6]
-    assert drafter.offer(seq, limit=6).copy == (*OLD, 7, 8, 9, 10)
+    seq.tokens += [*NEW, 3]
+    assert drafter.offer(seq, limit=2).copy == (97, 96)  # the instruction's continuation
+    assert "s" in drafter.unjoined and not drafter.substitutions
+    seq.tokens += [4, 5]
+    assert drafter.offer(seq, limit=2).copy == (6, 7)  # rejoined past the departure, and saw it
+    assert drafter.substitutions["s"].applied == [Substitution(tuple(OLD), tuple(NEW))]
+
+
+def test_a_departure_that_is_no_substitution_leaves_the_copy_verbatim():
+    """An insertion (70 before 3, nothing replaced) teaches nothing: the old name stays."""
+    drafter = NgramDrafter(min_ngram=2, max_ngram=4)
+    seq = sequence(SOURCE + LEAD)
+    drafter.offer(seq, limit=4)
+    seq.tokens += [*OLD, 70, 3, 4]
+    drafter.offer(seq, limit=4)
+    seq.tokens += GAPS[0][2:]
+    assert drafter.offer(seq, limit=4).copy == (*OLD, 13, 14)
 
 
 def test_what_the_copy_proposes_is_what_its_alignment_then_accepts():

@@ -14,10 +14,10 @@ of looking up the tail again, which in repetitive text (keys of a config, simila
 code) may jump to another place. After the answer departs from its source (an edit), the
 lookup re-aligns as soon as its tail matches again, preferring among equally long matches the
 one nearest after the old source position: an edited file rejoins its original just past the
-edit. Where the answer has twice rejoined after writing the same short span of its own in place
-of the source's (a rename), the copy proposes that replacement wherever the source holds the
-original further on (speculation/substitutions.py), so a renamed identifier breaks the copy
-twice, not at every occurrence.
+edit. Where the answer rejoined after writing a short span of its own in place of the source's
+(a rename), the copy proposes that replacement wherever the source holds the original further
+on (speculation/substitutions.py), so a renamed identifier breaks the copy once, not at every
+occurrence.
 """
 
 from dataclasses import dataclass
@@ -157,7 +157,7 @@ class NgramDrafter:
         self.store = store  # shared n-gram store, or None
         self.follows: dict[str, Follow] = {}  # seq_id -> where its copy comes from
         self.departed: dict[str, Departure] = {}  # seq_id -> where its copy last departed from its source
-        self.unjoined: dict[str, Departure] = {}  # the same, until a lookup rejoins a source
+        self.unjoined: dict[str, Departure] = {}  # seq_id -> where a copy that had held (>= 8 tokens) departed, until it rejoins
         self.substitutions: dict[str, Substitutions] = {}  # seq_id -> what its answer writes for what
 
     def offer(self, seq, limit: int) -> DraftOffer:
@@ -172,15 +172,16 @@ class NgramDrafter:
             if moved.broken is not None:
                 after = moved.position + len(moved.broken.original)
                 substitutions.broken(moved.broken, tokens[after] if after < len(tokens) else None)
-            self.departed[seq.seq_id] = self.unjoined[seq.seq_id] = moved
-        departed = self.departed.get(seq.seq_id)
+            self.departed[seq.seq_id] = moved
+            if previous.run >= FOLLOW_BUCKETS[0]:
+                self.unjoined[seq.seq_id] = moved
+        departed = self.unjoined.get(seq.seq_id) or self.departed.get(seq.seq_id)
         found = _ngram_match_end(tokens, self.min_ngram, self.max_ngram, None if departed is None else departed.position)
         if found is not None and found[1] + 1 < len(tokens):
             length, end = found
             follow = Follow(len(tokens), end + 1, 0)
-            unjoined = self.unjoined.pop(seq.seq_id, None)
-            if unjoined is not None:
-                self._learn(seq.seq_id, unjoined, follow, length, tokens)
+            if seq.seq_id in self.unjoined:
+                self._rejoined(seq.seq_id, follow, length, tokens)
             substitutions = self.substitutions.get(seq.seq_id)
             self.follows[seq.seq_id] = follow
             return _copy_offer(f"ngram{length}", copy_ahead(follow, tokens, substitutions, limit), seq)
@@ -190,13 +191,20 @@ class NgramDrafter:
                 return _copy_offer(f"shared{length}", continuation, seq)
         return NO_OFFER
 
-    def _learn(self, seq_id: str, departed: Departure, rejoined: Follow, matched: int, tokens: Sequence[int]) -> None:
-        """The copy rejoined its source soon after departing: what the answer wrote in place of
-        the source's span, if a short substitution, is kept for the rest of the copy."""
+    def _rejoined(self, seq_id: str, rejoined: Follow, matched: int, tokens: Sequence[int]) -> None:
+        """A lookup found a source again after a copy that had held departed. Where it is the
+        same source just past the departure, what the answer wrote in place of the source's
+        span, if a short substitution, is applied from now on (speculation/substitutions.py).
+        A rejoin elsewhere (the prompt's instructions naming the new identifier) waits for the
+        next, until the answer has written too much since the departure to be a substitution."""
+        departed = self.unjoined[seq_id]
+        longest = MAX_SPAN + matched + 1
         source_span = tokens[departed.position:rejoined.position]
         written = tokens[departed.at:]
-        if (departed.position < departed.at and rejoined.position - matched >= departed.position
-                and len(source_span) <= MAX_SPAN + matched + 1 and len(written) <= MAX_SPAN + matched + 1):
+        if len(written) > longest:
+            del self.unjoined[seq_id]
+        elif departed.position <= rejoined.position - matched and len(source_span) <= longest:
+            del self.unjoined[seq_id]
             found = learn(source_span, written)
             if found is not None:
                 self.substitutions.setdefault(seq_id, Substitutions()).saw(found)
