@@ -8,14 +8,19 @@ cli/bench_ceiling_cmd.py). The long-run ceiling drafts only the oracle's runs of
 tokens or more: the part of the ceiling a drafter that copies (and cannot know the answer) may
 hope to reach.
 
-A round drafts d tokens and scores d + 1 (the drafts and the token after the last accepted one),
-costing cost(d + 1); it emits its a accepted drafts and the target's own next token. The
-answer's first token comes from the prompt's prefill and is not counted; rounds cover the rest.
+A round drafts d tokens and scores d + 1 (the drafts and the token after the last accepted one)
+on the c tokens before it (the prompt and the answer so far), costing cost(d + 1, c); it emits
+its a accepted drafts and the target's own next token. The answer's first token comes from the
+prompt's prefill and is not counted; rounds cover the rest. `ContextCurves` prices a round at
+its own context from curves measured at a few: a 64-token round costs ~20% more at 2,000 cached
+tokens than at 1,000 (Qwen2.5-Coder-1.5B Q4_K_M, AMX, 2 threads), so one curve at 1,024 made the
+ceiling of a long edit (a 1,000-token file answered whole) ~15% too fast.
 """
 
+import bisect
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from tandem.speculation.drafters.ngram import find_ngram_match
 
@@ -24,11 +29,34 @@ SUFFIX_DRAFT = 16  # and its longest draft (it cannot tell a long copy from a wr
 MAX_DRAFT = 63  # the longest draft the oracle makes, as Tandem's (a round of 64 tokens, one flash-attention tile)
 LONG_RUN = 8  # the long-run ceiling drafts only the oracle's runs of at least this many tokens
 
+CostMs = Callable[[int, int], float]  # (tokens scored, tokens cached before them) -> ms
+
+
+class ContextCurves:
+    """Verify curves measured at a few cached lengths: n tokens on c cached ones cost the
+    curves' n-token costs interpolated linearly in c (attention's share of a call grows with c),
+    extrapolated from the nearest two outside them (one curve: the same cost at every c)."""
+
+    def __init__(self, curves: Mapping[int, Callable[[int], float]]):
+        if not curves:
+            raise ValueError("ContextCurves needs at least one curve")
+        self.contexts = sorted(curves)
+        self.curves = dict(curves)
+
+    def cost_ms(self, tokens: int, context: int) -> float:
+        if len(self.contexts) == 1:
+            return self.curves[self.contexts[0]](tokens)
+        i = min(max(bisect.bisect_left(self.contexts, context), 1), len(self.contexts) - 1)
+        low, high = self.contexts[i - 1], self.contexts[i]
+        at_low, at_high = self.curves[low](tokens), self.curves[high](tokens)
+        return max(0.0, at_low + (at_high - at_low) * (context - low) / (high - low))
+
 
 @dataclass(frozen=True, slots=True)
 class Round:
     drafted: int
     accepted: int
+    context: int = 0  # tokens before the round: the prompt and the answer so far
 
     @property
     def emitted(self) -> int:
@@ -74,7 +102,7 @@ def _rounds(prompt: Sequence[int], answer: Sequence[int], propose) -> list[Round
     while position < len(answer):
         left = len(answer) - position  # the round emits at most this many
         drafted, accepted = propose(source, answer[position:], left - 1)
-        rounds.append(Round(drafted, accepted))
+        rounds.append(Round(drafted, accepted, len(source.tokens)))
         for token in answer[position: position + accepted + 1]:
             source.append(token)
         position += accepted + 1
@@ -106,18 +134,20 @@ def suffix_rounds(prompt: Sequence[int], answer: Sequence[int], max_draft: int =
     return _rounds(prompt, answer, propose)
 
 
-def rounds_ms(rounds: Sequence[Round], cost_ms: Callable[[int], float]) -> float:
-    """Time of the rounds: each scores its drafts and one more token."""
-    return sum(cost_ms(r.drafted + 1) for r in rounds)
+def rounds_ms(rounds: Sequence[Round], cost_ms: CostMs) -> float:
+    """Time of the rounds: each scores its drafts and one more token on its context."""
+    return sum(cost_ms(r.drafted + 1, r.context) for r in rounds)
 
 
-def long_run_ms(rounds: Sequence[Round], cost_ms: Callable[[int], float], min_run: int = LONG_RUN) -> float:
+def long_run_ms(rounds: Sequence[Round], cost_ms: CostMs, min_run: int = LONG_RUN) -> float:
     """Time of the oracle's rounds where only runs of at least min_run tokens are drafted and
     the rest decoded one token a forward: what a copy drafter could reach, which cannot know
     where the answer's short coincidences with its context (a word, a bracket) come from."""
-    return sum(cost_ms(r.drafted + 1) if r.drafted >= min_run else r.emitted * cost_ms(1) for r in rounds)
+    return sum(cost_ms(r.drafted + 1, r.context) if r.drafted >= min_run
+               else sum(cost_ms(1, r.context + i) for i in range(r.emitted)) for r in rounds)
 
 
-def plain_ms(answer_tokens: int, cost_ms: Callable[[int], float]) -> float:
-    """Time of plain decoding for the answer's tokens after the first: one token a forward."""
-    return max(0, answer_tokens - 1) * cost_ms(1)
+def plain_ms(prompt_tokens: int, answer_tokens: int, cost_ms: CostMs) -> float:
+    """Time of plain decoding for the answer's tokens after the first: one token a forward, on
+    the prompt and the answer before it."""
+    return sum(cost_ms(1, prompt_tokens + i) for i in range(1, answer_tokens))

@@ -7,9 +7,9 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
-from tandem.bench.ceiling import LONG_RUN, MAX_DRAFT, long_run_ms, oracle_rounds, plain_ms, rounds_ms, suffix_rounds
+from tandem.bench.ceiling import (LONG_RUN, MAX_DRAFT, CostMs, long_run_ms, oracle_rounds, plain_ms, rounds_ms,
+                                  suffix_rounds)
 from tandem.bench.workload import format_prompt, load_prompts
 from tandem.errors import TandemError
 
@@ -59,7 +59,7 @@ def answers_of(level: dict, reference: str | None) -> tuple[str, dict[str, str]]
     return label, texts
 
 
-def ceilings(results: dict, level: dict, tokenizer, cost_ms: Callable[[int], float], reference: str | None,
+def ceilings(results: dict, level: dict, tokenizer, cost_ms: CostMs, reference: str | None,
              max_draft: int = MAX_DRAFT) -> tuple[str, dict[str, CategoryCeiling]]:
     prompts = {p.id: p for p in load_prompts(results["settings"]["prompts_file"])}
     label, texts = answers_of(level, reference)
@@ -72,7 +72,7 @@ def ceilings(results: dict, level: dict, tokenizer, cost_ms: Callable[[int], flo
         row = table[prompts[prompt_id].category]
         row.requests += 1
         row.tokens += max(0, len(answer) - 1)
-        row.plain_ms += plain_ms(len(answer), cost_ms)
+        row.plain_ms += plain_ms(len(prompt), len(answer), cost_ms)
         row.suffix_ms += rounds_ms(suffix_rounds(prompt, answer, max_draft), cost_ms)
         oracle = oracle_rounds(prompt, answer, max_draft)
         row.oracle_ms += rounds_ms(oracle, cost_ms)

@@ -8,26 +8,42 @@ from pathlib import Path
 
 from tandem.bench.ceiling import MAX_DRAFT
 
+DEFAULT_CONTEXTS = "512,1024,2048"
+PREFILL_CHUNK = 512  # tokens per call while filling the cache up to a context
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench-ceiling", help="a bench-serve run's decode rates against the copy ceiling of its workload",
         description="Reads a bench-serve results.json, measures the target's verify curve (1..64 tokens at "
-        "--context cached tokens, llama.cpp, --threads), and prints per category: plain decoding, a 3-token "
-        "suffix matcher and the oracle ceiling priced on that curve, and each config's measured decode rate "
-        "against the ceiling.")
+        "each of --contexts cached tokens, llama.cpp, --threads), and prints per category: plain decoding, a "
+        "3-token suffix matcher and the oracle ceiling, every round priced at its own context (the prompt and "
+        "the answer so far) between those curves, and each config's measured decode rate against the ceiling.")
     parser.add_argument("results", help="a bench-serve results.json")
     parser.add_argument("--concurrency", type=int, default=None, help="the level to read (default: the lowest)")
     parser.add_argument("--reference", default=None,
                         help="the config whose answers define the workload (default: the first tandem one)")
-    parser.add_argument("--context", type=int, default=1024, help="cached tokens the curve is measured at (default 1024)")
+    parser.add_argument("--contexts", type=_contexts, default=_contexts(DEFAULT_CONTEXTS),
+                        help=f"cached tokens the curves are measured at, comma-separated (default {DEFAULT_CONTEXTS}; "
+                        "one value prices every round at it)")
     parser.add_argument("--max-draft", type=int, default=MAX_DRAFT, help=f"longest draft (default {MAX_DRAFT})")
     parser.add_argument("--threads", type=int, default=None, help="threads for the curve (default: the run's)")
     parser.add_argument("--out", default=None, help="also write the table to this markdown file")
     parser.set_defaults(func=run)
 
 
+def _contexts(text: str) -> tuple[int, ...]:
+    try:
+        contexts = tuple(sorted({int(part) for part in str(text).split(",") if part.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--contexts takes whole numbers separated by commas, got {text!r}") from None
+    if not contexts or not all(1 <= c <= 32768 for c in contexts):
+        raise argparse.ArgumentTypeError(f"--contexts takes 1 to 32768 cached tokens, got {text!r}")
+    return contexts
+
+
 def run(args: argparse.Namespace) -> int:
+    from tandem.bench.ceiling import ContextCurves
     from tandem.bench.ceiling_report import ceilings, load_level, render
     from tandem.models.resolve import tokenizer_path
     from tandem.text.tokenizer import TextTokenizer
@@ -36,11 +52,15 @@ def run(args: argparse.Namespace) -> int:
     settings = results["settings"]
     target = settings["target"]
     tokenizer = TextTokenizer(str(tokenizer_path(target)))
-    curve = measure_verify_curve(target, args.context, args.threads or settings.get("threads"))
-    print("verify curve at %d cached tokens (ms): %s" % (args.context, ", ".join(
-        f"{n}: {curve.cost_ms(n):.0f}" for n in sorted(curve.latency_ms))), file=sys.stderr)
-    label, table = ceilings(results, level, tokenizer, curve.cost_ms, args.reference, args.max_draft)
-    lines = [f"answers: {label}'s at C={level['concurrency']}; machine: {results['machine'].get('cpu_model')}", "",
+    curves = measure_verify_curves(target, args.contexts, args.threads or settings.get("threads"))
+    for context, curve in curves.items():
+        print("verify curve at %d cached tokens (ms): %s" % (context, ", ".join(
+            f"{n}: {curve.cost_ms(n):.0f}" for n in sorted(curve.latency_ms))), file=sys.stderr)
+    priced = ContextCurves({context: curve.cost_ms for context, curve in curves.items()})
+    label, table = ceilings(results, level, tokenizer, priced.cost_ms, args.reference, args.max_draft)
+    contexts = ", ".join(str(c) for c in args.contexts)
+    lines = [f"answers: {label}'s at C={level['concurrency']}; machine: {results['machine'].get('cpu_model')}; "
+             f"rounds priced at their context between curves at {contexts} cached tokens", "",
              *render(table, list(level["configs"]))]
     print("\n".join(lines))
     if args.out:
@@ -48,15 +68,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def measure_verify_curve(target: str, context: int, threads: int | None):
-    """The llama.cpp target's time to score n tokens (all their logits) on `context` cached ones."""
+def measure_verify_curves(target: str, contexts: tuple[int, ...], threads: int | None) -> dict:
+    """The llama.cpp target's time to score n tokens (all their logits) on each of `contexts`
+    cached ones (one cache, grown from one context to the next)."""
     from tandem.bench.ceiling_report import CURVE_SIZES
     from tandem.models.batch_runner import SlotView
     from tandem.models.cost import measure_cost
     from tandem.models.llamacpp_batch_runner import LlamaCppBatchRunner
     from tandem.models.resolve import gguf_path
 
-    runner = LlamaCppBatchRunner(str(gguf_path(target)), 1, context + max(CURVE_SIZES) + 8, threads)
+    runner = LlamaCppBatchRunner(str(gguf_path(target)), 1, max(contexts) + max(CURVE_SIZES) + 8, threads)
     view = SlotView(runner)
-    view.forward([100 + (i * 7) % 5000 for i in range(context)], num_logits=0)
-    return measure_cost(view.forward, view.rollback, context, CURVE_SIZES, repeats=3)
+    filler = [100 + (i * 7) % 5000 for i in range(max(contexts))]
+    curves, cached = {}, 0
+    for context in sorted(contexts):
+        for start in range(cached, context, PREFILL_CHUNK):
+            view.forward(filler[start:min(start + PREFILL_CHUNK, context)], num_logits=0)
+        cached = context
+        curves[context] = measure_cost(view.forward, view.rollback, context, CURVE_SIZES, repeats=3)
+    return curves

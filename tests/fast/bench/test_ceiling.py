@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from tandem.bench.ceiling import (Round, _Source, long_run_ms, longest_copy_run, oracle_rounds, plain_ms, rounds_ms,
+from tandem.bench.ceiling import (ContextCurves, Round, _Source, long_run_ms, longest_copy_run, oracle_rounds, plain_ms, rounds_ms,
                                   suffix_rounds)
 from tandem.speculation.drafters.ngram import find_ngram_match
 
@@ -37,13 +37,16 @@ def test_an_answer_that_copies_its_prompt_is_drafted_in_max_draft_runs():
     assert sum(r.emitted for r in rounds) == len(answer) - 1  # the first token is the prefill's
     assert all(r.accepted == r.drafted for r in rounds)
     assert [r.drafted for r in rounds] == [64, 64, 64, 4]  # 3 x 65 emitted, then the last 5
-    assert rounds_ms(rounds, lambda n: 10.0 + n) == sum(10.0 + r.drafted + 1 for r in rounds)
-    assert plain_ms(len(answer), lambda n: 10.0 + n) == 200 * 11.0
+    assert [r.context for r in rounds] == [201, 266, 331, 396]  # the prompt and the answer so far
+    assert rounds_ms(rounds, lambda n, c: 10.0 + n) == sum(10.0 + r.drafted + 1 for r in rounds)
+    assert rounds_ms(rounds, lambda n, c: c) == 201 + 266 + 331 + 396
+    assert plain_ms(len(prompt), len(answer), lambda n, c: 10.0 + n) == 200 * 11.0
+    assert plain_ms(len(prompt), len(answer), lambda n, c: c) == sum(range(201, 401))
 
 
 def test_an_answer_sharing_nothing_decodes_one_token_a_round():
     rounds = oracle_rounds([1, 2, 3], [50, 51, 52, 53])
-    assert rounds == [Round(0, 0)] * 3
+    assert rounds == [Round(0, 0, 4), Round(0, 0, 5), Round(0, 0, 6)]
 
 
 def test_the_suffix_matcher_follows_the_last_occurrence_of_its_key():
@@ -79,7 +82,7 @@ def test_the_report_sets_each_config_against_its_categorys_ceiling(tmp_path):
     from tandem.bench.ceiling_report import ceilings, render
 
     results, level = _results(tmp_path, "def f(x): return x + 1", "fine")
-    label, table = ceilings(results, level, CharTokenizer(), lambda n: 10.0 + n, None)
+    label, table = ceilings(results, level, CharTokenizer(), lambda n, c: 10.0 + n, None)
     assert label == "tandem-spec" and set(table) == {"edit", "chat"}
     edit = table["edit"]
     assert edit.requests == 1 and edit.tokens == len("def f(x): return x + 1") - 1
@@ -96,11 +99,31 @@ def test_results_without_answer_texts_are_a_clear_error(tmp_path):
 
     results, level = _results(tmp_path, "", "")
     with pytest.raises(TandemError, match="no answer texts"):
-        ceilings(results, level, CharTokenizer(), lambda n: 1.0, None)
+        ceilings(results, level, CharTokenizer(), lambda n, c: 1.0, None)
 
 
 def test_the_long_run_ceiling_decodes_short_runs_plainly():
     rounds = [Round(3, 3), Round(10, 10), Round(0, 0)]
-    cost = lambda n: 10.0 + n  # noqa: E731
+    cost = lambda n, c: 10.0 + n  # noqa: E731
     assert long_run_ms(rounds, cost, min_run=8) == 4 * 11.0 + 21.0 + 11.0
     assert long_run_ms(rounds, cost, min_run=1) == rounds_ms(rounds, cost)
+
+
+def test_a_round_is_priced_between_the_curves_of_the_contexts_around_it():
+    curves = ContextCurves({1000: lambda n: 100.0 + n, 2000: lambda n: 200.0 + 2 * n})
+    assert curves.cost_ms(64, 1000) == 164.0 and curves.cost_ms(64, 2000) == 328.0
+    assert curves.cost_ms(64, 1500) == 246.0  # halfway
+    assert curves.cost_ms(64, 3000) == 492.0  # on the line through the last two
+    assert curves.cost_ms(64, 500) == 82.0
+    assert ContextCurves({1024: lambda n: 7.0}).cost_ms(64, 4096) == 7.0  # one curve: one price
+
+
+def test_bench_ceiling_reads_its_contexts_and_refuses_nonsense():
+    import argparse
+
+    from tandem.cli.bench_ceiling_cmd import _contexts
+
+    assert _contexts("2048, 512,1024") == (512, 1024, 2048) and _contexts("1024") == (1024,)
+    for bad in ("", "a,b", "0", "-5"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _contexts(bad)
