@@ -4,7 +4,13 @@ same step runs in `tandem generate`, `serve` and every cluster replica (cluster/
   the load-aware planner chooses every k at once (speculation/batch_depth.py),
 - draft: each drafter proposes for all its sequences in one batch call,
 - commit: a verified round's tokens pass the stops into the sequence; the planner learns the
-  source's acceptance; the update and the round report come out.
+  source's acceptance, and that of each copy offered beside it and not chosen (its rivals), from
+  the tokens the round emitted: a copy's proposal is fixed, so whether it would have been
+  accepted is known without verifying it (greedy: the emitted token is the target's; sampled:
+  the emitted token follows the target's distribution, so it equals a one-hot draft with the
+  probability that draft is accepted). A copy that loses its turn early (a fresh alignment
+  beside a short suffix match) thus learns how well it would have done, and wins the rounds it
+  would do better in; the update and the round report come out.
 """
 
 from dataclasses import replace
@@ -12,7 +18,8 @@ from dataclasses import replace
 from tandem.engine.events import RoundReport, SequenceUpdate
 from tandem.engine.sequence import Sequence
 from tandem.speculation.batch_depth import BatchDepthPlanner
-from tandem.speculation.drafters.base import NO_OFFER, Drafter, DraftJob, DraftOffer, SequenceDraft
+from tandem.speculation.drafters.base import NO_OFFER, Drafter, DraftJob, DraftOffer, Rival, SequenceDraft
+from tandem.token_ids import common_prefix
 
 
 def offer_for(seq: Sequence, drafter: Drafter, context_length: int) -> DraftOffer:
@@ -27,12 +34,25 @@ def offer_for(seq: Sequence, drafter: Drafter, context_length: int) -> DraftOffe
 def plan_drafts(seqs: list[Sequence], drafters: dict[str, Drafter], planner: BatchDepthPlanner,
                 context_length: int) -> list[DraftJob]:
     """One job per sequence, in order: the offer the planner chose and its k (0: no draft)."""
-    offers = [best_alternative(offer_for(seq, drafters[seq.drafter], context_length), planner) for seq in seqs]
+    offered = [offer_for(seq, drafters[seq.drafter], context_length) for seq in seqs]
+    offers = [best_alternative(offer, planner) for offer in offered]
     candidates = [replace(o.candidate, prefill_tokens=len(seq.unprefilled)) if seq.unprefilled else o.candidate
                   for o, seq in zip(offers, seqs)]
     fallbacks = [o.fallback.candidate if o.fallback is not None else None for o in offers]
     ks, used = planner.plan(candidates, fallbacks)
-    return [DraftJob(seq, o.fallback if fell_back else o, k) for seq, o, k, fell_back in zip(seqs, offers, ks, used)]
+    jobs = []
+    for seq, whole, o, k, fell_back in zip(seqs, offered, offers, ks, used):
+        chosen = o.fallback if fell_back else o
+        jobs.append(DraftJob(seq, chosen, k, rivals=rivals_of(whole, chosen if k else None)))
+    return jobs
+
+
+def rivals_of(offer: DraftOffer, drafted: DraftOffer | None) -> tuple[Rival, ...]:
+    """The copies among an offer and its alternatives other than the one drafted (all of them
+    where none is)."""
+    drafted_copy = None if drafted is None else (drafted.candidate.source, drafted.copy)
+    return tuple(Rival(o.candidate.source, o.copy) for o in (offer, *offer.alternatives)
+                 if o.copy and not o.uses_model and (o.candidate.source, o.copy) != drafted_copy)
 
 
 def best_alternative(offer: DraftOffer, planner: BatchDepthPlanner) -> DraftOffer:
@@ -59,6 +79,8 @@ def draft_all(jobs: list[DraftJob], drafters: dict[str, Drafter],
         proposed = drafters[name].propose_batch([jobs[i] for i in indices], keep)
         for index, draft in zip(indices, proposed):
             drafts[index] = draft
+    for draft, job in zip(drafts, jobs):
+        draft.rivals = job.rivals
     return drafts
 
 
@@ -79,6 +101,9 @@ def commit_round(seq: Sequence, draft: SequenceDraft, emitted: list[int], accept
     """Commit a verified round (accepted drafts + the target's token) up to the first stop."""
     k = len(draft.token_ids)
     planner.record(draft.source, k, accepted)
+    for rival in draft.rivals:
+        agreed = common_prefix(rival.copy, emitted)
+        planner.record(rival.source, agreed + (agreed < min(len(rival.copy), len(emitted))), agreed)
     tokens, reason = seq.commit(list(emitted), k, accepted, context_length)
     update = SequenceUpdate(seq.seq_id, tuple(tokens), k, accepted, reason is not None, reason,
                             cached_tokens=seq.cached_tokens or 0)

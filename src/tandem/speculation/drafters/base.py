@@ -29,6 +29,16 @@ class SequenceDraft:
     source: str  # "none", "model", "ngram3", "shared5", ...
     token_ids: list[int]
     q_draft: np.ndarray | None = None
+    rivals: "tuple[Rival, ...]" = ()  # the copies offered beside it and not chosen (engine/stages.py)
+
+
+@dataclass(frozen=True, slots=True)
+class Rival:
+    """A copy offered for a round but not drafted: what it would have proposed. Its source learns
+    from the tokens the round emits as if it had drafted them."""
+
+    source: str
+    copy: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +64,7 @@ class DraftJob:
     # prompt tokens the draft model may catch up on this step beyond the one it always feeds
     # (None: all it has not seen); one with more left feeds that many and drafts nothing yet
     catch_up: int | None = None
+    rivals: tuple[Rival, ...] = ()  # the copies offered beside `offer` and not chosen
 
 
 # (sequence, draft confidences so far) -> draft one more token? (auto depth, model drafts)
