@@ -44,3 +44,30 @@ def test_the_prefix_memory_finds_the_longest_and_forgets_the_oldest(monkeypatch)
     assert memory.longest(range(50)) == 48
     memory.add("c", range(200, 232))  # a third: "b", now the oldest, is forgotten
     assert memory.longest(range(100, 164)) == 0 and len(memory.order) == 2
+
+
+def test_a_replica_with_fewer_streams_takes_one_from_a_slower_replica_holding_more():
+    """At a run's tail a fast replica down to one stream takes one of the two a 3x slower one
+    holds; between equal counts, or toward the replica holding more, nothing moves."""
+    from types import SimpleNamespace
+
+    from tandem.cluster.runtime.replica_choice import choose_moves
+
+    slow_cost = lambda n: 3 * cpu_like(n)  # noqa: E731
+
+    def replica(name, cost, streams):
+        return SimpleNamespace(name=name, alive=True, max_slots=8, carries_state=True,
+                               sequences={f"{name}{i}" for i in range(streams)},
+                               cost=SimpleNamespace(cost=SimpleNamespace(cost_ms=cost)))
+
+    def streams_on(r, count):
+        return [SimpleNamespace(moving=None, replica=r, room=40, tokens=tuple(range(300))) for _ in range(count)]
+
+    fast, slow = replica("fast", cpu_like, 1), replica("slow", slow_cost, 2)
+    on_slow = streams_on(slow, 2)
+    moves = choose_moves([fast, slow], streams_on(fast, 1) + on_slow)
+    assert [(m[0] in on_slow, m[1].name) for m in moves] == [(True, "fast")]
+    fast, slow = replica("fast", cpu_like, 2), replica("slow", slow_cost, 2)
+    assert choose_moves([fast, slow], streams_on(fast, 2) + streams_on(slow, 2)) == []
+    fast, slow = replica("fast", cpu_like, 3), replica("slow", slow_cost, 1)
+    assert choose_moves([fast, slow], streams_on(fast, 3) + streams_on(slow, 1)) == []

@@ -8,10 +8,11 @@ top of the cost rule (cluster/planning/stream_placement.py).
   template's few tokens, which every replica soon holds and which would pull every request to
   one replica), unless serving it there is expected to cost more: its prefill of what each
   replica lacks plus its decode at each replica's step with it (`prefer_prefix`).
-- **Moves.** A replica that idles while another holds streams takes the stream whose finish it
-  brings forward most: what it must compute first there (its whole history, or nothing but a
-  restore where its KV state travels with it) plus its remaining tokens at one stream's step,
-  MOVE_MARGIN times, against its remaining tokens at its own replica's step (`move_gain_ms`).
+- **Moves.** A replica holding fewer streams than another (idle, or at a run's tail) takes the
+  stream whose finish it brings forward most: what it must compute first there (its whole
+  history, or nothing but a restore where its KV state travels with it) plus its remaining
+  tokens at its step with one stream more, MOVE_MARGIN times, against its remaining tokens at
+  its own replica's step (`move_gain_ms`).
 """
 
 from collections import OrderedDict
@@ -62,8 +63,9 @@ def prefer_prefix(chosen: int, held: list[int], streams: list[int], costs: list[
 
 
 def move_gain_ms(room: int, refill_tokens: int, source_streams: int, source_cost: CostMs,
-                 target_cost: CostMs) -> float:
-    """How much sooner a stream is expected to finish on an idle replica (<= 0: stay)."""
+                 target_cost: CostMs, target_streams: int = 0) -> float:
+    """How much sooner a stream is expected to finish on a replica holding `target_streams`
+    (<= 0: stay)."""
     stay_ms = room * source_cost(source_streams)
-    move_ms = (target_cost(refill_tokens) + room * target_cost(1)) * MOVE_MARGIN
+    move_ms = (target_cost(refill_tokens) + room * target_cost(target_streams + 1)) * MOVE_MARGIN
     return stay_ms - move_ms

@@ -32,15 +32,20 @@ def choose_replica(verifiers: list[Worker], routed: Routed,
 
 
 def choose_moves(verifiers: list[Worker], streams: Iterable[Routed]) -> list[tuple[Routed, Worker]]:
-    """For each idle live replica, the stream (not already moving) whose finish it brings
-    forward most, if any does."""
+    """For each live replica with a free slot, fewest streams first, the stream (not already
+    moving) of a replica holding more streams whose finish it brings forward most, if any does:
+    an idle replica takes work from a busy one, and at a run's tail a fast replica that is down
+    to one stream takes one of the two a slow one still holds. A replica never takes from one
+    holding as few as it does, so streams do not move back and forth."""
     streams, moves = list(streams), []
     taken: set[int] = set()
-    for target in [w for w in verifiers if w.alive and not w.sequences]:
+    targets = sorted((w for w in verifiers if w.alive and len(w.sequences) < w.max_slots), key=lambda w: len(w.sequences))
+    for target in targets:
+        held = len(target.sequences)
         gains = {id(r): move_gain_ms(r.room, refill_tokens(r, target), len(r.replica.sequences),
-                                     r.replica.cost.cost.cost_ms, target.cost.cost.cost_ms)
+                                     r.replica.cost.cost.cost_ms, target.cost.cost.cost_ms, held)
                  for r in streams if not r.moving and id(r) not in taken and r.replica not in (None, target)
-                 and r.room > 1}
+                 and r.room > 1 and len(r.replica.sequences) > held}
         best = max((r for r in streams if gains.get(id(r), 0.0) > 0), default=None, key=lambda r: gains[id(r)])
         if best is not None:
             taken.add(id(best))

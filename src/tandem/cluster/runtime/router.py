@@ -5,8 +5,9 @@ server runs unchanged on top. No model runs here and no round is planned here. T
   replica holds its prefix, there (cluster/planning/affinity.py),
 - relays each replica's updates (one poll in flight per replica), checking stop strings on the
   whole output (a stop cancels the placement),
-- moves a stream to a replica that idles while another still holds streams (detached with the
-  output it committed and, where the runners can save it, its KV state; re-submitted with both),
+- moves a stream to a replica holding fewer streams where it finishes sooner (an idle replica,
+  a fast one at a run's tail; detached with the output it committed and, where the runners can
+  save it, its KV state; re-submitted with both),
 - watches health, hands every replica the live drafters, and when a replica dies re-submits
   each of its requests to a live one with the tokens already relayed appended to its prompt
   (nothing lost; greedy output unchanged; a seeded sampled request draws anew from there).
@@ -237,7 +238,8 @@ class ClusterRouter:
     # -- moves ----------------------------------------------------------------------------------
 
     def _rebalance(self) -> None:
-        """Detach, for each idle replica, the stream whose finish it brings forward most."""
+        """Detach, for each replica with fewer streams than another, the stream whose finish it
+        brings forward most (replica_choice.choose_moves)."""
         if self.waiting:
             return  # waiting requests take an idle replica first
         for routed, target in choose_moves(self.verifiers, self.routed.values()):
