@@ -73,3 +73,15 @@ def test_a_rival_that_would_have_been_rejected_learns_that_too():
     assert p.acceptance("follow0") < before
     estimate = p.estimates["follow0"]
     assert estimate.trials - estimate.accepted > 2.5  # three rejections recorded
+
+
+def test_only_copies_that_follow_their_source_are_rivals():
+    """A suffix match that loses its turn learns nothing from the round (its evidence, cut at
+    the round's end, would speak only for its first tokens)."""
+    p = planner()
+    answer = list(LONG_COPY) + [999]
+    for _ in range(3):
+        one_round(p, TwoCopies(), answer)
+    before = p.acceptance("suffix9")
+    assert one_round(p, TwoCopies(), answer).source == "follow0"  # the follow copy took over
+    assert p.acceptance("suffix9") == before

@@ -8,9 +8,9 @@ same step runs in `tandem generate`, `serve` and every cluster replica (cluster/
   the tokens the round emitted: a copy's proposal is fixed, so whether it would have been
   accepted is known without verifying it (greedy: the emitted token is the target's; sampled:
   the emitted token follows the target's distribution, so it equals a one-hot draft with the
-  probability that draft is accepted). A copy that loses its turn early (a fresh alignment
-  beside a short suffix match) thus learns how well it would have done, and wins the rounds it
-  would do better in; the update and the round report come out.
+  probability that draft is accepted). A copy following its source that loses its turn early
+  (a fresh alignment beside a short suffix match) thus learns how well it would have done, and
+  wins the rounds it would do better in; the update and the round report come out.
 """
 
 from dataclasses import replace
@@ -19,7 +19,16 @@ from tandem.engine.events import RoundReport, SequenceUpdate
 from tandem.engine.sequence import Sequence
 from tandem.speculation.batch_depth import BatchDepthPlanner
 from tandem.speculation.drafters.base import NO_OFFER, Drafter, DraftJob, DraftOffer, Rival, SequenceDraft
+from tandem.speculation.depth import source_family
 from tandem.token_ids import common_prefix
+
+# Rivals learn only where their source would otherwise starve: a copy that follows its source
+# (drafters/ngram.py), whose buckets are reached only by holding, which a fresh alignment never
+# shows while a short suffix match wins its rounds. A rival's evidence ends with the round,
+# so it speaks mostly for a copy's first tokens, which hold more often than later ones; credited
+# to every copy (suffix and shared matches too), it raised their estimates on short answers
+# until they drafted long copies that failed (suffix9: 411 drafts at 27% in 20 answers, C=1).
+RIVAL_FAMILIES = ("follow",)
 
 
 def offer_for(seq: Sequence, drafter: Drafter, context_length: int) -> DraftOffer:
@@ -48,11 +57,12 @@ def plan_drafts(seqs: list[Sequence], drafters: dict[str, Drafter], planner: Bat
 
 
 def rivals_of(offer: DraftOffer, drafted: DraftOffer | None) -> tuple[Rival, ...]:
-    """The copies among an offer and its alternatives other than the one drafted (all of them
-    where none is)."""
+    """The alignment copies (RIVAL_FAMILIES) among an offer and its alternatives other than the
+    one drafted (all of them where none is)."""
     drafted_copy = None if drafted is None else (drafted.candidate.source, drafted.copy)
     return tuple(Rival(o.candidate.source, o.copy) for o in (offer, *offer.alternatives)
-                 if o.copy and not o.uses_model and (o.candidate.source, o.copy) != drafted_copy)
+                 if o.copy and source_family(o.candidate.source) in RIVAL_FAMILIES
+                 and (o.candidate.source, o.copy) != drafted_copy)
 
 
 def best_alternative(offer: DraftOffer, planner: BatchDepthPlanner) -> DraftOffer:
