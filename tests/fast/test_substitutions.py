@@ -3,10 +3,12 @@ identifier breaks its copy at the first occurrence; from then on the copy propos
 name wherever the source has the old one, and drops the substitution where the answer keeps
 the old name."""
 
+import random
+
 from tandem.engine.events import SpeculationOptions
 from tandem.engine.request import GenerationRequest
 from tandem.engine.sequence import Sequence
-from tandem.speculation.drafters.ngram import NgramDrafter
+from tandem.speculation.drafters.ngram import Departure, Follow, NgramDrafter, advance, copy_ahead
 from tandem.speculation.substitutions import Substitution, Substitutions, learn
 
 OLD, NEW = [50, 51], [60]  # an identifier of two tokens, renamed to one
@@ -101,10 +103,6 @@ def test_a_departure_that_is_no_substitution_leaves_the_copy_verbatim():
 def test_what_the_copy_proposes_is_what_its_alignment_then_accepts():
     """Fast path against its own check: emitting `copy_ahead`'s tokens keeps the alignment, on
     random sources with substitutions applied; a different token departs."""
-    import random
-
-    from tandem.speculation.drafters.ngram import Departure, Follow, advance, copy_ahead
-
     rng = random.Random(0)
     for _ in range(300):
         tokens = [rng.randrange(6) for _ in range(rng.randrange(8, 40))]

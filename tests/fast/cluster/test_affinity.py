@@ -2,8 +2,11 @@
 where its prefix is held unless that costs more, and a stream moves only where it finishes
 sooner; the prefix memory is bounded and finds the longest remembered prefix."""
 
+from types import SimpleNamespace
+
 from tandem.cluster.planning import affinity
 from tandem.cluster.planning.affinity import PrefixMemory, move_gain_ms, prefer_prefix
+from tandem.cluster.runtime.replica_choice import choose_moves
 from tandem.engine.prefix_index import BLOCK
 
 
@@ -49,10 +52,6 @@ def test_the_prefix_memory_finds_the_longest_and_forgets_the_oldest(monkeypatch)
 def test_a_replica_with_fewer_streams_takes_one_from_a_slower_replica_holding_more():
     """At a run's tail a fast replica down to one stream takes one of the two a 3x slower one
     holds; between equal counts, or toward the replica holding more, nothing moves."""
-    from types import SimpleNamespace
-
-    from tandem.cluster.runtime.replica_choice import choose_moves
-
     slow_cost = lambda n: 3 * cpu_like(n)  # noqa: E731
 
     def replica(name, cost, streams):
