@@ -57,7 +57,12 @@ class LocalEndpoint:
         def compute():
             if self.dead:
                 raise WorkerDiedError(f"{self.name} is dead")
-            value = getattr(self.worker, method)(*args)
+            try:
+                value = getattr(self.worker, method)(*args)
+            except Exception:
+                if self.dead:  # killed while the call ran (a replica's close fails its commands): as a dead process's
+                    raise WorkerDiedError(f"{self.name} is dead") from None
+                raise
             if self.dead:  # it died while the call ran: its answer never arrives
                 raise WorkerDiedError(f"{self.name} is dead")
             return value
