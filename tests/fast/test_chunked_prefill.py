@@ -361,3 +361,50 @@ def test_while_more_prompts_wait_than_streams_decode_nothing_is_held_back(tiny_t
     target = fused_runner(tiny_target, slots=3, context=256)
     steps = chunk_sizes(target, {1: 10.0, 64: 640.0}, joining=2)
     assert steps[0] == [JOINING_PREFILL, JOINING_PREFILL]
+
+
+class AlwaysDrafts:
+    """A copy drafter double that always offers up to 4 tokens (the stream's last token again) as
+    source "always"; the test fixes the planner's estimate, so auto depth drafts them."""
+
+    name = "always"
+    uses_model = False
+
+    def offer(self, seq, limit: int):
+        from tandem.speculation.batch_depth import DraftCandidate
+        from tandem.speculation.drafters.base import DraftOffer
+
+        return DraftOffer(DraftCandidate(self.name, min(4, limit), False, fixed_k=seq.fixed_k))
+
+    def propose_batch(self, jobs, keep_drafting=None):
+        from tandem.speculation.drafters.base import SequenceDraft
+
+        return [SequenceDraft(self.name, [job.seq.tokens[-1]] * job.k) for job in jobs]
+
+
+def test_beside_a_stream_its_auto_drafts_do_not_shrink_the_chunk(tiny_target):
+    """The curve of the stall test above (the floor chunk, 29 tokens, sets the held-back budget),
+    now with the stream drafting at auto depth: its drafts ride on top of the budget, and the
+    joining prompt still goes in 28 tokens a step (with the drafts taken out of the budget, 24:
+    one step more for the prompt, and beside each step the stream's whole round)."""
+    from engine_support import fused_runner
+    from tandem.models.cost import CostModel
+    from tandem.speculation.depth import AcceptanceEstimate
+    from tandem.speculation.drafters.registry import build_drafters
+
+    target = fused_runner(tiny_target, slots=3, context=256)
+    target.cost = CostModel({1: 100.0, 64: 730.0})
+    target.cost.observe = lambda num_tokens, elapsed_ms: None  # the curve as given, uncorrected
+    engine = BatchEngine(target, None, "always", drafters={**build_drafters(None, None), "always": AlwaysDrafts()})
+    engine.planner.estimates["always"] = AcceptanceEstimate.with_prior(0.95)
+    engine.planner.record = lambda source, drafted, accepted: None  # the estimate stays high
+    engine.add("stream", GenerationRequest((5, 6, 7), max_tokens=60))
+    engine.step()
+    engine.add("long", GenerationRequest((90,) + JOINING[1:], max_tokens=2))
+    sizes, drafted = [], []
+    while "long" not in engine.running or engine.running["long"].unprefilled:
+        _, report = engine.step()
+        sizes.append(report.prefill_tokens)
+        drafted.append(sum(r.k for r in report.rounds if r.seq_id == "stream"))
+    assert min(drafted[1:]) == 4  # the stream drafted in every step beside the chunks
+    assert sizes[1:4] == [28] * 3 and sum(sizes) == JOINING_PREFILL

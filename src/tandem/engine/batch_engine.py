@@ -318,7 +318,12 @@ class BatchEngine(SequencePool):
         """The rounds that fit, their drafts, and the prompt chunks. Drafts come first: while the
         rounds outgrow the budget, the youngest round that was to finish a prompt without a
         draft waits, prefilling on (one that drafted keeps its round: its drafts may have drawn
-        on its rng)."""
+        on its rng). A budget held back beside decoding streams bounds what the prompts add to
+        their rounds (`_step_budget`), so auto-depth drafts do not shrink the chunks there
+        (within step_token_budget): the planner judged each draft token worth its cost in the
+        rounds' call, while a chunk cut short costs its prompt one more step, and each step
+        beside it the decoding rounds' whole call (16 streams of short answers, 1.5B Q4 on two
+        CPU threads: ~300 ms a step of rounds, ~7 ms a prompt token)."""
         over = _round_tokens(rounds, drafts) - budget
         rounds, drafts, waits = list(rounds), list(drafts), []
         for i in reversed(range(len(rounds))):
@@ -329,6 +334,9 @@ class BatchEngine(SequencePool):
                 waits.insert(0, rounds.pop(i))
                 drafts.pop(i)
         left = budget - _round_tokens(rounds, drafts)
+        if budget < self.step_token_budget:  # held back: auto drafts beyond the rounds' bounds ride on top
+            reserved = sum(self._round_bound(seq) for seq in rounds)
+            left = min(budget - reserved, self.step_token_budget - _round_tokens(rounds, drafts))
         return rounds, drafts, self._chunks(waits + prefilling, left, any(seq.unprefilled for seq in rounds))
 
     @staticmethod
