@@ -3,7 +3,7 @@
 
 Requests join and leave the running batch at every step. A step's target forward scores at most
 `step_token_budget` tokens (chunked prefill), and on a fused runner, while streams decode and
-prompts do not outnumber them, no more than costs STALL_FACTOR times their rounds alone or the
+prompts do not outnumber them (nor belong to a wave of prompts that did), no more than costs STALL_FACTOR times their rounds alone or the
 floor chunk alone (the smallest call near the device's batch speed), whichever is more (read off
 the measured cost curve): the decoding sequences' rounds come first, and prompts are scored in
 chunks, oldest first, in what they leave, so a long prompt joining does not stall the running
@@ -256,8 +256,8 @@ class BatchEngine(SequencePool):
         the whole budget until its prompts are all in (`self.wave`): held back again once
         the prompts no longer outnumber the streams, half a wave of 16 would go in 70 tokens a
         step, shared, its sequences idle for ~20 steps while the batch decodes at half width
-        (16 streams of short answers, 1.5B Q4 on two CPU threads: 1.05-1.10x tok/s, TTFT p50
-        4.6 against 11.4 s, docs/vs-llama-server.md#waves-run-through)."""
+        (16 streams of short answers, 1.5B Q4 on two CPU threads, in process: 1.06-1.13x tok/s,
+        docs/vs-llama-server.md#waves-run-through)."""
         decoding = [seq for seq in self.running.values() if not seq.unprefilled]
         prefilling = {seq.seq_id for seq in self.running.values() if seq.unprefilled}
         if len(prefilling) > len(decoding) and WAVES_RUN_THROUGH:
