@@ -33,14 +33,17 @@ def run_one(args) -> dict:
 
     target = RunnerSpec(args.target, args.backend, dtype=args.dtype, threads=args.threads)
     draft = RunnerSpec(args.draft, args.draft_backend or args.backend, dtype=args.dtype, threads=args.threads)
-    setting, _, held_back = args.one.partition("@")
+    setting, store, _ = args.one.partition("+store")
+    setting, _, held_back = setting.partition("@")
     if held_back:
         from tandem.engine import batch_engine
 
         batch_engine.WAVES_RUN_THROUGH = bool(int(held_back))
     drafter, _, floor = setting.partition(":")
+    from tandem.speculation.shared_store.store import open_ngram_store
+
     engine = build_engine(EngineConfig(target, draft, drafter=drafter, prefill_floor=int(floor) if floor else None),
-                          max_running=args.concurrency)
+                          max_running=args.concurrency, ngram_store=open_ngram_store(None) if store else None)
     tokenizer = TextTokenizer(str(tokenizer_path(args.target)))
     requests = [GenerationRequest(tuple(tokenizer.chat_prompt_ids(list(request.messages))), max_tokens=args.max_tokens,
                                   stop_token_ids=tokenizer.stop_token_ids)
@@ -56,7 +59,7 @@ def main() -> None:
     parser.add_argument("--draft-backend", default=None)
     parser.add_argument("--dtype", default="fp32")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--drafters", default="none,hybrid", help="comma-separated drafter settings, each optionally with :N, a prefill floor of N tokens, and @0 or @1, WAVES_RUN_THROUGH")
+    parser.add_argument("--drafters", default="none,hybrid", help="comma-separated drafter settings, each optionally with :N, a prefill floor of N tokens, @0 or @1, WAVES_RUN_THROUGH, and +store, the server's shared n-gram store")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--requests", type=int, default=16, help="requests per run")
     parser.add_argument("--max-tokens", type=int, default=50)
