@@ -59,7 +59,9 @@ def main() -> None:
     parser.add_argument("--draft-backend", default=None)
     parser.add_argument("--dtype", default="fp32")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--drafters", default="none,hybrid", help="comma-separated drafter settings, each optionally with :N, a prefill floor of N tokens, @0 or @1, WAVES_RUN_THROUGH, and +store, the server's shared n-gram store")
+    parser.add_argument("--drafters", default="none,hybrid",
+                        help="comma-separated drafter settings, each optionally with :N (a prefill floor of N tokens), "
+                             "@0 or @1 (WAVES_RUN_THROUGH) and +store (the server's shared n-gram store), in that order")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--requests", type=int, default=16, help="requests per run")
     parser.add_argument("--max-tokens", type=int, default=50)
