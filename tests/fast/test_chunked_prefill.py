@@ -15,6 +15,8 @@ from tandem.engine.events import SpeculationOptions
 from tandem.engine.request import GenerationRequest
 from tandem.errors import TandemError
 from tandem.models.backends import RunnerSpec
+from tandem.speculation.batch_depth import DraftCandidate
+from tandem.speculation.drafters.base import DraftOffer, SequenceDraft
 from tandem.speculation.sampling import SamplingParams
 
 LONG = tuple((11 * i + 5) % 97 for i in range(40))  # a prompt many budgets long
@@ -364,11 +366,10 @@ def test_while_more_prompts_wait_than_streams_decode_nothing_is_held_back(tiny_t
     assert steps[0] == [JOINING_PREFILL, JOINING_PREFILL]
 
 
-
 def test_a_wave_let_through_keeps_the_whole_budget_until_its_prompts_are_in(tiny_target, monkeypatch):
     """Three prompts join one stream on the fixed-cost curve, 300 tokens a step: they outnumber
-    it, so the first step scores 299 prompt tokens (the first prompt whole and its round, 121 of the second).
-    Then two prompts prefill beside two streams: no longer outnumbering them, but the wave
+    it, so the first step scores the first prompt whole (and its round) and 121 tokens of the
+    second. Then two prompts prefill beside two streams: no longer outnumbering them, but the wave
     keeps the whole budget (56 + 177 tokens, where the held-back budget would give 27)."""
     from engine_support import fused_runner
 
@@ -381,6 +382,7 @@ def test_a_wave_let_through_keeps_the_whole_budget_until_its_prompts_are_in(tiny
                        step_token_budget=300)
     assert held[0] == steps[0] and sum(held[1]) == 27  # without: held back at once
 
+
 class AlwaysDrafts:
     """A copy drafter double that always offers up to 4 tokens (the stream's last token again) as
     source "always"; the test fixes the planner's estimate, so auto depth drafts them."""
@@ -389,14 +391,9 @@ class AlwaysDrafts:
     uses_model = False
 
     def offer(self, seq, limit: int):
-        from tandem.speculation.batch_depth import DraftCandidate
-        from tandem.speculation.drafters.base import DraftOffer
-
         return DraftOffer(DraftCandidate(self.name, min(4, limit), False, fixed_k=seq.fixed_k))
 
     def propose_batch(self, jobs, keep_drafting=None):
-        from tandem.speculation.drafters.base import SequenceDraft
-
         return [SequenceDraft(self.name, [job.seq.tokens[-1]] * job.k) for job in jobs]
 
 

@@ -260,10 +260,9 @@ class BatchEngine(SequencePool):
         docs/vs-llama-server.md#waves-run-through)."""
         decoding = [seq for seq in self.running.values() if not seq.unprefilled]
         prefilling = {seq.seq_id for seq in self.running.values() if seq.unprefilled}
-        if len(prefilling) > len(decoding) and WAVES_RUN_THROUGH:
-            self.wave = prefilling
-        self.wave &= prefilling
-        if not decoding or not self.target.fused or self.wave or len(prefilling) > len(decoding):
+        outnumbered = len(prefilling) > len(decoding)
+        self.wave = (prefilling if outnumbered and WAVES_RUN_THROUGH else self.wave) & prefilling
+        if not decoding or not self.target.fused or outnumbered or self.wave:
             return self.step_token_budget
         rounds = sum(self._round_bound(seq) for seq in decoding)
         return held_back_budget(self.target.cost, rounds, self.step_token_budget, self.prefill_floor)
@@ -343,10 +342,10 @@ class BatchEngine(SequencePool):
                 over -= len(rounds[i].unprefilled) + 1
                 waits.insert(0, rounds.pop(i))
                 drafts.pop(i)
-        left = budget - _round_tokens(rounds, drafts)
+        scored = _round_tokens(rounds, drafts)
+        left = budget - scored
         if budget < self.step_token_budget:  # held back: auto drafts beyond the rounds' bounds ride on top
-            reserved = sum(self._round_bound(seq) for seq in rounds)
-            left = min(budget - reserved, self.step_token_budget - _round_tokens(rounds, drafts))
+            left = min(budget - sum(self._round_bound(seq) for seq in rounds), self.step_token_budget - scored)
         return rounds, drafts, self._chunks(waits + prefilling, left, any(seq.unprefilled for seq in rounds))
 
     @staticmethod
