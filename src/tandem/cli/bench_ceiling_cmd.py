@@ -7,8 +7,10 @@ import sys
 from pathlib import Path
 
 from tandem.bench.ceiling import MAX_DRAFT
+from tandem.cli.int_list import int_list
 
 DEFAULT_CONTEXTS = "512,1024,2048"
+_contexts = int_list(1, 32768, sort=True)  # cached tokens a curve is measured at
 PREFILL_CHUNK = 512  # tokens per call while filling the cache up to a context
 
 
@@ -23,23 +25,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--concurrency", type=int, default=None, help="the level to read (default: the lowest)")
     parser.add_argument("--reference", default=None,
                         help="the config whose answers define the workload (default: the first tandem one)")
-    parser.add_argument("--contexts", type=_contexts, default=_contexts(DEFAULT_CONTEXTS),
+    parser.add_argument("--contexts", type=_contexts, default=DEFAULT_CONTEXTS,
                         help=f"cached tokens the curves are measured at, comma-separated (default {DEFAULT_CONTEXTS}; "
                         "one value prices every round at it)")
     parser.add_argument("--max-draft", type=int, default=MAX_DRAFT, help=f"longest draft (default {MAX_DRAFT})")
     parser.add_argument("--threads", type=int, default=None, help="threads for the curve (default: the run's)")
     parser.add_argument("--out", default=None, help="also write the table to this markdown file")
     parser.set_defaults(func=run)
-
-
-def _contexts(text: str) -> tuple[int, ...]:
-    try:
-        contexts = tuple(sorted({int(part) for part in str(text).split(",") if part.strip()}))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--contexts takes whole numbers separated by commas, got {text!r}") from None
-    if not contexts or not all(1 <= c <= 32768 for c in contexts):
-        raise argparse.ArgumentTypeError(f"--contexts takes 1 to 32768 cached tokens, got {text!r}")
-    return contexts
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from tandem.cli.int_list import int_list
 from tandem.errors import TandemError
 from tandem.models.catalog import DEFAULT_TARGET
 
@@ -18,8 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="torch: the fused runner (default); llamacpp: the llama.cpp batch runner")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="bf16", help="fp32 | bf16 | fp16 (default bf16)")
-    parser.add_argument("--batches", default="1,2,4,8,16", help="slots per step (default 1,2,4,8,16)")
-    parser.add_argument("--tokens", default="1,5", help="new tokens per slot (default 1,5: decode, k=4 verify)")
+    parser.add_argument("--batches", type=int_list(), default="1,2,4,8,16", help="slots per step (default 1,2,4,8,16)")
+    parser.add_argument("--tokens", type=int_list(), default="1,5", help="new tokens per slot (default 1,5: decode, k=4 verify)")
     parser.add_argument("--context", type=int, default=200, help="cached tokens per slot (default 200)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--serial", action="store_true",
@@ -29,16 +30,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def _ints(text: str) -> list[int]:
-    return [int(part) for part in text.split(",") if part.strip()]
-
-
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from tandem.bench.step import fill_slots, load_llamacpp_runners, load_runners, memory_bandwidth, time_step
 
-    batches, tokens = _ints(args.batches), _ints(args.tokens)
+    batches, tokens = args.batches, args.tokens
     if args.backend == "llamacpp" and args.device != "cpu":
         raise TandemError("--backend llamacpp runs on the CPU; --device is for the torch runner")
     if args.backend == "llamacpp":

@@ -10,6 +10,7 @@ which is where `tandem plan` looks. The progress bar goes to stderr, the saved p
 import argparse
 import sys
 
+from tandem.cli.int_list import int_list
 from tandem.cluster.profiles.measure import ProfileGrid, measure_profile
 from tandem.cluster.profiles.profile import save_profile
 from tandem.cluster.profiles.profile_store import default_profile_path, worker_models
@@ -31,9 +32,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--cluster", help="profile every (model, backend, device, threads) of this cluster file")
     parser.add_argument("--out", help="profile file to write (single profile only)")
     parser.add_argument("--force", action="store_true", help="with --cluster: re-measure saved profiles")
-    parser.add_argument("--sizes", default=_csv(_GRID.sizes), help="new tokens per sequence, comma-separated")
-    parser.add_argument("--contexts", default=_csv(_GRID.contexts), help="context lengths, comma-separated")
-    parser.add_argument("--batches", default=_csv(_GRID.batches), help="batch sizes, comma-separated")
+    parser.add_argument("--sizes", type=int_list(), default=_csv(_GRID.sizes), help="new tokens per sequence, comma-separated")
+    parser.add_argument("--contexts", type=int_list(), default=_csv(_GRID.contexts), help="context lengths, comma-separated")
+    parser.add_argument("--batches", type=int_list(), default=_csv(_GRID.batches), help="batch sizes, comma-separated")
     parser.add_argument("--repeats", type=int, default=_GRID.repeats, help="timed calls per point (fastest kept)")
     parser.set_defaults(func=run)
 
@@ -43,8 +44,7 @@ def run(args: argparse.Namespace) -> int:
         raise TandemError("give either --model (with --backend/--device) or --cluster FILE")
     if args.cluster and args.out:
         raise TandemError("--out names one file; with --cluster profiles go to their default paths")
-    grid = ProfileGrid(_ints(args.sizes, "--sizes"), _ints(args.contexts, "--contexts"),
-                       _ints(args.batches, "--batches"), args.repeats)
+    grid = ProfileGrid(args.sizes, args.contexts, args.batches, args.repeats)
     specs = [RunnerSpec(args.model, args.backend, args.device, args.dtype, args.threads)] if args.model \
         else _cluster_specs(args.cluster, args.force)
     if not specs:
@@ -75,13 +75,6 @@ def _measure(spec: RunnerSpec, grid: ProfileGrid):
         return measure_profile(spec, grid)
     except (RuntimeError, OSError, ValueError) as error:
         raise TandemError(f"cannot profile {spec.model} on {spec.device} ({spec.backend}): {error}") from None
-
-
-def _ints(text: str, flag: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise TandemError(f"{flag} wants comma-separated integers (got {text!r})") from None
 
 
 def _csv(values: tuple[int, ...]) -> str:
