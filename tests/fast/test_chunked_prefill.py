@@ -367,12 +367,13 @@ def test_while_more_prompts_wait_than_streams_decode_nothing_is_held_back(tiny_t
 
 
 def test_a_wave_let_through_keeps_the_whole_budget_until_its_prompts_are_in(tiny_target, monkeypatch):
-    """Three prompts join one stream on the fixed-cost curve, 300 tokens a step: they outnumber
-    it, so the first step scores the first prompt whole (and its round) and 121 tokens of the
-    second. Then two prompts prefill beside two streams: no longer outnumbering them, but the wave
+    """With WAVES_RUN_THROUGH (off by default): three prompts join one stream on the fixed-cost
+    curve, 300 tokens a step: they outnumber it, so the first step scores the first prompt whole
+    (and its round) and 121 tokens of the second. Then two prompts prefill beside two streams: no longer outnumbering them, but the wave
     keeps the whole budget (56 + 177 tokens, where the held-back budget would give 27)."""
     from engine_support import fused_runner
 
+    monkeypatch.setattr(batch_engine, "WAVES_RUN_THROUGH", True)
     target = fused_runner(tiny_target, slots=4, context=256)
     steps = chunk_sizes(target, {1: 100.0, 64: 730.0}, joining=3, step_token_budget=300)
     assert steps[0] == [JOINING_PREFILL, 121, 0]
@@ -380,7 +381,7 @@ def test_a_wave_let_through_keeps_the_whole_budget_until_its_prompts_are_in(tiny
     monkeypatch.setattr(batch_engine, "WAVES_RUN_THROUGH", False)
     held = chunk_sizes(fused_runner(tiny_target, slots=4, context=256), {1: 100.0, 64: 730.0}, joining=3,
                        step_token_budget=300)
-    assert held[0] == steps[0] and sum(held[1]) == 27  # without: held back at once
+    assert held[0] == steps[0] and sum(held[1]) == 27  # without (the default): held back at once
 
 
 class AlwaysDrafts:
