@@ -34,15 +34,12 @@ def run_one(args) -> dict:
     target = RunnerSpec(args.target, args.backend, dtype=args.dtype, threads=args.threads)
     draft = RunnerSpec(args.draft, args.draft_backend or args.backend, dtype=args.dtype, threads=args.threads)
     setting, store, _ = args.one.partition("+store")
-    setting, _, held_back = setting.partition("@")
-    if held_back:
-        from tandem.engine import batch_engine
-
-        batch_engine.WAVES_RUN_THROUGH = bool(int(held_back))
+    setting, _, waves = setting.partition("@")
     drafter, _, floor = setting.partition(":")
     from tandem.speculation.shared_store.store import open_ngram_store
 
-    engine = build_engine(EngineConfig(target, draft, drafter=drafter, prefill_floor=int(floor) if floor else None),
+    engine = build_engine(EngineConfig(target, draft, drafter=drafter, prefill_floor=int(floor) if floor else None,
+                                       prefill_waves=waves == "1"),
                           max_running=args.concurrency, ngram_store=open_ngram_store(None) if store else None)
     tokenizer = TextTokenizer(str(tokenizer_path(args.target)))
     requests = [GenerationRequest(tuple(tokenizer.chat_prompt_ids(list(request.messages))), max_tokens=args.max_tokens,
@@ -61,7 +58,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--drafters", default="none,hybrid",
                         help="comma-separated drafter settings, each optionally with :N (a prefill floor of N tokens), "
-                             "@0 or @1 (WAVES_RUN_THROUGH) and +store (the server's shared n-gram store), in that order")
+                             "@0 or @1 (--prefill-waves off or on) and +store (the server's shared n-gram store), in that order")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--requests", type=int, default=16, help="requests per run")
     parser.add_argument("--max-tokens", type=int, default=50)

@@ -246,7 +246,7 @@ JOINING_PREFILL = len(JOINING) - 1  # its tokens scored as prompt: the last one 
 
 
 def chunk_sizes(target, cost_points: dict[int, float], joining: int, prefill_floor: int | None = None,
-                step_token_budget: int = STEP_TOKEN_BUDGET) -> list[list[int]]:
+                step_token_budget: int = STEP_TOKEN_BUDGET, prefill_waves: bool = False) -> list[list[int]]:
     """One stream decoding on a runner with the given cost curve, then `joining` prompts like
     JOINING join, each with its own first token (prompts sharing a prefix would wait for one
     another's prefill): the prompt tokens each step scores for each of them, until the stream
@@ -255,7 +255,8 @@ def chunk_sizes(target, cost_points: dict[int, float], joining: int, prefill_flo
 
     target.cost = CostModel(cost_points)
     target.cost.observe = lambda num_tokens, elapsed_ms: None  # the curve as given, uncorrected
-    engine = BatchEngine(target, None, "none", prefill_floor=prefill_floor, step_token_budget=step_token_budget)
+    engine = BatchEngine(target, None, "none", prefill_floor=prefill_floor, step_token_budget=step_token_budget,
+                         prefill_waves=prefill_waves)
     engine.add("stream", GenerationRequest((5, 6, 7), max_tokens=60))
     engine.step()
     names = [f"long-{i}" for i in range(joining)]
@@ -366,19 +367,18 @@ def test_while_more_prompts_wait_than_streams_decode_nothing_is_held_back(tiny_t
     assert steps[0] == [JOINING_PREFILL, JOINING_PREFILL]
 
 
-def test_a_wave_let_through_keeps_the_whole_budget_until_its_prompts_are_in(tiny_target, monkeypatch):
-    """With WAVES_RUN_THROUGH (off by default): three prompts join one stream on the fixed-cost
+def test_a_wave_let_through_keeps_the_whole_budget_until_its_prompts_are_in(tiny_target):
+    """With `--prefill-waves` (off by default): three prompts join one stream on the fixed-cost
     curve, 300 tokens a step: they outnumber it, so the first step scores the first prompt whole
-    (and its round) and 121 tokens of the second. Then two prompts prefill beside two streams: no longer outnumbering them, but the wave
-    keeps the whole budget (56 + 177 tokens, where the held-back budget would give 27)."""
+    (and its round) and 121 tokens of the second. Then two prompts prefill beside two streams: no
+    longer outnumbering them, but the wave keeps the whole budget (56 + 177 tokens, where the
+    held-back budget would give 27)."""
     from engine_support import fused_runner
 
-    monkeypatch.setattr(batch_engine, "WAVES_RUN_THROUGH", True)
     target = fused_runner(tiny_target, slots=4, context=256)
-    steps = chunk_sizes(target, {1: 100.0, 64: 730.0}, joining=3, step_token_budget=300)
+    steps = chunk_sizes(target, {1: 100.0, 64: 730.0}, joining=3, step_token_budget=300, prefill_waves=True)
     assert steps[0] == [JOINING_PREFILL, 121, 0]
     assert steps[1] == [0, JOINING_PREFILL - 121, JOINING_PREFILL]
-    monkeypatch.setattr(batch_engine, "WAVES_RUN_THROUGH", False)
     held = chunk_sizes(fused_runner(tiny_target, slots=4, context=256), {1: 100.0, 64: 730.0}, joining=3,
                        step_token_budget=300)
     assert held[0] == steps[0] and sum(held[1]) == 27  # without (the default): held back at once

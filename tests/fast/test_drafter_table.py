@@ -70,7 +70,7 @@ def _cluster_args(tmp_path, drafter):
     path = tmp_path / "cluster.yaml"
     path.write_text(CLUSTER_WITHOUT_DRAFT_MODEL)
     return ClusterOptions(load_cluster(str(path))), argparse.Namespace(drafter=drafter, k="auto", step_tokens=512,
-                                                                           prefill_floor=None)
+                                                                           prefill_floor=None, prefill_waves=False)
 
 
 @pytest.mark.parametrize("drafter", ["suffix", "ngram", "none"])

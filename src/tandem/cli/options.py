@@ -31,6 +31,10 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                        "the fewest within 15%% of a 64-token call's cost a token, read off the target's "
                        "profile; short inter-token gaps) or a number (e.g. 48: prompts nearer batch "
                        "speed on a CPU, longer gaps)")
+    group.add_argument("--prefill-waves", action="store_true",
+                       help="let a wave of new prompts (more than the streams decoding) keep the whole step "
+                       "budget until all are in: more throughput for closed loops of short answers, "
+                       "long inter-token gaps for the streams beside the wave (off by default)")
     group.add_argument("--torch-runner", default="fused", choices=TORCH_RUNNERS,
                        help="torch backend: fused (one paged forward for all sequences, default) or serial "
                        "(transformers, one sequence at a time)")
@@ -72,4 +76,4 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     drafter = check_drafter(args.drafter or default_drafter(has_draft_model=True))  # --draft always names one
     draft = draft_spec(args) if USES_MODEL[drafter] else None
     return EngineConfig(target_spec(args), draft, drafter, args.k, step_token_budget=args.step_tokens,
-                        prefill_floor=args.prefill_floor)
+                        prefill_floor=args.prefill_floor, prefill_waves=args.prefill_waves)

@@ -119,7 +119,8 @@ def cluster_engine_config(cluster, args: argparse.Namespace):
     draft = RunnerSpec(draft_worker.drafting_model, draft_worker.backend) if draft_worker else None
     return EngineConfig(RunnerSpec(target.model, target.backend, target.device, target.dtype, target.threads),
                         draft if USES_MODEL.get(drafter, False) else None, drafter, args.k,
-                        step_token_budget=args.step_tokens, prefill_floor=args.prefill_floor)
+                        step_token_budget=args.step_tokens, prefill_floor=args.prefill_floor,
+                        prefill_waves=args.prefill_waves)
 
 
 def serve_settings(args: argparse.Namespace) -> ServeSettings:

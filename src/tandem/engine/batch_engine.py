@@ -57,8 +57,6 @@ from tandem.token_ids import common_prefix
 # prompt that finishes with drafts of its fixed k.
 STEP_TOKEN_BUDGET = 512  # tokens one step's target forward scores: rounds first, prompt chunks after
 MIN_PREFILL_CHUNK = 16  # prompt tokens the oldest prompt still gets when the rounds fill the budget
-WAVES_RUN_THROUGH = False  # a wave let through keeps the whole budget until its prompts are in (`_step_budget`):
-# off, since it broke the inter-token gap bound on a cluster at C=8 (docs/vs-llama-server.md#waves-run-through)
 STALL_FACTOR = 3.0  # a step with prompt chunks costs at most this many times the decoding rounds alone,
 FULL_SPEED_CHUNK = 64  # calls up to this size set the device's batch speed (the largest profiled)
 FLOOR_SLACK = 1.15  # or what the floor chunk costs: the smallest call within this of the batch speed's cost a token
@@ -86,7 +84,7 @@ class BatchEngine(SequencePool):
                  depth: "Depth | str | int" = Auto(), ngram_store=None, max_running: int | None = None,
                  drafters: dict[str, Drafter] | None = None, step_token_budget: int = STEP_TOKEN_BUDGET,
                  host_cache: HostPromptCache | None = None, disk_cache: DiskPromptCache | None = None,
-                 prefill_floor: int | None = None):
+                 prefill_floor: int | None = None, prefill_waves: bool = False):
         check_step_token_budget(step_token_budget)
         check_prefill_floor(prefill_floor)
         self.draft_model = LocalDraftModel(draft) if draft is not None else None
@@ -99,6 +97,7 @@ class BatchEngine(SequencePool):
         self.context_length = target.context_length
         self.step_token_budget = step_token_budget
         self.prefill_floor = prefill_floor  # None: floor_chunk of the target's profile
+        self.prefill_waves = prefill_waves  # a wave let through keeps the whole budget (`_step_budget`)
         self.planner = BatchDepthPlanner(target, draft)
         self.prompt_cache = PromptCache(target, draft, host_cache, disk_cache)
         self.slots = self.prompt_cache.slots
@@ -253,17 +252,17 @@ class BatchEngine(SequencePool):
         round costs about what the floor does), so it lengthens gaps only where that buys
         prefill speed (`--prefill-floor N` fixes it). While more sequences wait on their prompt
         than decode, nothing is held back: the many first tokens outweigh the few streams' gaps
-        (a closed loop's wave of new requests goes in at full speed). With WAVES_RUN_THROUGH a
+        (a closed loop's wave of new requests goes in at full speed). With `prefill_waves` a
         wave let through keeps the whole budget until its prompts are all in (`self.wave`):
         held back again once the prompts no longer outnumber the streams, half a wave of 16 goes
         in 70 tokens a step, shared (16 streams of short answers, 1.5B Q4 on two CPU threads, in
-        process: 1.06-1.13x tok/s). It is off: on two smollm2 replicas at C=8 it stalled the
+        process: 1.06-1.13x tok/s). It is opt-in: on two smollm2 replicas at C=8 it stalled the
         streams beside each wave, ITL p99/p50 19.6x and 21x against 4.7x and 2.7x without
         (docs/vs-llama-server.md#waves-run-through)."""
         decoding = [seq for seq in self.running.values() if not seq.unprefilled]
         prefilling = {seq.seq_id for seq in self.running.values() if seq.unprefilled}
         outnumbered = len(prefilling) > len(decoding)
-        self.wave = (prefilling if outnumbered and WAVES_RUN_THROUGH else self.wave) & prefilling
+        self.wave = (prefilling if outnumbered and self.prefill_waves else self.wave) & prefilling
         if not decoding or not self.target.fused or outnumbered or self.wave:
             return self.step_token_budget
         rounds = sum(self._round_bound(seq) for seq in decoding)

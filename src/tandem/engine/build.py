@@ -39,6 +39,7 @@ class EngineConfig:
     k: Depth = Auto()  # "auto" or an int are parsed on creation
     step_token_budget: int = STEP_TOKEN_BUDGET  # rounds first, prompt chunks fill the rest
     prefill_floor: int | None = None  # prompt tokens a step may always score beside streams (None: from the profile)
+    prefill_waves: bool = False  # a wave of new prompts keeps the whole step budget until all are in
 
     def __post_init__(self):
         object.__setattr__(self, "k", parse_depth(self.k))
@@ -77,7 +78,8 @@ def build_engine(config: EngineConfig, max_running: int = DEFAULT_MAX_RUNNING, n
         disk_cache = DiskPromptCache(cache_dir, capacity, disk_model_key(config, draft is not None))
     return BatchEngine(target, draft, config.drafter, config.k, ngram_store, max_running,
                        step_token_budget=config.step_token_budget, host_cache=host_cache,
-                       disk_cache=disk_cache, prefill_floor=config.prefill_floor)
+                       disk_cache=disk_cache, prefill_floor=config.prefill_floor,
+                       prefill_waves=config.prefill_waves)
 
 
 def disk_model_key(config: EngineConfig, with_draft: bool) -> str:

@@ -111,7 +111,7 @@ def _engine(config: EngineConfig, settings: ServeSettings, ngram_store, cluster,
 
     replica = ReplicaSettings(ngram_store_url=None if settings.cache_url == CACHE_OFF else settings.cache_url,
                               ngram_namespace=model_name, step_token_budget=config.step_token_budget,
-                              prefill_floor=config.prefill_floor)
+                              prefill_floor=config.prefill_floor, prefill_waves=config.prefill_waves)
     return launch_cluster(cluster.spec, config.drafter, config.k, cluster.ray_address, settings.max_running,
                           cluster.health_period_s, cluster.draft_ahead, replica)
 

@@ -246,6 +246,7 @@ def test_server_kind_command_lines():
     spec, nospec, llama = (SERVER_KINDS[n]() for n in ("tandem-spec", "tandem-nospec", "llamacpp-server"))
     assert "--drafter" not in spec.command(LAUNCH, 1234) and "--port" in spec.command(LAUNCH, 1234)
     assert nospec.command(LAUNCH, 1234)[-2:] == ["--drafter", "none"]
+    assert SERVER_KINDS["tandem-waves"]().command(LAUNCH, 1234)[-1] == "--prefill-waves"
     line = llama.command(LAUNCH, 1234)
     assert line[line.index("--interrupt_requests") + 1] == "False" and "1234" in line
     assert spec.base_url(0, "loading\nserving on http://127.0.0.1:4321/v1 (ctrl-c)\n") == "http://127.0.0.1:4321/v1"

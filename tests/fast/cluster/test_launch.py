@@ -44,27 +44,27 @@ def test_replicas_share_one_process_default_host_cache_unless_the_file_sizes_it(
 
 def test_a_replica_host_sizes_its_host_tier_and_opens_its_ngram_store_as_told(tiny_target):
     """What launch hands a replica's actor: its host tier's capacity, the n-gram store's URL,
-    `tandem serve`'s step budget and prefill floor (the plain class, no Ray)."""
+    `tandem serve`'s step budget, prefill floor and waves (the plain class, no Ray)."""
     from tandem.cluster.runtime.actors import ReplicaHost
     from tandem.cluster.runtime.emulation import Emulation
     from tandem.models.backends import RunnerSpec
 
     from tandem.cluster.runtime.replica import ReplicaSettings
 
-    settings = ReplicaSettings(3 << 20, "memory", "tiny", step_token_budget=100, prefill_floor=24)
+    settings = ReplicaSettings(3 << 20, "memory", "tiny", step_token_budget=100, prefill_floor=24, prefill_waves=True)
     host = ReplicaHost(RunnerSpec(str(tiny_target), backend="torch", context_length=256), 2, Emulation(), settings)
     try:
         engine = host.worker.engine
         assert engine.prompt_cache.host.capacity_bytes == 3 << 20
         assert engine.ngram_store is not None  # its own in-process n-gram store
-        assert (engine.step_token_budget, engine.prefill_floor) == (100, 24)
+        assert (engine.step_token_budget, engine.prefill_floor, engine.prefill_waves) == (100, 24, True)
     finally:
         host.worker.close()
 
 
 def serve_args(**overrides) -> argparse.Namespace:
     values = dict(cluster=None, ray_address=None, draft_ahead=False, drafter="hybrid", k="auto", health_period=None,
-                  step_tokens=512, prefill_floor=None)
+                  step_tokens=512, prefill_floor=None, prefill_waves=False)
     values.update(overrides)
     return argparse.Namespace(**values)
 
@@ -77,8 +77,10 @@ def test_serve_cluster_serves_the_first_verifiers_model():
     assert config.target.model == "qwen2.5-coder-1.5b-instruct"
     assert config.draft.model == "qwen2.5-coder-0.5b-instruct" and config.drafter == "hybrid"
     assert options.health_period_s == 2.0
-    fixed = cluster_engine_config(options, serve_args(cluster=CROSS_REGION, step_tokens=256, prefill_floor=48))
-    assert (fixed.step_token_budget, fixed.prefill_floor) == (256, 48)  # handed on to the replicas
+    fixed = cluster_engine_config(options, serve_args(cluster=CROSS_REGION, step_tokens=256, prefill_floor=48,
+                                                      prefill_waves=True))
+    assert (fixed.step_token_budget, fixed.prefill_floor, fixed.prefill_waves) == (256, 48, True)  # to the replicas
+    assert not config.prefill_waves  # off unless asked
 
 
 def test_the_health_period_is_read_and_checked():

@@ -24,6 +24,8 @@ RATIO_PAIRS = (
     ("tandem-spec", "tandem-ngram"),
     ("tandem-spec", "tandem-suffix"),
     ("tandem-spec", "tandem-model"),
+    ("tandem-waves", "tandem-spec"),
+    ("tandem-waves", "llama-server"),
 )
 ROUND_DIGITS = 3
 

@@ -7,6 +7,8 @@ answers 200 when it is ready (`health_path`), and what it adds to every request 
 
 - `tandem-spec`: `tandem serve` with its default speculation (`--drafter hybrid --k auto`).
 - `tandem-nospec`: `tandem serve --drafter none`: the same server, target only.
+- `tandem-waves`: `tandem serve --prefill-waves`: the defaults, but a wave of new prompts keeps
+  the whole step budget until all are in (throughput for longer gaps beside it).
 - `tandem-ngram`, `tandem-suffix`, `tandem-model`: one drafter alone (`--drafter NAME`), the
   parts `hybrid` chooses between.
 - `tandem-nospec-serial`: the same with `--torch-runner serial` (torch backend only: one
@@ -103,6 +105,13 @@ class TandemNoSpecServer(TandemSpecServer):
     needs_draft = False
     drafter_options = ("--drafter", "none")
     notes = "`tandem serve --drafter none`: the same server, target only"
+
+
+class TandemWavesServer(TandemSpecServer):
+    label = "tandem-waves"
+    needs_draft = True
+    drafter_options = ("--prefill-waves",)
+    notes = "`tandem serve --prefill-waves`: its defaults, a wave of new prompts kept at the whole step budget"
 
 
 class TandemNgramServer(TandemSpecServer):
@@ -224,7 +233,7 @@ class LlamaServerAuto(LlamaServer):
 
 
 SERVER_KINDS: Mapping[str, type] = MappingProxyType(
-    {kind.label: kind for kind in (TandemSpecServer, TandemNoSpecServer, TandemNgramServer, TandemSuffixServer,
+    {kind.label: kind for kind in (TandemSpecServer, TandemNoSpecServer, TandemWavesServer, TandemNgramServer, TandemSuffixServer,
                                    TandemModelServer, TandemSerialServer, LlamaCppServer, LlamaServer,
                                    LlamaServerNgram, LlamaServerNgramMap, LlamaServerDraft, LlamaServerAuto)}
 )

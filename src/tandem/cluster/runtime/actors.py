@@ -37,7 +37,8 @@ class ReplicaHost:
         self.worker = ReplicaEngine(runner, emulation, max_running=slots,
                                     step_token_budget=settings.step_token_budget,
                                     host_cache=host_cache_for(runner, None, settings.cache_ram_bytes),
-                                    ngram_store=store, prefill_floor=settings.prefill_floor)
+                                    ngram_store=store, prefill_floor=settings.prefill_floor,
+                                    prefill_waves=settings.prefill_waves)
 
     def info(self):
         return _with_placement(self.worker.info())

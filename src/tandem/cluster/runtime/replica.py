@@ -84,20 +84,21 @@ class ReplicaSettings:
     ngram_namespace: str = "default"  # the store's namespace (one per vocabulary)
     step_token_budget: int = STEP_TOKEN_BUDGET
     prefill_floor: int | None = None  # None: read off the target's profile
+    prefill_waves: bool = False  # `--prefill-waves`
 
 
 class ReplicaEngine:
     def __init__(self, runner: BatchRunner, emulation: Emulation = Emulation(), drafter: str = "hybrid",
                  depth: "Depth | str | int" = Auto(), max_running: int | None = None,
                  step_token_budget: int = STEP_TOKEN_BUDGET, host_cache: HostPromptCache | None = None,
-                 ngram_store=None, prefill_floor: int | None = None):
+                 ngram_store=None, prefill_floor: int | None = None, prefill_waves: bool = False):
         self.runner = SlowedRunner.around(runner, emulation.slowdown)
         self.emulation = emulation
         self.remote = RemoteDraftModel([])
         self.engine = BatchEngine(self.runner, None, drafter, depth, ngram_store, max_running,
                                   drafters=build_drafters(self.remote, ngram_store),
                                   step_token_budget=step_token_budget, host_cache=host_cache,
-                                  prefill_floor=prefill_floor)
+                                  prefill_floor=prefill_floor, prefill_waves=prefill_waves)
         self._news = threading.Condition()
         self._updates: list[SequenceUpdate] = []
         self._reports: list[StepReport] = []
