@@ -19,8 +19,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="torch: the fused runner (default); llamacpp: the llama.cpp batch runner")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="bf16", help="fp32 | bf16 | fp16 (default bf16)")
-    parser.add_argument("--batches", type=int_list(), default="1,2,4,8,16", help="slots per step (default 1,2,4,8,16)")
-    parser.add_argument("--tokens", type=int_list(), default="1,5", help="new tokens per slot (default 1,5: decode, k=4 verify)")
+    parser.add_argument("--batches", type=int_list(), default="1,2,4,8,16",
+                        help="slots per step (default 1,2,4,8,16)")
+    parser.add_argument("--tokens", type=int_list(), default="1,5",
+                        help="new tokens per slot (default 1,5: decode, k=4 verify)")
     parser.add_argument("--context", type=int, default=200, help="cached tokens per slot (default 200)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--serial", action="store_true",

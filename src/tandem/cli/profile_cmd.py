@@ -32,8 +32,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--cluster", help="profile every (model, backend, device, threads) of this cluster file")
     parser.add_argument("--out", help="profile file to write (single profile only)")
     parser.add_argument("--force", action="store_true", help="with --cluster: re-measure saved profiles")
-    parser.add_argument("--sizes", type=int_list(), default=_csv(_GRID.sizes), help="new tokens per sequence, comma-separated")
-    parser.add_argument("--contexts", type=int_list(), default=_csv(_GRID.contexts), help="context lengths, comma-separated")
+    parser.add_argument("--sizes", type=int_list(), default=_csv(_GRID.sizes),
+                        help="new tokens per sequence, comma-separated")
+    parser.add_argument("--contexts", type=int_list(), default=_csv(_GRID.contexts),
+                        help="context lengths, comma-separated")
     parser.add_argument("--batches", type=int_list(), default=_csv(_GRID.batches), help="batch sizes, comma-separated")
     parser.add_argument("--repeats", type=int, default=_GRID.repeats, help="timed calls per point (fastest kept)")
     parser.set_defaults(func=run)

@@ -233,7 +233,7 @@ class LlamaServerAuto(LlamaServer):
 
 
 SERVER_KINDS: Mapping[str, type] = MappingProxyType(
-    {kind.label: kind for kind in (TandemSpecServer, TandemNoSpecServer, TandemWavesServer, TandemNgramServer, TandemSuffixServer,
-                                   TandemModelServer, TandemSerialServer, LlamaCppServer, LlamaServer,
+    {kind.label: kind for kind in (TandemSpecServer, TandemNoSpecServer, TandemWavesServer, TandemNgramServer,
+                                   TandemSuffixServer, TandemModelServer, TandemSerialServer, LlamaCppServer, LlamaServer,
                                    LlamaServerNgram, LlamaServerNgramMap, LlamaServerDraft, LlamaServerAuto)}
 )

@@ -77,7 +77,7 @@ class ReplicaNews:
 class ReplicaSettings:
     """What a verifier replica is built with beside its runner: from the cluster file (its
     worker's `cache_ram`) and `tandem serve`'s options (`--cache`, `--step-tokens`,
-    `--prefill-floor`)."""
+    `--prefill-floor`, `--prefill-waves`)."""
 
     cache_ram_bytes: int | None = None  # its prompt cache's host tier (None: the process default)
     ngram_store_url: str | None = None  # None or "memory": its own n-gram store; redis://...: shared
