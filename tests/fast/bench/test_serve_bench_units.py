@@ -60,10 +60,17 @@ class FakeServer:
     async def metrics(self, request):
         """Tandem's draft-source counters: every chat request so far drafted 4 `suffix9` tokens
         (3 accepted) in one round, and was offered one `ngram3` round it drafted nothing in (a
-        request marked `"user": "nospec"` counts as another server's)."""
+        request marked `"user": "nospec"` counts as another server's); and its engine steps: 5
+        a request, one with prompt tokens, 0.5 s in all, 0.1 s drafting and 0.3 s verifying."""
         n = sum(body.get("user") != "nospec" for body in self.bodies)
         labels = 'model_name="fake-model",source='
-        return PlainTextResponse("\n".join([
+        steps = [line for name, count, seconds in (("engine", 5 * n, 0.5 * n), ("prefill", n, 0.05 * n),
+                                                   ("draft", 5 * n, 0.1 * n), ("verify", 5 * n, 0.3 * n))
+                 for line in (f"# TYPE tandem:{name}_step_seconds histogram",
+                              f'tandem:{name}_step_seconds_bucket{{model_name="fake-model",le="+Inf"}} {count}',
+                              f'tandem:{name}_step_seconds_count{{model_name="fake-model"}} {count}',
+                              f'tandem:{name}_step_seconds_sum{{model_name="fake-model"}} {seconds}')]
+        return PlainTextResponse("\n".join(steps + [
             "# TYPE tandem:spec_decode_rounds counter",
             f'tandem:spec_decode_rounds_total{{{labels}"suffix9"}} {n}',
             f'tandem:spec_decode_rounds_total{{{labels}"ngram3"}} {n}',
@@ -383,6 +390,28 @@ def test_sweep_alternates_order_and_writes_every_output(fake_server, tmp_path):
         "suffix9": {"rounds": 3, "drafted": 12, "accepted": 9}, "ngram3": {"rounds": 3, "drafted": 0, "accepted": 0}}
     assert level["configs"]["tandem-nospec"]["draft_sources"] is None
     assert "| tandem-spec | suffix9 | 3 | 12 | 9 | 75" in report
+    assert level["configs"]["tandem-spec"]["engine_steps"] == {
+        "steps": 15, "prompt_steps": 3, "step_s": 1.5, "draft_s": 0.3, "verify_s": 0.9}
+    assert level["configs"]["tandem-nospec"]["engine_steps"] is None
+    assert "| tandem-spec | 15 | 3 | 1.5 | 0.3 | 0.9 |" in report
     for name in ("throughput.png", "ttft.png", "itl.png"):
         assert (tmp_path / name).stat().st_size > 1000
     assert (tmp_path / "logs" / "tandem-spec.log").exists()
+
+
+def test_engine_steps_are_read_off_the_servers_own_metrics():
+    """The names bench-serve parses are the ones `tandem serve` exposes: two steps observed by the
+    real ServingMetrics, one with a prompt, read back (a renamed histogram would read zero)."""
+    from tandem.bench.serve.engine_steps import parse_steps, step_delta
+    from tandem.engine.events import RoundReport, StepReport
+    from tandem.serve.observability.metrics import ServingMetrics
+
+    metrics = ServingMetrics("m")
+    before = parse_steps(metrics.render()[0].decode())
+    for prefilled in (("seq-0",), ()):
+        metrics.observe_step(StepReport(started_at=1.0, step_seconds=0.25, prefill_seconds=0.0, draft_seconds=0.05,
+                                        verify_seconds=0.125, running=1, waiting=0, batch_tokens=3,
+                                        rounds=(RoundReport("seq-0", "ngram3", 2, 1),), prefilled=prefilled))
+    after = parse_steps(metrics.render()[0].decode())
+    assert step_delta(before, after) == {"steps": 2, "prompt_steps": 1, "step_s": 0.5, "draft_s": 0.1,
+                                         "verify_s": 0.25}

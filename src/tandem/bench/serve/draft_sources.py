@@ -29,8 +29,9 @@ def parse_sources(text: str) -> SourceCounts:
     return counts
 
 
-def read_sources(metrics_url: str | None) -> SourceCounts | None:
-    """The server's counts now; None where it has no metrics or they cannot be read."""
+def read_metrics(metrics_url: str | None) -> str | None:
+    """The server's /metrics text now (draft sources, engine steps); None where it has no metrics
+    or they cannot be read."""
     if metrics_url is None:
         return None
     try:
@@ -38,7 +39,7 @@ def read_sources(metrics_url: str | None) -> SourceCounts | None:
         response.raise_for_status()
     except httpx.HTTPError:
         return None
-    return parse_sources(response.text)
+    return response.text
 
 
 def source_delta(before: SourceCounts, after: SourceCounts) -> dict[str, dict[str, int]]:

@@ -64,6 +64,23 @@ def source_table(level: dict) -> list[str]:
         ["config", "source", "rounds", "drafted", "accepted", "acceptance"], rows)
 
 
+def step_table(level: dict) -> list[str]:
+    """Per Tandem config, its engine steps against the run's wall time (what is outside the steps
+    is the server's own: HTTP, detokenizing, hand-offs, idle waits)."""
+    rows = []
+    for label, s in level["configs"].items():
+        steps = s.get("engine_steps")
+        if not steps:
+            continue
+        rows.append([label, str(steps["steps"]), str(steps["prompt_steps"]), _num(steps["step_s"], 1),
+                     _num(steps["draft_s"], 1), _num(steps["verify_s"], 1), _num(s["wall_s"] - steps["step_s"], 1)])
+    if not rows:
+        return []
+    return ["", "Engine steps (the server's /metrics; wall time outside them is HTTP, detokenizing, hand-offs, "
+            "idle waits):", ""] + _table(["config", "steps", "with prompt tokens", "s in steps", "drafting s",
+                                        "verify s", "outside steps s"], rows)
+
+
 def error_lines(results: dict) -> list[str]:
     lines = []
     for level in _levels(results):
@@ -92,7 +109,7 @@ def render_report(results: dict) -> str:
         lines += ["", f"## Concurrency {level['concurrency']}", "",
                   f"Servers took turns request by request, the order rotating each request from: {order}."
                   if level["concurrency"] == 1 else f"Run order: {order}.", ""]
-        lines += level_table(results, level) + ratio_table(level) + source_table(level)
+        lines += level_table(results, level) + ratio_table(level) + source_table(level) + step_table(level)
     lines += error_lines(results)
     lines += ["", "## Machine", ""] + [f"- {key}: {value}" for key, value in results["machine"].items()]
     return "\n".join(lines) + "\n"

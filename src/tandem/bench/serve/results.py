@@ -4,7 +4,8 @@ requests, and the ratios between configs.
 Shape: the header (command, settings, machine) as given, then `configs` (labels in the order
 asked), `servers` (label -> command, notes, base URL) and `levels`: a list, by ascending
 concurrency, of {concurrency, order, configs: {label: summary + draft sources (Tandem servers: rounds, drafted
-and accepted tokens per source in that run; None for others) + requests}, ratios}.
+and accepted tokens per source in that run; None for others) + engine steps (Tandem servers: steps, those
+with prompt tokens, seconds in steps, drafting and verifying; None for others) + requests}, ratios}.
 """
 
 from tandem.bench.serve.client import RequestRecord
@@ -62,10 +63,12 @@ def build_results(outcome: SweepOutcome, header: dict) -> dict:
         runs = outcome.results[concurrency]
         summaries = {label: summarize(run) for label, run in runs.items()}
         sources = outcome.sources.get(concurrency, {})
+        steps = outcome.steps.get(concurrency, {})
         levels.append({
             "concurrency": concurrency,
             "order": outcome.orders[concurrency],
             "configs": {label: {**summaries[label], "draft_sources": sources.get(label),
+                                "engine_steps": steps.get(label),
                                 "request_records": [request_entry(r) for r in run.records]}
                         for label, run in runs.items()},
             "ratios": ratios(summaries),

@@ -15,7 +15,8 @@ from typing import Sequence
 import httpx
 from tqdm import tqdm
 
-from tandem.bench.serve.draft_sources import read_sources, source_delta
+from tandem.bench.serve.draft_sources import parse_sources, read_metrics, source_delta
+from tandem.bench.serve.engine_steps import parse_steps, step_delta
 from tandem.bench.serve.launcher import READY_TIMEOUT_S, ServerProcess
 from tandem.bench.serve.loadgen import LoadResult, run_load
 from tandem.bench.serve.requests import BenchRequest, load_items, warmup_request
@@ -38,6 +39,7 @@ class SweepOutcome:
     orders: dict[int, list[str]] = field(default_factory=dict)  # concurrency -> labels in run order
     servers: dict[str, dict] = field(default_factory=dict)  # label -> command, notes, base URL, model
     sources: dict[int, dict[str, dict]] = field(default_factory=dict)  # concurrency -> label -> draft sources
+    steps: dict[int, dict[str, dict]] = field(default_factory=dict)  # concurrency -> label -> engine steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,16 +83,18 @@ def run_sweep(kinds: Sequence[ServerKind], launch: ServerLaunch, plans: Sequence
             order = config_order(kinds, index)
             outcome.orders[plan.concurrency] = [kind.label for kind in order]
             in_order = [endpoints[kind.label] for kind in order]
-            before = {e.kind.label: read_sources(e.metrics_url) for e in in_order}
+            before = {e.kind.label: read_metrics(e.metrics_url) for e in in_order}
             if plan.concurrency == 1:
                 outcome.results[1] = run_turns(in_order, plan, max_tokens, progress)
             else:
                 outcome.results[plan.concurrency] = {e.kind.label: run_level(e, plan, max_tokens, progress)
                                                      for e in in_order}
-            after = {e.kind.label: read_sources(e.metrics_url) for e in in_order}  # moved by its own requests only
+            after = {e.kind.label: read_metrics(e.metrics_url) for e in in_order}  # moved by its own requests only
+            read = [label for label in before if before[label] is not None and after[label] is not None]
             outcome.sources[plan.concurrency] = {
-                label: source_delta(before[label], after[label])
-                for label in before if before[label] is not None and after[label] is not None}
+                label: source_delta(parse_sources(before[label]), parse_sources(after[label])) for label in read}
+            outcome.steps[plan.concurrency] = {
+                label: step_delta(parse_steps(before[label]), parse_steps(after[label])) for label in read}
     return outcome
 
 
