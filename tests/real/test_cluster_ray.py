@@ -6,6 +6,7 @@ profile."""
 
 import os
 import signal
+import time
 from collections import defaultdict
 
 import pytest
@@ -22,6 +23,7 @@ SMALL = "smollm2-135m-instruct"
 MAX_TOKENS = 24
 TARGET = RunnerSpec(SMALL, "torch", "cpu", "fp32", threads=1)
 DRAFT = RunnerSpec(SMALL, "llamacpp", threads=1)
+STORE_WRITE_WAIT_S = 10.0  # the n-gram store's writer thread may lag the request's end
 
 
 @pytest.fixture(scope="module")
@@ -200,8 +202,10 @@ def test_replicas_share_one_redis_ngram_store(ray_cluster, requests, tmp_path):
                     accepted += update.accepted
             router.close()
             served.append((output, accepted))
-            if not served[1:]:
-                keys = redis.Redis.from_url(server.url).keys(b"tandem:ngram:cluster-test:*")
+            if not served[1:]:  # a writer thread fills the store after the request ends: wait for it
+                store, deadline = redis.Redis.from_url(server.url), time.monotonic() + STORE_WRITE_WAIT_S
+                while not (keys := store.keys(b"tandem:ngram:cluster-test:*")) and time.monotonic() < deadline:
+                    time.sleep(0.05)
                 assert keys, "the first replica's request is not in the shared store"
         (first, accepted_first), (second, accepted_second) = served
         assert first == second
