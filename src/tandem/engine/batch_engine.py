@@ -3,11 +3,11 @@
 
 Requests join and leave the running batch at every step. A step's target forward scores at most
 `step_token_budget` tokens (chunked prefill), and on a fused runner, while streams decode and
-prompts do not outnumber them (nor belong to a wave of prompts that did), no more than costs
-STALL_FACTOR times their rounds alone or the floor chunk alone (the smallest call near the
-device's batch speed), whichever is more (read off the measured cost curve): the decoding
-sequences' rounds come first, and prompts are scored in chunks, oldest first, in what they
-leave, so a long prompt joining does not stall the running streams. A step
+prompts do not outnumber them (nor, with `prefill_waves`, belong to a wave that did), no more
+than costs STALL_FACTOR times their rounds alone or the floor chunk alone (the smallest call
+near the device's batch speed), whichever is more (read off the measured cost curve): the
+decoding sequences' rounds come first, and prompts are scored in chunks, oldest first, in what
+they leave, so a long prompt joining does not stall the running streams. A step
 1. admits waiting requests into free slots, reusing the longest cached prompt prefix: in a
    running or a resident finished sequence's slot (copied where the runner shares cells), or
    restored from the host or disk tier (engine/host_cache.py, disk_cache.py); what their slot

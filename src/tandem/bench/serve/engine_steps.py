@@ -12,7 +12,9 @@ HISTOGRAMS = {  # metric family -> (field of its sample count, field of its sum 
     "tandem:draft_step_seconds": (None, "draft_s"),
     "tandem:verify_step_seconds": (None, "verify_s"),
 }
-FIELDS = ("steps", "prompt_steps", "step_s", "draft_s", "verify_s")
+COUNTS = ("steps", "prompt_steps")
+SECONDS = ("step_s", "draft_s", "verify_s")
+FIELDS = COUNTS + SECONDS
 
 StepTotals = dict[str, float]
 
@@ -31,5 +33,5 @@ def parse_steps(text: str) -> StepTotals:
 
 def step_delta(before: StepTotals, after: StepTotals) -> dict[str, float]:
     """The run's steps: counts as integers, seconds to the millisecond."""
-    return {field: (int(round(after[field] - before[field])) if field.endswith("steps")
-                    else round(after[field] - before[field], 3)) for field in FIELDS}
+    return {**{field: int(round(after[field] - before[field])) for field in COUNTS},
+            **{field: round(after[field] - before[field], 3) for field in SECONDS}}

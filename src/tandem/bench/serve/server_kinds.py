@@ -84,7 +84,7 @@ class TandemSpecServer:
     health_path = "/health"
     metrics_path: str | None = "/metrics"
     request_extras: Mapping[str, object] = MappingProxyType({})
-    drafter_options: tuple[str, ...] = ()  # the server's defaults: --drafter hybrid --k auto
+    serve_options: tuple[str, ...] = ()  # `tandem serve` options beyond the launch's (none: its defaults)
     notes = "`tandem serve`, speculation with its defaults (--drafter hybrid --k auto)"
 
     def command(self, launch: ServerLaunch, port: int) -> list[str]:
@@ -93,7 +93,7 @@ class TandemSpecServer:
                 "--draft", launch.draft, "--backend", launch.backend, "--draft-backend", launch.draft_backend or launch.backend,
                 "--dtype", launch.dtype, "--draft-dtype", launch.dtype,
                 "--port", "0", "--max-running", str(launch.max_running), "--threads", str(launch.threads),
-                *self.drafter_options]
+                *self.serve_options]
 
     def base_url(self, port: int, log_text: str) -> str | None:
         match = TANDEM_URL.search(log_text)
@@ -103,41 +103,40 @@ class TandemSpecServer:
 class TandemNoSpecServer(TandemSpecServer):
     label = "tandem-nospec"
     needs_draft = False
-    drafter_options = ("--drafter", "none")
+    serve_options = ("--drafter", "none")
     notes = "`tandem serve --drafter none`: the same server, target only"
 
 
 class TandemWavesServer(TandemSpecServer):
     label = "tandem-waves"
-    needs_draft = True
-    drafter_options = ("--prefill-waves",)
+    serve_options = ("--prefill-waves",)
     notes = "`tandem serve --prefill-waves`: its defaults, a wave of new prompts kept at the whole step budget"
 
 
 class TandemNgramServer(TandemSpecServer):
     label = "tandem-ngram"
     needs_draft = False
-    drafter_options = ("--drafter", "ngram")
+    serve_options = ("--drafter", "ngram")
     notes = "`tandem serve --drafter ngram`: n-gram copies only"
 
 
 class TandemSuffixServer(TandemSpecServer):
     label = "tandem-suffix"
     needs_draft = False
-    drafter_options = ("--drafter", "suffix")
+    serve_options = ("--drafter", "suffix")
     notes = "`tandem serve --drafter suffix`: suffix copies only"
 
 
 class TandemModelServer(TandemSpecServer):
     label = "tandem-model"
-    drafter_options = ("--drafter", "model")
+    serve_options = ("--drafter", "model")
     notes = "`tandem serve --drafter model`: the draft model only"
 
 
 class TandemSerialServer(TandemSpecServer):
     label = "tandem-nospec-serial"
     needs_draft = False
-    drafter_options = ("--drafter", "none", "--torch-runner", "serial")
+    serve_options = ("--drafter", "none", "--torch-runner", "serial")
     notes = "`tandem serve --drafter none --torch-runner serial`: torch, one sequence per forward (the old path)"
 
 
