@@ -97,8 +97,11 @@ def test_attention_runs_without_cudnn_which_plans_every_new_context_length(tiny_
         seen.append((torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()))
         return attention(*args, **kwargs)
 
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     monkeypatch.setattr(decoder.F, "scaled_dot_product_attention", recording)
     runner = _fused(tiny_target, slots=2)
-    runner.forward_batch([BatchItem(0, (5, 6, 7), 3), BatchItem(1, (8,), 1)])
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]):  # the caller allows cuDNN
+        runner.forward_batch([BatchItem(0, (5, 6, 7), 3), BatchItem(1, (8,), 1)])
+        assert torch.backends.cuda.cudnn_sdp_enabled()  # the choice holds inside a step only
     assert seen and all(cudnn is False and math is True for cudnn, math in seen)
-    assert torch.backends.cuda.cudnn_sdp_enabled()  # the choice holds inside a step only
