@@ -126,10 +126,10 @@ def make_engine(target, draft, drafter: str, max_running: int, depth="auto"):
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
+    from tandem.token_ids import common_prefix
+
+    same = common_prefix(a, b)
+    return None if same == len(a) == len(b) else same
 
 
 def check_ceilings(device: torch.device, small: bool) -> dict:

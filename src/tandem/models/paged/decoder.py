@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tandem.errors import TandemError
 from tandem.models.paged.kv_cache import PagedKvCache
@@ -29,8 +30,6 @@ def attention_backends() -> list:
     step met a new shape: measured on an H100 (1.5B bf16, scripts/gpu_check.py --only sdpa),
     decode steps of 65 ms at C=1 and 83 ms at C=16 with cuDNN allowed, 18 and 30 ms on a second
     pass over lengths already planned, 28 ms at both without it."""
-    from torch.nn.attention import SDPBackend
-
     names = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH", "OVERRIDEABLE")
     return [getattr(SDPBackend, name) for name in names if hasattr(SDPBackend, name)]
 
@@ -153,8 +152,6 @@ class PagedDecoder:
     def forward(self, token_ids: torch.Tensor, layout: StepLayout, cache: PagedKvCache) -> torch.Tensor:
         """token_ids [tokens] of every slot in the step; returns float32 logits
         [len(layout.logit_rows), vocab] for the rows the layout asks for."""
-        from torch.nn.attention import sdpa_kernel
-
         cos, sin = self._rotary(layout.positions)  # [tokens, head_dim] each
         hidden = F.embedding(token_ids, self.embed)  # [tokens, hidden]
         with sdpa_kernel(self._backends):
