@@ -33,18 +33,30 @@ class RunFigures:
         return {key: (round(value, 3) if isinstance(value, float) else value) for key, value in asdict(self).items()}
 
 
-def drive(engine, requests: list[GenerationRequest], concurrency: int, tag: str) -> RunFigures:
+def drive(engine, requests: list[GenerationRequest], concurrency: int, tag: str,
+          join_delay_s: float = 0.0) -> RunFigures:
+    """`join_delay_s`: a client's next request arrives this long after its last one finished
+    (an HTTP round trip); 0 adds it before the next step, as a loop on the engine thread would."""
     pending = deque(enumerate(requests))
     started, first, ended, produced, last = {}, {}, {}, {}, {}
+    freed: deque[float] = deque()  # when each client slot freed by a finished request may send again
     gaps_ms = []
     drafted = accepted = steps = 0
     overhead_s = calls_s = 0.0
     begin = time.perf_counter()
     while pending or engine.has_work:
-        while pending and len(started) - len(ended) < concurrency:
+        while pending and len(started) - len(ended) + len(freed) < concurrency:
             index, request = pending.popleft()
             engine.add(f"{tag}-{index}", request)
             started[index] = time.perf_counter()
+        while pending and freed and freed[0] <= time.perf_counter():
+            freed.popleft()
+            index, request = pending.popleft()
+            engine.add(f"{tag}-{index}", request)
+            started[index] = time.perf_counter()
+        if not engine.has_work and freed:
+            time.sleep(max(0.0, freed[0] - time.perf_counter()))
+            continue
         updates, report = engine.step()
         now = time.perf_counter()
         if report is not None:  # None: a cluster's replicas finished no round meanwhile
@@ -64,6 +76,8 @@ def drive(engine, requests: list[GenerationRequest], concurrency: int, tag: str)
             accepted += update.accepted
             if update.finished:
                 ended[index] = now
+                if join_delay_s > 0:
+                    freed.append(now + join_delay_s)
     seconds = time.perf_counter() - begin
     latency = [(ended[i] - started[i]) * 1000 for i in ended]
     per_token = [(ended[i] - started[i]) * 1000 / produced[i] for i in ended if produced.get(i)]
