@@ -42,10 +42,12 @@ def run_one(args) -> dict:
                                        prefill_waves=waves == "1"),
                           max_running=args.concurrency, ngram_store=open_ngram_store(None) if store else None)
     tokenizer = TextTokenizer(str(tokenizer_path(args.target)))
-    requests = [GenerationRequest(tuple(tokenizer.chat_prompt_ids(list(request.messages))), max_tokens=args.max_tokens,
+    requests = [GenerationRequest(tuple(tokenizer.chat_prompt_ids(list(request.messages))),
+                                  max_tokens=args.max_tokens + request.max_tokens_offset,
                                   stop_token_ids=tokenizer.stop_token_ids)
-                for request in level_requests(load_prompts(DEFAULT_WORKLOAD), args.requests, args.offset)]
-    return {"drafter": args.one, **drive(engine, requests, args.concurrency, drafter).to_json()}
+                for request in level_requests(load_prompts(DEFAULT_WORKLOAD), args.requests, args.offset,
+                                              args.max_tokens_spread)]
+    return {"drafter": args.one, **drive(engine, requests, args.concurrency, drafter, args.join_delay_ms / 1000).to_json()}
 
 
 def main() -> None:
@@ -63,6 +65,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=16, help="requests per run")
     parser.add_argument("--max-tokens", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-tokens-spread", type=int, default=0,
+                        help="as bench-serve's: request i may produce --max-tokens plus a fixed offset in [-N, N], so a "
+                             "closed loop's answers do not all end in the same step")
+    parser.add_argument("--join-delay-ms", type=float, default=0.0,
+                        help="a client's next request arrives this long after its last finished (a server's round "
+                             "trip); 0: before the next step")
     parser.add_argument("--offset", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one loop, print JSON
     args = parser.parse_args()

@@ -37,6 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help=f"requests per concurrency level (default max({MIN_REQUESTS}, "
                         f"{REQUESTS_PER_CLIENT} x C))")
     parser.add_argument("--max-tokens", type=int, default=50, help="max new tokens per request (default 50)")
+    parser.add_argument("--max-tokens-spread", type=int, default=0,
+                        help="vary the cap per request: request i gets --max-tokens plus a fixed offset in [-N, N], "
+                        "so answers in a closed loop do not all end in the same step (default 0)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads per server and model (default: all)")
     parser.add_argument("--backend", default="llamacpp", choices=("llamacpp", "torch"),
                         help="Tandem's backend for target and draft (default llamacpp)")
@@ -59,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         out_dir=Path(args.out),
         num_prompts=args.num_prompts,
         max_tokens=args.max_tokens,
+        max_tokens_spread=args.max_tokens_spread,
         threads=args.threads,
         command=shlex.join(["tandem"] + sys.argv[1:]),
         backend=args.backend,

@@ -232,6 +232,23 @@ def test_payload_is_greedy_streaming_with_usage_and_kind_extras():
     assert payload["stream_options"] == {"include_usage": True} and payload["repeat_penalty"] == 1.0
 
 
+def test_a_spread_varies_each_requests_cap_the_same_way_for_every_server():
+    prompts = [BenchPrompt(f"p{i}", "c", prompt=f"p{i}") for i in range(40)]
+    requests = level_requests(prompts, 40, 0, spread=10)
+    caps = [chat_payload(r, "m", 50, {})["max_tokens"] for r in requests]
+    assert min(caps) == 40 and max(caps) == 60 and len(set(caps)) >= 18  # caps across 50 +- 10
+    assert caps == [chat_payload(r, "m", 50, {})["max_tokens"] for r in level_requests(prompts, 40, 0, spread=10)]
+    assert all(a != b for a, b in zip(caps, caps[1:]))  # neighbours never end together
+    assert [chat_payload(r, "m", 50, {})["max_tokens"] for r in level_requests(prompts, 5, 0)] == [50] * 5
+    settings = ServeBenchSettings("t", "d", ("tandem-spec",), (1,), DEFAULT_WORKLOAD, "out", num_prompts=4,
+                                  max_tokens_spread=3)
+    offsets = [r.max_tokens_offset for plan in plan_levels(settings, prompts) for r in plan.requests]
+    assert offsets == [-3, 1, -2, 2]
+    for bad in (-1, 50):
+        with pytest.raises(TandemError, match="spread"):
+            ServeBenchSettings("t", "d", ("tandem-spec",), (1,), DEFAULT_WORKLOAD, "out", max_tokens_spread=bad)
+
+
 def test_option_parsing_and_defaults():
     assert parse_configs(" tandem-spec,llamacpp-server ") == ("tandem-spec", "llamacpp-server")
     assert parse_concurrency("4, 1,2") == (1, 2, 4)

@@ -93,11 +93,16 @@ def _per_level(settings: dict) -> str:
     return ", ".join(f"{n} at C={c}" for c, n in settings["requests_per_level"].items())
 
 
+def _spread(settings: dict) -> str:
+    spread = settings.get("max_tokens_spread", 0)  # absent from reports made before the option
+    return f" ± {spread} (varied per request)" if spread else ""
+
+
 def render_report(results: dict) -> str:
     settings = results["settings"]
     lines = ["# Tandem serving benchmark", "", f"`{results['command']}`", ""]
     lines += [f"Target `{settings['target']}`, draft `{settings['draft']}`, CPU threads per server: "
-              f"{settings['threads']}; up to {settings['max_tokens']} greedy tokens per request; prompts from "
+              f"{settings['threads']}; up to {settings['max_tokens']}{_spread(settings)} greedy tokens per request; prompts from "
               f"`{settings['prompts_file']}`, requests per level: {_per_level(settings)}.", "",
               DEFINITIONS, ""]
     lines += ["## Servers", ""]

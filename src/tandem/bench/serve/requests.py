@@ -10,6 +10,11 @@ body: Tandem's response cache answers a repeated greedy request without decoding
 llama-server's prompt cache (kept in host memory) restores a repeated prompt up to where it
 changes (a mark at the end let it evaluate 8 tokens of a 200-token repeat), either of which
 would make repeats look free. Every server sees the same requests at a level.
+
+With a spread S, request i of a level may produce max_tokens + an offset in [-S, S] fixed by i
+(`length_offset`): a closed loop whose answers all stop at one cap starts and ends them in the
+same step, which favours whatever keeps such waves together; varied caps stagger them, as a
+real workload's answers do.
 """
 
 from dataclasses import dataclass
@@ -21,6 +26,7 @@ from tandem.errors import TandemError
 
 WARMUP_MESSAGES = ({"role": "user", "content": "Say hello in five words."},)  # not in any workload
 REPEAT_MARK = "({}) "
+GOLDEN_FRACTION = 0.6180339887498949  # spreads request i's token cap (`length_offset`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +34,14 @@ class BenchRequest:
     prompt_id: str
     category: str
     messages: tuple[dict, ...]
+    max_tokens_offset: int = 0  # added to the run's max_tokens (`length_offset`)
+
+
+def length_offset(index: int, spread: int) -> int:
+    """Request index's offset to the token cap, in [-spread, spread]: the golden-ratio sequence
+    (i x 0.618... mod 1) scaled, so the offsets cover the range evenly, neighbours differ, and
+    every server (and drafter) gets the same caps."""
+    return round((index * GOLDEN_FRACTION) % 1.0 * 2 * spread) - spread
 
 
 def prompt_messages(prompt: BenchPrompt) -> tuple[dict, ...]:
@@ -54,8 +68,9 @@ def marked(messages: tuple[dict, ...], wrap: int) -> tuple[dict, ...]:
     return messages[:-1] + (last,)
 
 
-def level_requests(prompts: Sequence[BenchPrompt], count: int, offset: int) -> list[BenchRequest]:
-    """`count` requests from the interleaved list, starting at `offset`, wrapping around."""
+def level_requests(prompts: Sequence[BenchPrompt], count: int, offset: int, spread: int = 0) -> list[BenchRequest]:
+    """`count` requests from the interleaved list, starting at `offset`, wrapping around; with a
+    spread, each its own offset to the token cap."""
     if not prompts:
         raise TandemError("the workload holds no prompts")
     ordered = interleave_categories(prompts)
@@ -64,7 +79,8 @@ def level_requests(prompts: Sequence[BenchPrompt], count: int, offset: int) -> l
         wrap, index = divmod(position, len(ordered))
         prompt = ordered[index]
         request_id = prompt.id if wrap == 0 else f"{prompt.id}~{wrap}"
-        requests.append(BenchRequest(request_id, prompt.category, marked(prompt_messages(prompt), wrap)))
+        requests.append(BenchRequest(request_id, prompt.category, marked(prompt_messages(prompt), wrap),
+                                     length_offset(position - offset, spread)))
     return requests
 
 
@@ -77,7 +93,7 @@ def chat_payload(request: BenchRequest, model: str, max_tokens: int, extras: dic
     return {
         "model": model,
         "messages": [dict(m) for m in request.messages],
-        "max_tokens": max_tokens,
+        "max_tokens": max_tokens + request.max_tokens_offset,
         "temperature": 0.0,
         "stream": True,
         "stream_options": {"include_usage": True},

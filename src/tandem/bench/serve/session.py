@@ -31,7 +31,7 @@ def plan_levels(settings: ServeBenchSettings, prompts: list) -> list[LevelPlan]:
     plans, offset = [], 0
     for concurrency in settings.concurrency:
         count = settings.requests_at(concurrency)
-        plans.append(LevelPlan(concurrency, tuple(level_requests(prompts, count, offset))))
+        plans.append(LevelPlan(concurrency, tuple(level_requests(prompts, count, offset, settings.max_tokens_spread))))
         offset += count
     return plans
 
@@ -78,6 +78,7 @@ def header(settings: ServeBenchSettings, launch: ServerLaunch, plans: list[Level
             "prompts_file": str(settings.prompts_file),
             "requests_per_level": {str(plan.concurrency): len(plan.requests) for plan in plans},
             "max_tokens": settings.max_tokens,
+            "max_tokens_spread": settings.max_tokens_spread,
             "threads": launch.threads,
             "context_length": launch.context_length,
             "backend": launch.backend,

@@ -52,6 +52,7 @@ class ServeBenchSettings:
     out_dir: Path
     num_prompts: int | None = None  # requests per level; None = the default formula
     max_tokens: int = 50
+    max_tokens_spread: int = 0  # request i's cap is max_tokens + an offset in [-spread, spread] (requests.py)
     threads: int | None = None  # per server (and per model in Tandem); None = all cores
     command: str = "tandem bench-serve"
     backend: str = "llamacpp"  # Tandem's target and draft backend: llamacpp | torch
@@ -63,6 +64,9 @@ class ServeBenchSettings:
             raise TandemError(f"--backend must be llamacpp or torch, got {self.backend!r}")
         if self.max_tokens < 1:
             raise TandemError(f"--max-tokens must be a positive integer, got {self.max_tokens}")
+        if not 0 <= self.max_tokens_spread < self.max_tokens:
+            raise TandemError(f"--max-tokens-spread must be at least 0 and below --max-tokens ({self.max_tokens}), "
+                              f"got {self.max_tokens_spread}")
         if self.threads is not None and self.threads < 1:
             raise TandemError(f"--threads must be a positive integer, got {self.threads}")
         check_num_prompts(self.num_prompts, self.concurrency)
