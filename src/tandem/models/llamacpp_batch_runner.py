@@ -52,6 +52,12 @@ FEW_ROWS = 8  # items with fewer positions put more than 8 slots in a tile: scor
 Position = tuple[int, BatchItem, int]  # (item index, item, token index in the item)
 
 
+def kv_pool_tokens(max_slots: int, context_length: int) -> int:
+    """KV cells of the pool all slots share: half of every slot's full context, at least one
+    context, at most MAX_POOL_TOKENS."""
+    return min(MAX_POOL_TOKENS, max(context_length, max_slots * context_length // 2))
+
+
 def plan_calls(items: Sequence[BatchItem], max_tokens: int, max_outputs: int,
                tile_rows: int = FLASH_TILE_ROWS) -> list[list[Position]]:
     """The llama_decode calls for one forward: each of at most max_tokens positions and
@@ -103,7 +109,7 @@ class LlamaCppBatchRunner:
             raise TandemError(f"llama.cpp cannot load {gguf_path}: {error}") from None
         params = llama_cpp.llama_context_default_params()
         ctypes.pointer(params)[0] = self._llm.context_params
-        self.pool_tokens = min(MAX_POOL_TOKENS, max(context_length, max_slots * context_length // 2))
+        self.pool_tokens = kv_pool_tokens(max_slots, context_length)
         params.n_ctx = self.pool_tokens
         params.n_batch = BATCH_TOKENS
         params.n_ubatch = BATCH_TOKENS

@@ -273,6 +273,10 @@ def test_server_kind_command_lines():
     assert SERVER_KINDS["tandem-waves"]().command(LAUNCH, 1234)[-1] == "--prefill-waves"
     line = llama.command(LAUNCH, 1234)
     assert line[line.index("--interrupt_requests") + 1] == "False" and "1234" in line
+    server = SERVER_KINDS["llama-server"]().command(LAUNCH, 1234)
+    wide = SERVER_KINDS["llama-server"]().command(ServerLaunch("t", "d", "/m.gguf", 1, 16, 4096), 1234)
+    assert server[server.index("-c") + 1] == "1024" and server[server.index("-np") + 1] == "4"  # 4 slots x 512 / 2
+    assert wide[wide.index("-c") + 1] == "32768"  # the pool Tandem's runner holds for 16 slots, not one context
     assert spec.base_url(0, "loading\nserving on http://127.0.0.1:4321/v1 (ctrl-c)\n") == "http://127.0.0.1:4321/v1"
     assert spec.base_url(0, "loading...") is None
     assert llama.base_url(1234, "") == "http://127.0.0.1:1234/v1"

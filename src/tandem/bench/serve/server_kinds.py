@@ -25,8 +25,9 @@ answers 200 when it is ready (`health_path`), and what it adds to every request 
   concurrency C it queues C - 1 requests: that is the peer as people run it.
 - `llama-server`: llama.cpp's own C++ server (built by scripts/build-llama-server.sh into a cache
   outside git; `$TANDEM_LLAMA_SERVER` names another binary): as many slots as the largest
-  concurrency, one unified KV cache of Tandem's context (`--kv-unified`), the same threads, no
-  web UI. `llama-server-ngram` adds its n-gram speculation (`--spec-type ngram-mod`),
+  concurrency, one unified KV pool (`--kv-unified`) of as many cells as Tandem's llama.cpp runner
+  holds for as many slots (`-c` is the pool's size there, shared by all slots: the context alone
+  overflowed at 16 clients), the same threads, no web UI. `llama-server-ngram` adds its n-gram speculation (`--spec-type ngram-mod`),
   `llama-server-ngram-map` the n-gram map one (`--spec-type ngram-map-k`),
   `llama-server-draft` its draft-model speculation (`-md` with the same draft GGUF as Tandem).
   `llama-server-auto`: the same binary on its own defaults (4 slots, the model's context, its
@@ -40,6 +41,8 @@ from pathlib import Path
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping, Protocol
+
+from tandem.models.llamacpp_batch_runner import kv_pool_tokens
 
 HOST = "127.0.0.1"
 TANDEM_URL = re.compile(r"https?://[\w.\-\[\]:]+/v1")  # the line `tandem serve` prints when ready
@@ -183,12 +186,13 @@ class LlamaServer:
     metrics_path = None
     request_extras: Mapping[str, object] = MappingProxyType({})
     speculation: tuple[str, ...] = ()
-    notes = "llama.cpp's C++ llama-server: a slot per client, unified KV, same threads and context"
+    notes = "llama.cpp's C++ llama-server: a slot per client, one unified KV pool of as many cells as Tandem's, same threads"
 
     def command(self, launch: ServerLaunch, port: int) -> list[str]:
         threads = str(launch.threads)
         return [llama_server_binary(), "-m", launch.target_gguf, "-t", threads, "-tb", threads,
-                "-c", str(launch.context_length), "-np", str(launch.max_running), "--kv-unified",
+                "-c", str(kv_pool_tokens(launch.max_running, launch.context_length)), "-np", str(launch.max_running),
+                "--kv-unified",
                 "--host", HOST, "--port", str(port), "--no-webui", *self.speculation_args(launch)]
 
     def speculation_args(self, launch: ServerLaunch) -> list[str]:
