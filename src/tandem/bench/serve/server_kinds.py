@@ -9,6 +9,8 @@ answers 200 when it is ready (`health_path`), and what it adds to every request 
 - `tandem-nospec`: `tandem serve --drafter none`: the same server, target only.
 - `tandem-waves`: `tandem serve --prefill-waves`: the defaults, but a wave of new prompts keeps
   the whole step budget until all are in (throughput for longer gaps beside it).
+- `tandem-chunks256`: `tandem serve --prefill-floor 256`: the defaults, but prompts beside
+  decoding streams go in chunks of at least 256 tokens (fewer, dearer gaps; cheaper prefill).
 - `tandem-ngram`, `tandem-suffix`, `tandem-model`: one drafter alone (`--drafter NAME`), the
   parts `hybrid` chooses between.
 - `tandem-nospec-serial`: the same with `--torch-runner serial` (torch backend only: one
@@ -114,6 +116,13 @@ class TandemWavesServer(TandemSpecServer):
     label = "tandem-waves"
     serve_options = ("--prefill-waves",)
     notes = "`tandem serve --prefill-waves`: its defaults, a wave of new prompts kept at the whole step budget"
+
+
+class TandemBigChunksServer(TandemSpecServer):
+    label = "tandem-chunks256"
+    serve_options = ("--prefill-floor", "256")
+    notes = ("`tandem serve --prefill-floor 256`: its defaults, but a prompt beside decoding streams goes in "
+             "chunks of at least 256 tokens (throughput over the gaps beside them)")
 
 
 class TandemNgramServer(TandemSpecServer):
@@ -236,7 +245,8 @@ class LlamaServerAuto(LlamaServer):
 
 
 SERVER_KINDS: Mapping[str, type] = MappingProxyType(
-    {kind.label: kind for kind in (TandemSpecServer, TandemNoSpecServer, TandemWavesServer, TandemNgramServer,
-                                   TandemSuffixServer, TandemModelServer, TandemSerialServer, LlamaCppServer, LlamaServer,
+    {kind.label: kind for kind in (TandemSpecServer, TandemNoSpecServer, TandemWavesServer, TandemBigChunksServer,
+                                   TandemNgramServer, TandemSuffixServer, TandemModelServer, TandemSerialServer,
+                                   LlamaCppServer, LlamaServer,
                                    LlamaServerNgram, LlamaServerNgramMap, LlamaServerDraft, LlamaServerAuto)}
 )
