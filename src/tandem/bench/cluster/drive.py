@@ -45,12 +45,9 @@ def drive(engine, requests: list[GenerationRequest], concurrency: int, tag: str,
     overhead_s = calls_s = 0.0
     begin = time.perf_counter()
     while pending or engine.has_work:
-        while pending and len(started) - len(ended) + len(freed) < concurrency:
-            index, request = pending.popleft()
-            engine.add(f"{tag}-{index}", request)
-            started[index] = time.perf_counter()
-        while pending and freed and freed[0] <= time.perf_counter():
+        while freed and freed[0] <= time.perf_counter():  # those clients may send again
             freed.popleft()
+        while pending and len(started) - len(ended) + len(freed) < concurrency:
             index, request = pending.popleft()
             engine.add(f"{tag}-{index}", request)
             started[index] = time.perf_counter()
