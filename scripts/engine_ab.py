@@ -25,6 +25,7 @@ def run_one(args) -> dict:
     from tandem.bench.cluster.drive import drive
     from tandem.bench.serve.requests import level_requests
     from tandem.bench.workload import DEFAULT_WORKLOAD, load_prompts
+    from tandem.engine.batch_engine import THROUGHPUT_PREFILL_FLOOR
     from tandem.engine.build import EngineConfig, build_engine
     from tandem.engine.request import GenerationRequest
     from tandem.models.backends import RunnerSpec
@@ -38,7 +39,8 @@ def run_one(args) -> dict:
     drafter, _, floor = setting.partition(":")
     from tandem.speculation.shared_store.store import open_ngram_store
 
-    engine = build_engine(EngineConfig(target, draft, drafter=drafter, prefill_floor=int(floor) if floor else None,
+    prefill_floor = {"": THROUGHPUT_PREFILL_FLOOR, "auto": None}[floor] if floor in ("", "auto") else int(floor)
+    engine = build_engine(EngineConfig(target, draft, drafter=drafter, prefill_floor=prefill_floor,
                                        prefill_waves=waves == "1"),
                           max_running=args.concurrency, ngram_store=open_ngram_store(None) if store else None)
     tokenizer = TextTokenizer(str(tokenizer_path(args.target)))
@@ -59,7 +61,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="fp32")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--drafters", default="none,hybrid",
-                        help="comma-separated drafter settings, each optionally with :N (a prefill floor of N tokens), "
+                        help="comma-separated drafter settings, each optionally with :N or :auto (a prefill floor of N tokens, or "
+                             "the profile's; default tandem serve's on one engine), "
                              "@0 or @1 (--prefill-waves off or on) and +store (the server's shared n-gram store), in that order")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--requests", type=int, default=16, help="requests per run")

@@ -339,12 +339,27 @@ def test_the_prefill_floor_option_is_auto_or_a_token_count():
 
     from tandem.cli.options import prefill_floor_option
 
-    assert prefill_floor_option("auto") is None and prefill_floor_option("48") == 48
+    assert prefill_floor_option("auto") == "auto" and prefill_floor_option("48") == 48
     for bad in ("0", "5000", "lots", "-3"):
         with pytest.raises(argparse.ArgumentTypeError, match="auto or a number of tokens"):
             prefill_floor_option(bad)
     with pytest.raises(TandemError, match="prefill floor"):
         batch_engine.check_prefill_floor(0)
+
+
+def test_one_engine_defaults_to_the_throughput_floor_and_auto_reads_the_profile():
+    """`tandem serve`/`bench` on one engine: unset means THROUGHPUT_PREFILL_FLOOR, `auto` the
+    profile's floor (None to the engine), a number itself."""
+    import argparse
+
+    from tandem.cli.options import add_model_options, engine_config
+
+    parser = argparse.ArgumentParser()
+    add_model_options(parser)
+    floors = [engine_config(parser.parse_args(argv)).prefill_floor
+              for argv in ([], ["--prefill-floor", "auto"], ["--prefill-floor", "48"])]
+    assert floors == [batch_engine.THROUGHPUT_PREFILL_FLOOR, None, 48]
+    assert batch_engine.THROUGHPUT_PREFILL_FLOOR > 64  # beyond any profile's floor (FULL_SPEED_CHUNK at most)
 
 
 def test_where_a_round_is_dear_the_stall_bound_rules_over_the_floor(tiny_target):

@@ -6,7 +6,7 @@ from tandem.errors import TandemError
 from tandem.models.backends import TORCH_RUNNERS, RunnerSpec
 from tandem.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 from tandem.speculation.drafters.registry import USES_MODEL, check_drafter, default_drafter, drafter_help
-from tandem.engine.batch_engine import STEP_TOKEN_BUDGET, check_prefill_floor
+from tandem.engine.batch_engine import STEP_TOKEN_BUDGET, THROUGHPUT_PREFILL_FLOOR, check_prefill_floor
 from tandem.engine.build import EngineConfig
 
 
@@ -27,10 +27,11 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                        help=f"most tokens one engine step scores; long prompts are prefilled in chunks "
                        f"(default {STEP_TOKEN_BUDGET})")
     group.add_argument("--prefill-floor", default=None, type=prefill_floor_option, metavar="auto|N",
-                       help="prompt tokens a step may always score beside decoding streams: auto (default: "
-                       "the fewest within 15%% of a 64-token call's cost a token, read off the target's "
-                       "profile; short inter-token gaps) or a number (e.g. 48: prompts nearer batch "
-                       "speed on a CPU, longer gaps)")
+                       help=f"prompt tokens a step may always score beside decoding streams: a number, or "
+                       f"auto (the fewest within 15%% of a 64-token call's cost a token, read off the target's "
+                       f"profile: short inter-token gaps, dearer prompts on a CPU). Default: "
+                       f"{THROUGHPUT_PREFILL_FLOOR} on one engine (prompts near batch speed, longer gaps), "
+                       f"auto on a cluster's replicas")
     group.add_argument("--prefill-waves", action="store_true",
                        help="let a wave of new prompts (more than the streams decoding) keep the whole step "
                        "budget until all are in: more throughput for closed loops of short answers, "
@@ -42,15 +43,24 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                        help="KV pool size for the fused torch runner, e.g. 2G (default: a quarter of free memory)")
 
 
-def prefill_floor_option(text: str) -> int | None:
+def prefill_floor_option(text: str) -> int | str:
+    """`--prefill-floor`: "auto" or a token count (None, the argparse default, is "not given")."""
     if text == "auto":
-        return None
+        return "auto"
     try:
         tokens = int(text)
         check_prefill_floor(tokens)
     except (ValueError, TandemError):
         raise argparse.ArgumentTypeError(f"must be auto or a number of tokens from 1 to 4096, got {text!r}") from None
     return tokens
+
+
+def engine_prefill_floor(option: int | str | None, default: int | None) -> int | None:
+    """`--prefill-floor` as the engine takes it (None: read off the profile); `default` where
+    the option was not given: THROUGHPUT_PREFILL_FLOOR on one engine, None on a cluster's replicas."""
+    if option is None:
+        return default
+    return None if option == "auto" else option
 
 
 def kv_memory_option(text: str) -> int:
@@ -76,4 +86,5 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     drafter = check_drafter(args.drafter or default_drafter(has_draft_model=True))  # --draft always names one
     draft = draft_spec(args) if USES_MODEL[drafter] else None
     return EngineConfig(target_spec(args), draft, drafter, args.k, step_token_budget=args.step_tokens,
-                        prefill_floor=args.prefill_floor, prefill_waves=args.prefill_waves)
+                        prefill_floor=engine_prefill_floor(args.prefill_floor, THROUGHPUT_PREFILL_FLOOR),
+                        prefill_waves=args.prefill_waves)

@@ -4,7 +4,7 @@ import argparse
 import os
 import sys
 
-from tandem.cli.options import add_model_options, engine_config
+from tandem.cli.options import add_model_options, engine_config, engine_prefill_floor
 from tandem.engine.host_cache import parse_cache_ram
 from tandem.errors import TandemError
 from tandem.serve.settings import (API_KEY_ENV, DEFAULT_CACHE_TTL_SECONDS, DEFAULT_MAX_BODY_BYTES,
@@ -119,7 +119,8 @@ def cluster_engine_config(cluster, args: argparse.Namespace):
     draft = RunnerSpec(draft_worker.drafting_model, draft_worker.backend) if draft_worker else None
     return EngineConfig(RunnerSpec(target.model, target.backend, target.device, target.dtype, target.threads),
                         draft if USES_MODEL.get(drafter, False) else None, drafter, args.k,
-                        step_token_budget=args.step_tokens, prefill_floor=args.prefill_floor,
+                        step_token_budget=args.step_tokens,
+                        prefill_floor=engine_prefill_floor(args.prefill_floor, None),  # replicas: their gap bound
                         prefill_waves=args.prefill_waves)
 
 

@@ -4,8 +4,9 @@
 Requests join and leave the running batch at every step. A step's target forward scores at most
 `step_token_budget` tokens (chunked prefill), and on a fused runner, while streams decode and
 prompts do not outnumber them (nor, with `prefill_waves`, belong to a wave that did), no more
-than costs STALL_FACTOR times their rounds alone or the floor chunk alone (the smallest call
-near the device's batch speed), whichever is more (read off the measured cost curve): the
+than costs STALL_FACTOR times their rounds alone or the floor chunk alone (`prefill_floor`
+tokens: THROUGHPUT_PREFILL_FLOOR for `tandem serve` on one engine; by default here, and on a
+cluster's replicas, the smallest call near the device's batch speed), whichever is more (read off the measured cost curve): the
 decoding sequences' rounds come first, and prompts are scored in chunks, oldest first, in what
 they leave, so a long prompt joining does not stall the running streams. A step
 1. admits waiting requests into free slots, reusing the longest cached prompt prefix: in a
@@ -60,6 +61,12 @@ MIN_PREFILL_CHUNK = 16  # prompt tokens the oldest prompt still gets when the ro
 STALL_FACTOR = 3.0  # a step with prompt chunks costs at most this many times the decoding rounds alone,
 FULL_SPEED_CHUNK = 64  # calls up to this size set the device's batch speed (the largest profiled)
 FLOOR_SLACK = 1.15  # or what the floor chunk costs: the smallest call within this of the batch speed's cost a token
+# `tandem serve`'s floor on one engine (`--prefill-floor` unset; a cluster's replicas keep the
+# profile's, for their gap bound): prompts beside streams near a CPU's whole-prompt speed. AMD EPYC,
+# 1.5B Q4 on two threads, C=4, answers of 25-75 tokens, in process against the profile's ~31:
+# 64 tokens 1.08x, 128 1.14x, 256 1.10x tok/s; ITL p99 0.7-0.9, 1.4-1.6, 2.6-2.8 s against 0.5-0.6
+# (docs/vs-llama-server.md#one-engine-prompts-go-in-128-token-chunks).
+THROUGHPUT_PREFILL_FLOOR = 128
 KV_HEADROOM_TOKENS = 64  # per running sequence, for drafts being verified
 CATCH_UP_SHARE = 1.0  # beside other streams, a step's draft catch-up costs at most this share of its target call
 MIN_CATCH_UP = 8  # prompt tokens the draft model may always catch up on in a step
@@ -250,7 +257,8 @@ class BatchEngine(SequencePool):
         a token than a 64-token one; the floor is 33 tokens), and little where a few tokens
         already run near batch speed (smollm2 on one core: 12 tokens) or the curve is flat (one
         round costs about what the floor does), so it lengthens gaps only where that buys
-        prefill speed (`--prefill-floor N` fixes it). While more sequences wait on their prompt
+        prefill speed (`--prefill-floor N` fixes it; `tandem serve` on one engine passes
+        THROUGHPUT_PREFILL_FLOOR). While more sequences wait on their prompt
         than decode, nothing is held back: the many first tokens outweigh the few streams' gaps
         (a closed loop's wave of new requests goes in at full speed). With `prefill_waves` a
         wave let through keeps the whole budget until its prompts are all in (`self.wave`):

@@ -272,6 +272,7 @@ def test_server_kind_command_lines():
     assert nospec.command(LAUNCH, 1234)[-2:] == ["--drafter", "none"]
     assert SERVER_KINDS["tandem-waves"]().command(LAUNCH, 1234)[-1] == "--prefill-waves"
     assert SERVER_KINDS["tandem-chunks256"]().command(LAUNCH, 1234)[-2:] == ["--prefill-floor", "256"]
+    assert SERVER_KINDS["tandem-shortgaps"]().command(LAUNCH, 1234)[-2:] == ["--prefill-floor", "auto"]
     line = llama.command(LAUNCH, 1234)
     assert line[line.index("--interrupt_requests") + 1] == "False" and "1234" in line
     server = SERVER_KINDS["llama-server"]().command(LAUNCH, 1234)

@@ -81,6 +81,8 @@ def test_serve_cluster_serves_the_first_verifiers_model():
                                                       prefill_waves=True))
     assert (fixed.step_token_budget, fixed.prefill_floor, fixed.prefill_waves) == (256, 48, True)  # to the replicas
     assert not config.prefill_waves  # off unless asked
+    assert config.prefill_floor is None  # unset: the replicas read theirs off the profile (their gap bound)
+    assert cluster_engine_config(options, serve_args(cluster=CROSS_REGION, prefill_floor="auto")).prefill_floor is None
 
 
 def test_the_health_period_is_read_and_checked():

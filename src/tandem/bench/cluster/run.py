@@ -113,12 +113,13 @@ def _by_config(results: dict[str, dict]) -> dict[str, list[dict]]:
 
 
 def _single_engine(cluster: ClusterOptions, drafter: str, k, concurrency: int):
-    """The same target (and draft) models in one process with all of this machine's threads."""
+    """The same target (and draft) models in one process with all of this machine's threads, and
+    the replicas' prefill floor (read off the profile), so solo and cluster run the same engine."""
     target = cluster.target
     draft = next((w for w in cluster.spec.workers if w.can_draft and w.drafting_model), None)
     config = EngineConfig(RunnerSpec(target.model, target.backend, target.device, target.dtype),
                           RunnerSpec(draft.drafting_model, draft.backend) if draft else None,
-                          drafter if draft else "ngram", k)
+                          drafter if draft else "ngram", k, prefill_floor=None)
     return build_engine(config, concurrency)
 
 

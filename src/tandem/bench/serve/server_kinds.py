@@ -11,6 +11,9 @@ answers 200 when it is ready (`health_path`), and what it adds to every request 
   the whole step budget until all are in (throughput for longer gaps beside it).
 - `tandem-chunks256`: `tandem serve --prefill-floor 256`: the defaults, but prompts beside
   decoding streams go in chunks of at least 256 tokens (fewer, dearer gaps; cheaper prefill).
+- `tandem-shortgaps`: `tandem serve --prefill-floor auto`: the defaults, but prompts beside
+  decoding streams go in the profile's floor chunks (a cluster replica's default: short gaps,
+  dearer prompts on a CPU).
 - `tandem-ngram`, `tandem-suffix`, `tandem-model`: one drafter alone (`--drafter NAME`), the
   parts `hybrid` chooses between.
 - `tandem-nospec-serial`: the same with `--torch-runner serial` (torch backend only: one
@@ -123,6 +126,13 @@ class TandemBigChunksServer(TandemSpecServer):
     serve_options = ("--prefill-floor", "256")
     notes = ("`tandem serve --prefill-floor 256`: its defaults, but a prompt beside decoding streams goes in "
              "chunks of at least 256 tokens (throughput over the gaps beside them)")
+
+
+class TandemShortGapsServer(TandemSpecServer):
+    label = "tandem-shortgaps"
+    serve_options = ("--prefill-floor", "auto")
+    notes = ("`tandem serve --prefill-floor auto`: its defaults, but a prompt beside decoding streams goes in "
+             "the profile's floor chunks (short gaps over prompt speed)")
 
 
 class TandemNgramServer(TandemSpecServer):
@@ -246,7 +256,7 @@ class LlamaServerAuto(LlamaServer):
 
 SERVER_KINDS: Mapping[str, type] = MappingProxyType(
     {kind.label: kind for kind in (TandemSpecServer, TandemNoSpecServer, TandemWavesServer, TandemBigChunksServer,
-                                   TandemNgramServer, TandemSuffixServer, TandemModelServer, TandemSerialServer,
+                                   TandemShortGapsServer, TandemNgramServer, TandemSuffixServer, TandemModelServer, TandemSerialServer,
                                    LlamaCppServer, LlamaServer,
                                    LlamaServerNgram, LlamaServerNgramMap, LlamaServerDraft, LlamaServerAuto)}
 )
