@@ -61,8 +61,8 @@ def main() -> None:
     parser.add_argument("--dtype", default="fp32")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--drafters", default="none,hybrid",
-                        help="comma-separated drafter settings, each optionally with :N or :auto (a prefill floor of N tokens, or "
-                             "the profile's; default tandem serve's on one engine), "
+                        help="comma-separated drafter settings, each optionally with :N or :auto (a prefill floor "
+                             "of N tokens, or the profile's; default tandem serve's on one engine), "
                              "@0 or @1 (--prefill-waves off or on) and +store (the server's shared n-gram store), in that order")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--requests", type=int, default=16, help="requests per run")

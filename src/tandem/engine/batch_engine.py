@@ -6,9 +6,10 @@ Requests join and leave the running batch at every step. A step's target forward
 prompts do not outnumber them (nor, with `prefill_waves`, belong to a wave that did), no more
 than costs STALL_FACTOR times their rounds alone or the floor chunk alone (`prefill_floor`
 tokens: THROUGHPUT_PREFILL_FLOOR for `tandem serve` on one engine; by default here, and on a
-cluster's replicas, the smallest call near the device's batch speed), whichever is more (read off the measured cost curve): the
-decoding sequences' rounds come first, and prompts are scored in chunks, oldest first, in what
-they leave, so a long prompt joining does not stall the running streams. A step
+cluster's replicas, the smallest call near the device's batch speed), whichever is more (read
+off the measured cost curve): the decoding sequences' rounds come first, and prompts are scored
+in chunks, oldest first, in what they leave, so a long prompt joining does not stall the
+running streams. A step
 1. admits waiting requests into free slots, reusing the longest cached prompt prefix: in a
    running or a resident finished sequence's slot (copied where the runner shares cells), or
    restored from the host or disk tier (engine/host_cache.py, disk_cache.py); what their slot
@@ -65,7 +66,7 @@ FLOOR_SLACK = 1.15  # or what the floor chunk costs: the smallest call within th
 # profile's, for their gap bound): prompts beside streams near a CPU's whole-prompt speed. AMD EPYC,
 # 1.5B Q4 on two threads, C=4, answers of 25-75 tokens, in process against the profile's ~31:
 # 64 tokens 1.08x, 128 1.14x, 256 1.10x tok/s; ITL p99 0.7-0.9, 1.4-1.6, 2.6-2.8 s against 0.5-0.6
-# (docs/vs-llama-server.md#one-engine-prompts-go-in-128-token-chunks).
+# (docs/vs-llama-server.md#one-engine-prompts-go-in-128-token-chunks-2026-11-27).
 THROUGHPUT_PREFILL_FLOOR = 128
 KV_HEADROOM_TOKENS = 64  # per running sequence, for drafts being verified
 CATCH_UP_SHARE = 1.0  # beside other streams, a step's draft catch-up costs at most this share of its target call

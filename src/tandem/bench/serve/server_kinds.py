@@ -256,7 +256,7 @@ class LlamaServerAuto(LlamaServer):
 
 SERVER_KINDS: Mapping[str, type] = MappingProxyType(
     {kind.label: kind for kind in (TandemSpecServer, TandemNoSpecServer, TandemWavesServer, TandemBigChunksServer,
-                                   TandemShortGapsServer, TandemNgramServer, TandemSuffixServer, TandemModelServer, TandemSerialServer,
-                                   LlamaCppServer, LlamaServer,
+                                   TandemShortGapsServer, TandemNgramServer, TandemSuffixServer, TandemModelServer,
+                                   TandemSerialServer, LlamaCppServer, LlamaServer,
                                    LlamaServerNgram, LlamaServerNgramMap, LlamaServerDraft, LlamaServerAuto)}
 )
