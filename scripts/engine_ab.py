@@ -25,6 +25,7 @@ def run_one(args) -> dict:
     from tandem.bench.cluster.drive import drive
     from tandem.bench.serve.requests import level_requests
     from tandem.bench.workload import DEFAULT_WORKLOAD, load_prompts
+    from tandem.cli.options import engine_prefill_floor, prefill_floor_option
     from tandem.engine.batch_engine import THROUGHPUT_PREFILL_FLOOR
     from tandem.engine.build import EngineConfig, build_engine
     from tandem.engine.request import GenerationRequest
@@ -39,7 +40,7 @@ def run_one(args) -> dict:
     drafter, _, floor = setting.partition(":")
     from tandem.speculation.shared_store.store import open_ngram_store
 
-    prefill_floor = {"": THROUGHPUT_PREFILL_FLOOR, "auto": None}[floor] if floor in ("", "auto") else int(floor)
+    prefill_floor = engine_prefill_floor(prefill_floor_option(floor) if floor else None, THROUGHPUT_PREFILL_FLOOR)
     engine = build_engine(EngineConfig(target, draft, drafter=drafter, prefill_floor=prefill_floor,
                                        prefill_waves=waves == "1"),
                           max_running=args.concurrency, ngram_store=open_ngram_store(None) if store else None)
