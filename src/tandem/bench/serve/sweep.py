@@ -50,6 +50,7 @@ class Endpoint:
     chat_url: str
     model: str  # the name it serves, sent in every request
     metrics_url: str | None = None  # Tandem's /metrics (draft sources), None for other servers
+    pid: int | None = None  # the server process (its CPU time can be read while it runs)
 
 
 def config_order(kinds: Sequence[ServerKind], level_index: int) -> list[ServerKind]:
@@ -65,7 +66,8 @@ def start_servers(servers: ExitStack, kinds: Sequence[ServerKind], launch: Serve
         print(f"starting {kind.label} (log: {log_dir / (kind.label + '.log')})...", file=sys.stderr)
         server = servers.enter_context(ServerProcess(kind, launch, log_dir / f"{kind.label}.log", ready_timeout_s))
         metrics_url = None if kind.metrics_path is None else server.base_url.removesuffix("/v1") + kind.metrics_path
-        endpoint = Endpoint(kind, server.base_url + CHAT_PATH, served_model(server.base_url, kind), metrics_url)
+        endpoint = Endpoint(kind, server.base_url + CHAT_PATH, served_model(server.base_url, kind), metrics_url,
+                            server.pid)
         described[kind.label] = {"command": server.command, "notes": kind.notes, "base_url": server.base_url,
                                  "model": endpoint.model}
         warm_up(endpoint, max_tokens)

@@ -1,0 +1,120 @@
+"""Servers side by side at one concurrency, repeated: each repeat is a closed loop of fresh requests,
+run on every server in turn, the order flipping every repeat.
+
+`tandem bench-serve` runs each level once, and one run of ~70 s on this VM moves by 5-10% from
+one minute to the next: one level cannot tell a 4% gap from noise. Here the servers start once,
+then repeat r sends every server the same requests (the workload's interleaved list from offset
+r x requests: no request repeats, so no response or prompt cache answers one), first server first
+on even repeats, last first on odd ones. Per repeat it prints each server's tok/s, TPOT p50,
+ITL p99 and its CPU time per completion token (the server process and its children, user +
+system, read before and after), and every server's ratio to the first one named; at the end the
+median ratio and the pooled one (all tokens over all wall time).
+
+    .venv/bin/python scripts/serve_ab.py --configs tandem-spec,llama-server --concurrency 4 \
+        --requests 20 --repeats 4 --max-tokens-spread 25 --threads 2
+"""
+
+import argparse
+import json
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+from statistics import median
+
+import psutil
+
+from tandem.bench.serve.metrics import summarize
+from tandem.bench.serve.requests import level_requests
+from tandem.bench.serve.server_kinds import SERVER_KINDS
+from tandem.bench.serve.session import server_launch
+from tandem.bench.serve.settings import ServeBenchSettings, parse_configs
+from tandem.bench.serve.sweep import LevelPlan, run_level, start_servers
+from tandem.bench.workload import DEFAULT_WORKLOAD, load_prompts
+from tandem.errors import TandemError
+from tandem.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and its living children so far."""
+    process = psutil.Process(pid)
+    total = 0.0
+    for one in [process, *process.children(recursive=True)]:
+        times = one.cpu_times()
+        total += times.user + times.system
+    return total
+
+
+def run_repeat(endpoint, plan: LevelPlan, max_tokens: int) -> dict:
+    before = cpu_seconds(endpoint.pid)
+    result = run_level(endpoint, plan, max_tokens, progress=False)
+    cpu = cpu_seconds(endpoint.pid) - before
+    summary = summarize(result)
+    tokens = sum(record.completion_tokens or 0 for record in result.records)
+    return {"tok_s": summary["throughput_tok_s"], "tokens": tokens, "wall_s": result.wall_s,
+            "errors": summary["errors"], "tpot_ms_p50": summary["tpot_ms_p50"], "itl_ms_p99": summary["itl_ms_p99"],
+            "cpu_ms_per_token": 1000 * cpu / tokens if tokens else None}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--configs", default="tandem-spec,llama-server",
+                        help=f"comma-separated bench-serve configs, ratios against the first (known: {', '.join(SERVER_KINDS)})")
+    parser.add_argument("--target", default=DEFAULT_TARGET)
+    parser.add_argument("--draft", default=DEFAULT_DRAFT)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=20, help="requests per repeat")
+    parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=50)
+    parser.add_argument("--max-tokens-spread", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--out", default="serve-ab-results", help="folder for server logs and results.json")
+    args = parser.parse_args()
+    try:
+        configs = parse_configs(args.configs)
+        if len(configs) < 2:
+            raise TandemError("--configs needs at least two servers to compare")
+        if args.repeats < 1 or args.requests < args.concurrency:
+            raise TandemError("--repeats must be at least 1 and --requests at least --concurrency")
+        settings = ServeBenchSettings(args.target, args.draft, configs, (args.concurrency,), DEFAULT_WORKLOAD,
+                                      Path(args.out), num_prompts=args.requests, max_tokens=args.max_tokens,
+                                      max_tokens_spread=args.max_tokens_spread, threads=args.threads)
+        kinds = [SERVER_KINDS[name]() for name in configs]
+        launch = server_launch(settings, kinds)
+        prompts = load_prompts(DEFAULT_WORKLOAD)
+    except TandemError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    runs: dict[str, list[dict]] = {label: [] for label in configs}
+    with ExitStack() as servers:
+        endpoints, _ = start_servers(servers, kinds, launch, args.max_tokens, settings.out_dir / "logs")
+        for repeat in range(args.repeats):
+            plan = LevelPlan(args.concurrency, tuple(level_requests(prompts, args.requests, repeat * args.requests,
+                                                                    args.max_tokens_spread)))
+            order = list(configs) if repeat % 2 == 0 else list(reversed(configs))
+            for label in order:
+                runs[label].append(run_repeat(endpoints[label], plan, args.max_tokens))
+            first = runs[configs[0]][-1]
+            print(f"repeat {repeat} (order {', '.join(order)}):", flush=True)
+            for label in configs:
+                run = runs[label][-1]
+                ratio = first["tok_s"] / run["tok_s"] if label != configs[0] else 1.0
+                print(f"  {label:<18} {run['tok_s']:6.2f} tok/s  TPOT p50 {run['tpot_ms_p50']:6.1f} ms  "
+                      f"ITL p99 {run['itl_ms_p99']:7.1f} ms  CPU {run['cpu_ms_per_token']:5.0f} ms/token  "
+                      f"errors {run['errors']}  {configs[0]} / this {ratio:.3f}x", flush=True)
+    print(f"C={args.concurrency}, {args.repeats} repeats of {args.requests} requests:")
+    summary = {}
+    for label in configs[1:]:
+        each = [a["tok_s"] / b["tok_s"] for a, b in zip(runs[configs[0]], runs[label])]
+        pooled = (sum(r["tokens"] for r in runs[configs[0]]) / sum(r["wall_s"] for r in runs[configs[0]])) / (
+            sum(r["tokens"] for r in runs[label]) / sum(r["wall_s"] for r in runs[label]))
+        summary[label] = {"ratios": each, "median": median(each), "pooled": pooled}
+        print(f"  {configs[0]} / {label}: median {median(each):.3f}x, pooled {pooled:.3f}x, "
+              f"each {', '.join(f'{r:.3f}' for r in each)}")
+    settings.out_dir.mkdir(parents=True, exist_ok=True)
+    (settings.out_dir / "results.json").write_text(json.dumps(
+        {"command": " ".join(sys.argv), "args": vars(args), "runs": runs, "ratios": summary}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
