@@ -55,6 +55,14 @@ def run_repeat(endpoint, plan: LevelPlan, max_tokens: int) -> dict:
             "cpu_ms_per_token": 1000 * cpu / tokens if tokens else None}
 
 
+def _ms(value: float | None) -> str:
+    return "     -" if value is None else f"{value:6.1f}"
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.3f}x" if b else "n/a"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--configs", default="tandem-spec,llama-server",
@@ -97,16 +105,20 @@ def main() -> int:
             print(f"repeat {repeat} (order {', '.join(order)}):", flush=True)
             for label in configs:
                 run = runs[label][-1]
-                ratio = first["tok_s"] / run["tok_s"] if label != configs[0] else 1.0
-                print(f"  {label:<18} {run['tok_s']:6.2f} tok/s  TPOT p50 {run['tpot_ms_p50']:6.1f} ms  "
-                      f"ITL p99 {run['itl_ms_p99']:7.1f} ms  CPU {run['cpu_ms_per_token']:5.0f} ms/token  "
-                      f"errors {run['errors']}  {configs[0]} / this {ratio:.3f}x", flush=True)
+                print(f"  {label:<18} {run['tok_s']:6.2f} tok/s  TPOT p50 {_ms(run['tpot_ms_p50'])} ms  "
+                      f"ITL p99 {_ms(run['itl_ms_p99'])} ms  CPU {_ms(run['cpu_ms_per_token'])} ms/token  "
+                      f"errors {run['errors']}  {configs[0]} / this {_ratio(first['tok_s'], run['tok_s'])}", flush=True)
     print(f"C={args.concurrency}, {args.repeats} repeats of {args.requests} requests:")
     summary = {}
     for label in configs[1:]:
-        each = [a["tok_s"] / b["tok_s"] for a, b in zip(runs[configs[0]], runs[label])]
+        pairs = [(a["tok_s"], b["tok_s"]) for a, b in zip(runs[configs[0]], runs[label])]
+        each = [a / b for a, b in pairs if b]  # a repeat whose every request failed has no ratio
+        tokens = sum(r["tokens"] for r in runs[label])
+        if not each or not tokens:
+            print(f"  {configs[0]} / {label}: no ratio, {label} produced no tokens")
+            continue
         pooled = (sum(r["tokens"] for r in runs[configs[0]]) / sum(r["wall_s"] for r in runs[configs[0]])) / (
-            sum(r["tokens"] for r in runs[label]) / sum(r["wall_s"] for r in runs[label]))
+            tokens / sum(r["wall_s"] for r in runs[label]))
         summary[label] = {"ratios": each, "median": median(each), "pooled": pooled}
         print(f"  {configs[0]} / {label}: median {median(each):.3f}x, pooled {pooled:.3f}x, "
               f"each {', '.join(f'{r:.3f}' for r in each)}")
