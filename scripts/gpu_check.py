@@ -212,6 +212,62 @@ def _tie_gap(model, prompt, plain: list[int], other: list[int], where: int) -> d
     return gap
 
 
+def check_spec(device: torch.device, shape: dict, small: bool) -> dict:
+    """Where n-gram speculation's step time goes against plain decoding's, fp32 (the random model
+    loops, so copies are accepted about half the time): tok/s, decode steps' wall, verify and
+    model time, and tokens per round, at C=1 and C=8, then a cProfile of the n-gram C=8 run."""
+    import cProfile
+    import io
+    import pstats
+
+    from tandem.engine.request import GenerationRequest
+
+    model = build_hf_model(shape, torch.float32, device, seed=2)
+    runner = fused_runner(model, torch.float32, device, 8, "target-float32")
+    prompts = random_prompts(16, 64 if small else 256, shape["vocab_size"], seed=7)
+    tokens = 32 if small else 96
+    result = {}
+    run_engine(make_engine(runner, None, "ngram", 8), prompts[:8], 8, 8)  # warm-up
+    for concurrency in (1, 8):
+        for drafter in ("none", "ngram"):
+            engine = make_engine(runner, None, drafter, concurrency)
+            chosen = prompts[:concurrency]
+            for i, prompt in enumerate(chosen):
+                engine.add(f"s-{i}", GenerationRequest(prompt, max_tokens=tokens))
+            rows, made, start = [], 0, time.perf_counter()
+            while engine.has_work:
+                updates, report = engine.step()
+                made += sum(len(u.token_ids) for u in updates)
+                if not report.prefill_tokens and report.rounds:
+                    rows.append((report.step_seconds, report.verify_seconds, report.draft_seconds,
+                                 runner.last_model_ms / 1000, report.batch_tokens, len(report.rounds),
+                                 sum(r.accepted for r in report.rounds), sum(r.k for r in report.rounds)))
+            seconds = time.perf_counter() - start
+            n = max(len(rows), 1)
+            mean = [sum(r[i] for r in rows) / n for i in range(8)]
+            figures = dict(tok_s=made / seconds, decode_steps=len(rows), step_ms=1000 * mean[0],
+                           verify_ms=1000 * mean[1], draft_ms=1000 * mean[2], model_ms=1000 * mean[3],
+                           batch_tokens=mean[4], rounds=mean[5],
+                           tokens_per_round=(mean[6] + mean[5]) / max(mean[5], 1e-9),
+                           acceptance=mean[6] / mean[7] if mean[7] else None)
+            result[f"c{concurrency}-{drafter}"] = figures
+            log(f"[spec] C={concurrency} {drafter:5s}: {figures['tok_s']:7.1f} tok/s; decode steps {len(rows)}:"
+                f" wall {figures['step_ms']:.1f} ms, verify {figures['verify_ms']:.1f}, model {figures['model_ms']:.1f},"
+                f" draft {figures['draft_ms']:.1f}; {figures['batch_tokens']:.1f} tokens scored,"
+                f" {figures['tokens_per_round']:.2f} tokens a round")
+    profile = cProfile.Profile()
+    profile.enable()
+    _, run = run_engine(make_engine(runner, None, "ngram", 8), prompts, tokens, 8)
+    profile.disable()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(30)
+    log(f"[spec] profiled ngram C=8, 16 x {tokens}: {run['tok_s']:.1f} tok/s, {run['steps']} steps")
+    log("\n".join(text.getvalue().splitlines()[:50]))
+    result["profile"] = text.getvalue()[:8000]
+    del model, runner
+    return result
+
+
 def check_profile(runner, shape: dict) -> dict:
     """Where an engine step's time goes beyond the runner's forward: cProfile of a C=16 run."""
     import cProfile
@@ -408,7 +464,8 @@ def main() -> None:
              ("reference", lambda: check_reference(device, shape, args.small)),
              ("lossless_fp32", lambda: check_lossless(device, shape, torch.float32, args.small)),
              ("lossless_bf16", lambda: check_lossless(device, shape, torch.bfloat16, args.small)),
-             ("sampling", lambda: check_sampling(device, 2000 if args.small else 20000))]
+             ("sampling", lambda: check_sampling(device, 2000 if args.small else 20000)),
+             ("spec", lambda: check_spec(device, shape, args.small))]
     for name, step in checks:
         if name in parts or name.split("_")[0] in parts:
             try:
