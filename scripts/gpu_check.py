@@ -12,6 +12,8 @@ for exactness, meaningless for acceptance (take that from CPU runs on the real w
 5. step costs: the fused runner, B sequences x T tokens at 512 cached tokens, bf16;
 6. throughput: the engine (plain decoding) against transformers' continuous batching
    (`generate_batch`), the same random prompts and weights, bf16.
+7. spec (only when asked, `--only spec`): n-gram drafting's decode steps against plain decoding's,
+   fp32, C=1 and C=8, and a cProfile of the n-gram run.
 
     python3 scripts/gpu_check.py --out $OUT          # on the GPU machine, ~5 min
     .venv/bin/python scripts/gpu_check.py --small    # a dry run on the CPU, tiny shapes
