@@ -215,9 +215,9 @@ def _tie_gap(model, prompt, plain: list[int], other: list[int], where: int) -> d
 
 
 def check_spec(device: torch.device, shape: dict, small: bool) -> dict:
-    """Where n-gram speculation's step time goes against plain decoding's, fp32 (the random model
-    loops, so copies are accepted about half the time): tok/s, decode steps' wall, verify and
-    model time, and tokens per round, at C=1 and C=8, then a cProfile of the n-gram C=8 run."""
+    """Where n-gram speculation's step time goes against plain decoding's, fp32, the lossless
+    check's random model and prompts: tok/s, decode steps' wall, verify and model time, and
+    tokens per round, at C=1 and C=8, then a cProfile of the n-gram C=8 run."""
     import cProfile
     import io
     import pstats
