@@ -55,6 +55,12 @@ def run_repeat(endpoint, plan: LevelPlan, max_tokens: int) -> dict:
             "cpu_ms_per_token": 1000 * cpu / tokens if tokens else None}
 
 
+def pooled_rate(runs: list[dict]) -> float:
+    """All of a server's completion tokens over all its wall time, across repeats."""
+    wall = sum(run["wall_s"] for run in runs)
+    return sum(run["tokens"] for run in runs) / wall if wall else 0.0
+
+
 def _ms(value: float | None) -> str:
     return "     -" if value is None else f"{value:6.1f}"
 
@@ -110,15 +116,15 @@ def main() -> int:
                       f"errors {run['errors']}  {configs[0]} / this {_ratio(first['tok_s'], run['tok_s'])}", flush=True)
     print(f"C={args.concurrency}, {args.repeats} repeats of {args.requests} requests:")
     summary = {}
+    first_rate = pooled_rate(runs[configs[0]])
     for label in configs[1:]:
         pairs = [(a["tok_s"], b["tok_s"]) for a, b in zip(runs[configs[0]], runs[label])]
         each = [a / b for a, b in pairs if b]  # a repeat whose every request failed has no ratio
-        tokens = sum(r["tokens"] for r in runs[label])
-        if not each or not tokens:
+        rate = pooled_rate(runs[label])
+        if not each or not rate:
             print(f"  {configs[0]} / {label}: no ratio, {label} produced no tokens")
             continue
-        pooled = (sum(r["tokens"] for r in runs[configs[0]]) / sum(r["wall_s"] for r in runs[configs[0]])) / (
-            tokens / sum(r["wall_s"] for r in runs[label]))
+        pooled = first_rate / rate
         summary[label] = {"ratios": each, "median": median(each), "pooled": pooled}
         print(f"  {configs[0]} / {label}: median {median(each):.3f}x, pooled {pooled:.3f}x, "
               f"each {', '.join(f'{r:.3f}' for r in each)}")
