@@ -254,7 +254,7 @@ def chunk_sizes(target, cost_points: dict[int, float], joining: int, prefill_flo
     from tandem.models.cost import CostModel
 
     target.cost = CostModel(cost_points)
-    target.cost.observe = lambda num_tokens, elapsed_ms: None  # the curve as given, uncorrected
+    target.cost.observe = lambda num_tokens, elapsed_ms, context=None: None  # the curve as given, uncorrected
     engine = BatchEngine(target, None, "none", prefill_floor=prefill_floor, step_token_budget=step_token_budget,
                          prefill_waves=prefill_waves)
     engine.add("stream", GenerationRequest((5, 6, 7), max_tokens=60))
@@ -425,7 +425,7 @@ def test_beside_a_stream_its_auto_drafts_do_not_shrink_the_chunk(tiny_target):
 
     target = fused_runner(tiny_target, slots=3, context=256)
     target.cost = CostModel({1: 100.0, 64: 730.0})
-    target.cost.observe = lambda num_tokens, elapsed_ms: None  # the curve as given, uncorrected
+    target.cost.observe = lambda num_tokens, elapsed_ms, context=None: None  # the curve as given, uncorrected
     engine = BatchEngine(target, None, "always", drafters={**build_drafters(None, None), "always": AlwaysDrafts()})
     engine.planner.estimates["always"] = AcceptanceEstimate.with_prior(0.95)
     engine.planner.record = lambda source, drafted, accepted: None  # the estimate stays high

@@ -9,7 +9,7 @@ from tandem.engine.request import GenerationRequest
 from tandem.errors import TandemError
 from tandem.models.cost import OBSERVATION_WEIGHT, CostModel, CostView, measure_cost
 from tandem.speculation.batch_depth import BatchDepthPlanner, DraftCandidate
-from tandem.speculation.depth import K_LIMIT, Auto, Fixed, parse_depth
+from tandem.speculation.depth import K_LIMIT, AcceptanceEstimate, Auto, Fixed, parse_depth
 from tandem.speculation.drafters.ngram import find_ngram_match
 from tandem.speculation.sampling import SamplingParams
 
@@ -117,6 +117,52 @@ def test_prefill_sized_observations_share_a_few_places_per_octave():
         curve.observe(total, 12.5 * total)
     assert len(curve.ratio) <= 8 * 7  # 8 places per octave from 16 to 2048
     assert curve.cost_ms(1000) == pytest.approx(12500.0, rel=0.02)
+
+
+# measured, 1.5B Q4 target, AMD EPYC, 2 threads: on 64 cached tokens 48 tokens cost less than
+# 64, on 1,024 more (llama.cpp's flash attention scores 64 positions as one tile)
+SHORT_CACHE = {1: 30.0, 4: 95.0, 16: 254.0, 32: 410.0, 48: 559.0, 63: 846.0, 64: 744.0}
+DEEP_CACHE = {1: 40.0, 4: 118.0, 16: 353.0, 32: 606.0, 48: 945.0, 63: 1302.0, 64: 869.0}
+
+
+def deep_curve() -> CostModel:
+    return CostModel(dict(SHORT_CACHE), deep_ms=dict(DEEP_CACHE), base_context=64, deep_context=1024)
+
+
+def test_a_deep_profile_is_read_at_the_context_asked():
+    curve = deep_curve()
+    assert curve.cost_ms(48) == 559.0 and curve.cost_ms(48, None) == 559.0  # no context: the base
+    assert curve.cost_ms(48, 1024) == pytest.approx(945.0)
+    assert curve.cost_ms(48, 544) == pytest.approx((559.0 + 945.0) / 2)  # linear in the context
+    assert curve.cost_ms(64, 1984) == pytest.approx(869.0 + (869.0 - 744.0))  # extrapolated past the deep one
+    assert curve.cost_ms(64, 0) == 744.0  # never below the base
+    assert curve.cost_ms(64, 1024) < curve.cost_ms(48, 1024) and curve.cost_ms(64, 64) > curve.cost_ms(48, 64)
+    flat = CostModel(dict(SHORT_CACHE))
+    assert flat.cost_ms(48, 1024) == 559.0  # without a deep profile the context changes nothing
+
+
+def test_observations_correct_the_curve_at_their_context():
+    """A step as dear as the deep profile says, at its context, is no news: the ratio stays 1,
+    so reads at a short context stay at the short profile."""
+    curve = deep_curve()
+    for _ in range(50):
+        curve.observe(64, 869.0, 1024)
+    assert curve.ratio_at(64) == pytest.approx(1.0)
+    assert curve.cost_ms(64, 64) == pytest.approx(744.0)
+    for _ in range(200):
+        curve.observe(64, 1.1 * 869.0, 1024)  # a slower machine: 10% dearer everywhere
+    assert curve.cost_ms(64, 64) == pytest.approx(1.1 * 744.0, rel=0.01)
+
+
+def test_a_long_copy_deep_in_an_answer_gets_the_one_tile_round():
+    """Where 64 tokens cost less than 48 (a deep cache), a copy that holds drafts 63; on a short
+    cache, where 48 are cheaper, fewer. Read at the short profile everywhere, the planner chose
+    47-draft rounds at 1,000+ cached tokens: 1,000-1,100 ms for 48 tokens against ~870 for 64."""
+    planner = BatchDepthPlanner(CostView(deep_curve()))
+    planner.estimates["follow3"] = AcceptanceEstimate.with_prior(0.995)
+    copy = DraftCandidate("follow3", 63, False)
+    assert planner.plan([copy], context=1024)[0] == [63]
+    assert planner.plan([copy], context=64)[0] == [47]
 
 
 def test_profiles_sweep_every_size_in_each_repeat():

@@ -44,7 +44,7 @@ from tandem.engine.sequence_pool import SequencePool
 from tandem.engine.slots import MIN_COPY_TOKENS
 from tandem.engine.stages import commit_round, draft_all, plan_drafts
 from tandem.errors import TandemError
-from tandem.models.batch_runner import BatchItem, BatchRunner, KvPoolFullError
+from tandem.models.batch_runner import BatchItem, BatchRunner, KvPoolFullError, cached_context
 from tandem.models.cost import CostModel, catch_up_ms
 from tandem.speculation.acceptance import accept_round
 from tandem.speculation.batch_depth import BatchDepthPlanner
@@ -381,12 +381,14 @@ class BatchEngine(SequencePool):
         items = [BatchItem(seq.slot, (*seq.unprefilled, seq.tokens[-1], *d.token_ids), len(d.token_ids) + 1)
                  for seq, d in zip(rounds, drafts)]
         items += [BatchItem(seq.slot, seq.unprefilled[:n], 0) for seq, n in chunks]
+        context = cached_context(self.target, items)
         start = time.perf_counter()
         logits = self.target.forward_batch(items)  # per item [num_logits, vocab]
         for seq in rounds:
             seq.unprefilled = ()
         if self.target.fused:
-            self.target.cost.observe(sum(len(i.token_ids) for i in items), (time.perf_counter() - start) * 1000)
+            self.target.cost.observe(sum(len(i.token_ids) for i in items), (time.perf_counter() - start) * 1000,
+                                     context)
         for seq, n in chunks:
             seq.unprefilled = seq.unprefilled[n:]
             self.slots.cached[seq.slot] = seq.tokens[: len(seq.tokens) - 1 - len(seq.unprefilled)]

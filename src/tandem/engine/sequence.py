@@ -45,6 +45,12 @@ class Sequence:
         """The k the request fixed; None where the planner chooses."""
         return self.depth.k if isinstance(self.depth, Fixed) else None
 
+    @property
+    def cached_length(self) -> int:
+        """Tokens the target slot holds before this step's call: all but the last token and the
+        unprefilled ones."""
+        return len(self.tokens) - 1 - len(self.unprefilled)
+
     def draft_limit(self, context_length: int) -> int:
         """A round always adds one target token: drafts fit in what is left besides it."""
         return max(0, min(self.room - 1, context_length - len(self.tokens) - 1, K_LIMIT))

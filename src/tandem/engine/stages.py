@@ -48,7 +48,8 @@ def plan_drafts(seqs: list[Sequence], drafters: dict[str, Drafter], planner: Bat
     candidates = [replace(o.candidate, prefill_tokens=len(seq.unprefilled)) if seq.unprefilled else o.candidate
                   for o, seq in zip(offers, seqs)]
     fallbacks = [o.fallback.candidate if o.fallback is not None else None for o in offers]
-    ks, used = planner.plan(candidates, fallbacks)
+    context = sum(seq.cached_length for seq in seqs) / max(len(seqs), 1)  # where the step's costs are read
+    ks, used = planner.plan(candidates, fallbacks, context)
     jobs = []
     for seq, whole, o, k, fell_back in zip(seqs, offered, offers, ks, used):
         chosen = o.fallback if fell_back else o

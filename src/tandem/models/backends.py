@@ -18,6 +18,8 @@ from tandem.models.runner import ModelRunner
 from tandem.paths import profiles_dir
 
 PROFILE_BASE_LENGTH = 64  # cost is measured on top of a cache of this many tokens
+DEEP_PROFILE_LENGTH = 1024  # and, for batch runners, of this many too: where long answers run (models/cost.py)
+DEEP_REPEATS = 3  # the deep sweep is the slower one; interference only adds time, and the fastest is kept
 BACKENDS = ("llamacpp", "torch")
 TORCH_RUNNERS = ("fused", "serial")  # one paged forward for all slots | transformers, one slot at a time
 
@@ -81,23 +83,51 @@ def precision_of(backend: str, dtype: str) -> str:
 
 
 def cached_profile(spec: RunnerSpec, runner: ModelRunner, sizes: tuple[int, ...] = PROFILE_SIZES,
-                   variant: str = "") -> CostModel:
+                   variant: str = "", deep: bool = False) -> CostModel:
     """The runner's cost curve at `sizes`, measured once per machine (`variant` tells apart
-    profiles of the same model loaded differently, e.g. a batched context)."""
+    profiles of the same model loaded differently, e.g. a batched context). `deep`: also on a
+    cache of DEEP_PROFILE_LENGTH tokens (fewer where the context is short), so that reads can
+    follow the context (models/cost.py)."""
     path = profiles_dir() / f"{_profile_key(spec, runner)}{variant}.json"
+    deep_context = deep_profile_length(runner.context_length, max(sizes)) if deep else 0
     if path.exists():
-        cached = CostModel.from_json(json.loads(path.read_text())["latency_ms"])
-        if set(sizes) <= set(cached.latency_ms):  # a profile of other sizes is measured again
+        record = json.loads(path.read_text())
+        cached = _cost_from_record(record)
+        # a profile of other sizes (or without the deep curve asked for) is measured again
+        if set(sizes) <= set(cached.latency_ms) and (not deep_context or set(sizes) <= set(cached.deep_ms)):
             return cached
-    runner.forward([1] * PROFILE_BASE_LENGTH, num_logits=0)
-    cost = measure_cost(runner.forward, runner.rollback, PROFILE_BASE_LENGTH, sizes)
+    cost = _measure_at(runner, PROFILE_BASE_LENGTH, sizes)
+    record = {"runner": runner.name, "spec": spec.__repr__(), "latency_ms": cost.to_json(),
+              "base_context": PROFILE_BASE_LENGTH}
+    if deep_context:
+        record |= {"deep_latency_ms": _measure_at(runner, deep_context, sizes, DEEP_REPEATS).to_json(),
+                   "deep_context": deep_context}
     runner.reset()
     path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"runner": runner.name, "spec": spec.__repr__(), "latency_ms": cost.to_json()}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=1))
     os.replace(tmp, path)
-    return cost
+    return _cost_from_record(record)
+
+
+def deep_profile_length(context_length: int, largest: int) -> int:
+    """Cached tokens of the deep profile: DEEP_PROFILE_LENGTH where the context holds it and the
+    largest call after it, else what does (0, no deep profile, where that is barely above the base)."""
+    length = min(DEEP_PROFILE_LENGTH, context_length - largest - 1)
+    return length if length >= 2 * PROFILE_BASE_LENGTH else 0
+
+
+def _measure_at(runner: ModelRunner, cached: int, sizes: tuple[int, ...], repeats: int = 5) -> CostModel:
+    runner.reset()
+    runner.forward([1] * cached, num_logits=0)
+    return measure_cost(runner.forward, runner.rollback, cached, sizes, repeats)
+
+
+def _cost_from_record(record: dict) -> CostModel:
+    as_curve = lambda curve: {int(n): float(ms) for n, ms in curve.items()}  # noqa: E731
+    return CostModel(as_curve(record["latency_ms"]), deep_ms=as_curve(record.get("deep_latency_ms", {})),
+                     base_context=int(record.get("base_context", PROFILE_BASE_LENGTH)),
+                     deep_context=int(record.get("deep_context", 0)))
 
 
 def _profile_key(spec: RunnerSpec, runner: ModelRunner) -> str:

@@ -27,7 +27,7 @@ def _load_llamacpp(spec: RunnerSpec, slots: int, cache_slots: int | None = None)
     runner = LlamaCppBatchRunner(str(gguf_path(spec.model)), slots, spec.context_length, spec.threads,
                                  cache_slots)
     runner.name = f"{spec.model} [llamacpp/cpu/gguf/x{slots}]"
-    runner.cost = cached_profile(spec, SlotView(runner), BATCH_PROFILE_SIZES, variant="-batch")
+    runner.cost = cached_profile(spec, SlotView(runner), BATCH_PROFILE_SIZES, variant="-batch", deep=True)
     runner.rollback(0, 0)
     return runner
 
@@ -48,7 +48,7 @@ def _load_torch_fused(spec: RunnerSpec, slots: int, cache_slots: int | None = No
                                    spec.threads, spec.kv_memory, cache_slots)
     runner.name = f"{spec.model} [torch-fused/{spec.device}/{spec.dtype}/x{slots}]"
     print(f"{runner.name}: {runner.describe_pool()}", file=sys.stderr)
-    runner.cost = cached_profile(spec, SlotView(runner), BATCH_PROFILE_SIZES, variant="-fused")
+    runner.cost = cached_profile(spec, SlotView(runner), BATCH_PROFILE_SIZES, variant="-fused", deep=True)
     runner.rollback(0, 0)
     return runner
 

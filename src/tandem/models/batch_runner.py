@@ -47,6 +47,12 @@ class BatchItem:
             raise ValueError(f"slot {self.slot}: {self.num_logits} logits asked of {len(self.token_ids)} tokens")
 
 
+def cached_context(runner: "BatchRunner", items: Sequence[BatchItem]) -> float:
+    """Tokens cached before the items' calls, per item on average: where their cost is read
+    (models/cost.py). Asked before the forward."""
+    return sum(runner.num_cached_tokens(item.slot) for item in items) / max(len(items), 1)
+
+
 class BatchRunner(Protocol):
     name: str
     vocab_size: int
@@ -94,9 +100,10 @@ class SerialBatchRunner:
         return [self._timed_forward(item) for item in items]
 
     def _timed_forward(self, item: BatchItem) -> np.ndarray:
+        context = self.views[item.slot].num_cached_tokens
         start = time.perf_counter()
         logits = self.views[item.slot].forward(list(item.token_ids), item.num_logits)  # [num_logits, vocab]
-        self.cost.observe(len(item.token_ids), (time.perf_counter() - start) * 1000)
+        self.cost.observe(len(item.token_ids), (time.perf_counter() - start) * 1000, context)
         return logits
 
     def rollback(self, slot: int, length: int) -> None:

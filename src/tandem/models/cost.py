@@ -13,6 +13,16 @@ observed one: drafts would look free (an earlier version did this). An observati
 n therefore moves the ratio at n and, less and less, the ratios already learned within two
 octaves of n, and reads interpolate the ratio between learned sizes, so the curve keeps the
 profile's shape around where it is used.
+
+Cost also depends on how many tokens are cached before the call (attention reads them all),
+and not evenly across sizes: llama.cpp's CPU flash attention scores 64 query positions as one
+tile and fewer position by position, so on a 1.5B Q4 target (AMD EPYC, 2 threads) 48 tokens
+cost 559 ms on 64 cached tokens and 945 ms on 1,024, while 64 tokens cost 744 and 869. A curve
+taken on a short cache alone made 48-token rounds look cheaper than 64-token ones where a long
+answer runs, and the planner chose the dearer round. So a batch runner is also profiled on
+a deep cache (`deep_ms`, at `deep_context` cached tokens), and `cost_ms(n, context)` reads the
+two curves interpolated linearly in the context (extrapolated past the deep one). The learned
+ratio corrects what the context does not explain.
 """
 
 import bisect
@@ -37,32 +47,37 @@ class CostModel:
     Reads are on the hot path (the depth controller asks dozens of times a round), so the
     sorted curve is cached."""
 
-    latency_ms: dict[int, float] = field(default_factory=dict)
+    latency_ms: dict[int, float] = field(default_factory=dict)  # on base_context cached tokens
     ratio: dict[int, float] = field(default_factory=dict)  # observed / profiled, by observed size
+    deep_ms: dict[int, float] = field(default_factory=dict)  # the same sizes on deep_context cached tokens
+    base_context: int = 0
+    deep_context: int = 0
     _curve: tuple[list[int], list[float]] | None = field(default=None, repr=False, compare=False)
     _ratio_curve: tuple[list[int], list[float]] | None = field(default=None, repr=False, compare=False)
+    _deep_curve: tuple[list[int], list[float]] | None = field(default=None, repr=False, compare=False)
     profiled: bool = field(init=False, default=False)  # False: observations themselves are the curve
 
     def __post_init__(self) -> None:
         self.profiled = bool(self.latency_ms)
 
-    def cost_ms(self, num_tokens: int) -> float:
+    def cost_ms(self, num_tokens: int, context: float | None = None) -> float:
+        """Scoring num_tokens in one call on `context` cached tokens (None: the profile's base)."""
         if num_tokens <= 0:
             return 0.0
-        return self.profiled_ms(num_tokens) * self.ratio_at(num_tokens)
+        return self.profiled_ms(num_tokens, context) * self.ratio_at(num_tokens)
 
-    def profiled_ms(self, num_tokens: int) -> float:
+    def profiled_ms(self, num_tokens: int, context: float | None = None) -> float:
         if not self.latency_ms:
             return float(num_tokens)  # unmeasured: proportional, the pessimistic CPU assumption
-        sizes, values = self._profile_curve()
-        if num_tokens >= sizes[-1]:
-            if len(sizes) == 1:
-                return values[0] * num_tokens / sizes[0]
-            slope = (values[-1] - values[-2]) / (sizes[-1] - sizes[-2])
-            if slope < 0:  # a last segment that falls says nothing about larger calls
-                return values[-1] * num_tokens / sizes[-1]
-            return values[-1] + slope * (num_tokens - sizes[-1])
-        return _interpolate(sizes, values, num_tokens)
+        base = _read_curve(*self._profile_curve(), num_tokens)
+        if context is None or not self.deep_ms or self.deep_context <= self.base_context:
+            return base
+        if self._deep_curve is None:
+            sizes = sorted(self.deep_ms)
+            self._deep_curve = (sizes, [self.deep_ms[n] for n in sizes])
+        deep = _read_curve(*self._deep_curve, num_tokens)
+        fraction = max(0.0, (context - self.base_context) / (self.deep_context - self.base_context))
+        return base + fraction * (deep - base)
 
     def ratio_at(self, num_tokens: int) -> float:
         """Learned correction at num_tokens: 1 before any observation, constant past the ends."""
@@ -84,8 +99,8 @@ class CostModel:
             self._curve = (sizes, [self.latency_ms[n] for n in sizes])
         return self._curve
 
-    def observe(self, num_tokens: int, elapsed_ms: float) -> None:
-        """A step that scored num_tokens took elapsed_ms: move the ratio at num_tokens toward
+    def observe(self, num_tokens: int, elapsed_ms: float, context: float | None = None) -> None:
+        """A step that scored num_tokens on `context` cached tokens took elapsed_ms: move the ratio at num_tokens toward
         what it showed, and the learned ratios near it part of the way. Without a profile
         there is nothing to correct: the observed sizes become the curve's points."""
         if num_tokens <= 0:
@@ -97,7 +112,7 @@ class CostModel:
             self.latency_ms[num_tokens] = old + OBSERVATION_WEIGHT * (elapsed_ms - old)
             self._curve = None
             return
-        shown = elapsed_ms / self.profiled_ms(num_tokens)
+        shown = elapsed_ms / self.profiled_ms(num_tokens, context)
         key = _bucket(num_tokens)
         for size in self.ratio:
             if size != key:
@@ -130,6 +145,18 @@ def catch_up_ms(cost: CostModel, unseen: int) -> float:
     """Extra cost of a draft model's first forward when it has not seen `unseen` tokens (a whole
     prompt, the first time), beyond a normal one-token draft step."""
     return max(0.0, cost.cost_ms(unseen) - cost.cost_ms(1))
+
+
+def _read_curve(sizes: list[int], values: list[float], n: int) -> float:
+    """A measured curve at n: interpolated between its sizes, extrapolated past the last."""
+    if n >= sizes[-1]:
+        if len(sizes) == 1:
+            return values[0] * n / sizes[0]
+        slope = (values[-1] - values[-2]) / (sizes[-1] - sizes[-2])
+        if slope < 0:  # a last segment that falls says nothing about larger calls
+            return values[-1] * n / sizes[-1]
+        return values[-1] + slope * (n - sizes[-1])
+    return _interpolate(sizes, values, n)
 
 
 def _interpolate(sizes: list[int], values: list[float], n: int) -> float:

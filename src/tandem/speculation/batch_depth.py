@@ -86,6 +86,9 @@ class BatchDepthPlanner:
     probe_credit_ms: float = 0.0  # decoding time x PROBE_BUDGET not yet spent on probes
     last_drafted: dict[str, int] = field(default_factory=dict)  # source -> step it last drafted
     steps: int = 0
+    # cached tokens per sequence, on average, in the step being planned: costs are read there
+    # (models/cost.py; None: the profile's base). Set by plan; keep_drafting reads the same step's.
+    context: float | None = None
 
     def acceptance(self, source: str) -> float:
         if source not in self.estimates:
@@ -117,14 +120,16 @@ class BatchDepthPlanner:
     def observe_overhead(self, overhead_ms: float) -> None:
         self.overhead_ms += 0.1 * (overhead_ms - self.overhead_ms)
 
-    def plan(self, candidates: list[DraftCandidate],
-             fallbacks: list[DraftCandidate | None] | None = None) -> tuple[list[int], list[bool]]:
+    def plan(self, candidates: list[DraftCandidate], fallbacks: list[DraftCandidate | None] | None = None,
+             context: float | None = None) -> tuple[list[int], list[bool]]:
         """k per candidate, in order, and whether each sequence's fallback was used instead. A
         candidate whose k is 0 in the best plan is replaced by its fallback (hybrid: the draft
         model where the copy does not pay) and the batch planned again. A draft model is only
         started on a sequence whose drafting would pay in the steady state (alone, caught up):
         its catch-up is an investment that only later rounds repay, so a step that looks cheap
-        for other reasons (a big batch, a prefill) must not start it."""
+        for other reasons (a big batch, a prefill) must not start it. `context`: the sequences'
+        cached tokens on average, where the cost curves are read."""
+        self.context = context
         fallbacks = fallbacks or [None] * len(candidates)
         ks = self._plan_steady(candidates)
         used = [f is not None and k == 0 and c.fixed_k is None for c, f, k in zip(candidates, fallbacks, ks)]
@@ -153,15 +158,15 @@ class BatchDepthPlanner:
         for confidence in confidences:
             survive *= confidence
             tokens += survive
-        draft_step = self.draft.cost.cost_ms(1) if self.draft is not None else 0.0
+        draft_step = self.draft.cost.cost_ms(1, self.context) if self.draft is not None else 0.0
         target = self.target.cost
         if self.target.fused:
             total = others_tokens + drafted + 1
-            target_ms = target.cost_ms(total)
-            extra_target = target.cost_ms(total + 1) - target_ms
+            target_ms = target.cost_ms(total, self.context)
+            extra_target = target.cost_ms(total + 1, self.context) - target_ms
         else:
-            target_ms = target.cost_ms(drafted + 1)
-            extra_target = target.cost_ms(drafted + 2) - target_ms
+            target_ms = target.cost_ms(drafted + 1, self.context)
+            extra_target = target.cost_ms(drafted + 2, self.context) - target_ms
         elapsed = drafted * draft_step + target_ms + self.overhead_ms
         gain = survive * self.acceptance(source)
         step_tokens = tokens * batch_size if self.target.fused else tokens  # serial: this item's own pass
@@ -230,8 +235,8 @@ class BatchDepthPlanner:
     def target_ms(self, counts: list[int]) -> float:
         """The target call scoring counts[i] tokens for each sequence i, on its measured curve."""
         if self.target.fused:
-            return self.target.cost.cost_ms(sum(counts))
-        return sum(self.target.cost.cost_ms(n) for n in counts)
+            return self.target.cost.cost_ms(sum(counts), self.context)
+        return sum(self.target.cost.cost_ms(n, self.context) for n in counts)
 
     def _add(self, walk: _Walk, candidate: DraftCandidate, gain: float, i: int, j: int, alpha: float) -> None:
         walk.tokens += gain
@@ -239,9 +244,9 @@ class BatchDepthPlanner:
         walk.target_counts[i] += 1
         walk.target_total += 1
         if self.target.fused:
-            walk.target_ms = self.target.cost.cost_ms(walk.target_total)
+            walk.target_ms = self.target.cost.cost_ms(walk.target_total, self.context)
         else:
-            walk.target_ms += self.target.cost.cost_ms(before + 1) - self.target.cost.cost_ms(before)
+            walk.target_ms += self.target.cost.cost_ms(before + 1, self.context) - self.target.cost.cost_ms(before, self.context)
         if candidate.uses_model:
             if j == 1:
                 walk.setup_ms += candidate.setup_share_ms(alpha)
@@ -257,7 +262,8 @@ class BatchDepthPlanner:
         if j == 1 and n == 0:
             walk.draft_ms += self.draft_call_ms
         cost = self.draft.cost
-        walk.draft_ms += (cost.cost_ms(n + 1) - cost.cost_ms(n)) if self.draft.fused else cost.cost_ms(1)
+        walk.draft_ms += ((cost.cost_ms(n + 1, self.context) - cost.cost_ms(n, self.context)) if self.draft.fused
+                          else cost.cost_ms(1, self.context))
 
     def _elapsed(self, walk: _Walk) -> float:
         return walk.target_ms + walk.draft_ms + walk.setup_ms + self.overhead_ms
@@ -296,7 +302,7 @@ class BatchDepthPlanner:
         counts[i] += 1
         extra = self.target_ms(counts) - before
         if candidates[i].uses_model and self.draft is not None:
-            extra += self.draft.cost.cost_ms(1) + candidates[i].setup_ms
+            extra += self.draft.cost.cost_ms(1, self.context) + candidates[i].setup_ms
         return extra
 
     def _could_pay(self, candidates: list[DraftCandidate], ks: list[int], i: int) -> bool:

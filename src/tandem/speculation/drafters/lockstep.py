@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from tandem.models.batch_runner import BatchItem, BatchRunner
+from tandem.models.batch_runner import BatchItem, BatchRunner, cached_context
 from tandem.models.cost import CostView, catch_up_ms
 from tandem.speculation.drafters.base import DraftJob, KeepDrafting, SequenceDraft
 from tandem.speculation.sampling import probs_from_logits, sample
@@ -46,9 +46,10 @@ class LocalDraftModel:
         items = [item for _, item in synced if item is not None]
         owners = [index if item.num_logits else None for index, item in synced if item is not None]
         while items:
+            context = cached_context(self.runner, items) if self.runner.fused else None
             start = time.perf_counter()
             logits = self.runner.forward_batch(items)  # per item [1, vocab] ([0, vocab]: catch-up only)
-            self._observe(items, start)
+            self._observe(items, start, context)
             still, items = [], []
             for index, rows in zip(owners, logits):
                 if index is None:
@@ -82,11 +83,11 @@ class LocalDraftModel:
         seq.draft_cached = list(seq.tokens)
         return BatchItem(seq.slot, tuple(unseen), 1)
 
-    def _observe(self, items: list[BatchItem], start: float) -> None:
+    def _observe(self, items: list[BatchItem], start: float, context: float | None) -> None:
         self.forwards += 1
         if self.runner.fused:
             tokens = sum(len(item.token_ids) for item in items)
-            self.runner.cost.observe(tokens, (time.perf_counter() - start) * 1000)
+            self.runner.cost.observe(tokens, (time.perf_counter() - start) * 1000, context)
 
     @staticmethod
     def _goes_on(job: DraftJob, tokens: list[int], confidences: list[float], keep_drafting) -> bool:

@@ -1,0 +1,65 @@
+"""The cached cost profile (models/backends.py): measured once, on a short cache and, for batch
+runners, on a deep one too, and read back whole."""
+
+import json
+
+import numpy as np
+
+from tandem.models.backends import DEEP_PROFILE_LENGTH, PROFILE_BASE_LENGTH, RunnerSpec, cached_profile
+from tandem.models.cost import CostModel
+
+
+class CacheTimedRunner:
+    """A runner double whose call of n tokens on c cached ones takes no time but records (n, c)."""
+
+    name = "cache-timed"
+    vocab_size = 4
+
+    def __init__(self, context_length: int):
+        self.context_length = context_length
+        self.cost = CostModel()
+        self.length = 0
+        self.calls: list[tuple[int, int]] = []
+
+    @property
+    def num_cached_tokens(self) -> int:
+        return self.length
+
+    def forward(self, token_ids, num_logits=None) -> np.ndarray:
+        self.calls.append((len(token_ids), self.length))
+        self.length += len(token_ids)
+        return np.zeros((num_logits or 0, self.vocab_size), np.float32)
+
+    def rollback(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+    def reset(self) -> None:
+        self.length = 0
+
+
+def test_a_batch_profile_is_measured_on_a_deep_cache_too_and_read_back(tmp_path, monkeypatch):
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
+    spec = RunnerSpec(str(tmp_path / "model"), backend="torch", device="cpu", threads=1)
+    runner = CacheTimedRunner(context_length=4096)
+    cost = cached_profile(spec, runner, (1, 4, 64), deep=True)
+    measured_at = {c for n, c in runner.calls if n in (1, 4, 64) and c}
+    assert measured_at == {PROFILE_BASE_LENGTH, DEEP_PROFILE_LENGTH}
+    assert (cost.base_context, cost.deep_context) == (PROFILE_BASE_LENGTH, DEEP_PROFILE_LENGTH)
+    assert set(cost.deep_ms) == {1, 4, 64}
+    record = json.loads(next((tmp_path / "profiles").iterdir()).read_text())
+    assert record["deep_context"] == DEEP_PROFILE_LENGTH and set(record["deep_latency_ms"]) == {"1", "4", "64"}
+
+    again = CacheTimedRunner(context_length=4096)
+    assert cached_profile(spec, again, (1, 4, 64), deep=True).deep_ms == cost.deep_ms
+    assert again.calls == []  # read from the cache, not measured again
+
+
+def test_a_profile_without_its_deep_curve_is_measured_again_and_a_short_context_caps_the_depth(tmp_path, monkeypatch):
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
+    spec = RunnerSpec(str(tmp_path / "model"), backend="torch", device="cpu", threads=1, context_length=256)
+    cached_profile(spec, CacheTimedRunner(256), (1, 64))  # a single-sequence profile: no deep curve
+    runner = CacheTimedRunner(256)
+    cost = cached_profile(spec, runner, (1, 64), deep=True)
+    assert runner.calls  # measured again
+    assert cost.deep_context == 256 - 64 - 1  # the largest call still fits after it
+    assert max(n + c for n, c in runner.calls) <= 256
