@@ -167,8 +167,9 @@ def test_a_long_copy_deep_in_an_answer_gets_the_one_tile_round():
 
 def test_profiles_sweep_every_size_in_each_repeat():
     order = []
-    measure_cost(lambda tokens: order.append(len(tokens)), lambda length: None, 0, sizes=(1, 2, 4), repeats=2)
-    assert order == [1, 1, 2, 4, 1, 2, 4]  # warm-up, then whole sweeps
+    measure_cost(lambda tokens: order.append(len(tokens)), lambda length: None, 0, sizes=(1, 2, 4), repeats=2,
+                 after_each=lambda: order.append("tick"))
+    assert order == [1, "tick", 1, "tick", 2, "tick", 4, "tick", 1, "tick", 2, "tick", 4, "tick"]  # warm-up, sweeps
 
 
 # --- validation -------------------------------------------------------------------------------

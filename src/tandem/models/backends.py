@@ -9,7 +9,10 @@ refined while generating.
 import hashlib
 import json
 import os
+import sys
 from dataclasses import dataclass, replace
+
+from tqdm import tqdm
 
 from tandem.errors import TandemError
 from tandem.hardware import cpu_model, llama_cpp_features
@@ -118,9 +121,12 @@ def deep_profile_length(context_length: int, largest: int) -> int:
 
 
 def _measure_at(runner: ModelRunner, cached: int, sizes: tuple[int, ...], repeats: int = 5) -> CostModel:
+    """The sweep on `cached` tokens, with a progress bar (a first start spends ~20-40 s a model here)."""
     runner.reset()
     runner.forward([1] * cached, num_logits=0)
-    return measure_cost(runner.forward, runner.rollback, cached, sizes, repeats)
+    with tqdm(total=1 + repeats * len(sizes), desc=f"profiling {runner.name} on {cached} cached tokens",
+              unit="call", file=sys.stderr, leave=False) as bar:
+        return measure_cost(runner.forward, runner.rollback, cached, sizes, repeats, bar.update)
 
 
 def _cost_from_record(record: dict) -> CostModel:

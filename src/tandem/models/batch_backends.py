@@ -1,7 +1,8 @@
 """Build a batch runner (several sequences, one model) from a `RunnerSpec`, with its measured
 cost curve. llama.cpp gets one context with a sequence id per slot, and torch (by default) the fused
 runner over a paged KV cache: both score every slot's tokens in one forward (fused batches,
-profiled up to BATCH_PROFILE_SIZES tokens, since a batch scores many sequences' tokens at once).
+profiled up to BATCH_PROFILE_SIZES tokens, since a batch scores many sequences' tokens at once,
+on a short cache and on a deep one: models/cost.py).
 `torch_runner="serial"` gives torch one transformers cache per slot over shared weights (serial
 batches: the slow reference).
 """
@@ -16,7 +17,8 @@ from tandem.models.cost import PROFILE_SIZES
 # 63 and 64 both: llama.cpp's CPU flash attention scores 64 query positions as one tile and
 # fewer position by position, so 64 tokens cost less than 63 (measured, 1.5B Q4 at 1,024 cached
 # tokens: 48 727 ms, 63 998 ms, 64 732 ms, 65 838 ms; docs/copy-ceiling.md): the planner must see
-# the dip to choose a 64-token round, and would not between 48 and 64 alone.
+# the dip to choose a 64-token round, and would not between 48 and 64 alone. The dip grows with
+# the cache (on 64 cached tokens 48 cost less than 64): hence the deep profile.
 BATCH_PROFILE_SIZES = PROFILE_SIZES + (24, 32, 48, 63, 64)
 
 

@@ -16,13 +16,14 @@ profile's shape around where it is used.
 
 Cost also depends on how many tokens are cached before the call (attention reads them all),
 and not evenly across sizes: llama.cpp's CPU flash attention scores 64 query positions as one
-tile and fewer position by position, so on a 1.5B Q4 target (AMD EPYC, 2 threads) 48 tokens
-cost 559 ms on 64 cached tokens and 945 ms on 1,024, while 64 tokens cost 744 and 869. A curve
-taken on a short cache alone made 48-token rounds look cheaper than 64-token ones where a long
-answer runs, and the planner chose the dearer round. So a batch runner is also profiled on
-a deep cache (`deep_ms`, at `deep_context` cached tokens), and `cost_ms(n, context)` reads the
-two curves interpolated linearly in the context (extrapolated past the deep one). The learned
-ratio corrects what the context does not explain.
+tile and fewer position by position, so on a 1.5B Q4 target (AMD EPYC, 2 threads, one profile)
+48 tokens cost 620 ms on 64 cached tokens and 875 ms on 1,024, while 64 tokens cost 842 and 879.
+A curve taken on the short cache alone made 48-token rounds look 26% cheaper than 64-token ones
+where long answers run, and the planner cut long copies to 47-draft rounds that cost as much as
+63-draft ones (whole-file edits decoded 1.12x faster once it read the deep curve). So a batch
+runner is also profiled on a deep cache (`deep_ms`, at `deep_context` cached tokens), and
+`cost_ms(n, context)` reads the two curves interpolated linearly in the context (extrapolated
+past the deep one). The learned ratio corrects what the context does not explain.
 """
 
 import bisect
@@ -187,13 +188,16 @@ def measure_cost(
     base_length: int,
     sizes: tuple[int, ...] = PROFILE_SIZES,
     repeats: int = 5,
+    after_each: Callable[[], object] = lambda: None,
 ) -> CostModel:
     """Time forward passes of n tokens on top of a cache of `base_length`; the fastest of the
     repeats, since interference from other work only ever adds time. Each repeat sweeps every
-    size, so a burst of interference costs each size one sample, not one size all of its samples."""
+    size, so a burst of interference costs each size one sample, not one size all of its samples.
+    `after_each` is called after every forward, outside its timing (a progress bar)."""
     filler = [1] * max(sizes)
     forward(filler[:1])  # warm-up
     rollback(base_length)
+    after_each()
     samples: dict[int, list[float]] = {n: [] for n in sizes}
     for _ in range(repeats):
         for n in sizes:
@@ -201,4 +205,5 @@ def measure_cost(
             forward(filler[:n])
             samples[n].append((time.perf_counter() - start) * 1000)
             rollback(base_length)
+            after_each()
     return CostModel({n: float(min(times)) for n, times in samples.items()})
