@@ -101,9 +101,10 @@ class CostModel:
         return self._curve
 
     def observe(self, num_tokens: int, elapsed_ms: float, context: float | None = None) -> None:
-        """A step that scored num_tokens on `context` cached tokens took elapsed_ms: move the ratio at num_tokens toward
-        what it showed, and the learned ratios near it part of the way. Without a profile
-        there is nothing to correct: the observed sizes become the curve's points."""
+        """A step that scored num_tokens on `context` cached tokens took elapsed_ms: move the
+        ratio at num_tokens toward what it showed (against the profile read at that context),
+        and the learned ratios near it part of the way. Without a profile there is nothing to
+        correct: the observed sizes become the curve's points."""
         if num_tokens <= 0:
             return
         if not self.profiled:  # no profile to correct: observed sizes become the curve's points

@@ -246,7 +246,8 @@ class BatchDepthPlanner:
         if self.target.fused:
             walk.target_ms = self.target.cost.cost_ms(walk.target_total, self.context)
         else:
-            walk.target_ms += self.target.cost.cost_ms(before + 1, self.context) - self.target.cost.cost_ms(before, self.context)
+            cost = self.target.cost
+            walk.target_ms += cost.cost_ms(before + 1, self.context) - cost.cost_ms(before, self.context)
         if candidate.uses_model:
             if j == 1:
                 walk.setup_ms += candidate.setup_share_ms(alpha)
