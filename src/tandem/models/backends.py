@@ -130,10 +130,14 @@ def _measure_at(runner: ModelRunner, cached: int, sizes: tuple[int, ...], repeat
 
 
 def _cost_from_record(record: dict) -> CostModel:
-    as_curve = lambda curve: {int(n): float(ms) for n, ms in curve.items()}  # noqa: E731
-    return CostModel(as_curve(record["latency_ms"]), deep_ms=as_curve(record.get("deep_latency_ms", {})),
+    """A profile JSON's curves (a record from before deep profiles has the short one only)."""
+    return CostModel(_curve_of(record["latency_ms"]), deep_ms=_curve_of(record.get("deep_latency_ms", {})),
                      base_context=int(record.get("base_context", PROFILE_BASE_LENGTH)),
                      deep_context=int(record.get("deep_context", 0)))
+
+
+def _curve_of(points: dict[str, float]) -> dict[int, float]:
+    return {int(n): float(ms) for n, ms in points.items()}
 
 
 def _profile_key(spec: RunnerSpec, runner: ModelRunner) -> str:

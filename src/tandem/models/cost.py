@@ -74,8 +74,7 @@ class CostModel:
         if context is None or not self.deep_ms or self.deep_context <= self.base_context:
             return base
         if self._deep_curve is None:
-            sizes = sorted(self.deep_ms)
-            self._deep_curve = (sizes, [self.deep_ms[n] for n in sizes])
+            self._deep_curve = _sorted_points(self.deep_ms)
         deep = _read_curve(*self._deep_curve, num_tokens)
         fraction = max(0.0, (context - self.base_context) / (self.deep_context - self.base_context))
         return base + fraction * (deep - base)
@@ -85,8 +84,7 @@ class CostModel:
         if not self.ratio:
             return 1.0
         if self._ratio_curve is None:
-            sizes = sorted(self.ratio)
-            self._ratio_curve = (sizes, [self.ratio[n] for n in sizes])
+            self._ratio_curve = _sorted_points(self.ratio)
         sizes, values = self._ratio_curve
         if num_tokens <= sizes[0]:
             return values[0]
@@ -96,8 +94,7 @@ class CostModel:
 
     def _profile_curve(self) -> tuple[list[int], list[float]]:
         if self._curve is None:
-            sizes = sorted(self.latency_ms)
-            self._curve = (sizes, [self.latency_ms[n] for n in sizes])
+            self._curve = _sorted_points(self.latency_ms)
         return self._curve
 
     def observe(self, num_tokens: int, elapsed_ms: float, context: float | None = None) -> None:
@@ -147,6 +144,12 @@ def catch_up_ms(cost: CostModel, unseen: int) -> float:
     """Extra cost of a draft model's first forward when it has not seen `unseen` tokens (a whole
     prompt, the first time), beyond a normal one-token draft step."""
     return max(0.0, cost.cost_ms(unseen) - cost.cost_ms(1))
+
+
+def _sorted_points(points: dict[int, float]) -> tuple[list[int], list[float]]:
+    """A curve's sizes in order and their values (cached by the CostModel: reads are hot)."""
+    sizes = sorted(points)
+    return sizes, [points[n] for n in sizes]
 
 
 def _read_curve(sizes: list[int], values: list[float], n: int) -> float:
