@@ -1,12 +1,16 @@
 """`tandem bench-ceiling`: a bench-serve run's decode rates per category set against the copy
 ceiling of its own prompts and answers (bench/ceiling.py), on the target's verify curve measured
 here at the workload's context. The answers are one config's streamed texts (token ids again
-through the target's tokenizer); only first-pass requests (no repeat mark) are read."""
+through the target's tokenizer); only first-pass requests (no repeat mark) are read. Given a
+replay, Tandem's own copy drafting is priced on the same answers (bench/drafting_replay.py), so a
+config's shortfall splits into drafting's (replayed / ceiling) and the runtime's (measured /
+replayed)."""
 
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Sequence
 
 from tandem.bench.ceiling import (LONG_RUN, MAX_DRAFT, CostMs, long_run_ms, oracle_rounds, plain_ms, rounds_ms,
                                   suffix_rounds)
@@ -14,6 +18,7 @@ from tandem.bench.workload import format_prompt, load_prompts
 from tandem.errors import TandemError
 
 CURVE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 63, 64)
+Replay = Callable[[Sequence[int], Sequence[int]], float]  # (prompt, answer) -> priced decode ms
 
 
 @dataclass
@@ -24,6 +29,7 @@ class CategoryCeiling:
     suffix_ms: float = 0.0
     oracle_ms: float = 0.0
     long_ms: float = 0.0  # the oracle drafting only its runs of LONG_RUN or more
+    replay_ms: float = 0.0  # Tandem's copy drafting replayed (0: not replayed)
     oracle_rounds: int = 0
     measured: dict = field(default_factory=lambda: defaultdict(lambda: [0, 0.0]))  # config -> [tokens, seconds]
 
@@ -60,7 +66,7 @@ def answers_of(level: dict, reference: str | None) -> tuple[str, dict[str, str]]
 
 
 def ceilings(results: dict, level: dict, tokenizer, cost_ms: CostMs, reference: str | None,
-             max_draft: int = MAX_DRAFT) -> tuple[str, dict[str, CategoryCeiling]]:
+             max_draft: int = MAX_DRAFT, replay: Replay | None = None) -> tuple[str, dict[str, CategoryCeiling]]:
     prompts = {p.id: p for p in load_prompts(results["settings"]["prompts_file"])}
     label, texts = answers_of(level, reference)
     table: dict[str, CategoryCeiling] = defaultdict(CategoryCeiling)
@@ -78,6 +84,8 @@ def ceilings(results: dict, level: dict, tokenizer, cost_ms: CostMs, reference: 
         row.oracle_ms += rounds_ms(oracle, cost_ms)
         row.long_ms += long_run_ms(oracle, cost_ms)
         row.oracle_rounds += len(oracle)
+        if replay is not None:
+            row.replay_ms += replay(prompt, answer)
     for config, run in level["configs"].items():
         for request in first_pass(run["request_records"]):
             category = request.get("category")
@@ -89,11 +97,13 @@ def ceilings(results: dict, level: dict, tokenizer, cost_ms: CostMs, reference: 
 
 
 def render(table: dict[str, CategoryCeiling], configs: list[str]) -> list[str]:
-    """Markdown: per category, the ceilings and each config's decode rate against the ceiling
-    (and, in brackets, against the long-run ceiling)."""
+    """Markdown: per category, the ceilings, Tandem's drafting replayed where it was (against the
+    ceiling), and each config's decode rate against the ceiling (and, in brackets, against the
+    long-run ceiling)."""
+    replayed = any(row.replay_ms for row in table.values())
     head = (f"| category | requests | answer tokens | plain tok/s | suffix-3 tok/s | ceiling tok/s | tokens/round "
-            f"| runs >= {LONG_RUN} only |")
-    rule = "|---|---:|---:|---:|---:|---:|---:|---:|"
+            f"| runs >= {LONG_RUN} only |" + (" drafting replayed tok/s | / ceiling |" if replayed else ""))
+    rule = "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if replayed else "")
     for config in configs:
         head += f" {config} tok/s | / ceiling |"
         rule += "---:|---:|"
@@ -103,7 +113,8 @@ def render(table: dict[str, CategoryCeiling], configs: list[str]) -> list[str]:
         if row is None:
             row = total
         else:
-            for name in ("requests", "tokens", "plain_ms", "suffix_ms", "oracle_ms", "long_ms", "oracle_rounds"):
+            for name in ("requests", "tokens", "plain_ms", "suffix_ms", "oracle_ms", "long_ms", "replay_ms",
+                         "oracle_rounds"):
                 setattr(total, name, getattr(total, name) + getattr(row, name))
             for config, (tokens, seconds) in row.measured.items():
                 total.measured[config][0] += tokens
@@ -114,6 +125,9 @@ def render(table: dict[str, CategoryCeiling], configs: list[str]) -> list[str]:
                 f"| {ceiling:.1f} ({ceiling / plain:.2f}x) | {row.tokens / max(1, row.oracle_rounds):.1f} "
                 f"| {long:.1f} ({long / plain:.2f}x) |"
                 if plain else f"| {category} | {row.requests} | 0 | | | | | |")
+        if replayed:
+            replay = rate(row.replay_ms)
+            line += f" {replay:.1f} | {replay / ceiling:.2f} ({replay / long:.2f}) |" if replay and ceiling and long else " | |"
         for config in configs:
             tokens, seconds = row.measured.get(config, (0, 0.0))
             measured = tokens / seconds if seconds else 0.0

@@ -1,6 +1,8 @@
 """`tandem bench-ceiling`: how close a bench-serve run came to the copy ceiling, per category
 (bench/ceiling.py: an oracle drafting the longest verbatim run of the answer from the prompt
-and the answer so far, priced on the target's verify curve measured here)."""
+and the answer so far, priced on the target's verify curve measured here), and how close
+Tandem's own copy drafting, replayed on the same answers and priced the same way, comes
+(bench/drafting_replay.py)."""
 
 import argparse
 import sys
@@ -20,7 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Reads a bench-serve results.json, measures the target's verify curve (1..64 tokens at "
         "each of --contexts cached tokens, llama.cpp, --threads), and prints per category: plain decoding, a "
         "3-token suffix matcher and the oracle ceiling, every round priced at its own context (the prompt and "
-        "the answer so far) between those curves, and each config's measured decode rate against the ceiling.")
+        "the answer so far) between those curves; Tandem's copy drafting and depth planner replayed on the same "
+        "answers and priced the same way (unless --no-replay); and each config's measured decode rate against "
+        "the ceiling.")
     parser.add_argument("results", help="a bench-serve results.json")
     parser.add_argument("--concurrency", type=int, default=None, help="the level to read (default: the lowest)")
     parser.add_argument("--reference", default=None,
@@ -30,13 +34,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "one value prices every round at it)")
     parser.add_argument("--max-draft", type=int, default=MAX_DRAFT, help=f"longest draft (default {MAX_DRAFT})")
     parser.add_argument("--threads", type=int, default=None, help="threads for the curve (default: the run's)")
+    parser.add_argument("--no-replay", action="store_true",
+                        help="skip replaying Tandem's copy drafting on the answers")
     parser.add_argument("--out", default=None, help="also write the table to this markdown file")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from tandem.bench.ceiling import ContextCurves
-    from tandem.bench.ceiling_report import ceilings, load_level, render
+    from tandem.bench.ceiling_report import CURVE_SIZES, ceilings, load_level, render
+    from tandem.bench.drafting_replay import planner_curve, replay_ms
     from tandem.models.resolve import tokenizer_path
     from tandem.text.tokenizer import TextTokenizer
 
@@ -49,7 +56,11 @@ def run(args: argparse.Namespace) -> int:
         print("verify curve at %d cached tokens (ms): %s" % (context, ", ".join(
             f"{n}: {curve.cost_ms(n):.0f}" for n in sorted(curve.latency_ms))), file=sys.stderr)
     priced = ContextCurves({context: curve.cost_ms for context, curve in curves.items()})
-    label, table = ceilings(results, level, tokenizer, priced.cost_ms, args.reference, args.max_draft)
+    replay = None
+    if not args.no_replay:  # the planner reads the curves at the lowest and highest context measured
+        curve = planner_curve(priced.cost_ms, CURVE_SIZES, min(args.contexts), max(args.contexts))
+        replay = lambda prompt, answer: replay_ms(prompt, answer, priced.cost_ms, curve)  # noqa: E731
+    label, table = ceilings(results, level, tokenizer, priced.cost_ms, args.reference, args.max_draft, replay)
     contexts = ", ".join(str(c) for c in args.contexts)
     lines = [f"answers: {label}'s at C={level['concurrency']}; machine: {results['machine'].get('cpu_model')}; "
              f"rounds priced at their context between curves at {contexts} cached tokens", "",

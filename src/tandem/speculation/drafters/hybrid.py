@@ -6,7 +6,8 @@ acceptance so far, over the copy's length; engine/stages.py), so each request's 
 whichever copy has been doing better on text like this, phase by phase (the sources are per
 match length and confidence). The copy is offered with the draft model as its fallback: when
 the planner gives the copy k = 0 (its acceptance does not pay here), the model drafts instead.
-With no copy the model is offered directly. The default drafter.
+With no copy the model is offered directly. The default drafter. Built without a model it is
+its copy part alone (bench/drafting_replay.py replays it so).
 """
 
 from dataclasses import replace
@@ -23,14 +24,16 @@ class HybridDrafter:
     name = "hybrid"
     uses_model = True
 
-    def __init__(self, model: ModelDrafter, ngram: NgramDrafter, suffix: SuffixDrafter | None = None):
+    def __init__(self, model: ModelDrafter | None, ngram: NgramDrafter, suffix: SuffixDrafter | None = None):
         self.model = model
         self.ngram = ngram
         self.suffix = suffix
 
     def offer(self, seq, limit: int):
-        model_offer = self.model.offer(seq, limit)
         copy = self._copy(seq, limit)
+        if self.model is None:
+            return copy
+        model_offer = self.model.offer(seq, limit)
         if copy.candidate.cap == 0:
             return model_offer
         if not model_offer.uses_model:
@@ -53,6 +56,6 @@ class HybridDrafter:
 
     def propose_batch(self, jobs: list[DraftJob], keep_drafting=None) -> list[SequenceDraft]:
         by_model = [job for job in jobs if job.offer.uses_model]
-        from_model = iter(self.model.propose_batch(by_model, keep_drafting))
+        from_model = iter(self.model.propose_batch(by_model, keep_drafting) if by_model else [])
         copies = iter(copy_drafts([job for job in jobs if not job.offer.uses_model]))
         return [next(from_model) if job.offer.uses_model else next(copies) for job in jobs]

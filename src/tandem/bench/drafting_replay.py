@@ -1,0 +1,119 @@
+"""Tandem's drafting, replayed: the engine's own copy drafting and depth planner run on a recorded
+answer, each target call priced on the curves the copy ceiling is priced on (bench/ceiling.py).
+
+The target is a double that emits the answer's next token wherever the cache agrees with the
+prompt and the answer so far (teacher forcing: a greedy run that produced this answer would have
+emitted the same), so the engine (engine/batch_engine.py) drafts, plans and verifies as it
+would, one request at a time, and every call's tokens and cached length are recorded. The
+drafter is the default one's copy part (the hybrid drafter without its model: a draft model's
+proposals cannot be replayed without it). Priced like the ceiling, its rate separates what
+drafting leaves on the table (replayed / ceiling: which copies are drafted, how deep) from what
+the runtime costs beyond the curve (measured / replayed: step overheads, drafting time, a draft
+model's rounds where it drafted).
+"""
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from tandem.bench.ceiling import CostMs
+from tandem.engine.batch_engine import THROUGHPUT_PREFILL_FLOOR, BatchEngine
+from tandem.engine.request import GenerationRequest
+from tandem.errors import TandemError
+from tandem.models.batch_runner import BatchItem
+from tandem.models.cost import CostModel
+from tandem.speculation.drafters.hybrid import HYBRID_NGRAM, HybridDrafter
+from tandem.speculation.drafters.ngram import NgramDrafter
+from tandem.speculation.drafters.suffix import SuffixDrafter
+
+REPLAY_SLOT = 0
+
+
+class FrozenCostModel(CostModel):
+    """A cost curve that ignores observations: the replay's calls take microseconds, and the
+    planner must keep reading the curve the rounds are priced on."""
+
+    def observe(self, num_tokens: int, elapsed_ms: float, context: float | None = None) -> None:
+        pass
+
+
+def planner_curve(cost_ms: CostMs, sizes: Sequence[int], base_context: int, deep_context: int) -> FrozenCostModel:
+    """The planner's curve, read off the pricing at two contexts (the engine's profile holds a
+    short and a deep curve the same way, models/cost.py)."""
+    cost = FrozenCostModel({n: cost_ms(n, base_context) for n in sizes},
+                           deep_ms={n: cost_ms(n, deep_context) for n in sizes},
+                           base_context=base_context, deep_context=deep_context)
+    cost.profiled = True
+    return cost
+
+
+@dataclass
+class AnswerTarget:
+    """A one-slot BatchRunner double emitting `expected[i + 1]` after `expected[:i + 1]` (the
+    prompt and the recorded answer); `calls` records each call's (tokens scored, tokens cached
+    before them)."""
+
+    cost: CostModel
+    vocab_size: int
+    context_length: int
+    name: str = "answer-replay"
+    max_slots: int = 1
+    fused: bool = True
+    can_copy_prefix: bool = False
+    expected: list[int] = field(default_factory=list)
+    cache: list[int] = field(default_factory=list)
+    calls: list[tuple[int, int]] = field(default_factory=list)
+
+    def num_cached_tokens(self, slot: int) -> int:
+        return len(self.cache)
+
+    def forward_batch(self, items: Sequence[BatchItem]) -> list[np.ndarray]:
+        out = []
+        for item in items:
+            before = len(self.cache)
+            self.cache.extend(item.token_ids)
+            self.calls.append((len(item.token_ids), before))
+            agree = _agreeing_prefix(self.cache, self.expected)
+            logits = np.zeros((item.num_logits, self.vocab_size), np.float32)  # [num_logits, vocab]
+            for row, position in enumerate(range(len(self.cache) - item.num_logits, len(self.cache))):
+                # after cache[:position + 1]: the answer's next token where the cache agrees with it
+                known = position < agree and position + 1 < len(self.expected)
+                logits[row, self.expected[position + 1] if known else 0] = 1.0
+            out.append(logits)
+        return out
+
+    def rollback(self, slot: int, length: int) -> None:
+        del self.cache[length:]
+
+    def copy_prefix(self, source: int, destination: int, length: int) -> None:
+        raise NotImplementedError("one slot: nothing to copy from")
+
+
+def _agreeing_prefix(cache: list[int], expected: list[int]) -> int:
+    n = min(len(cache), len(expected))
+    for i in range(n):
+        if cache[i] != expected[i]:
+            return i
+    return n
+
+
+def replay_ms(prompt: Sequence[int], answer: Sequence[int], cost_ms: CostMs, planner_cost: CostModel) -> float:
+    """Priced time of the answer's decode (every call after the prompt's prefill; the answer's
+    first token comes from the prefill, as in the ceiling) with Tandem's copy drafting."""
+    if not answer:
+        return 0.0
+    expected = list(prompt) + list(answer)
+    target = AnswerTarget(planner_cost, max(expected) + 1, len(expected) + 1, expected=expected)
+    drafters = {"hybrid": HybridDrafter(None, NgramDrafter(*HYBRID_NGRAM), SuffixDrafter())}
+    engine = BatchEngine(target, None, "hybrid", drafters=drafters, max_running=1,
+                         prefill_floor=THROUGHPUT_PREFILL_FLOOR)
+    engine.add("replay", GenerationRequest(tuple(prompt), max_tokens=len(answer)))
+    emitted: list[int] = []
+    while engine.has_work:
+        updates, _ = engine.step()
+        for update in updates:
+            emitted.extend(update.token_ids)
+    if emitted != list(answer):
+        raise TandemError(f"the replay emitted {len(emitted)} tokens that differ from the {len(answer)} recorded")
+    return sum(cost_ms(n, before) for n, before in target.calls if before >= len(prompt))
