@@ -127,7 +127,8 @@ def render(table: dict[str, CategoryCeiling], configs: list[str]) -> list[str]:
                 if plain else f"| {category} | {row.requests} | 0 | | | | | |")
         if replayed:
             replay = rate(row.replay_ms)
-            line += f" {replay:.1f} | {replay / ceiling:.2f} ({replay / long:.2f}) |" if replay and ceiling and long else " | |"
+            shown = replay and ceiling and long
+            line += f" {replay:.1f} | {replay / ceiling:.2f} ({replay / long:.2f}) |" if shown else " | |"
         for config in configs:
             tokens, seconds = row.measured.get(config, (0, 0.0))
             measured = tokens / seconds if seconds else 0.0
