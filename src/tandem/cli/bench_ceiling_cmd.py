@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from tandem.bench.ceiling import ContextCurves
     from tandem.bench.ceiling_report import CURVE_SIZES, ceilings, load_level, render
-    from tandem.bench.drafting_replay import planner_curve, replay_ms
+    from tandem.bench.drafting_replay import DraftingReplay, planner_curve
     from tandem.models.resolve import tokenizer_path
     from tandem.text.tokenizer import TextTokenizer
 
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     replay = None
     if not args.no_replay:  # the planner reads the curves at the lowest and highest context measured
         curve = planner_curve(priced.cost_ms, CURVE_SIZES, min(args.contexts), max(args.contexts))
-        replay = lambda prompt, answer: replay_ms(prompt, answer, priced.cost_ms, curve)  # noqa: E731
+        replay = DraftingReplay(priced.cost_ms, curve).replay_ms
     label, table = ceilings(results, level, tokenizer, priced.cost_ms, args.reference, args.max_draft, replay)
     contexts = ", ".join(str(c) for c in args.contexts)
     lines = [f"answers: {label}'s at C={level['concurrency']}; machine: {results['machine'].get('cpu_model')}; "

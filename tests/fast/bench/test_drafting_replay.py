@@ -6,7 +6,7 @@ taught by the double's microsecond calls; the report gains its columns."""
 import pytest
 
 from tandem.bench.ceiling import oracle_rounds, plain_ms, rounds_ms
-from tandem.bench.drafting_replay import AnswerTarget, planner_curve, replay_ms
+from tandem.bench.drafting_replay import AnswerTarget, DraftingReplay, planner_curve
 from tandem.models.batch_runner import BatchItem
 
 CHEAP = lambda n, c: 10.0 + 0.5 * n  # noqa: E731  verification nearly free: a 64-token round ~4 decodes
@@ -27,7 +27,7 @@ def test_an_answer_copying_its_prompt_is_drafted_and_priced_between_the_oracle_a
     prompt = list(range(100, 400))  # 300 distinct tokens
     answer = [7, 8] + prompt[:250] + [9]  # two tokens of its own, most of the prompt, one more
     curve = planner_curve(CHEAP, SIZES, 64, 1024)
-    replayed = replay_ms(prompt, answer, CHEAP, curve)
+    replayed = DraftingReplay(CHEAP, curve).replay_ms(prompt, answer)
     oracle = rounds_ms(oracle_rounds(prompt, answer), CHEAP)
     plain = plain_ms(len(prompt), len(answer), CHEAP)
     assert oracle <= replayed < plain / 3  # copying pays on a cheap curve, never beats the oracle
@@ -37,8 +37,27 @@ def test_an_answer_copying_its_prompt_is_drafted_and_priced_between_the_oracle_a
 def test_an_answer_sharing_nothing_with_its_prompt_decodes_plainly():
     prompt = list(range(100, 160))
     answer = list(range(500, 540))  # nothing to copy, nothing repeated
-    assert replay_ms(prompt, answer, CHEAP, planner_curve(CHEAP, SIZES, 64, 1024)) == pytest.approx(
-        plain_ms(len(prompt), len(answer), CHEAP))
+    replay = DraftingReplay(CHEAP, planner_curve(CHEAP, SIZES, 64, 1024))
+    assert replay.replay_ms(prompt, answer) == pytest.approx(plain_ms(len(prompt), len(answer), CHEAP))
+
+
+def test_one_replay_carries_what_it_learned_from_answer_to_answer():
+    """The server's engine meets a run's answers in order: a second answer repeating the first
+    is copied from the shared suffix index of recent outputs, so it costs less than the first."""
+    prompt = list(range(100, 130))
+    answer = list(range(500, 620))  # nothing from the prompt
+    replay = DraftingReplay(CHEAP, planner_curve(CHEAP, SIZES, 64, 1024))
+    first = replay.replay_ms(prompt, answer)
+    assert first == pytest.approx(plain_ms(len(prompt), len(answer), CHEAP))
+    assert replay.replay_ms(prompt, answer) < first / 2  # the same answer again: drafted from the first
+
+
+def test_a_replay_that_would_not_fit_its_context_is_a_clear_error():
+    from tandem.errors import TandemError
+
+    replay = DraftingReplay(CHEAP, planner_curve(CHEAP, SIZES, 64, 1024), context_length=100)
+    with pytest.raises(TandemError, match="past the replay's context"):
+        replay.replay_ms(list(range(100, 160)), list(range(200, 250)))
 
 
 def test_the_report_adds_the_replayed_rate_against_the_ceiling(tmp_path):
