@@ -7,6 +7,7 @@ config's shortfall splits into drafting's (replayed / ceiling) and the runtime's
 replayed)."""
 
 import json
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,7 @@ from tandem.bench.ceiling import (LONG_RUN, MAX_DRAFT, CostMs, long_run_ms, orac
                                   suffix_rounds)
 from tandem.bench.workload import format_prompt, load_prompts
 from tandem.errors import TandemError
+from tandem.models.cost import CostModel
 
 CURVE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 63, 64)
 Replay = Callable[[Sequence[int], Sequence[int]], float]  # (prompt, answer) -> priced decode ms
@@ -48,6 +50,35 @@ def load_level(results_path: Path, concurrency: int | None) -> tuple[dict, dict]
         if level["concurrency"] == wanted:
             return results, level
     raise TandemError(f"{results_path} has no level at concurrency {wanted}")
+
+
+_CURVE_LINE = re.compile(r"verify curve at (\d+) cached tokens \(ms\): (.+)")
+
+
+def curve_lines(curves: dict[int, CostModel]) -> list[str]:
+    """One line per context, as bench-ceiling prints its curves (and `read_curves` reads them)."""
+    return ["verify curve at %d cached tokens (ms): %s" % (context, ", ".join(
+        f"{n}: {curve.cost_ms(n):.0f}" for n in sorted(curve.latency_ms))) for context, curve in sorted(curves.items())]
+
+
+def read_curves(text: str) -> dict[int, CostModel]:
+    """The curves in a previous bench-ceiling's output, by context: a run from another machine
+    priced at that machine's costs."""
+    curves = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        found = _CURVE_LINE.search(line)
+        if not found:
+            continue
+        try:
+            points = {int(n): float(ms) for n, ms in (pair.split(":") for pair in found.group(2).split(","))}
+        except ValueError:
+            raise TandemError(f"line {number}: a verify curve must read 'N: MS, ...', got {found.group(2)!r}") from None
+        if not points or min(points) < 1 or min(points.values()) <= 0:
+            raise TandemError(f"line {number}: a verify curve needs sizes >= 1 with positive times")
+        curves[int(found.group(1))] = CostModel(points)
+    if not curves:
+        raise TandemError("no 'verify curve at N cached tokens (ms): ...' lines found")
+    return curves
 
 
 def first_pass(requests: list[dict]) -> list[dict]:

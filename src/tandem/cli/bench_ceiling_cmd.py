@@ -34,6 +34,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "one value prices every round at it)")
     parser.add_argument("--max-draft", type=int, default=MAX_DRAFT, help=f"longest draft (default {MAX_DRAFT})")
     parser.add_argument("--threads", type=int, default=None, help="threads for the curve (default: the run's)")
+    parser.add_argument("--curves", default=None,
+                        help="price on the verify curves a previous bench-ceiling printed (its --out file or its "
+                        "'verify curve at ...' lines) instead of measuring them here: a run from another machine "
+                        "re-priced at that machine's costs (--contexts and --threads are then ignored)")
     parser.add_argument("--no-replay", action="store_true",
                         help="skip replaying Tandem's copy drafting on the answers")
     parser.add_argument("--out", default=None, help="also write the table to this markdown file")
@@ -42,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tandem.bench.ceiling import ContextCurves
-    from tandem.bench.ceiling_report import CURVE_SIZES, ceilings, load_level, render
+    from tandem.bench.ceiling_report import CURVE_SIZES, ceilings, curve_lines, load_level, read_curves, render
     from tandem.bench.drafting_replay import DraftingReplay, planner_curve
     from tandem.models.resolve import tokenizer_path
     from tandem.text.tokenizer import TextTokenizer
@@ -51,24 +55,36 @@ def run(args: argparse.Namespace) -> int:
     settings = results["settings"]
     target = settings["target"]
     tokenizer = TextTokenizer(str(tokenizer_path(target)))
-    curves = measure_verify_curves(target, args.contexts, args.threads or settings.get("threads"))
-    for context, curve in curves.items():
-        print("verify curve at %d cached tokens (ms): %s" % (context, ", ".join(
-            f"{n}: {curve.cost_ms(n):.0f}" for n in sorted(curve.latency_ms))), file=sys.stderr)
+    if args.curves:
+        curves = read_curves(_read_text(args.curves))
+        source = f"curves read from {args.curves}"
+    else:
+        curves = measure_verify_curves(target, args.contexts, args.threads or settings.get("threads"))
+        source = "curves measured here"
+    print("\n".join(curve_lines(curves)), file=sys.stderr)
     priced = ContextCurves({context: curve.cost_ms for context, curve in curves.items()})
     replay = None
     if not args.no_replay:  # the planner reads the curves at the lowest and highest context measured
-        curve = planner_curve(priced.cost_ms, CURVE_SIZES, min(args.contexts), max(args.contexts))
+        curve = planner_curve(priced.cost_ms, CURVE_SIZES, min(curves), max(curves))
         replay = DraftingReplay(priced.cost_ms, curve).replay_ms
     label, table = ceilings(results, level, tokenizer, priced.cost_ms, args.reference, args.max_draft, replay)
-    contexts = ", ".join(str(c) for c in args.contexts)
+    contexts = ", ".join(str(c) for c in sorted(curves))
     lines = [f"answers: {label}'s at C={level['concurrency']}; machine: {results['machine'].get('cpu_model')}; "
-             f"rounds priced at their context between curves at {contexts} cached tokens", "",
+             f"rounds priced at their context between curves at {contexts} cached tokens ({source})", "",
              *render(table, list(level["configs"]))]
     print("\n".join(lines))
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")
     return 0
+
+
+def _read_text(path: str) -> str:
+    from tandem.errors import TandemError
+
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise TandemError(f"cannot read curves from {path}: {error}") from None
 
 
 def measure_verify_curves(target: str, contexts: tuple[int, ...], threads: int | None) -> dict:

@@ -127,3 +127,29 @@ def test_bench_ceiling_reads_its_contexts_and_refuses_nonsense():
     for bad in ("", "a,b", "0", "-5"):
         with pytest.raises(argparse.ArgumentTypeError):
             _contexts(bad)
+
+
+def test_curves_printed_by_one_run_are_read_back_by_another():
+    from tandem.bench.ceiling_report import curve_lines, read_curves
+    from tandem.models.cost import CostModel
+
+    curves = {1024: CostModel({1: 87.0, 4: 156.0, 64: 640.0}), 512: CostModel({1: 81.0, 64: 573.0})}
+    text = "$ tandem bench-ceiling ...\n" + "\n".join(curve_lines(curves)) + "\n| category | ... |\n"
+    assert text.index("at 512") < text.index("at 1024")  # printed by context
+    back = read_curves(text)
+    assert sorted(back) == [512, 1024]
+    assert back[1024].cost_ms(4) == 156.0 and back[512].cost_ms(64) == 573.0 and back[512].cost_ms(32) > 81.0
+
+
+@pytest.mark.parametrize("text, message", [
+    ("no curves here", "no 'verify curve"),
+    ("verify curve at 512 cached tokens (ms): 1: x, 2: 3", "must read 'N: MS"),
+    ("verify curve at 512 cached tokens (ms): 0: 5, 2: 3", "sizes >= 1"),
+    ("verify curve at 512 cached tokens (ms): 1: -5", "positive times"),
+])
+def test_unreadable_curves_are_a_clear_error(text, message):
+    from tandem.bench.ceiling_report import read_curves
+    from tandem.errors import TandemError
+
+    with pytest.raises(TandemError, match=message):
+        read_curves(text)
