@@ -141,6 +141,17 @@ def test_hybrid_copies_for_copy_jobs_and_asks_the_model_for_the_rest():
     assert [job.seq for job in model.jobs] == [model_seq]
 
 
+def test_hybrid_without_a_model_is_its_copy_part_alone():
+    """As bench/drafting_replay.py replays it: the copy where there is one, never a model offer."""
+    hybrid = HybridDrafter(None, NgramDrafter(3, 8))
+    assert not hybrid.uses_model
+    copy_seq, plain_seq = sequence([1, 2, 3, 4, 8, 1, 2, 3]), sequence([5, 2, 3, 4, 8, 1, 2, 3])
+    offer = hybrid.offer(copy_seq, limit=4)
+    assert (offer.candidate.source, offer.copy, offer.fallback) == ("ngram3", (4, 8, 1, 2), None)
+    assert hybrid.offer(plain_seq, limit=4).candidate.cap == 0  # nothing to copy: no offer at all
+    assert [d.token_ids for d in hybrid.propose_batch([DraftJob(copy_seq, offer, 2)])] == [[4, 8]]
+
+
 # --- the registry -------------------------------------------------------------------------------
 
 

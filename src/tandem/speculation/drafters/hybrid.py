@@ -26,6 +26,7 @@ class HybridDrafter:
 
     def __init__(self, model: ModelDrafter | None, ngram: NgramDrafter, suffix: SuffixDrafter | None = None):
         self.model = model
+        self.uses_model = model is not None
         self.ngram = ngram
         self.suffix = suffix
 
