@@ -27,14 +27,6 @@ NEAR_TIE_LOGITS = 0.5  # tests/real's bound: batched and one-token Q4 logits dif
 PREFILL_CHUNK = 512
 
 
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    """Index of the first differing token; None when equal (one a prefix of the other: its end)."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 def one_token_logits(runner, prefix: list[int]) -> np.ndarray:
     """The target's logits [vocab] after `prefix`, its last token scored alone."""
     from tandem.models.batch_runner import SlotView
@@ -55,6 +47,7 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="also write the rows as JSON here")
     args = parser.parse_args()
 
+    from tandem.bench.matching import first_divergence
     from tandem.bench.workload import format_prompt, load_prompts
     from tandem.engine.build import EngineConfig, build_engine
     from tandem.engine.request import GenerationRequest

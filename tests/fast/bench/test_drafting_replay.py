@@ -1,7 +1,8 @@
 """Tandem's copy drafting replayed on a recorded answer (bench/drafting_replay.py): the engine
-emits the answer exactly, copies where the answer repeats its prompt (priced between the oracle
-and plain decoding), drafts nothing where it shares nothing, and the planner's curve is not
-taught by the double's microsecond calls; the report gains its columns."""
+emits the answer exactly (every replay checks it), copies where the answer repeats its prompt
+(priced between the oracle and plain decoding), drafts nothing where it shares nothing, carries
+what it learned from one answer to the next, and the planner's curve is not taught by the
+double's microsecond calls; the report gains its columns."""
 
 import pytest
 
