@@ -29,6 +29,7 @@ from tandem.speculation.drafters.hybrid import HYBRID_NGRAM, HybridDrafter
 from tandem.speculation.drafters.ngram import NgramDrafter
 from tandem.speculation.drafters.suffix import SuffixDrafter
 from tandem.speculation.shared_store.store import open_ngram_store
+from tandem.token_ids import common_prefix
 
 
 class FrozenCostModel(CostModel):
@@ -42,11 +43,9 @@ class FrozenCostModel(CostModel):
 def planner_curve(cost_ms: CostMs, sizes: Sequence[int], base_context: int, deep_context: int) -> FrozenCostModel:
     """The planner's curve, read off the pricing at two contexts (the engine's profile holds a
     short and a deep curve the same way, models/cost.py)."""
-    cost = FrozenCostModel({n: cost_ms(n, base_context) for n in sizes},
+    return FrozenCostModel({n: cost_ms(n, base_context) for n in sizes},
                            deep_ms={n: cost_ms(n, deep_context) for n in sizes},
                            base_context=base_context, deep_context=deep_context)
-    cost.profiled = True
-    return cost
 
 
 @dataclass
@@ -75,7 +74,7 @@ class AnswerTarget:
             before = len(self.cache)
             self.cache.extend(item.token_ids)
             self.calls.append((len(item.token_ids), before))
-            agree = _agreeing_prefix(self.cache, self.expected)
+            agree = common_prefix(self.cache, self.expected)
             logits = np.zeros((item.num_logits, self.vocab_size), np.float32)  # [num_logits, vocab]
             for row, position in enumerate(range(len(self.cache) - item.num_logits, len(self.cache))):
                 # after cache[:position + 1]: the answer's next token where the cache agrees with it
@@ -89,14 +88,6 @@ class AnswerTarget:
 
     def copy_prefix(self, source: int, destination: int, length: int) -> None:
         raise NotImplementedError("one slot: nothing to copy from")
-
-
-def _agreeing_prefix(cache: list[int], expected: list[int]) -> int:
-    n = min(len(cache), len(expected))
-    for i in range(n):
-        if cache[i] != expected[i]:
-            return i
-    return n
 
 
 class DraftingReplay:
