@@ -47,7 +47,7 @@ def main() -> int:
     parser.add_argument("--out", default=None, help="also write the rows as JSON here")
     args = parser.parse_args()
 
-    from tandem.bench.matching import first_divergence
+    from tandem.token_ids import first_divergence
     from tandem.bench.workload import format_prompt, load_prompts
     from tandem.engine.build import EngineConfig, build_engine
     from tandem.engine.request import GenerationRequest

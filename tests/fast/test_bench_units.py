@@ -6,14 +6,16 @@ import json
 
 import pytest
 
-from tandem.bench import metrics
-from tandem.bench.config_base import ConfigSpec, cut_at_stop
-from tandem.bench.harness import RunRecord, config_order
-from tandem.bench.matching import first_divergence, match_against, match_table
-from tandem.bench.memory import PeakMemory, rss_mb
-from tandem.bench.registry import CONFIGS, parse_config_name, parse_config_names
+from tandem.bench import stats
+from tandem.bench.single import metrics
+from tandem.bench.single.config_base import ConfigSpec
+from tandem.bench.single.harness import RunRecord, config_order
+from tandem.bench.single.matching import match_against, match_table
+from tandem.bench.single.memory import PeakMemory, rss_mb
+from tandem.bench.single.registry import CONFIGS, parse_config_name, parse_config_names
 from tandem.bench.workload import DEFAULT_WORKLOAD, BenchPrompt, format_prompt, load_prompts, select_prompts
 from tandem.errors import TandemError
+from tandem.token_ids import cut_at_stop, first_divergence
 from tandem.speculation.depth import Auto, Fixed
 
 
@@ -94,10 +96,10 @@ def test_cut_at_stop_drops_the_stop_and_what_follows():
 
 def test_percentile_interpolates_and_handles_empty():
     values = [10.0, 20.0, 30.0, 40.0, 50.0]
-    assert metrics.percentile(values, 50) == 30.0
-    assert metrics.percentile(values, 90) == pytest.approx(46.0)
-    assert metrics.percentile([7.0], 99) == 7.0
-    assert metrics.percentile([], 50) is None
+    assert stats.percentile(values, 50) == 30.0
+    assert stats.percentile(values, 90) == pytest.approx(46.0)
+    assert stats.percentile([7.0], 99) == 7.0
+    assert stats.percentile([], 50) is None
 
 
 def test_ms_per_token_weighs_by_tokens_and_skips_empty_prompts():
@@ -114,7 +116,7 @@ def test_speedup_is_reference_ms_over_config_ms():
     ms = {"none": 40.0, "hybrid": 20.0, "llamacpp-plain": 30.0}
     assert metrics.speedups(ms, "hybrid", ["none", "llamacpp-plain"]) == {"none": 2.0, "llamacpp-plain": 1.5}
     assert metrics.speedups(ms, "none", ["none", "hf-generate"]) == {}  # self and absent refs skipped
-    assert metrics.ratio(1.0, None) is None and metrics.ratio(None, 1.0) is None
+    assert stats.ratio(1.0, None) is None and stats.ratio(None, 1.0) is None
 
 
 def test_acceptance_sums_counts_over_prompts():
@@ -268,8 +270,8 @@ def test_peak_memory_records_per_label():
 
 
 def test_report_renders_from_results_alone():
-    from tandem.bench.matching import match_table as matches
-    from tandem.bench.report import render_report
+    from tandem.bench.single.matching import match_table as matches
+    from tandem.bench.single.report import render_report
 
     records = {"none": [record([1, 2], 1.0, **engine_stats([], []))],
                "hybrid": [record([1, 2], 0.5, **engine_stats([2], [1]))],
@@ -295,8 +297,8 @@ def test_report_renders_from_results_alone():
 
 
 def test_bad_k_suffix_names_the_config():
-    from tandem.bench.models import BenchModels, ModelChoice
-    from tandem.bench.registry import build_configs
+    from tandem.bench.single.models import BenchModels, ModelChoice
+    from tandem.bench.single.registry import build_configs
     from tandem.models.backends import RunnerSpec
 
     models = BenchModels(ModelChoice(RunnerSpec("t", "llamacpp"), RunnerSpec("d", "llamacpp")))

@@ -142,7 +142,7 @@ def test_hybrid_copies_for_copy_jobs_and_asks_the_model_for_the_rest():
 
 
 def test_hybrid_without_a_model_is_its_copy_part_alone():
-    """As bench/drafting_replay.py replays it: the copy where there is one, never a model offer."""
+    """As bench/ceiling/drafting_replay.py replays it: the copy where there is one, never a model offer."""
     hybrid = HybridDrafter(None, NgramDrafter(3, 8))
     assert not hybrid.uses_model
     copy_seq, plain_seq = sequence([1, 2, 3, 4, 8, 1, 2, 3]), sequence([5, 2, 3, 4, 8, 1, 2, 3])

@@ -40,7 +40,7 @@ def test_closed_loop_completes_with_bench_serve_figures(sweep):
 def test_greedy_outputs_equal_plain_generate(sweep):
     import torch
 
-    from tandem.bench.config_base import cut_at_stop
+    from tandem.token_ids import cut_at_stop
     from tandem.bench.peers.transformers_cb import load_model, plan_levels
     from tandem.models.resolve import tokenizer_path
     from tandem.text.tokenizer import TextTokenizer

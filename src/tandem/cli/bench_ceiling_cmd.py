@@ -1,14 +1,14 @@
 """`tandem bench-ceiling`: how close a bench-serve run came to the copy ceiling, per category
-(bench/ceiling.py: an oracle drafting the longest verbatim run of the answer from the prompt
+(bench/ceiling/oracle.py: an oracle drafting the longest verbatim run of the answer from the prompt
 and the answer so far, priced on the target's verify curve measured here), and how close
 Tandem's own copy drafting, replayed on the same answers and priced the same way, comes
-(bench/drafting_replay.py)."""
+(bench/ceiling/drafting_replay.py)."""
 
 import argparse
 import sys
 from pathlib import Path
 
-from tandem.bench.ceiling import MAX_DRAFT
+from tandem.bench.ceiling.oracle import MAX_DRAFT
 from tandem.cli.int_list import int_list
 
 DEFAULT_CONTEXTS = "512,1024,2048"
@@ -45,9 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tandem.bench.ceiling import ContextCurves
-    from tandem.bench.ceiling_report import CURVE_SIZES, ceilings, curve_lines, load_level, read_curves, render
-    from tandem.bench.drafting_replay import DraftingReplay, planner_curve
+    from tandem.bench.ceiling.oracle import ContextCurves
+    from tandem.bench.ceiling.report import CURVE_SIZES, ceilings, curve_lines, load_level, read_curves, render
+    from tandem.bench.ceiling.drafting_replay import DraftingReplay, planner_curve
     from tandem.models.resolve import tokenizer_path
     from tandem.text.tokenizer import TextTokenizer
 
@@ -90,7 +90,7 @@ def _read_text(path: str) -> str:
 def measure_verify_curves(target: str, contexts: tuple[int, ...], threads: int | None) -> dict:
     """The llama.cpp target's time to score n tokens (all their logits) on each of `contexts`
     cached ones (one cache, grown from one context to the next)."""
-    from tandem.bench.ceiling_report import CURVE_SIZES
+    from tandem.bench.ceiling.report import CURVE_SIZES
     from tandem.models.batch_runner import SlotView
     from tandem.models.cost import measure_cost
     from tandem.models.llamacpp_batch_runner import LlamaCppBatchRunner

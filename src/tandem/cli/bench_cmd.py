@@ -5,10 +5,10 @@ import shlex
 import sys
 from pathlib import Path
 
-from tandem.bench.models import ModelChoice
-from tandem.bench.registry import CONFIGS
-from tandem.bench.report import main_table
-from tandem.bench.session import BenchSettings, run_session
+from tandem.bench.single.models import ModelChoice
+from tandem.bench.single.registry import CONFIGS
+from tandem.bench.single.report import main_table
+from tandem.bench.single.session import BenchSettings, run_session
 from tandem.bench.workload import DEFAULT_WORKLOAD
 from tandem.cli.options import add_model_options, draft_spec, target_spec
 

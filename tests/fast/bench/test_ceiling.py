@@ -1,13 +1,13 @@
-"""The copy ceiling (bench/ceiling.py) against brute force: the oracle's run is the longest one
+"""The copy ceiling (bench/ceiling/oracle.py) against brute force: the oracle's run is the longest one
 any start in the source gives, rounds cover the answer exactly, and the prices follow the curve;
-the report (bench/ceiling_report.py) sets each config's decode rate against its category's."""
+the report (bench/ceiling/report.py) sets each config's decode rate against its category's."""
 
 import random
 
 import pytest
 
-from tandem.bench.ceiling import (ContextCurves, Round, _Source, long_run_ms, longest_copy_run, oracle_rounds, plain_ms, rounds_ms,
-                                  suffix_rounds)
+from tandem.bench.ceiling.oracle import (ContextCurves, Round, _Source, long_run_ms, longest_copy_run, oracle_rounds,
+                                         plain_ms, rounds_ms, suffix_rounds)
 from tandem.speculation.drafters.ngram import find_ngram_match
 
 
@@ -79,7 +79,7 @@ def _results(tmp_path, text_a, text_b):
 
 
 def test_the_report_sets_each_config_against_its_categorys_ceiling(tmp_path):
-    from tandem.bench.ceiling_report import ceilings, render
+    from tandem.bench.ceiling.report import ceilings, render
 
     results, level = _results(tmp_path, "def f(x): return x + 1", "fine")
     label, table = ceilings(results, level, CharTokenizer(), lambda n, c: 10.0 + n, None)
@@ -94,7 +94,7 @@ def test_the_report_sets_each_config_against_its_categorys_ceiling(tmp_path):
 
 
 def test_results_without_answer_texts_are_a_clear_error(tmp_path):
-    from tandem.bench.ceiling_report import ceilings
+    from tandem.bench.ceiling.report import ceilings
     from tandem.errors import TandemError
 
     results, level = _results(tmp_path, "", "")
@@ -130,7 +130,7 @@ def test_bench_ceiling_reads_its_contexts_and_refuses_nonsense():
 
 
 def test_curves_printed_by_one_run_are_read_back_by_another():
-    from tandem.bench.ceiling_report import curve_lines, read_curves
+    from tandem.bench.ceiling.report import curve_lines, read_curves
     from tandem.models.cost import CostModel
 
     curves = {1024: CostModel({1: 87.0, 4: 156.0, 64: 640.0}), 512: CostModel({1: 81.0, 64: 573.0})}
@@ -148,7 +148,7 @@ def test_curves_printed_by_one_run_are_read_back_by_another():
     ("verify curve at 512 cached tokens (ms): 1: -5", "positive times"),
 ])
 def test_unreadable_curves_are_a_clear_error(text, message):
-    from tandem.bench.ceiling_report import read_curves
+    from tandem.bench.ceiling.report import read_curves
     from tandem.errors import TandemError
 
     with pytest.raises(TandemError, match=message):

@@ -1,4 +1,4 @@
-"""Tandem's copy drafting replayed on a recorded answer (bench/drafting_replay.py): the engine
+"""Tandem's copy drafting replayed on a recorded answer (bench/ceiling/drafting_replay.py): the engine
 emits the answer exactly (every replay checks it), copies where the answer repeats its prompt
 (priced between the oracle and plain decoding), drafts nothing where it shares nothing, carries
 what it learned from one answer to the next, and the planner's curve is not taught by the
@@ -6,8 +6,8 @@ double's microsecond calls; the report gains its columns."""
 
 import pytest
 
-from tandem.bench.ceiling import oracle_rounds, plain_ms, rounds_ms
-from tandem.bench.drafting_replay import AnswerTarget, DraftingReplay, planner_curve
+from tandem.bench.ceiling.oracle import oracle_rounds, plain_ms, rounds_ms
+from tandem.bench.ceiling.drafting_replay import AnswerTarget, DraftingReplay, planner_curve
 from tandem.models.batch_runner import BatchItem
 
 CHEAP = lambda n, c: 10.0 + 0.5 * n  # noqa: E731  verification nearly free: a 64-token round ~4 decodes
@@ -62,7 +62,7 @@ def test_a_replay_that_would_not_fit_its_context_is_a_clear_error():
 
 
 def test_the_report_adds_the_replayed_rate_against_the_ceiling(tmp_path):
-    from tandem.bench.ceiling_report import ceilings, render
+    from tandem.bench.ceiling.report import ceilings, render
 
     from test_ceiling import CharTokenizer, _results
 

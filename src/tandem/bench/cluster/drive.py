@@ -7,7 +7,7 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass
 
-from tandem.bench.metrics import percentile
+from tandem.bench.stats import percentile
 from tandem.engine.request import GenerationRequest
 
 

@@ -34,7 +34,7 @@ from typing import Callable, Sequence
 
 from tqdm import tqdm
 
-from tandem.bench.config_base import cut_at_stop
+from tandem.token_ids import cut_at_stop
 from tandem.bench.machine import machine_info
 from tandem.bench.serve.client import RequestRecord, build_record, failed
 from tandem.bench.serve.loadgen import LoadResult
@@ -43,7 +43,7 @@ from tandem.bench.serve.report import level_table, throughput_table
 from tandem.bench.serve.requests import BenchRequest, level_requests, warmup_request
 from tandem.bench.serve.results import request_entry
 from tandem.bench.serve.settings import check_num_prompts, requests_per_level
-from tandem.bench.session import prepare_out_dir
+from tandem.bench.out_dir import prepare_out_dir
 from tandem.bench.workload import load_prompts
 from tandem.errors import TandemError
 from tandem.models.backends import RunnerSpec

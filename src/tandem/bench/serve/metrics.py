@@ -9,7 +9,7 @@ over the requests whose usage reports them (None where none does).
 
 from typing import Sequence
 
-from tandem.bench.metrics import percentile, ratio
+from tandem.bench.stats import percentile, ratio
 from tandem.bench.serve.client import RequestRecord
 from tandem.bench.serve.loadgen import LoadResult
 

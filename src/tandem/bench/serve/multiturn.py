@@ -15,7 +15,7 @@ from tandem.bench.serve.server_kinds import SERVER_KINDS
 from tandem.bench.serve.session import LOG_FOLDER, server_launch
 from tandem.bench.serve.settings import ServeBenchSettings
 from tandem.bench.serve.sweep import config_order, start_servers
-from tandem.bench.session import prepare_out_dir
+from tandem.bench.out_dir import prepare_out_dir
 from tandem.engine.build import DEFAULT_MAX_RUNNING
 
 PEERS = ("llama-server-auto", "llama-server")  # the first that ran is what ratios compare against

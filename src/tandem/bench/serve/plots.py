@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from tandem.bench.plots import DPI, _pyplot
+from tandem.bench.plotting import DPI, pyplot
 
 PLOTS = (
     # file name, figure key prefix (None = throughput), y label, title
@@ -13,7 +13,7 @@ PLOTS = (
 
 
 def write_plots(results: dict, out_dir: Path) -> list[Path]:
-    plt = _pyplot()
+    plt = pyplot()
     written = []
     for name, key, ylabel, title in PLOTS:
         fig = plot_throughput(plt, results) if key is None else plot_percentiles(plt, results, key)

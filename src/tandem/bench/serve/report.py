@@ -1,6 +1,6 @@
 """`report.md` of a serving benchmark, built from the `results.json` dict alone."""
 
-from tandem.bench.report import _num, _pct, _speed, _table
+from tandem.bench.markdown import markdown_table, number_cell, percent_cell, speedup_cell
 
 DEFINITIONS = (
     "Closed loop: C clients each send their next request as soon as the last one ends. "
@@ -16,14 +16,15 @@ def _levels(results: dict) -> list[dict]:
 
 
 def _acceptance(summary: dict) -> str:
-    return "no drafts" if summary["drafted"] == 0 else _pct(summary["acceptance_rate"])
+    return "no drafts" if summary["drafted"] == 0 else percent_cell(summary["acceptance_rate"])
 
 
 def throughput_table(results: dict) -> list[str]:
     header = ["config"] + [f"C={level['concurrency']}" for level in _levels(results)]
-    rows = [[label] + [_num(level["configs"].get(label, {}).get("throughput_tok_s")) for level in _levels(results)]
+    rows = [[label] + [number_cell(level["configs"].get(label, {}).get("throughput_tok_s"))
+                       for level in _levels(results)]
             for label in results["configs"]]
-    return _table(header, rows)
+    return markdown_table(header, rows)
 
 
 def level_table(results: dict, level: dict) -> list[str]:
@@ -34,20 +35,20 @@ def level_table(results: dict, level: dict) -> list[str]:
         s = level["configs"].get(label)
         if s is None:
             continue
-        rows.append([label, str(s["requests"]), str(s["errors"]), _num(s["throughput_tok_s"]),
-                     _num(s["requests_per_s"], 2), _num(s["ttft_ms_p50"]), _num(s["ttft_ms_p99"]),
-                     _num(s["itl_ms_p50"]), _num(s["itl_ms_p99"]), _num(s["tpot_ms_p50"]),
-                     _num(s["e2e_s_p50"], 2), _num(s["e2e_s_p99"], 2), _acceptance(s),
-                     f"{s['peak_in_flight']}/{_num(s['mean_in_flight'], 1)}"])
-    return _table(header, rows)
+        rows.append([label, str(s["requests"]), str(s["errors"]), number_cell(s["throughput_tok_s"]),
+                     number_cell(s["requests_per_s"], 2), number_cell(s["ttft_ms_p50"]), number_cell(s["ttft_ms_p99"]),
+                     number_cell(s["itl_ms_p50"]), number_cell(s["itl_ms_p99"]), number_cell(s["tpot_ms_p50"]),
+                     number_cell(s["e2e_s_p50"], 2), number_cell(s["e2e_s_p99"], 2), _acceptance(s),
+                     f"{s['peak_in_flight']}/{number_cell(s['mean_in_flight'], 1)}"])
+    return markdown_table(header, rows)
 
 
 def ratio_table(level: dict) -> list[str]:
     if not level["ratios"]:
         return []
-    rows = [[f"{r['a']} vs {r['b']}", _speed(r["throughput"]), _speed(r["ttft_p50"]), _speed(r["itl_p50"]),
-             _speed(r["tpot_p50"]), _speed(r["e2e_p50"])] for r in level["ratios"]]
-    return [""] + _table(["ratio", "throughput", "TTFT p50", "ITL p50", "TPOT p50", "e2e p50"], rows)
+    rows = [[f"{r['a']} vs {r['b']}"] + [speedup_cell(r[key]) for key in ("throughput", "ttft_p50", "itl_p50", "tpot_p50", "e2e_p50")]
+            for r in level["ratios"]]
+    return [""] + markdown_table(["ratio", "throughput", "TTFT p50", "ITL p50", "TPOT p50", "e2e p50"], rows)
 
 
 def source_table(level: dict) -> list[str]:
@@ -57,10 +58,10 @@ def source_table(level: dict) -> list[str]:
         for source, counts in (s.get("draft_sources") or {}).items():
             rate = counts["accepted"] / counts["drafted"] if counts["drafted"] else None
             rows.append([label, source, str(counts["rounds"]), str(counts["drafted"]), str(counts["accepted"]),
-                         "no drafts" if rate is None else _pct(rate)])
+                         "no drafts" if rate is None else percent_cell(rate)])
     if not rows:
         return []
-    return ["", "Draft sources (rounds offered by each source; draft tokens the planner gave it):", ""] + _table(
+    return ["", "Draft sources (rounds offered by each source; draft tokens the planner gave it):", ""] + markdown_table(
         ["config", "source", "rounds", "drafted", "accepted", "acceptance"], rows)
 
 
@@ -72,12 +73,13 @@ def step_table(level: dict) -> list[str]:
         steps = s.get("engine_steps")
         if not steps:
             continue
-        rows.append([label, str(steps["steps"]), str(steps["prompt_steps"]), _num(steps["step_s"], 1),
-                     _num(steps["draft_s"], 1), _num(steps["verify_s"], 1), _num(s["wall_s"] - steps["step_s"], 1)])
+        rows.append([label, str(steps["steps"]), str(steps["prompt_steps"]), number_cell(steps["step_s"], 1),
+                     number_cell(steps["draft_s"], 1), number_cell(steps["verify_s"], 1),
+                     number_cell(s["wall_s"] - steps["step_s"], 1)])
     if not rows:
         return []
     return ["", "Engine steps (the server's /metrics; wall time outside them is HTTP, detokenizing, hand-offs, "
-            "idle waits):", ""] + _table(["config", "steps", "with prompt tokens", "s in steps", "drafting s",
+            "idle waits):", ""] + markdown_table(["config", "steps", "with prompt tokens", "s in steps", "drafting s",
                                         "verify s", "outside steps s"], rows)
 
 

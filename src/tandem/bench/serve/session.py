@@ -18,7 +18,7 @@ from tandem.bench.serve.results import build_results
 from tandem.bench.serve.server_kinds import SERVER_KINDS, ServerLaunch
 from tandem.bench.serve.settings import ServeBenchSettings
 from tandem.bench.serve.sweep import LevelPlan, run_sweep
-from tandem.bench.session import prepare_out_dir
+from tandem.bench.out_dir import prepare_out_dir
 from tandem.bench.workload import load_prompts
 from tandem.models.backends import RunnerSpec
 from tandem.models.resolve import gguf_path

@@ -5,7 +5,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from tandem.bench.plots import DPI, _pyplot
+from tandem.bench.plotting import DPI, pyplot
 from tandem.bench.soak.run import SoakResult
 from tandem.bench.soak.verdict import Check
 
@@ -55,7 +55,7 @@ def write_outputs(results: dict, out_dir: Path) -> list[Path]:
 
 
 def _plot(results: dict, path: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(len(PANELS), 1, figsize=(7, 8), sharex=True)
     samples = results["samples"]
     for ax, (field, label, scale) in zip(axes, PANELS):

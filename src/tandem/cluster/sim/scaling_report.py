@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from tandem.bench.plots import DPI, _pyplot
+from tandem.bench.plotting import DPI, pyplot
 
 LABELS = {"independent": "simulated, each replica an engine behind the router"}
 
@@ -67,7 +67,7 @@ def _row(row: dict) -> str:
 
 
 def _plot(result: dict, path: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
     modes = list(dict.fromkeys(row["mode"] for row in result["rows"]))
     for mode in modes:

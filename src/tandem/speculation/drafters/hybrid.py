@@ -7,7 +7,7 @@ whichever copy has been doing better on text like this, phase by phase (the sour
 match length and confidence). The copy is offered with the draft model as its fallback: when
 the planner gives the copy k = 0 (its acceptance does not pay here), the model drafts instead.
 With no copy the model is offered directly. The default drafter. Built without a model it is
-its copy part alone (bench/drafting_replay.py replays it so).
+its copy part alone (bench/ceiling/drafting_replay.py replays it so).
 """
 
 from dataclasses import replace

@@ -11,13 +11,10 @@ from typing import Sequence
 
 import numpy as np
 
-from tandem.bench.harness import RunRecord
+from tandem.bench.single.harness import RunRecord
+from tandem.bench.stats import percentile, ratio
 
 PERCENTILES = (50, 90, 99)
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if len(values) else None
 
 
 def ms_per_token(records: Sequence[RunRecord]) -> float | None:
@@ -27,12 +24,6 @@ def ms_per_token(records: Sequence[RunRecord]) -> float | None:
 
 def prompt_ms_per_token(records: Sequence[RunRecord]) -> list[float]:
     return [1000 * r.seconds / r.new_tokens for r in records if r.new_tokens]
-
-
-def ratio(numerator: float | None, denominator: float | None) -> float | None:
-    if numerator is None or not denominator:
-        return None
-    return numerator / denominator
 
 
 def _has_engine_stats(records: Sequence[RunRecord]) -> bool:

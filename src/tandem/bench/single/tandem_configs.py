@@ -10,8 +10,8 @@ prompt benefits from the previous one.
 
 from typing import Sequence
 
-from tandem.bench.config_base import ConfigSpec
-from tandem.bench.models import BenchModels
+from tandem.bench.single.config_base import ConfigSpec
+from tandem.bench.single.models import BenchModels
 from tandem.engine.batch_engine import BatchEngine
 from tandem.engine.request import GenerationRequest
 from tandem.engine.run_request import generate

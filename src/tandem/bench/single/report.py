@@ -1,32 +1,16 @@
 """`report.md`: the results as markdown tables, built from the `results.json` dict alone."""
 
-from tandem.bench.results import CATEGORY_REFERENCES
+from tandem.bench.markdown import markdown_table, number_cell, percent_cell, speedup_cell
+from tandem.bench.single.results import CATEGORY_REFERENCES
 
 MAX_POSITIONS_SHOWN = 8
 MAX_DIVERGENCES_SHOWN = 5
 
 
-def _num(value, digits: int = 1, suffix: str = "") -> str:
-    return "—" if value is None else f"{value:.{digits}f}{suffix}"
-
-
-def _pct(value) -> str:
-    return "—" if value is None else f"{100 * value:.0f}%"
-
-
 def _acceptance(summary: dict) -> str:
     if summary["drafted"] == 0:
         return "no drafts"
-    return _pct(summary["acceptance_rate"])
-
-
-def _speed(value) -> str:
-    return "—" if value is None else f"{value:.2f}x"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+    return percent_cell(summary["acceptance_rate"])
 
 
 def main_table(results: dict) -> list[str]:
@@ -36,13 +20,13 @@ def main_table(results: dict) -> list[str]:
     header += [f"vs {ref}" for ref in refs] + ["peak RSS MB"] + (["peak GPU MB"] if gpu else [])
     rows = []
     for label, s in results["configs"].items():
-        row = [label, _num(s["ms_per_token"]), _num(s["p50_ms_per_token"]), _num(s["p90_ms_per_token"]),
-               _num(s["p99_ms_per_token"]), _num(s["tokens_per_s"]), _acceptance(s),
-               _num(s["mean_accepted_len"], 2)]
-        row += ["1.00x" if ref == label else _speed(s["speedup"].get(ref)) for ref in refs]
-        row += [_num(s["peak_rss_mb"], 0)] + ([_num(s["peak_gpu_mb"], 0)] if gpu else [])
+        row = [label, number_cell(s["ms_per_token"]), number_cell(s["p50_ms_per_token"]),
+               number_cell(s["p90_ms_per_token"]), number_cell(s["p99_ms_per_token"]), number_cell(s["tokens_per_s"]), _acceptance(s),
+               number_cell(s["mean_accepted_len"], 2)]
+        row += ["1.00x" if ref == label else speedup_cell(s["speedup"].get(ref)) for ref in refs]
+        row += [number_cell(s["peak_rss_mb"], 0)] + ([number_cell(s["peak_gpu_mb"], 0)] if gpu else [])
         rows.append(row)
-    return _table(header, rows)
+    return markdown_table(header, rows)
 
 
 def category_tables(results: dict) -> list[str]:
@@ -51,22 +35,22 @@ def category_tables(results: dict) -> list[str]:
     for ref in CATEGORY_REFERENCES:
         if ref not in labels:
             continue
-        rows = [[category] + [_speed(cells[label]["speedup"].get(ref, 1.0 if label == ref else None))
+        rows = [[category] + [speedup_cell(cells[label]["speedup"].get(ref, 1.0 if label == ref else None))
                               for label in labels]
                 for category, cells in results["categories"].items()]
-        lines += ["", f"Speedup vs {ref} by category:", ""] + _table(["category"] + labels, rows)
-    rows = [[category] + [_num(cells[label]["ms_per_token"]) for label in labels]
+        lines += ["", f"Speedup vs {ref} by category:", ""] + markdown_table(["category"] + labels, rows)
+    rows = [[category] + [number_cell(cells[label]["ms_per_token"]) for label in labels]
             for category, cells in results["categories"].items()]
-    return lines + ["", "ms/token by category:", ""] + _table(["category"] + labels, rows)
+    return lines + ["", "ms/token by category:", ""] + markdown_table(["category"] + labels, rows)
 
 
 def time_split_table(results: dict) -> list[str]:
-    rows = [[label, _pct(t["prefill"]), _pct(t["draft"]), _pct(t["verify"]), _pct(t["overhead"]),
-             _num(t["wall_s"], 2), _num(t["decode_ms_per_token"], 1)]
+    rows = [[label] + [percent_cell(t[part]) for part in ("prefill", "draft", "verify", "overhead")]
+            + [number_cell(t["wall_s"], 2), number_cell(t["decode_ms_per_token"], 1)]
             for label, s in results["configs"].items() if (t := s["time_split"])]
     if not rows:
         return ["(no Tandem config)"]
-    return _table(["config", "prefill", "draft", "verify", "overhead", "wall s", "decode ms/token"], rows)
+    return markdown_table(["config", "prefill", "draft", "verify", "overhead", "wall s", "decode ms/token"], rows)
 
 
 def acceptance_table(results: dict) -> list[str]:
@@ -74,10 +58,10 @@ def acceptance_table(results: dict) -> list[str]:
     for label, s in results["configs"].items():
         positions = s["acceptance_by_position"] or []
         if positions:
-            cells = [f"{_pct(p['rate'])} ({p['accepted']}/{p['drafted']})" for p in positions]
+            cells = [f"{percent_cell(p['rate'])} ({p['accepted']}/{p['drafted']})" for p in positions]
             rows.append([label] + (cells + [""] * MAX_POSITIONS_SHOWN)[:MAX_POSITIONS_SHOWN])
     header = ["config"] + [f"pos {i + 1}" for i in range(MAX_POSITIONS_SHOWN)]
-    return _table(header, rows) if rows else ["(no drafts)"]
+    return markdown_table(header, rows) if rows else ["(no drafts)"]
 
 
 def match_table(results: dict) -> list[str]:
@@ -85,13 +69,13 @@ def match_table(results: dict) -> list[str]:
     rows = []
     for label, s in results["configs"].items():
         rows.append([label] + [_match_cell(s["match"].get(ref)) for ref in refs])
-    return _table(["config"] + [f"= {ref}" for ref in refs], rows) if refs else ["(no reference config)"]
+    return markdown_table(["config"] + [f"= {ref}" for ref in refs], rows) if refs else ["(no reference config)"]
 
 
 def _match_cell(match: dict | None) -> str:
     if match is None:
         return "—"
-    cell = f"{_pct(match['rate'])} ({match['matched']}/{match['prompts']})"
+    cell = f"{percent_cell(match['rate'])} ({match['matched']}/{match['prompts']})"
     shown = match["divergences"][:MAX_DIVERGENCES_SHOWN]
     if shown:
         more = "…" if len(match["divergences"]) > len(shown) else ""

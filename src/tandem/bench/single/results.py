@@ -2,12 +2,12 @@
 
 from typing import Sequence
 
-from tandem.bench import metrics
-from tandem.bench.config_base import BenchConfig
-from tandem.bench.harness import RunRecord
-from tandem.bench.matching import match_table
-from tandem.bench.memory import PeakMemory
-from tandem.bench.registry import BASELINE, REFERENCES
+from tandem.bench.single import metrics
+from tandem.bench.single.config_base import BenchConfig
+from tandem.bench.single.harness import RunRecord
+from tandem.bench.single.matching import match_table
+from tandem.bench.single.memory import PeakMemory
+from tandem.bench.single.registry import BASELINE, REFERENCES
 
 CATEGORY_REFERENCES = (BASELINE, "llamacpp-plain")
 

@@ -11,8 +11,9 @@ All stop at the target tokenizer's stop ids, like Tandem, so token counts compar
 
 from typing import Sequence
 
-from tandem.bench.config_base import ConfigSpec, cut_at_stop
-from tandem.bench.models import BenchModels
+from tandem.bench.single.config_base import ConfigSpec
+from tandem.token_ids import cut_at_stop
+from tandem.bench.single.models import BenchModels
 from tandem.errors import TandemError
 
 PROMPT_LOOKUP_TOKENS = 10

@@ -1,5 +1,5 @@
 """Tandem's drafting, replayed: the engine's own copy drafting and depth planner run on a recorded
-answer, each target call priced on the curves the copy ceiling is priced on (bench/ceiling.py).
+answer, each target call priced on the curves the copy ceiling is priced on (bench/ceiling/oracle.py).
 
 The target is a double that emits the answer's next token wherever the cache agrees with the
 prompt and the answer so far (teacher forcing: a greedy run that produced this answer would have
@@ -19,7 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
-from tandem.bench.ceiling import CostMs
+from tandem.bench.ceiling.oracle import CostMs
 from tandem.engine.batch_engine import THROUGHPUT_PREFILL_FLOOR, BatchEngine
 from tandem.engine.request import GenerationRequest
 from tandem.errors import TandemError

@@ -12,8 +12,8 @@ from typing import Sequence
 
 from tqdm import tqdm
 
-from tandem.bench.config_base import BenchConfig
-from tandem.bench.memory import PeakMemory
+from tandem.bench.single.config_base import BenchConfig
+from tandem.bench.single.memory import PeakMemory
 from tandem.bench.workload import BenchPrompt
 
 

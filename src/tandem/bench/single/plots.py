@@ -4,20 +4,10 @@ from pathlib import Path
 
 import numpy as np
 
-DPI = 120
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
+from tandem.bench.plotting import DPI, pyplot
 
 def write_plots(results: dict, out_dir: Path) -> list[Path]:
-    plt = _pyplot()
+    plt = pyplot()
     written = []
     for name, draw in (("speedup.png", plot_speedup), ("acceptance_by_position.png", plot_acceptance),
                        ("latency.png", plot_latency)):

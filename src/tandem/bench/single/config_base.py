@@ -10,7 +10,7 @@ with draft/verify seconds and acceptance counts; peers may leave it empty. The h
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from tandem.bench.models import BenchModels
+from tandem.bench.single.models import BenchModels
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,16 +36,6 @@ class BenchConfig(Protocol):
     def setup(self) -> None: ...
 
     def run(self, prompt_ids: Sequence[int], max_tokens: int) -> tuple[list[int], dict]: ...
-
-
-def cut_at_stop(token_ids: Sequence[int], stop_ids: frozenset[int], max_tokens: int) -> list[int]:
-    """New tokens up to (not including) the first stop id, at most `max_tokens`."""
-    kept = []
-    for token in list(token_ids)[:max_tokens]:
-        if token in stop_ids:
-            break
-        kept.append(token)
-    return kept
 
 
 class ConfigFactory(Protocol):

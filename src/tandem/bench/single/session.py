@@ -10,14 +10,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tandem.bench.harness import FormattedPrompt, run_benchmark, warm_up
+from tandem.bench.single.harness import FormattedPrompt, run_benchmark, warm_up
 from tandem.bench.machine import machine_info
-from tandem.bench.memory import PeakMemory
-from tandem.bench.models import BenchModels, ModelChoice
-from tandem.bench.plots import write_plots
-from tandem.bench.registry import build_configs, parse_config_names, setup_all
-from tandem.bench.report import render_report
-from tandem.bench.results import build_results
+from tandem.bench.out_dir import prepare_out_dir
+from tandem.bench.single.memory import PeakMemory
+from tandem.bench.single.models import BenchModels, ModelChoice
+from tandem.bench.single.plots import write_plots
+from tandem.bench.single.registry import build_configs, parse_config_names, setup_all
+from tandem.bench.single.report import render_report
+from tandem.bench.single.results import build_results
 from tandem.bench.workload import format_prompt, load_prompts, select_prompts
 from tandem.errors import TandemError
 
@@ -76,13 +77,6 @@ def _header(settings: BenchSettings, prompt_count: int) -> dict:
         },
         "machine": machine_info(),
     }
-
-
-def prepare_out_dir(out_dir: Path) -> None:
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise TandemError(f"cannot create the output folder {out_dir}: {error}") from None
 
 
 def write_outputs(results: dict, out_dir: Path) -> None:

@@ -5,10 +5,10 @@ suffix (repeatable) sets an option the configuration declares in its `OPTIONS`. 
 normalised entry) must be unique, since results are keyed by them.
 """
 
-from tandem.bench.config_base import BenchConfig, ConfigFactory, ConfigSpec
-from tandem.bench.models import BenchModels
-from tandem.bench.peer_configs import HfAssisted, HfGenerate, HfPromptLookup, LlamaCppPlain
-from tandem.bench.tandem_configs import HybridConfig, ModelConfig, NgramConfig, NoneConfig, SuffixConfig
+from tandem.bench.single.config_base import BenchConfig, ConfigFactory, ConfigSpec
+from tandem.bench.single.models import BenchModels
+from tandem.bench.single.peer_configs import HfAssisted, HfGenerate, HfPromptLookup, LlamaCppPlain
+from tandem.bench.single.tandem_configs import HybridConfig, ModelConfig, NgramConfig, NoneConfig, SuffixConfig
 from tandem.errors import TandemError
 
 CONFIGS: dict[str, ConfigFactory] = {

@@ -8,15 +8,8 @@ is kept (when one output is a prefix of the other, that is the shorter one's len
 
 from typing import Sequence
 
-from tandem.bench.harness import RunRecord
-
-
-def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
-    """Index of the first differing token, or None when equal."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
+from tandem.bench.single.harness import RunRecord
+from tandem.token_ids import first_divergence
 
 
 def match_against(runs: Sequence[RunRecord], reference: Sequence[RunRecord]) -> dict:

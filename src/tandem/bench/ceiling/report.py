@@ -1,8 +1,8 @@
 """`tandem bench-ceiling`: a bench-serve run's decode rates per category set against the copy
-ceiling of its own prompts and answers (bench/ceiling.py), on the target's verify curve measured
+ceiling of its own prompts and answers (bench/ceiling/oracle.py), on the target's verify curve measured
 here at the workload's context. The answers are one config's streamed texts (token ids again
 through the target's tokenizer); only first-pass requests (no repeat mark) are read. Given a
-replay, Tandem's own copy drafting is priced on the same answers (bench/drafting_replay.py), so a
+replay, Tandem's own copy drafting is priced on the same answers (bench/ceiling/drafting_replay.py), so a
 config's shortfall splits into drafting's (replayed / ceiling) and the runtime's (measured /
 replayed)."""
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from tandem.bench.ceiling import (LONG_RUN, MAX_DRAFT, CostMs, long_run_ms, oracle_rounds, plain_ms, rounds_ms,
+from tandem.bench.ceiling.oracle import (LONG_RUN, MAX_DRAFT, CostMs, long_run_ms, oracle_rounds, plain_ms, rounds_ms,
                                   suffix_rounds)
 from tandem.bench.workload import format_prompt, load_prompts
 from tandem.errors import TandemError
