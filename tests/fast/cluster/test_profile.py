@@ -12,7 +12,6 @@ from tandem.cluster.profiles.profile_store import cluster_profiles, default_prof
 from tandem.cluster.profiles.public_profiles import DEVICE_CLASSES, public_profile, roofline_ms
 from tandem.cluster.config.load import load_cluster
 from tandem.errors import TandemError
-from tandem.models.cost import CostModel
 
 QWEN = "qwen2.5-coder-1.5b-instruct"
 EXAMPLES = Path(__file__).parents[3] / "examples" / "clusters"
@@ -36,16 +35,10 @@ def test_step_ms_interpolates_batches_and_contexts():
     assert p.step_ms(1, 2, 64) == pytest.approx(10 + 10 / 3)  # the CostModel's interpolation
 
 
-def test_cost_model_and_observations():
+def test_cost_model_reads_the_curve_at_batch_and_context():
     p = two_context_profile()
     assert p.cost_model().latency_ms == {1: 10.0, 4: 20.0}
     assert p.cost_model(batch=4, context=512).latency_ms == {1: 50.0, 4: 100.0}
-    refined = p.with_observed(CostModel({1: 12.0, 4: 24.0}), batch=1, context=64)
-    assert refined.step_ms(1, 4, 64) == 24.0 and refined.step_ms(4, 4, 64) == 60.0
-    served = CostModel({1: 12.0, 4: 24.0})
-    for _ in range(200):
-        served.observe(4, 48.0)  # the device turned out twice as slow as profiled
-    assert p.with_observed(served, batch=1, context=64).step_ms(1, 4, 64) == pytest.approx(48.0, rel=0.01)
 
 
 def test_json_round_trip(tmp_path):

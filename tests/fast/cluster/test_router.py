@@ -70,7 +70,7 @@ def make_cluster(tiny_target, tiny_draft, verifiers=2, drafters=1, slots=3, emul
 
 
 def run(router, prompts, on_step=None, max_tokens=MAX_TOKENS, **request):
-    outputs, reasons, updates_of = defaultdict(list), {}, defaultdict(int)
+    outputs, reasons = defaultdict(list), {}
     for i, prompt in enumerate(prompts):
         router.add(f"r{i}", GenerationRequest(prompt, max_tokens=max_tokens, **request))
     step = 0

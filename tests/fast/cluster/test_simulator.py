@@ -19,7 +19,7 @@ from tandem.cluster.sim import (
     Workload,
     simulate,
 )
-from tandem.cluster.sim.events import EventQueue, Join
+from tandem.cluster.sim.events import EventQueue
 from tandem.cluster.sim.planning import make_planner
 from tandem.cluster.sim.reference import OneSequenceCase, closed_form_tokens_per_s, reference_tokens_per_s
 from tandem.cluster.sim.timeline import Host, Timeline
@@ -82,17 +82,6 @@ def test_events_run_in_time_order_and_ties_in_push_order():
     assert seen == [(1.0, "a"), (3.0, "b"), (4.0, "pushed"), (5.0, "c"), (5.0, "d")]
     with pytest.raises(ValueError):
         events.push(4.0, lambda now: None)
-
-
-def test_join_fires_once_at_the_last_part():
-    fired = []
-    join = Join(2, fired.append)
-    join.done(1.0)
-    assert fired == []
-    join.done(3.0)
-    assert fired == [3.0]
-    with pytest.raises(RuntimeError):
-        join.done(4.0)
 
 
 def test_timeline_queues_calls():

@@ -24,7 +24,7 @@ sequence, starting from an empty cache, scoring n prompt tokens with logits at t
 import bisect
 import json
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tandem.errors import TandemError
@@ -150,12 +150,6 @@ class DeviceProfile:
         when the profile has no prompt curve."""
         return CostModel({n: ms * scale for n, ms in self.prompt_ms}) if self.prompt_ms else None
 
-    def with_observed(self, cost: CostModel, batch: int = 1, context: int | None = None) -> "DeviceProfile":
-        """This profile with the (batch, context) curve replaced by an engine-refined CostModel."""
-        context = self.contexts[0] if context is None else context
-        points = tuple(sorted((int(n), ms) for n, ms in cost.to_json().items() if int(n) >= 1 and ms > 0))
-        others = tuple(c for c in self.curves if (c.batch, c.context) != (batch, context))
-        return replace(self, curves=others + (Curve(batch, context, points),))
 
 
 def profile_to_json(profile: DeviceProfile) -> dict:

@@ -35,20 +35,3 @@ class EventQueue:
             action(self.now)
         return self.now
 
-
-class Join:
-    """Calls `then(t)` once `count` parallel parts have each called `done(t)`; t is the time of
-    the last part to finish (parts finish in time order, so it is also the latest)."""
-
-    def __init__(self, count: int, then: Action):
-        if count < 1:
-            raise ValueError(f"a join needs at least one part, got {count}")
-        self._left = count
-        self._then = then
-
-    def done(self, time_ms: float) -> None:
-        self._left -= 1
-        if self._left == 0:
-            self._then(time_ms)
-        elif self._left < 0:
-            raise RuntimeError("a join part finished twice")
