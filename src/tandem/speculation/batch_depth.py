@@ -80,6 +80,7 @@ class BatchDepthPlanner:
     k_max: int = AUTO_K_MAX  # deepest auto k of a draft model
     copy_k_max: int = COPY_K_MAX  # and of a copy
     overhead_ms: float = STEP_OVERHEAD_MS
+    learns_overhead: bool = True  # False: overhead_ms stays as set (a replay priced, not timed)
     draft_call_ms: float = 0.0  # a step's model drafts pay this once (a remote drafter's round trip)
     estimates: dict[str, AcceptanceEstimate] = field(default_factory=dict)
     families: dict[str, AcceptanceEstimate] = field(default_factory=dict)  # pooled over match lengths
@@ -118,7 +119,8 @@ class BatchDepthPlanner:
         return min(candidate.cap, self.k_max if candidate.uses_model else self.copy_k_max)
 
     def observe_overhead(self, overhead_ms: float) -> None:
-        self.overhead_ms += 0.1 * (overhead_ms - self.overhead_ms)
+        if self.learns_overhead:
+            self.overhead_ms += 0.1 * (overhead_ms - self.overhead_ms)
 
     def plan(self, candidates: list[DraftCandidate], fallbacks: list[DraftCandidate | None] | None = None,
              context: float | None = None) -> tuple[list[int], list[bool]]:

@@ -1,8 +1,8 @@
 """Tandem's copy drafting replayed on a recorded answer (bench/ceiling/drafting_replay.py): the engine
 emits the answer exactly (every replay checks it), copies where the answer repeats its prompt
 (priced between the oracle and plain decoding), drafts nothing where it shares nothing, carries
-what it learned from one answer to the next, and the planner's curve is not taught by the
-double's microsecond calls; the report gains its columns."""
+what it learned from one answer to the next, and neither the planner's curve nor its step
+overhead is taught by the double's microsecond calls or the clock; the report gains its columns."""
 
 import pytest
 
@@ -51,6 +51,37 @@ def test_one_replay_carries_what_it_learned_from_answer_to_answer():
     first = replay.replay_ms(prompt, answer)
     assert first == pytest.approx(plain_ms(len(prompt), len(answer), CHEAP))
     assert replay.replay_ms(prompt, answer) < first / 2  # the same answer again: drafted from the first
+
+
+class _SlowClock:
+    """perf_counter and time advancing 50 ms a read: every step looks dominated by bookkeeping."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 0.05
+        return self.now
+
+    time = perf_counter
+
+
+def test_a_replay_does_not_depend_on_the_clock(monkeypatch):
+    """The planner learns a step's bookkeeping from the clock in a real engine; a replay keeps
+    the default, so the same answers price the same on any machine and under any load."""
+    from tandem.engine import batch_engine
+    from tandem.speculation.batch_depth import STEP_OVERHEAD_MS
+
+    prompt = list(range(100, 400))
+    answer = [7, 8] + prompt[:120] + [9, 10, 11] + prompt[130:250] + [12]
+
+    def replayed() -> tuple[float, float]:
+        replay = DraftingReplay(CHEAP, planner_curve(CHEAP, SIZES, 64, 1024))
+        return replay.replay_ms(prompt, answer), replay.engine.planner.overhead_ms
+
+    real = replayed()
+    monkeypatch.setattr(batch_engine, "time", _SlowClock())
+    assert replayed() == real and real[1] == STEP_OVERHEAD_MS
 
 
 def test_a_replay_that_would_not_fit_its_context_is_a_clear_error():

@@ -103,6 +103,9 @@ class DraftingReplay:
         drafters = {"hybrid": HybridDrafter(None, NgramDrafter(*HYBRID_NGRAM, store=store), suffix), "suffix": suffix}
         self.engine = BatchEngine(self.target, None, "hybrid", ngram_store=store, drafters=drafters, max_running=1,
                                   prefill_floor=THROUGHPUT_PREFILL_FLOOR)
+        # the planner would learn each step's bookkeeping from this machine's clock, which makes
+        # the plans (and the priced figures) vary from run to run: it keeps the default instead
+        self.engine.planner.learns_overhead = False
         self.answers = 0
 
     def replay_ms(self, prompt: Sequence[int], answer: Sequence[int]) -> float:
