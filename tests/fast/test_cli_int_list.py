@@ -1,10 +1,11 @@
-"""The comma-separated number lists of bench-step, profile and bench-ceiling."""
+"""The whole-number argparse types: comma-separated lists (bench-step, profile, bench-ceiling) and
+single numbers (--threads, --repeats, --k ...)."""
 
 import argparse
 
 import pytest
 
-from tandem.cli.int_list import int_list
+from tandem.cli.int_list import int_list, whole_number
 
 
 def test_a_list_keeps_its_order_or_sorts_and_dedupes_when_asked():
@@ -30,3 +31,10 @@ def test_the_commands_refuse_a_bad_list_with_a_usage_message(capsys):
         assert "wants" in capsys.readouterr().err
     assert parser.parse_args(["bench-step", "--batches", "1,4"]).batches == (1, 4)
     assert parser.parse_args(["profile", "--model", "m"]).sizes  # the string default is parsed too
+
+
+def test_one_number_within_its_bounds():
+    assert whole_number(0)("0") == 0 and whole_number(1, 64)("64") == 64
+    for bad, parse in (("x", whole_number()), ("1.5", whole_number()), ("0", whole_number(1)), ("65", whole_number(0, 64))):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse(bad)

@@ -46,12 +46,16 @@ def format_prompt(tokenizer: PromptTokenizer, prompt: BenchPrompt) -> tuple[int,
 
 
 def load_prompts(path: str | Path) -> list[BenchPrompt]:
-    """A JSONL workload: a file, or a packaged one by name ("default", "long")."""
+    """A JSONL workload: a file, or a packaged one by name (NAMED_WORKLOADS)."""
     path = NAMED_WORKLOADS.get(str(path), Path(path))
     if not path.is_file():
         raise TandemError(f"no such prompts file: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise TandemError(f"cannot read the prompts file {path}: {error}") from None
     prompts, seen = [], {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         prompt = parse_line(line, number, path)

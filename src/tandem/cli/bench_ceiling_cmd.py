@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from tandem.bench.ceiling.oracle import MAX_DRAFT
-from tandem.cli.int_list import int_list
+from tandem.cli.int_list import int_list, whole_number
 
 DEFAULT_CONTEXTS = "512,1024,2048"
 _contexts = int_list(1, 32768, sort=True)  # cached tokens a curve is measured at
@@ -26,14 +26,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "answers and priced the same way (unless --no-replay); and each config's measured decode rate against "
         "the ceiling.")
     parser.add_argument("results", help="a bench-serve results.json")
-    parser.add_argument("--concurrency", type=int, default=None, help="the level to read (default: the lowest)")
+    parser.add_argument("--concurrency", type=whole_number(1), default=None, help="the level to read (default: the lowest)")
     parser.add_argument("--reference", default=None,
                         help="the config whose answers define the workload (default: the first tandem one)")
     parser.add_argument("--contexts", type=_contexts, default=DEFAULT_CONTEXTS,
                         help=f"cached tokens the curves are measured at, comma-separated (default {DEFAULT_CONTEXTS}; "
                         "one value prices every round at it)")
-    parser.add_argument("--max-draft", type=int, default=MAX_DRAFT, help=f"longest draft (default {MAX_DRAFT})")
-    parser.add_argument("--threads", type=int, default=None, help="threads for the curve (default: the run's)")
+    parser.add_argument("--max-draft", type=whole_number(1), default=MAX_DRAFT, help=f"longest draft (default {MAX_DRAFT})")
+    parser.add_argument("--threads", type=whole_number(1), default=None, help="threads for the curve (default: the run's)")
     parser.add_argument("--curves", default=None,
                         help="price on the verify curves a previous bench-ceiling printed (its --out file or its "
                         "'verify curve at ...' lines) instead of measuring them here: a run from another machine "
@@ -48,9 +48,12 @@ def run(args: argparse.Namespace) -> int:
     from tandem.bench.ceiling.oracle import ContextCurves
     from tandem.bench.ceiling.report import CURVE_SIZES, ceilings, curve_lines, load_level, read_curves, render
     from tandem.bench.ceiling.drafting_replay import DraftingReplay, planner_curve
+    from tandem.bench.out_dir import check_out_file
     from tandem.models.resolve import tokenizer_path
     from tandem.text.tokenizer import TextTokenizer
 
+    if args.out:
+        check_out_file(Path(args.out))  # before the work, not after it
     results, level = load_level(Path(args.results), args.concurrency)
     settings = results["settings"]
     target = settings["target"]

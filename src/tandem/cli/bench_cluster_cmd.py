@@ -28,6 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tandem.bench.cluster.run import CONFIGS, run_cluster_bench
+    from tandem.bench.out_dir import prepare_out_dir
     from tandem.cluster.runtime.launch import ClusterOptions
     from tandem.cluster.config.load import load_cluster
     from tandem.errors import TandemError
@@ -37,9 +38,13 @@ def run(args: argparse.Namespace) -> int:
     configs = tuple(c.strip() for c in args.configs.split(",") if c.strip())
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown or not configs:
-        raise TandemError(f"unknown configs {unknown}; choose from {', '.join(CONFIGS)}")
+        named = f"unknown configs {', '.join(unknown)}" if unknown else "no config named"
+        raise TandemError(f"{named}; choose from {', '.join(CONFIGS)}")
+    if len(set(configs)) < len(configs):
+        raise TandemError(f"--configs names one more than once: {args.configs} (use --repeat to run them again)")
     if args.concurrency < 1 or args.requests < 1 or args.max_tokens < 1 or args.repeat < 1:
         raise TandemError("--concurrency, --requests, --max-tokens and --repeat must be positive")
+    prepare_out_dir(Path(args.out))  # before the runs, not after them
     cluster = ClusterOptions(load_cluster(args.cluster), args.ray_address)
     drafter = check_drafter(args.drafter or default_drafter(cluster.has_drafter), cluster.has_drafter,
                             how_to_add="the cluster file has no worker with a draft_model")

@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_model_options(parser)
     parser.add_argument("--prompts", default=str(DEFAULT_WORKLOAD),
-                        help="JSONL workload: a file, or default (the 100 prompts) | long (long answers)")
+                        help="JSONL workload: a file, or default (the 100 prompts) | long (long answers) | edits (whole-file edits)")
     parser.add_argument("--configs", default=DEFAULT_CONFIGS,
                         help=f"comma-separated, with optional :k=N|auto suffix; known: {', '.join(CONFIGS)} "
                         f"(default {DEFAULT_CONFIGS})")
@@ -55,4 +55,4 @@ def run(args: argparse.Namespace) -> int:
 
 
 def model_choice(args: argparse.Namespace) -> ModelChoice:
-    return ModelChoice(target_spec(args), draft_spec(args), args.k, args.threads)
+    return ModelChoice(target_spec(args), draft_spec(args), args.k, args.threads, args.step_tokens)

@@ -41,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--concurrency", default=DEFAULT_CONCURRENCY,
                         help=f"comma-separated in-flight request counts (default {DEFAULT_CONCURRENCY})")
     parser.add_argument("--prompts", default=str(DEFAULT_WORKLOAD),
-                        help="JSONL workload: a file, or default (the 100 prompts) | long (long answers)")
+                        help="JSONL workload: a file, or default (the 100 prompts) | long (long answers) | edits (whole-file edits)")
     parser.add_argument("--num-prompts", "--limit", dest="num_prompts", type=int, default=None,
                         help=f"requests per concurrency level (default max({MIN_REQUESTS}, "
                         f"{REQUESTS_PER_CLIENT} x C), as bench-serve)")

@@ -10,6 +10,7 @@ from tandem.bench.serve.server_kinds import SERVER_KINDS
 from tandem.bench.serve.settings import (DEFAULT_CONCURRENCY, DEFAULT_CONFIGS, MIN_REQUESTS, REQUESTS_PER_CLIENT,
                                          ServeBenchSettings, parse_concurrency, parse_configs)
 from tandem.bench.workload import DEFAULT_WORKLOAD
+from tandem.errors import TandemError
 from tandem.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 
 MULTITURN = "multiturn"  # not a JSONL file: bench/serve/conversations.py's scenarios
@@ -18,7 +19,7 @@ MULTITURN = "multiturn"  # not a JSONL file: bench/serve/conversations.py's scen
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "bench-serve", help="benchmark servers under concurrent streaming load",
-        description="Starts each server once (llama.cpp backends, same target GGUF and threads), then at "
+        description="Starts each server once (the same target and threads), then at "
         "every concurrency level runs a closed loop of C streaming clients over the workload against each "
         "server in alternating order. Writes results.json, report.md, PNG plots and server logs to --out.",
     )
@@ -52,6 +53,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tandem.bench.serve.session import run_serve_bench
+
+    if args.prompts == MULTITURN:
+        given = [option for option, value in (("--num-prompts", args.num_prompts is not None),
+                                               ("--concurrency", args.concurrency != DEFAULT_CONCURRENCY)) if value]
+        if given:
+            raise TandemError(f"{' and '.join(given)} do not apply to --prompts multiturn: its scenarios set their "
+                              "own users and turns")
+        args.concurrency = "1"  # the levels' checks do not apply either
 
     settings = ServeBenchSettings(
         target=args.target,

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from tandem.cli.int_list import int_list
+from tandem.cli.int_list import int_list, whole_number
 from tandem.errors import TandemError
 from tandem.models.catalog import DEFAULT_TARGET
 
@@ -17,17 +17,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", default=DEFAULT_TARGET, help="catalog name or HF folder")
     parser.add_argument("--backend", choices=["torch", "llamacpp"], default="torch",
                         help="torch: the fused runner (default); llamacpp: the llama.cpp batch runner")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda:0, ... (default cpu)")
     parser.add_argument("--dtype", default="bf16", help="fp32 | bf16 | fp16 (default bf16)")
     parser.add_argument("--batches", type=int_list(), default="1,2,4,8,16",
                         help="slots per step (default 1,2,4,8,16)")
     parser.add_argument("--tokens", type=int_list(), default="1,5",
                         help="new tokens per slot (default 1,5: decode, k=4 verify)")
-    parser.add_argument("--context", type=int, default=200, help="cached tokens per slot (default 200)")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--context", type=whole_number(0), default=200, help="cached tokens per slot (default 200)")
+    parser.add_argument("--repeats", type=whole_number(1), default=3, help="timed calls per point, the fastest kept (default 3)")
     parser.add_argument("--serial", action="store_true",
                         help="also time the serial runner (torch: transformers; llamacpp: all slots in one call)")
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=whole_number(1), default=None, help="CPU threads (default: all)")
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
     parser.set_defaults(func=run)
 
@@ -35,9 +35,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from tandem.bench.out_dir import check_out_file
     from tandem.bench.step import fill_slots, load_llamacpp_runners, load_runners, memory_bandwidth, time_step
 
     batches, tokens = args.batches, args.tokens
+    if args.out:
+        check_out_file(Path(args.out))  # before the timing, not after it
     if args.backend == "llamacpp" and args.device != "cpu":
         raise TandemError("--backend llamacpp runs on the CPU; --device is for the torch runner")
     if args.backend == "llamacpp":
@@ -68,6 +71,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"{t.runner:8} {t.batch:3d} {t.tokens_per_slot:8d} {t.step_ms:9.1f} {model} {over} "
               f"{t.step_ms / (t.batch * t.tokens_per_slot):9.1f}")
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({**figures, "timings": [t.as_dict() for t in timings]}, indent=1))
     return 0

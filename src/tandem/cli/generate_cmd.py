@@ -4,6 +4,7 @@ import argparse
 import json
 import sys
 
+from tandem.cli.int_list import whole_number
 from tandem.cli.options import add_model_options, engine_config
 from tandem.engine.stats import GenerationStats
 from tandem.errors import TandemError
@@ -17,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     prompt = parser.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="raw prompt text (no chat template)")
     prompt.add_argument("--messages", help='chat messages as JSON: [{"role": "user", "content": "..."}]')
-    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--max-tokens", type=whole_number(1), default=128, help="new tokens at most (default 128)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
@@ -31,6 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     messages = _parse_messages(args.messages) if args.messages is not None else None
+    if args.prompt is not None and not args.prompt:
+        raise TandemError("--prompt is empty")  # before the models load, not after
     generator = TextGenerator(engine_config(args))
     prompt_ids = generator.prompt_ids(args.prompt, messages)
     request = generator.request(prompt_ids, args.max_tokens, sampling, args.stop)
@@ -53,9 +56,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _parse_messages(raw: str) -> list[dict]:
     try:
-        return json.loads(raw)
+        messages = json.loads(raw)
     except json.JSONDecodeError as error:
         raise TandemError(f"--messages is not valid JSON: {error}") from None
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise TandemError('--messages must be a non-empty JSON list of objects: [{"role": "user", "content": "..."}]')
+    return messages
 
 
 def _print_stats(summary: dict, verbose: bool) -> None:

@@ -1,5 +1,6 @@
-"""An argparse type for comma-separated whole numbers (`--batches 1,4,16`), shared by the
-commands that take lists of sizes, so every one refuses the same nonsense with the same words."""
+"""argparse types for whole numbers: one (`--threads 2`) or a comma-separated list
+(`--batches 1,4,16`), shared by every command, so each refuses the same nonsense with the same
+words (a usage line and exit 2, never a traceback or a silent default)."""
 
 import argparse
 from typing import Callable
@@ -23,5 +24,21 @@ def int_list(lowest: int = 1, highest: int | None = None,
             bounds = f"from {lowest} to {highest}" if highest is not None else f"of at least {lowest}"
             raise argparse.ArgumentTypeError(f"wants numbers {bounds}, got {text!r}")
         return tuple(sorted(set(values))) if sort else values
+
+    return parse
+
+
+def whole_number(lowest: int = 1, highest: int | None = None) -> Callable[[str], int]:
+    """A parser of one whole number within [lowest, highest]."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"wants a whole number, got {text!r}") from None
+        if value < lowest or (highest is not None and value > highest):
+            bounds = f"from {lowest} to {highest}" if highest is not None else f"of at least {lowest}"
+            raise argparse.ArgumentTypeError(f"wants a number {bounds}, got {text!r}")
+        return value
 
     return parse

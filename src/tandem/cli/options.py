@@ -2,6 +2,7 @@
 
 import argparse
 
+from tandem.cli.int_list import whole_number
 from tandem.errors import TandemError
 from tandem.models.backends import TORCH_RUNNERS, RunnerSpec
 from tandem.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -21,14 +22,15 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--draft-backend", default="auto", help="draft backend: llamacpp | torch | auto")
     group.add_argument("--draft-device", default="auto", help="draft device")
     group.add_argument("--draft-dtype", default="fp32", help="draft dtype for torch")
-    group.add_argument("--threads", type=int, default=None, help="CPU threads per model (default: all)")
-    group.add_argument("--k", default="auto", help="speculation depth: an integer, or auto (default)")
+    group.add_argument("--threads", type=whole_number(1), default=None, help="CPU threads per model (default: all)")
+    group.add_argument("--k", default="auto", help="speculation depth: an integer from 0 to 64, or auto (default: "
+                       "the planner chooses, up to 16 tokens of a draft model and 63 of a copy)")
     group.add_argument("--step-tokens", type=int, default=STEP_TOKEN_BUDGET,
                        help=f"most tokens one engine step scores; long prompts are prefilled in chunks "
                        f"(default {STEP_TOKEN_BUDGET})")
     group.add_argument("--prefill-floor", default=None, type=prefill_floor_option, metavar="auto|N",
                        help=f"prompt tokens a step may always score beside decoding streams: a number, or "
-                       f"auto (the fewest within 15%% of a 64-token call's cost a token, read off the target's "
+                       f"auto (the fewest within 15%% of the cheapest cost a token of calls below 64 tokens, read off the target's "
                        f"profile: short inter-token gaps, dearer prompts on a CPU). Default: "
                        f"{THROUGHPUT_PREFILL_FLOOR} on one engine (prompts near batch speed, longer gaps), "
                        f"auto on a cluster's replicas")

@@ -3,38 +3,53 @@ and explain the choice with predicted numbers beside the naive article rule's pl
 
 import argparse
 import json
+import math
 
+from tandem.cli.int_list import whole_number
 from tandem.cluster.config.cluster_spec import ACCEPTANCE_SOURCES
 from tandem.cluster.config.load import load_cluster
 from tandem.cluster.planning.plan_report import plan_json, plan_text
 from tandem.cluster.planning.planner import PLAN_K_MAX, options_for, plan_cluster
 from tandem.cluster.profiles.profile_store import cluster_profiles
 from tandem.errors import TandemError
+from tandem.speculation.depth import K_LIMIT
 from tandem.speculation.drafters.registry import DRAFTERS
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("plan", help="place drafters and verifiers on a cluster, explained")
     parser.add_argument("--cluster", required=True, help="cluster file (see docs/cluster.md)")
-    parser.add_argument("--latency-target-ms", type=float, default=None,
+    parser.add_argument("--latency-target-ms", type=_positive_ms, default=None,
                         help="most ms per generated token at the planned load (default: the file's)")
     parser.add_argument("--drafter", choices=("auto", *DRAFTERS), default=None,
                         help="fix the drafter (default: the file's, else auto)")
-    parser.add_argument("--k", type=int, default=None, help=f"fix k (default: the file's, else 1..{PLAN_K_MAX})")
+    parser.add_argument("--k", type=whole_number(0, K_LIMIT), default=None, help=f"fix k (default: the file's, else 1..{PLAN_K_MAX})")
     parser.add_argument("--acceptance", default=None,
                         help="acceptance assumptions, e.g. model=0.7,ngram=0.45,hybrid=0.7")
-    parser.add_argument("--max-batch", type=int, default=None, help="cap on sequences per verifier step")
+    parser.add_argument("--max-batch", type=whole_number(1), default=None, help="cap on sequences per verifier step")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.drafter == "none" and args.k:
+        raise TandemError(f"--k {args.k} with --drafter none: that drafter drafts nothing")
     spec = load_cluster(args.cluster)
     options = options_for(spec, args.latency_target_ms, args.drafter, args.k,
                           _acceptance(args.acceptance), max_batch=args.max_batch)
     plan = plan_cluster(spec, cluster_profiles(spec), options)
     print(json.dumps(plan_json(plan), indent=1) if args.json else plan_text(plan, args.cluster))
     return 0
+
+
+def _positive_ms(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"wants a positive number of milliseconds, got {text!r}")
+    return value
 
 
 def _acceptance(text: str | None) -> dict[str, float] | None:

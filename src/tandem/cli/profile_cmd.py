@@ -9,8 +9,9 @@ which is where `tandem plan` looks. The progress bar goes to stderr, the saved p
 
 import argparse
 import sys
+from pathlib import Path
 
-from tandem.cli.int_list import int_list
+from tandem.cli.int_list import int_list, whole_number
 from tandem.cluster.profiles.measure import ProfileGrid, measure_profile
 from tandem.cluster.profiles.profile import save_profile
 from tandem.cluster.profiles.profile_store import default_profile_path, worker_models
@@ -28,8 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--backend", default="llamacpp", help="llamacpp | torch (default llamacpp)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda:0, npu:0, ... (default cpu)")
     parser.add_argument("--dtype", default="fp32", help="torch dtype: fp32 | bf16 | fp16")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all)")
-    parser.add_argument("--cluster", help="profile every (model, backend, device, threads) of this cluster file")
+    parser.add_argument("--threads", type=whole_number(1), default=None, help="CPU threads (default: all)")
+    parser.add_argument("--cluster", help="profile every (model, backend, device, dtype, threads) of this cluster file")
     parser.add_argument("--out", help="profile file to write (single profile only)")
     parser.add_argument("--force", action="store_true", help="with --cluster: re-measure saved profiles")
     parser.add_argument("--sizes", type=int_list(), default=_csv(_GRID.sizes),
@@ -37,7 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--contexts", type=int_list(), default=_csv(_GRID.contexts),
                         help="context lengths, comma-separated")
     parser.add_argument("--batches", type=int_list(), default=_csv(_GRID.batches), help="batch sizes, comma-separated")
-    parser.add_argument("--repeats", type=int, default=_GRID.repeats, help="timed calls per point (fastest kept)")
+    parser.add_argument("--repeats", type=whole_number(1), default=_GRID.repeats, help="timed calls per point (fastest kept)")
     parser.set_defaults(func=run)
 
 
@@ -46,6 +47,10 @@ def run(args: argparse.Namespace) -> int:
         raise TandemError("give either --model (with --backend/--device) or --cluster FILE")
     if args.cluster and args.out:
         raise TandemError("--out names one file; with --cluster profiles go to their default paths")
+    if args.out:
+        from tandem.bench.out_dir import check_out_file
+
+        check_out_file(Path(args.out))  # before measuring, not after it
     grid = ProfileGrid(args.sizes, args.contexts, args.batches, args.repeats)
     specs = [RunnerSpec(args.model, args.backend, args.device, args.dtype, args.threads)] if args.model \
         else _cluster_specs(args.cluster, args.force)

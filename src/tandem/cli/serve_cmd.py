@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--cache-ram", default=None,
                        help="host memory for the prompt cache's evicted KV states, e.g. 8G, 512M or a number of "
                        "MiB (llama-server's option); 0 turns it off (default: 8 GiB or a quarter of the RAM, "
-                       "printed at start-up; llama.cpp backend)")
+                       "printed at start-up; llama.cpp, and torch's fused runner)")
     group.add_argument("--cache-dir", default=None,
                        help="folder for the prompt cache's disk tier: evicted and finished conversations' KV "
                        "states, kept across restarts and keyed by the model files' checksums (default: off)")

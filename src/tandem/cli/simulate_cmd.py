@@ -14,11 +14,14 @@ import json
 import sys
 from pathlib import Path
 
+from tandem.cli.int_list import int_list, whole_number
 from tandem.errors import TandemError
+from tandem.speculation.depth import K_LIMIT
 
 DEFAULT_CONCURRENCY = 8
 DEFAULT_REQUESTS = 64
 DEFAULT_MAX_TOKENS = 128
+DEFAULT_WAVES = 3
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -32,37 +35,47 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     what.add_argument("--scaling", help="cluster file whose device mix to sweep (needs --out)")
     load = parser.add_mutually_exclusive_group()
     load.add_argument("--rate", type=float, help="Poisson arrivals, requests per second")
-    load.add_argument("--concurrency", type=int, help=f"closed-loop clients (default {DEFAULT_CONCURRENCY})")
-    parser.add_argument("--requests", type=int, default=DEFAULT_REQUESTS, help=f"requests (default {DEFAULT_REQUESTS})")
-    parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+    load.add_argument("--concurrency", type=whole_number(1), help=f"closed-loop clients (default {DEFAULT_CONCURRENCY})")
+    parser.add_argument("--requests", type=whole_number(1), default=DEFAULT_REQUESTS, help=f"requests (default {DEFAULT_REQUESTS})")
+    parser.add_argument("--max-tokens", type=whole_number(1), default=DEFAULT_MAX_TOKENS,
                         help=f"output tokens per request (default {DEFAULT_MAX_TOKENS})")
-    parser.add_argument("--prompt-tokens", type=int, default=None,
+    parser.add_argument("--prompt-tokens", type=whole_number(1), default=None,
                         help="prompt tokens per request (default: estimated from the default bench workload)")
     parser.add_argument("--acceptance", type=float, default=None, help="per-token acceptance of draft models")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--roles", choices=("plan", "as-written"), default="plan",
                         help="simulate the planner's placement (default) or the file's roles as written")
     parser.add_argument("--batching", choices=("backend", "fused", "serial"), default=None,
-                        help="how verifiers batch: as the backends do today (fused: llama.cpp and torch's fused "
-                        "runner; the default), or serial (torch's --torch-runner serial)")
-    parser.add_argument("--max-batch", type=int, default=None, help="sequences per verifier step (default: the plan's)")
+                        help="how verifiers batch: backend (as each backend does today: fused for llama.cpp and "
+                        "torch's fused runner), fused, or serial (torch's --torch-runner serial). Default: backend "
+                        "with --cluster, fused with --scaling")
+    parser.add_argument("--max-batch", type=whole_number(1), default=None, help="sequences per verifier step (default: the plan's)")
     parser.add_argument("--step-overhead-ms", type=float, default=None,
                         help="per-step time besides the calls: bookkeeping, RPC (default 1.0, the engine's prior)")
-    parser.add_argument("--k", type=int, default=None,
+    parser.add_argument("--k", type=whole_number(0, K_LIMIT), default=None,
                         help="draft this many tokens every round (default: the file's k, else the engine's planner)")
-    parser.add_argument("--host-cores", type=int, default=None,
+    parser.add_argument("--host-cores", type=whole_number(1), default=None,
                         help="the cluster's CPU workers share one machine with this many cores (a local "
                         "cluster): calls that overlap there slow each other down (default: each worker "
                         "has its own cores)")
     parser.add_argument("--measured", help="a measured run (JSON) to compare the prediction with")
-    parser.add_argument("--sizes", default=None, help="--scaling: comma-separated device counts (default 1,2,...,64)")
-    parser.add_argument("--waves", type=int, default=3, help="--scaling: requests per planned batch slot (default 3)")
+    parser.add_argument("--sizes", type=int_list(), default=None, help="--scaling: comma-separated device counts (default 1,2,...,64)")
+    parser.add_argument("--waves", type=whole_number(1), default=None, help=f"--scaling: requests per planned batch slot (default {DEFAULT_WAVES})")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--out", help="folder for simulation.json (or the scaling files)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from tandem.bench.out_dir import prepare_out_dir
+
+    only_scaling = [option for option, value in (("--sizes", args.sizes), ("--waves", args.waves)) if value is not None]
+    if not args.scaling and only_scaling:
+        raise TandemError(f"{' and '.join(only_scaling)} {'apply' if len(only_scaling) > 1 else 'applies'} only with --scaling")
+    if args.scaling and args.measured:
+        raise TandemError("--measured applies only with --cluster (a sweep has no one measured run)")
+    if args.out:
+        prepare_out_dir(Path(args.out))  # before the work, not after it
     if args.scaling:
         return _scaling(args)
     return _simulate(args)
@@ -80,9 +93,9 @@ def _simulate(args: argparse.Namespace) -> int:
     spec = load_cluster(args.cluster)
     plan = plan_cluster(spec, cluster_profiles(spec)) if args.roles == "plan" else None
     overhead = {} if args.step_overhead_ms is None else {"step_overhead_ms": args.step_overhead_ms}
-    options = SimOptions(acceptance=args.acceptance, max_batch=args.max_batch, seed=args.seed,
-                         fused=_fused(args.batching, default=None), host_cores=args.host_cores,
-                         fixed_k=args.k, **overhead)
+    options = _checked(lambda: SimOptions(acceptance=args.acceptance, max_batch=args.max_batch, seed=args.seed,
+                                          fused=_fused(args.batching, default=None), host_cores=args.host_cores,
+                                          fixed_k=args.k, **overhead))
     measured = MeasuredRun.load(args.measured) if args.measured else None
     workload = _workload(args, _recorded_prompts(args, measured))
     result = simulate(_checked(lambda: simulation_from_cluster(spec, workload, options, plan)))
@@ -99,7 +112,6 @@ def _simulate(args: argparse.Namespace) -> int:
             print("\n".join(comparison_lines(comparison)))
     if args.out:
         path = Path(args.out) / "simulation.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(report, indent=1))
         print(f"wrote {path}", file=sys.stderr)
     return 0
@@ -113,9 +125,10 @@ def _scaling(args: argparse.Namespace) -> int:
 
     if not args.out:
         raise TandemError("--scaling needs --out DIR")
-    sizes = SWEEP_SIZES if args.sizes is None else tuple(int(s) for s in args.sizes.split(","))
+    sizes = SWEEP_SIZES if args.sizes is None else args.sizes
     prompts = FixedLength(args.prompt_tokens) if args.prompt_tokens else None
-    options = _checked(lambda: SweepOptions(sizes, args.waves, args.max_tokens, prompts, args.acceptance,
+    waves = DEFAULT_WAVES if args.waves is None else args.waves
+    options = _checked(lambda: SweepOptions(sizes, waves, args.max_tokens, prompts, args.acceptance,
                                             _fused(args.batching, default=True), seed=args.seed))
     result = sweep(load_cluster(args.scaling), options)
     paths = write_scaling(result, args.out)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from tandem.bench.workload import DEFAULT_WORKLOAD
+from tandem.cli.int_list import whole_number
 from tandem.errors import TandemError
 from tandem.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 
@@ -23,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Runs C streaming clients in a closed loop for --duration against `tandem serve` (started "
         "here with the model options below, or the server at --url), samples its /metrics every "
         "--sample-every (resident memory, open file descriptors, threads, KV slots held), then checks: no "
-        "failed request, memory growth after warm-up under 5%%, no KV slot held once idle, no descriptor "
+        "failed request, memory growth after warm-up under 5%, no KV slot held once idle, no descriptor "
         "or thread growth. Writes results.json, report.md and soak.png to --out; exits 1 if a check fails.")
     parser.add_argument("--url", default=None, help="soak this running server (its /v1 URL) instead of starting one")
     parser.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY"),
@@ -31,17 +32,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET})")
     parser.add_argument("--draft", default=DEFAULT_DRAFT, help=f"draft model (default {DEFAULT_DRAFT})")
     parser.add_argument("--serve-args", default="", help="more `tandem serve` options, one string")
-    parser.add_argument("--concurrency", type=int, default=8, help="clients (default 8)")
+    parser.add_argument("--concurrency", type=whole_number(1), default=8, help="clients (default 8)")
     parser.add_argument("--duration", default="30m", help="how long the load runs: 90s, 30m, 1h (default 30m)")
     parser.add_argument("--sample-every", default="60s", help="sampling period (default 60s)")
     parser.add_argument("--warmup", default=None,
                         help="memory growth is measured from the first sample after this (default: a tenth "
                         "of --duration, at least one sample period)")
-    parser.add_argument("--max-tokens", type=int, default=64, help="max new tokens per request (default 64)")
-    parser.add_argument("--abandon-every", type=int, default=10,
+    parser.add_argument("--max-tokens", type=whole_number(1), default=64, help="max new tokens per request (default 64)")
+    parser.add_argument("--abandon-every", type=whole_number(0), default=10,
                         help="every n-th request hangs up after its first token; 0: none (default 10)")
     parser.add_argument("--prompts", default=str(DEFAULT_WORKLOAD),
-                        help="JSONL workload: a file, or default (the 100 prompts) | long (long answers)")
+                        help="JSONL workload: a file, or default (the 100 prompts) | long (long answers) | edits (whole-file edits)")
     parser.add_argument("--out", default="soak-out", help="output folder (default soak-out)")
     parser.set_defaults(func=run)
 
@@ -57,16 +58,24 @@ def run(args: argparse.Namespace) -> int:
     from tandem.bench.soak.report import results_json, write_outputs
     from tandem.bench.soak.run import SoakSettings, soak
     from tandem.bench.soak.server import started_server
+    from tandem.bench.out_dir import prepare_out_dir
     from tandem.bench.soak.verdict import judge
     from tandem.bench.workload import load_prompts
 
     duration = parse_duration("--duration", args.duration)
     period = parse_duration("--sample-every", args.sample_every)
-    warmup = parse_duration("--warmup", args.warmup) if args.warmup else max(period, duration / 10)
-    if args.concurrency < 1 or args.max_tokens < 1 or args.abandon_every < 0:
-        raise TandemError("--concurrency and --max-tokens must be positive, --abandon-every 0 or more")
+    warmup = parse_duration("--warmup", args.warmup) if args.warmup is not None else max(period, duration / 10)
+    if period >= duration:
+        raise TandemError(f"--sample-every {args.sample_every} leaves no second sample in --duration {args.duration}")
+    if warmup >= duration:
+        raise TandemError(f"--warmup {args.warmup} leaves nothing of --duration {args.duration} to measure")
+    try:
+        shlex.split(args.serve_args)
+    except ValueError as error:
+        raise TandemError(f"--serve-args cannot be split into options: {error}") from None
     prompts = tuple(load_prompts(args.prompts))
     out = Path(args.out)
+    prepare_out_dir(out)  # before the soak, not after it
     with started_server(args, out) as (base_url, model):
         settings = SoakSettings(base_url, model, prompts, args.concurrency, duration, period, args.max_tokens,
                                 args.abandon_every, args.api_key)

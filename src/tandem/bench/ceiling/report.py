@@ -40,9 +40,12 @@ def load_level(results_path: Path, concurrency: int | None) -> tuple[dict, dict]
     """The results' header and its level at `concurrency` (the lowest where None)."""
     try:
         results = json.loads(Path(results_path).read_text())
-        levels = results["levels"]
-    except (OSError, ValueError, KeyError) as error:
-        raise TandemError(f"{results_path} is not a bench-serve results.json ({error})") from None
+    except (OSError, ValueError) as error:  # ValueError: not UTF-8, or not JSON
+        raise TandemError(f"cannot read {results_path} as a bench-serve results.json ({error})") from None
+    problem = _shape_problem(results)
+    if problem:
+        raise TandemError(f"{results_path} is not a bench-serve results.json: {problem}")
+    levels = results["levels"]
     if not levels:
         raise TandemError(f"{results_path} holds no concurrency level")
     wanted = concurrency if concurrency is not None else min(level["concurrency"] for level in levels)
@@ -50,6 +53,27 @@ def load_level(results_path: Path, concurrency: int | None) -> tuple[dict, dict]
         if level["concurrency"] == wanted:
             return results, level
     raise TandemError(f"{results_path} has no level at concurrency {wanted}")
+
+
+def _shape_problem(results) -> str | None:
+    """What a results.json lacks that the ceiling reads, or None."""
+    if not isinstance(results, dict):
+        return f"a JSON object was expected, got {type(results).__name__}"
+    settings = results.get("settings")
+    if not isinstance(settings, dict) or not all(isinstance(settings.get(key), str) for key in ("target", "prompts_file")):
+        return "its settings name no target and prompts_file"
+    levels = results.get("levels")
+    if not isinstance(levels, list):
+        return "it has no list of levels"
+    for level in levels:
+        if not isinstance(level, dict) or not isinstance(level.get("concurrency"), int) \
+                or not isinstance(level.get("configs"), dict):
+            return "a level has no concurrency or no configs"
+        for label, config in level["configs"].items():
+            records = config.get("request_records") if isinstance(config, dict) else None
+            if not isinstance(records, list) or not all(isinstance(r, dict) and "id" in r for r in records):
+                return f"config {label!r} has no request records"
+    return None
 
 
 _CURVE_LINE = re.compile(r"verify curve at (\d+) cached tokens \(ms\): (.+)")

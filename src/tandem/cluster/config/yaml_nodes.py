@@ -20,15 +20,20 @@ from tandem.errors import TandemError
 def compose_file(path: str | Path) -> "Located":
     """The file's root node; TandemError for unreadable files and YAML syntax errors."""
     try:
-        source = Path(path).read_text()
+        source = Path(path).read_text(encoding="utf-8")
     except OSError as error:
         raise TandemError(f"cannot read cluster file {path}: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise TandemError(f"cannot read cluster file {path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
     try:
         root = yaml.compose(source, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark
         line = f":{mark.line + 1}" if mark else ""
         raise TandemError(f"{path}{line}: not valid YAML: {error.problem}") from None
+    except yaml.reader.ReaderError as error:  # a character YAML does not allow
+        line = source.count("\n", 0, error.position) + 1
+        raise TandemError(f"{path}:{line}: not valid YAML: character #x{error.character:04x} is not allowed") from None
     if root is None:
         raise TandemError(f"{path}:1: the file is empty")
     return Located(root, "", str(path))

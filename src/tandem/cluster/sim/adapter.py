@@ -57,6 +57,12 @@ class SimOptions:
     fixed_k: int | None = None  # every round drafts this many (over the file's k and the plan's)
     seed: int = 0
 
+    def __post_init__(self):
+        for name in ("acceptance", "ngram_acceptance"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value < 1.0:
+                raise ValueError(f"per-token {name.replace('_', ' ')} must be in [0, 1), got {value}")
+
 
 
 def simulation_from_cluster(spec: ClusterSpec, workload: Workload, options: SimOptions = SimOptions(),

@@ -39,6 +39,15 @@ class MeasuredRun:
 
     @classmethod
     def from_json(cls, data: dict) -> "MeasuredRun":
+        if not isinstance(data, dict):
+            raise TandemError(f"a measured run is a JSON object, got {type(data).__name__}")
+        try:
+            return cls._from_object(data)
+        except (TypeError, ValueError):
+            raise TandemError("a measured run's figures must be numbers") from None
+
+    @classmethod
+    def _from_object(cls, data: dict) -> "MeasuredRun":
         latency = data.get("latency_ms_p50")
         if latency is None and data.get("e2e_s_p50") is not None:
             latency = 1000.0 * float(data["e2e_s_p50"])
@@ -55,7 +64,7 @@ class MeasuredRun:
     def load(cls, path: str | Path) -> "MeasuredRun":
         try:
             return cls.from_json(json.loads(Path(path).read_text()))
-        except (OSError, json.JSONDecodeError) as error:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
             raise TandemError(f"cannot read the measured run {path}: {error}") from None
 
 

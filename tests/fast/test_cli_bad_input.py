@@ -1,0 +1,80 @@
+"""Bad input to every command that can be refused before a model loads or long work starts: one
+`error:` line and exit 2, never a traceback, a silent default or a failure after the work."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tandem.cli.main import main
+
+CLUSTER = str(Path(__file__).parents[2] / "examples" / "clusters" / "hetero-64.yaml")
+
+
+def exit_code(argv: list[str]) -> int:
+    """main()'s exit status, argparse's usage errors included (they raise SystemExit)."""
+    try:
+        return main(argv)
+    except SystemExit as stop:
+        return stop.code
+
+
+@pytest.fixture
+def files(tmp_path):
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    control = tmp_path / "control.yaml"
+    control.write_text("workers:\x07\n")
+    listed = tmp_path / "list.json"
+    listed.write_text("[1, 2]")
+    text = tmp_path / "text.json"
+    text.write_text(json.dumps({"throughput_tok_s": "fast", "latency_ms_p50": 3}))
+    return {"binary": str(binary), "control": str(control), "list": str(listed), "text": str(text),
+            "not_a_folder": "/etc/passwd/out", "tmp": str(tmp_path)}
+
+
+CASES = [  # argv (with {file} names), what the one error line says
+    (["simulate", "--scaling", CLUSTER, "--out", "{tmp}", "--sizes", "1,x"], "wants whole numbers"),
+    (["simulate", "--cluster", CLUSTER, "--prompt-tokens", "-5"], "at least 1"),
+    (["simulate", "--cluster", CLUSTER, "--concurrency", "0"], "at least 1"),
+    (["simulate", "--cluster", CLUSTER, "--acceptance", "1.5"], "[0, 1)"),
+    (["simulate", "--cluster", CLUSTER, "--sizes", "2"], "only with --scaling"),
+    (["simulate", "--scaling", CLUSTER, "--out", "{tmp}", "--measured", "{list}"], "only with --cluster"),
+    (["simulate", "--cluster", CLUSTER, "--measured", "{list}"], "JSON object"),
+    (["simulate", "--cluster", CLUSTER, "--measured", "{text}"], "must be numbers"),
+    (["simulate", "--cluster", CLUSTER, "--measured", "{binary}"], "cannot read the measured run"),
+    (["simulate", "--cluster", CLUSTER, "--out", "{not_a_folder}"], "cannot create the output folder"),
+    (["plan", "--cluster", "{binary}"], "not UTF-8"),
+    (["plan", "--cluster", "{control}"], "is not allowed"),
+    (["plan", "--cluster", CLUSTER, "--k", "100"], "from 0 to 64"),
+    (["plan", "--cluster", CLUSTER, "--latency-target-ms", "nan"], "positive number"),
+    (["plan", "--cluster", CLUSTER, "--drafter", "none", "--k", "5"], "drafts nothing"),
+    (["bench-ceiling", "{list}"], "not a bench-serve results.json"),
+    (["bench-ceiling", "{binary}"], "cannot read"),
+    (["bench-ceiling", "{list}", "--max-draft", "0"], "at least 1"),
+    (["bench-ceiling", "{list}", "--out", "{not_a_folder}"], "cannot create the output folder"),
+    (["bench-step", "--repeats", "0"], "at least 1"),
+    (["bench-step", "--out", "{tmp}"], "is a folder"),
+    (["profile", "--model", "m", "--out", "{not_a_folder}"], "cannot create the output folder"),
+    (["bench-cluster", "--cluster", CLUSTER, "--configs", "single,single"], "more than once"),
+    (["bench-cluster", "--cluster", CLUSTER, "--configs", ""], "no config named"),
+    (["bench-cluster", "--cluster", CLUSTER, "--out", "{not_a_folder}"], "cannot create the output folder"),
+    (["soak", "--serve-args", '"unbalanced', "--duration", "1m", "--sample-every", "10s"], "--serve-args"),
+    (["soak", "--duration", "1m"], "no second sample"),
+    (["soak", "--duration", "1m", "--sample-every", "10s", "--warmup", "2h"], "nothing of --duration"),
+    (["soak", "--duration", "1m", "--sample-every", "10s", "--prompts", "{binary}"], "cannot read the prompts file"),
+    (["soak", "--duration", "1m", "--sample-every", "10s", "--out", "{not_a_folder}"], "cannot create the output folder"),
+    (["bench-serve", "--prompts", "multiturn", "--num-prompts", "1"], "do not apply to --prompts multiturn"),
+    (["generate", "--prompt", ""], "--prompt is empty"),
+    (["generate", "--messages", "{{}}"], "non-empty JSON list"),
+    (["generate", "--prompt", "hi", "--threads", "-1"], "at least 1"),
+    (["generate", "--prompt", "hi", "--max-tokens", "0"], "at least 1"),
+]
+
+
+@pytest.mark.parametrize("argv, says", CASES, ids=[" ".join(a[:2]) + f" #{i}" for i, (a, _) in enumerate(CASES)])
+def test_bad_input_is_one_error_line_and_exit_2(argv, says, files, capsys):
+    code = exit_code([part.format(**files) for part in argv])
+    err = capsys.readouterr().err
+    assert code == 2 and says in err, err
+    assert "Traceback" not in err
