@@ -1,10 +1,13 @@
 """The cached cost profile (models/backends.py): measured once, on a short cache and, for batch
-runners, on a deep one too, and read back whole."""
+runners, on a deep one too, and read back whole; the folder bounded by bytes, least recently
+used evicted first."""
 
 import json
+import os
 
 import numpy as np
 
+from tandem.models import backends
 from tandem.models.backends import DEEP_PROFILE_LENGTH, PROFILE_BASE_LENGTH, RunnerSpec, cached_profile
 from tandem.models.cost import CostModel
 
@@ -63,3 +66,25 @@ def test_a_profile_without_its_deep_curve_is_measured_again_and_a_short_context_
     assert runner.calls  # measured again
     assert cost.deep_context == 256 - 64 - 1  # the largest call still fits after it
     assert max(n + c for n, c in runner.calls) <= 256
+
+
+def test_the_profiles_folder_stays_within_its_bound_evicting_the_least_recently_used(tmp_path, monkeypatch):
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
+    folder = tmp_path / "profiles"
+    specs = [RunnerSpec(str(tmp_path / f"model{i}"), backend="torch", device="cpu", threads=1) for i in range(5)]
+    cached_profile(specs[0], CacheTimedRunner(4096), (1, 4))
+    one = sum(p.stat().st_size for p in folder.glob("*.json"))  # one profile's bytes
+    monkeypatch.setattr(backends, "PROFILE_CACHE_BYTES", int(3.5 * one))  # room for three
+    for spec in specs[1:3]:
+        cached_profile(spec, CacheTimedRunner(4096), (1, 4))
+    for path in folder.glob("*.json"):  # all three written long ago
+        os.utime(path, (1000, 1000))
+    cached_profile(specs[0], CacheTimedRunner(4096), (1, 4))  # read back: model0 is now the most recent
+    for spec in specs[3:]:
+        cached_profile(spec, CacheTimedRunner(4096), (1, 4))
+        assert sum(p.stat().st_size for p in folder.glob("*.json")) <= 3.5 * one
+    kept, evicted = CacheTimedRunner(4096), CacheTimedRunner(4096)
+    cached_profile(specs[0], kept, (1, 4))
+    assert kept.calls == []  # the one read recently survived the evictions
+    cached_profile(specs[1], evicted, (1, 4))
+    assert evicted.calls  # an old one went, and is measured again

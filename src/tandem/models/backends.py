@@ -23,6 +23,7 @@ from tandem.paths import profiles_dir
 PROFILE_BASE_LENGTH = 64  # cost is measured on top of a cache of this many tokens
 DEEP_PROFILE_LENGTH = 1024  # and, for batch runners, of this many too: where long answers run (models/cost.py)
 DEEP_REPEATS = 3  # the deep sweep is the slower one; interference only adds time, and the fastest is kept
+PROFILE_CACHE_BYTES = 4 << 20  # the profiles folder's bound (~5,000 profiles); least recently used go first
 BACKENDS = ("llamacpp", "torch")
 TORCH_RUNNERS = ("fused", "serial")  # one paged forward for all slots | transformers, one slot at a time
 
@@ -98,6 +99,7 @@ def cached_profile(spec: RunnerSpec, runner: ModelRunner, sizes: tuple[int, ...]
         cached = _cost_from_record(record)
         # a profile of other sizes (or without the deep curve asked for) is measured again
         if set(sizes) <= set(cached.latency_ms) and (not deep_context or set(sizes) <= set(cached.deep_ms)):
+            os.utime(path)  # used: the last to be evicted
             return cached
     cost = _measure_at(runner, PROFILE_BASE_LENGTH, sizes)
     record = {"runner": runner.name, "spec": spec.__repr__(), "latency_ms": cost.to_json(),
@@ -110,7 +112,28 @@ def cached_profile(spec: RunnerSpec, runner: ModelRunner, sizes: tuple[int, ...]
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=1))
     os.replace(tmp, path)
+    evict_profiles(path.parent, PROFILE_CACHE_BYTES, keep=path)
     return _cost_from_record(record)
+
+
+def evict_profiles(folder, capacity_bytes: int, keep=None) -> None:
+    """Delete the least recently used profiles (by modification time, which a read refreshes)
+    until the folder's profiles fit in capacity_bytes; `keep` (the one just written) stays."""
+    entries = []
+    for path in folder.glob("*.json"):
+        try:
+            stat = path.stat()
+        except OSError:  # removed meanwhile by another process
+            continue
+        entries.append((stat.st_mtime, stat.st_size, path))
+    total = sum(size for _, size, _ in entries)
+    for _, size, path in sorted(entries, key=lambda entry: entry[0]):
+        if total <= capacity_bytes:
+            break
+        if path == keep:
+            continue
+        path.unlink(missing_ok=True)
+        total -= size
 
 
 def deep_profile_length(context_length: int, largest: int) -> int:
