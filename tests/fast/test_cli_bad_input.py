@@ -65,6 +65,7 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["soak", "--duration", "1m", "--sample-every", "10s", "--prompts", "{binary}"], "cannot read the prompts file"),
     (["soak", "--duration", "1m", "--sample-every", "10s", "--out", "{not_a_folder}"], "cannot create the output folder"),
     (["bench-serve", "--prompts", "multiturn", "--num-prompts", "1"], "do not apply to --prompts multiturn"),
+    (["serve", "--cache-dir", "{not_a_folder}"], "cannot create the folder"),
     (["generate", "--prompt", ""], "--prompt is empty"),
     (["generate", "--messages", "{{}}"], "non-empty JSON list"),
     (["generate", "--prompt", "hi", "--threads", "-1"], "at least 1"),

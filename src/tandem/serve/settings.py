@@ -13,8 +13,10 @@ loopback without `api_key`); no prompt, completion or key text reaches the log u
 dashboard's data and /openapi.json are open, as vLLM's are, unless `protect_metrics`.
 """
 
+import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from tandem.errors import TandemError
 
@@ -77,6 +79,8 @@ class ServeSettings:
             _check_int("cache disk bytes", self.cache_disk_bytes, 1, 1 << 60)
         if self.cache_disk_bytes is not None and self.cache_dir is None:
             raise TandemError("--cache-disk sizes the disk tier: give it a folder with --cache-dir")
+        if self.cache_dir is not None:
+            _check_folder("--cache-dir", self.cache_dir)
         if self.max_tokens_limit is not None:
             _check_int("max tokens limit", self.max_tokens_limit, 1, 1 << 24)
         if self.max_prompt_tokens is not None:
@@ -93,6 +97,17 @@ class ServeSettings:
 def _check_int(name: str, value, low: int, high: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise TandemError(f"{name} must be an integer from {low} to {high}, got {value!r}")
+
+
+def _check_folder(option: str, folder: str) -> None:
+    """A folder the server will write: there (or creatable) and writable, known before the models load."""
+    path = Path(folder).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise TandemError(f"{option} {folder}: cannot create the folder ({error.strerror})") from None
+    if not os.access(path, os.W_OK):
+        raise TandemError(f"{option} {folder}: the folder is not writable")
 
 
 def _check_number(name: str, value, low: float, high: float = float("inf")) -> None:
