@@ -35,12 +35,6 @@ def test_step_ms_interpolates_batches_and_contexts():
     assert p.step_ms(1, 2, 64) == pytest.approx(10 + 10 / 3)  # the CostModel's interpolation
 
 
-def test_cost_model_reads_the_curve_at_batch_and_context():
-    p = two_context_profile()
-    assert p.cost_model().latency_ms == {1: 10.0, 4: 20.0}
-    assert p.cost_model(batch=4, context=512).latency_ms == {1: 50.0, 4: 100.0}
-
-
 def test_json_round_trip(tmp_path):
     p = two_context_profile()
     path = save_profile(p, tmp_path / "sub" / "p.json")

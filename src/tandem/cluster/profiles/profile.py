@@ -10,8 +10,8 @@ peak FLOP/s and memory bandwidth by a roofline, see public_profiles.py; it carri
 Between measured batches and contexts `step_ms` interpolates linearly; past the largest batch it
 prices the total token count on the largest batch's curve (B sequences of n tokens cost what
 B_max sequences of n·B/B_max tokens cost); contexts outside the measured range are clamped.
-`cost_model(batch, context)` hands the engine one curve as a `CostModel`; during serving the
-engine refines that CostModel from observed step times, and `with_observed` writes it back.
+The planner and the simulator read these; an engine plans on its own runner's curve
+(models/backends.py's cached profile, refined from observed step times while serving).
 
 The curves ask logits at every new position, as a verification does. A prompt needs them at its
 last position at most, and on a large vocabulary every logits row costs (the output matrix and
@@ -138,12 +138,6 @@ class DeviceProfile:
         """The measured n of the curves nearest this batch."""
         nearest = min(self.curves, key=lambda c: (abs(c.batch - batch), c.context))
         return tuple(n for n, _ in nearest.latency_ms)
-
-    def cost_model(self, batch: int = 1, context: int | None = None) -> CostModel:
-        """The engine's view: ms for `batch` sequences to score n new tokens each, at `context`
-        (default: the smallest profiled). At batch 1, n is also the fused runners' total count."""
-        context = self.contexts[0] if context is None else context
-        return CostModel({n: self.step_ms(batch, n, context) for n in self.sizes(batch)})
 
     def prompt_cost(self, scale: float = 1.0) -> CostModel | None:
         """ms for one sequence to score n prompt tokens from an empty cache, times `scale`; None
