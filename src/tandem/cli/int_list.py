@@ -1,6 +1,6 @@
 """argparse types for whole numbers: one (`--threads 2`) or a comma-separated list
 (`--batches 1,4,16`), shared by every command, so each refuses the same nonsense with the same
-words (a usage line and exit 2, never a traceback or a silent default)."""
+words (one `error:` line and exit 2, never a traceback or a silent default)."""
 
 import argparse
 from typing import Callable
@@ -10,7 +10,7 @@ def int_list(lowest: int = 1, highest: int | None = None,
              sort: bool = False) -> Callable[[str], tuple[int, ...]]:
     """A parser of "a,b,c" into whole numbers within [lowest, highest], in the order given
     (sort: ascending, each once). Empty parts are skipped; an empty list, a word or a number out
-    of range is an argparse error (a usage message, not a traceback)."""
+    of range is an argparse error (one `error:` line, not a traceback)."""
 
     def parse(text: str) -> tuple[int, ...]:
         try:

@@ -7,11 +7,19 @@ import sys
 from tandem.errors import TandemError
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    """argparse with a usage error as one `error:` line (where to find the usage beside it), as
+    every other user error prints; exit 2 as argparse does."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from tandem.cli import (bench_ceiling_cmd, bench_cluster_cmd, bench_cmd, bench_peer_cmd, bench_serve_cmd,
                             bench_step_cmd, generate_cmd, models_cmd, plan_cmd, profile_cmd, serve_cmd, simulate_cmd, soak_cmd)
 
-    parser = argparse.ArgumentParser(prog="tandem", description="Lossless speculative decoding.")
+    parser = OneLineErrors(prog="tandem", description="Lossless speculative decoding.")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in (generate_cmd, serve_cmd, bench_cmd, bench_serve_cmd, bench_peer_cmd, bench_step_cmd, bench_cluster_cmd,
                    bench_ceiling_cmd, models_cmd, profile_cmd, plan_cmd, simulate_cmd, soak_cmd):
