@@ -92,6 +92,21 @@ def test_observe_moves_toward_observations():
     assert CostModel.from_json(curve.to_json()).cost_ms(4) == pytest.approx(curve.cost_ms(4), rel=0.02)
 
 
+def test_both_curves_travel_and_scale():
+    """A replica's news carries its short and deep curves with what it learned (to_wire); an
+    emulated slower device scales both (scaled), so its engine still reads costs at the context."""
+    curve = CostModel({1: 30.0, 4: 90.0}, deep_ms={1: 40.0, 4: 120.0}, base_context=64, deep_context=1024)
+    for _ in range(50):
+        curve.observe(4, 1.5 * curve.profiled_ms(4, 1024), 1024)  # calls of 4 turned out dearer
+    wired = CostModel.from_wire(curve.to_wire())
+    for n, context in ((1, 64), (4, 64), (4, 1024), (4, 544), (4, 3000)):
+        assert wired.cost_ms(n, context) == pytest.approx(curve.cost_ms(n, context), rel=0.01), (n, context)
+    assert CostModel.from_wire(curve.to_json()).cost_ms(4) == pytest.approx(curve.cost_ms(4), rel=0.01)  # old form
+    slower = curve.scaled(3.0)
+    assert slower.cost_ms(4, 1024) == pytest.approx(3.0 * curve.cost_ms(4, 1024))
+    assert slower.deep_context == 1024 and slower.cost_ms(1, 64) == pytest.approx(90.0 * curve.ratio_at(1))
+
+
 def test_observations_at_one_size_keep_the_curves_slope_just_above_it():
     """Serving many long sequences made the plain batch (16 tokens) half again as dear as its
     profile. Moving only the point at 16 left 17..23 at their profiled values, and the

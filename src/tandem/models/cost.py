@@ -130,6 +130,28 @@ class CostModel:
     def from_json(cls, data: dict[str, float]) -> "CostModel":
         return cls({int(n): float(ms) for n, ms in data.items()})
 
+    def to_wire(self) -> dict:
+        """Both curves as corrected so far, for another process to plan or place on: the short
+        one (to_json) and the deep one with its context, so a long context is read as here."""
+        deep = {str(n): round(self.profiled_ms(n, self.deep_context) * self.ratio_at(n), 3) for n in sorted(self.deep_ms)}
+        return {"ms": self.to_json(), "deep_ms": deep, "base_context": self.base_context,
+                "deep_context": self.deep_context}
+
+    @classmethod
+    def from_wire(cls, data: dict) -> "CostModel":
+        """to_wire's dict (a flat to_json dict reads as a short curve alone)."""
+        if "ms" not in data:
+            return cls.from_json(data)
+        return cls({int(n): float(ms) for n, ms in data["ms"].items()},
+                   deep_ms={int(n): float(ms) for n, ms in data.get("deep_ms", {}).items()},
+                   base_context=int(data.get("base_context", 0)), deep_context=int(data.get("deep_context", 0)))
+
+    def scaled(self, factor: float) -> "CostModel":
+        """The same model on a device `factor` times slower: both curves scaled, what was learned
+        kept (its ratios are relative)."""
+        return CostModel({n: ms * factor for n, ms in self.latency_ms.items()}, dict(self.ratio),
+                         {n: ms * factor for n, ms in self.deep_ms.items()}, self.base_context, self.deep_context)
+
 
 @dataclass(frozen=True, slots=True)
 class CostView:

@@ -1,12 +1,14 @@
 """The router's two rules beside the cost rule (cluster/planning/affinity.py): a prompt goes
 where its prefix is held unless that costs more, and a stream moves only where it finishes
-sooner; the prefix memory is bounded and finds the longest remembered prefix."""
+sooner; the prefix memory is bounded and finds the longest remembered prefix; a stream is priced
+at its own context on each replica's curves."""
 
 from types import SimpleNamespace
 
 from tandem.cluster.planning import affinity
 from tandem.cluster.planning.affinity import PrefixMemory, move_gain_ms, prefer_prefix
-from tandem.cluster.runtime.replica_choice import choose_moves
+from tandem.cluster.runtime.replica_choice import choose_moves, choose_replica
+from tandem.models.cost import CostModel, CostView
 from tandem.engine.prefix_index import BLOCK
 
 
@@ -57,7 +59,7 @@ def test_a_replica_with_fewer_streams_takes_one_from_a_slower_replica_holding_mo
     def replica(name, cost, streams):
         return SimpleNamespace(name=name, alive=True, max_slots=8, carries_state=True,
                                sequences={f"{name}{i}" for i in range(streams)},
-                               cost=SimpleNamespace(cost=SimpleNamespace(cost_ms=cost)))
+                               cost=SimpleNamespace(cost=SimpleNamespace(cost_ms=lambda n, context=None: cost(n))))
 
     def streams_on(r, count):
         return [SimpleNamespace(moving=None, replica=r, room=40, tokens=tuple(range(300))) for _ in range(count)]
@@ -70,3 +72,24 @@ def test_a_replica_with_fewer_streams_takes_one_from_a_slower_replica_holding_mo
     assert choose_moves([fast, slow], streams_on(fast, 2) + streams_on(slow, 2)) == []
     fast, slow = replica("fast", cpu_like, 3), replica("slow", slow_cost, 1)
     assert choose_moves([fast, slow], streams_on(fast, 3) + streams_on(slow, 1)) == []
+
+
+def test_a_long_conversation_goes_where_its_context_costs_least():
+    """Two replicas alike on a short cache; on 1,024 cached tokens one's calls cost 3x (a CPU's
+    attention), the other's barely more (a GPU's). The curves travel with each replica's news
+    (CostModel.to_wire), and a stream is priced at its own length: a prompt as long as the short
+    curve's cache goes to the first listed (a tie), a long one where its steps are cheap at that depth."""
+    short = {1: 20.0, 4: 50.0, 16: 160.0, 64: 600.0}
+
+    def replica(name, deep_factor):
+        cost = CostModel(dict(short), deep_ms={n: ms * deep_factor for n, ms in short.items()},
+                         base_context=64, deep_context=1024)
+        wired = CostModel.from_wire(cost.to_wire())  # as the router reads it off a poll
+        return SimpleNamespace(name=name, alive=True, max_slots=8, sequences=set(), cost=CostView(wired))
+
+    cpu, gpu = replica("cpu", 3.0), replica("gpu", 1.1)
+    prefixes = {"cpu": PrefixMemory(), "gpu": PrefixMemory()}
+    for length, expected in ((64, "cpu"), (2000, "gpu")):
+        routed = SimpleNamespace(tokens=tuple(range(length)), room=100, reason="cost")
+        chosen, _ = choose_replica([cpu, gpu], routed, prefixes)
+        assert chosen.name == expected, length

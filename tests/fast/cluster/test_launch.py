@@ -100,3 +100,18 @@ def test_ray_options_without_a_cluster_are_refused():
         cluster_options(serve_args(draft_ahead=True))
     with pytest.raises(TandemError, match="need --cluster"):
         cluster_options(serve_args(health_period="1"))
+
+
+def test_an_emulated_slower_replica_keeps_both_curves_scaled():
+    """SlowedRunner used to rebuild the cost from its short curve alone, so a slowed replica's
+    engine lost the deep curve it reads at long contexts."""
+    from types import SimpleNamespace
+
+    from tandem.cluster.runtime.emulation import SlowedRunner
+    from tandem.models.cost import CostModel
+
+    runner = SimpleNamespace(cost=CostModel({1: 30.0, 4: 90.0}, deep_ms={1: 40.0, 4: 120.0},
+                                            base_context=64, deep_context=1024))
+    SlowedRunner(runner, 3.0)
+    assert runner.cost.deep_context == 1024
+    assert runner.cost.cost_ms(4, 1024) == pytest.approx(360.0) and runner.cost.cost_ms(4, 64) == pytest.approx(270.0)

@@ -14,6 +14,6 @@ def push_drafters(replicas: list[Worker], drafters: list[Worker], rtt_between: C
                   draft_ahead: bool = False) -> None:
     for replica in replicas:
         if replica.alive:
-            links = [DrafterLink(d.name, d.endpoint, d.cost.cost.to_json(), d.restarts, rtt_between(replica.group, d.group))
+            links = [DrafterLink(d.name, d.endpoint, d.cost.cost.to_wire(), d.restarts, rtt_between(replica.group, d.group))
                      for d in drafters if d.alive]
             replica.endpoint.call("set_drafters", links, draft_ahead)

@@ -32,7 +32,7 @@ class DrafterWorker:
         self._free = list(range(runner.max_slots))
 
     def info(self) -> dict:
-        cost = {n: ms * self.emulation.slowdown for n, ms in self.runner.cost.to_json().items()}
+        cost = self.runner.cost.scaled(self.emulation.slowdown).to_wire()
         return {"pid": os.getpid(), "name": self.runner.name, "sequences": len(self._seqs), "cost_ms": cost}
 
     def ping(self) -> int:

@@ -58,7 +58,7 @@ class Worker:
         self.max_slots = info.get("max_slots", self.max_slots)
         self.carries_state = info.get("carries_state", False)
         self.context_length = info.get("context_length", self.context_length)
-        self.cost = CostView(CostModel.from_json(info["cost_ms"]))
+        self.cost = CostView(CostModel.from_wire(info["cost_ms"]))
         self._measure_round_trip()
         self.alive = True  # last: placement reads it
         return True

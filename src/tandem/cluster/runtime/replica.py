@@ -47,7 +47,7 @@ class DrafterLink:
 
     name: str
     endpoint: Endpoint
-    cost_ms: dict  # its cost curve, as its `info` reported it
+    cost_ms: dict  # its cost curves, as its `info` reported them (CostModel.to_wire)
     incarnation: int = 0  # its restarts so far: a new process holds no sequence
     rtt_ms: float = 0.0  # round trip between this replica and the drafter (the cluster file's)
 
@@ -70,7 +70,7 @@ class ReplicaNews:
     reports: tuple[StepReport, ...]
     running: int
     waiting: int
-    cost_ms: dict
+    cost_ms: dict  # its cost curves as learned so far (CostModel.to_wire)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +110,7 @@ class ReplicaEngine:
 
     def info(self) -> dict:
         return {"pid": os.getpid(), "name": self.runner.name, "running": self.engine.num_running,
-                "cost_ms": self.runner.cost.to_json(), "context_length": self.runner.context_length,
+                "cost_ms": self.runner.cost.to_wire(), "context_length": self.runner.context_length,
                 "max_slots": self.engine.max_running, "carries_state": self.engine.prompt_cache.host is not None}
 
     def ping(self) -> int:
@@ -145,7 +145,7 @@ class ReplicaEngine:
                 updates, self._updates = self._updates, []
                 reports, self._reports = self._reports, []
             return ReplicaNews(tuple(updates), tuple(reports), self.engine.num_running, self.engine.num_waiting,
-                               self.runner.cost.to_json())
+                               self.runner.cost.to_wire())
 
     def set_drafters(self, links: list[DrafterLink], draft_ahead: bool = False) -> None:
         """The live drafter workers; model drafts go to them (none: hybrid copies only), and with
@@ -242,7 +242,7 @@ class ReplicaEngine:
         workers = []
         for link in links:
             worker = Worker(link.name, "draft", None, link.rtt_ms, delayed(link.endpoint, link.rtt_ms), alive=True,
-                            cost=CostView(CostModel.from_json(link.cost_ms)), restarts=link.incarnation)
+                            cost=CostView(CostModel.from_wire(link.cost_ms)), restarts=link.incarnation)
             workers.append(worker)
         self.remote.set_drafters(workers)
         planner = self.engine.planner

@@ -3,7 +3,7 @@ themselves being cluster/planning/stream_placement.py (cost) and affinity.py (pr
 where a request goes, and which streams move to a replica that idles.
 """
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from tandem.cluster.planning.affinity import AFFINITY_SHARE, PrefixMemory, move_gain_ms, prefer_prefix
 from tandem.cluster.planning.stream_placement import Candidate, choose
@@ -19,7 +19,8 @@ def choose_replica(verifiers: list[Worker], routed: Routed,
     live = [w for w in verifiers if w.alive and len(w.sequences) < w.max_slots]
     if not live:
         return None, ""
-    tokens, costs = routed.tokens, [w.cost.cost.cost_ms for w in live]
+    tokens = routed.tokens
+    costs = [cost_at(w, len(tokens)) for w in live]
     chosen = choose([Candidate(len(w.sequences), cost(len(tokens)), cost) for w, cost in zip(live, costs)],
                     routed.room)
     held = [prefixes[w.name].longest(tokens) for w in live]
@@ -43,7 +44,7 @@ def choose_moves(verifiers: list[Worker], streams: Iterable[Routed]) -> list[tup
     for target in targets:
         held = len(target.sequences)
         gains = {id(r): move_gain_ms(r.room, refill_tokens(r, target), len(r.replica.sequences),
-                                     r.replica.cost.cost.cost_ms, target.cost.cost.cost_ms, held)
+                                     cost_at(r.replica, len(r.tokens)), cost_at(target, len(r.tokens)), held)
                  for r in streams if not r.moving and id(r) not in taken and r.replica not in (None, target)
                  and r.room > 1 and len(r.replica.sequences) > held}
         best = max((r for r in streams if gains.get(id(r), 0.0) > 0), default=None, key=lambda r: gains[id(r)])
@@ -51,6 +52,15 @@ def choose_moves(verifiers: list[Worker], streams: Iterable[Routed]) -> list[tup
             taken.add(id(best))
             moves.append((best, target))
     return moves
+
+
+def cost_at(worker: Worker, context: int) -> Callable[[int], float]:
+    """The replica's cost of one call over n tokens, read at `context` cached tokens (a stream's
+    history): its short and deep curves travel with its news, so a long conversation is priced
+    where it runs, not on the short curve (replicas of one device scale alike; a GPU and a CPU
+    need not)."""
+    cost = worker.cost.cost
+    return lambda n: cost.cost_ms(n, context)
 
 
 def refill_tokens(routed: Routed, target: Worker) -> int:

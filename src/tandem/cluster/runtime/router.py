@@ -222,7 +222,7 @@ class ClusterRouter:
             except WorkerDiedError:
                 self._worker_died(replica)
                 continue
-            replica.cost = CostView(CostModel.from_json(news.cost_ms))
+            replica.cost = CostView(CostModel.from_wire(news.cost_ms))
             for update in news.updates:
                 routed = self._by_placement.get(update.seq_id)
                 if routed is not None and routed.replica is replica:
