@@ -133,7 +133,7 @@ class CostModel:
     def to_wire(self) -> dict:
         """Both curves as corrected so far, for another process to plan or place on: the short
         one (to_json) and the deep one with its context, so a long context is read as here."""
-        deep = {str(n): round(self.profiled_ms(n, self.deep_context) * self.ratio_at(n), 3) for n in sorted(self.deep_ms)}
+        deep = {str(n): round(self.cost_ms(n, self.deep_context), 3) for n in sorted(self.deep_ms)}
         return {"ms": self.to_json(), "deep_ms": deep, "base_context": self.base_context,
                 "deep_context": self.deep_context}
 
