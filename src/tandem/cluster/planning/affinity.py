@@ -7,7 +7,8 @@ top of the cost rule (cluster/planning/stream_placement.py).
   cost rule's choice holds (a conversation's history, a long shared system prompt; not a chat
   template's few tokens, which every replica soon holds and which would pull every request to
   one replica), unless serving it there is expected to cost more: its prefill of what each
-  replica lacks plus its decode at each replica's step with it (`prefer_prefix`).
+  replica lacks plus its decode at each replica's step with it (`prefer_prefix`), each read at
+  the contexts the replica would then hold.
 - **Moves.** A replica holding fewer streams than another (idle, or at a run's tail) takes the
   stream whose finish it brings forward most: what it must compute first there (its whole
   history, or nothing but a restore where its KV state travels with it) plus its remaining
@@ -48,24 +49,24 @@ class PrefixMemory:
         return 0 if match is None else match[1]
 
 
-def prefer_prefix(chosen: int, held: list[int], streams: list[int], costs: list[CostMs], tokens: int,
-                  room: int) -> int | None:
+def prefer_prefix(chosen: int, held: list[int], streams: list[int], prefill_ms: list[float],
+                  step_costs: list[CostMs], tokens: int, room: int) -> int | None:
     """The candidate holding the longest prefix, where it holds AFFINITY_SHARE of the prompt
-    more than `chosen` (the cost rule's pick) and is expected to serve it no dearer; else None."""
+    more than `chosen` (the cost rule's pick) and is expected to serve it no dearer: each
+    candidate's prefill of what it lacks (`prefill_ms`), then `room` steps of its batch with the
+    new stream (`step_costs`, read at the contexts it would hold); else None."""
     best = max(range(len(held)), key=lambda i: (held[i], -i))
     if best == chosen or held[best] < BLOCK or held[best] - held[chosen] < AFFINITY_SHARE * tokens:
         return None
 
     def expected_ms(i: int) -> float:
-        return costs[i](max(1, tokens - held[i])) + room * costs[i](streams[i] + 1)
+        return prefill_ms[i] + room * step_costs[i](streams[i] + 1)
 
     return best if expected_ms(best) <= expected_ms(chosen) else None
 
 
-def move_gain_ms(room: int, refill_tokens: int, source_streams: int, source_cost: CostMs,
-                 target_cost: CostMs, target_streams: int = 0) -> float:
-    """How much sooner a stream is expected to finish on a replica holding `target_streams`
-    (<= 0: stay)."""
-    stay_ms = room * source_cost(source_streams)
-    move_ms = (target_cost(refill_tokens) + room * target_cost(target_streams + 1)) * MOVE_MARGIN
-    return stay_ms - move_ms
+def move_gain_ms(room: int, refill_ms: float, stay_step_ms: float, move_step_ms: float) -> float:
+    """How much sooner a stream with `room` tokens to go is expected to finish where it would
+    first compute `refill_ms` and then step at `move_step_ms`, than where it steps at
+    `stay_step_ms` (<= 0: stay)."""
+    return room * stay_step_ms - (refill_ms + room * move_step_ms) * MOVE_MARGIN

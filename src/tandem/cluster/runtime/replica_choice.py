@@ -1,6 +1,13 @@
 """The router's two choices over its live replicas (cluster/runtime/router.py), the rules
 themselves being cluster/planning/stream_placement.py (cost) and affinity.py (prefix, moves):
 where a request goes, and which streams move to a replica that idles.
+
+Every price is read off the replica's own curves (short and deep, they travel with its news) at
+the context the call would run on: a prompt's prefill on what the replica already holds of it,
+a decode step at the mean length of the streams the replica would then hold, as its engine
+reads its step (`BatchDepthPlanner.plan`'s context). So a replica busy with long conversations
+is priced as dear as it is, and a long conversation goes where depth is cheap (a GPU beside a
+CPU).
 """
 
 from collections.abc import Callable, Iterable
@@ -12,24 +19,27 @@ from tandem.cluster.runtime.routed import Routed
 from tandem.engine.prefix_index import BLOCK
 
 
-def choose_replica(verifiers: list[Worker], routed: Routed,
-                   prefixes: dict[str, PrefixMemory]) -> tuple[Worker | None, str]:
+def choose_replica(verifiers: list[Worker], routed: Routed, prefixes: dict[str, PrefixMemory],
+                   streams: Iterable[Routed]) -> tuple[Worker | None, str]:
     """The live replica with a free slot for `routed` and why (cost | prefix, or the failover
-    or move label it carries); None where every replica is full or down."""
+    or move label it carries); None where every replica is full or down. `streams`: those
+    placed so far, whose lengths price each replica's step."""
     live = [w for w in verifiers if w.alive and len(w.sequences) < w.max_slots]
     if not live:
         return None, ""
-    tokens = routed.tokens
-    costs = [cost_at(w, len(tokens)) for w in live]
-    chosen = choose([Candidate(len(w.sequences), cost(len(tokens)), cost) for w, cost in zip(live, costs)],
+    tokens, length = routed.tokens, routed.num_tokens
+    held_lengths = lengths_by_replica(streams)
+    steps = [step_cost(w, held_lengths.get(w.name, []) + [length]) for w in live]
+    chosen = choose([Candidate(len(w.sequences), prefill_ms(w, length, 0), step) for w, step in zip(live, steps)],
                     routed.room)
     held = [prefixes[w.name].longest(tokens) for w in live]
-    better = prefer_prefix(chosen, held, [len(w.sequences) for w in live], costs, len(tokens), routed.room)
+    better = prefer_prefix(chosen, held, [len(w.sequences) for w in live],
+                           [prefill_ms(w, length - h, h) for w, h in zip(live, held)], steps, length, routed.room)
     if routed.reason != "cost":  # a failover or a move keeps its label wherever it goes
         return live[chosen if better is None else better], routed.reason
     if better is not None:
         return live[better], "prefix"
-    return live[chosen], "prefix" if held[chosen] >= max(BLOCK, AFFINITY_SHARE * len(tokens)) else "cost"
+    return live[chosen], "prefix" if held[chosen] >= max(BLOCK, AFFINITY_SHARE * length) else "cost"
 
 
 def choose_moves(verifiers: list[Worker], streams: Iterable[Routed]) -> list[tuple[Routed, Worker]]:
@@ -39,14 +49,20 @@ def choose_moves(verifiers: list[Worker], streams: Iterable[Routed]) -> list[tup
     to one stream takes one of the two a slow one still holds. A replica never takes from one
     holding as few as it does, so streams do not move back and forth."""
     streams, moves = list(streams), []
+    held_lengths = lengths_by_replica(streams)
     taken: set[int] = set()
     targets = sorted((w for w in verifiers if w.alive and len(w.sequences) < w.max_slots), key=lambda w: len(w.sequences))
     for target in targets:
         held = len(target.sequences)
-        gains = {id(r): move_gain_ms(r.room, refill_tokens(r, target), len(r.replica.sequences),
-                                     cost_at(r.replica, len(r.tokens)), cost_at(target, len(r.tokens)), held)
-                 for r in streams if not r.moving and id(r) not in taken and r.replica not in (None, target)
-                 and r.room > 1 and len(r.replica.sequences) > held}
+        gains = {}
+        for r in streams:
+            if r.moving or id(r) in taken or r.replica in (None, target) or r.room <= 1:
+                continue
+            if len(r.replica.sequences) <= held:
+                continue
+            stay_ms = step_cost(r.replica, held_lengths[r.replica.name])(len(r.replica.sequences))
+            move_ms = step_cost(target, held_lengths.get(target.name, []) + [r.num_tokens])(held + 1)
+            gains[id(r)] = move_gain_ms(r.room, refill_ms(r, target), stay_ms, move_ms)
         best = max((r for r in streams if gains.get(id(r), 0.0) > 0), default=None, key=lambda r: gains[id(r)])
         if best is not None:
             taken.add(id(best))
@@ -54,16 +70,30 @@ def choose_moves(verifiers: list[Worker], streams: Iterable[Routed]) -> list[tup
     return moves
 
 
-def cost_at(worker: Worker, context: int) -> Callable[[int], float]:
-    """The replica's cost of one call over n tokens, read at `context` cached tokens (a stream's
-    history): its short and deep curves travel with its news, so a long conversation is priced
-    where it runs, not on the short curve (replicas of one device scale alike; a GPU and a CPU
-    need not)."""
-    cost = worker.cost.cost
+def lengths_by_replica(streams: Iterable[Routed]) -> dict[str, list[int]]:
+    """Each replica's placed streams' lengths (prompt and output so far), by replica name."""
+    lengths: dict[str, list[int]] = {}
+    for r in streams:
+        if r.replica is not None:
+            lengths.setdefault(r.replica.name, []).append(r.num_tokens)
+    return lengths
+
+
+def step_cost(worker: Worker, lengths: list[int]) -> Callable[[int], float]:
+    """The replica's call over n tokens, read at the mean of `lengths` (the streams it would
+    hold), as its engine reads a step."""
+    cost, context = worker.cost.cost, sum(lengths) / len(lengths) if lengths else 0.0
     return lambda n: cost.cost_ms(n, context)
 
 
-def refill_tokens(routed: Routed, target: Worker) -> int:
+def prefill_ms(worker: Worker, new_tokens: int, cached: int) -> float:
+    """The replica's forward over a prompt's `new_tokens` on the `cached` it already holds."""
+    return worker.cost.cost.cost_ms(max(1, new_tokens), cached)
+
+
+def refill_ms(routed: Routed, target: Worker) -> float:
     """What a move makes the target compute before decoding: nothing where the KV state travels
-    (one token's step stands for its restore), else the whole history."""
-    return 1 if routed.replica.carries_state and target.carries_state else len(routed.tokens)
+    (one token's step at the stream's depth stands for its restore), else the whole history."""
+    if routed.replica.carries_state and target.carries_state:
+        return target.cost.cost.cost_ms(1, routed.num_tokens)
+    return prefill_ms(target, routed.num_tokens, 0)

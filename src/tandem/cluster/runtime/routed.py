@@ -32,6 +32,11 @@ class Routed:
         return (*self.request.prompt_ids, *self.output)
 
     @property
+    def num_tokens(self) -> int:
+        """len(tokens), without building them: the context the stream holds where it runs."""
+        return len(self.request.prompt_ids) + len(self.output)
+
+    @property
     def room(self) -> int:
         return self.request.max_tokens - len(self.output)
 

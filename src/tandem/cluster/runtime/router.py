@@ -166,7 +166,7 @@ class ClusterRouter:
             self.waiting.clear()
             return
         while self.waiting and len(self.routed) < self.max_running:
-            replica, reason = choose_replica(self.verifiers, self.waiting[0], self._prefixes)
+            replica, reason = choose_replica(self.verifiers, self.waiting[0], self._prefixes, self.routed.values())
             if replica is None:
                 return  # replicas full or restarting: next step
             self._submit(self.waiting.popleft(), replica, reason)
