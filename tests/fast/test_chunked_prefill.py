@@ -348,17 +348,21 @@ def test_the_prefill_floor_option_is_auto_or_a_token_count():
 
 
 def test_one_engine_defaults_to_the_throughput_floor_and_auto_reads_the_profile():
-    """`tandem serve`/`bench` on one engine: unset means THROUGHPUT_PREFILL_FLOOR, `auto` the
-    profile's floor (None to the engine), a number itself."""
+    """`tandem serve`/`generate`/`bench` on one engine: unset means THROUGHPUT_PREFILL_FLOOR,
+    `auto` the profile's floor (None to the engine), a number itself; `--prefill-waves` reaches
+    the engine too (bench's engine once ignored both)."""
     import argparse
 
+    from tandem.cli.bench_cmd import model_choice
     from tandem.cli.options import add_model_options, engine_config
 
     parser = argparse.ArgumentParser()
     add_model_options(parser)
-    floors = [engine_config(parser.parse_args(argv)).prefill_floor
-              for argv in ([], ["--prefill-floor", "auto"], ["--prefill-floor", "48"])]
-    assert floors == [batch_engine.THROUGHPUT_PREFILL_FLOOR, None, 48]
+    argvs = ([], ["--prefill-floor", "auto"], ["--prefill-floor", "48", "--prefill-waves"])
+    for read in (engine_config, model_choice):
+        chosen = [read(parser.parse_args(argv)) for argv in argvs]
+        assert [c.prefill_floor for c in chosen] == [batch_engine.THROUGHPUT_PREFILL_FLOOR, None, 48], read
+        assert [c.prefill_waves for c in chosen] == [False, False, True], read
     assert batch_engine.THROUGHPUT_PREFILL_FLOOR > 64  # beyond any profile's floor (FULL_SPEED_CHUNK at most)
 
 

@@ -2,7 +2,7 @@
 (acceptance.py): greedy gives the same result on random logits; speculative sampling gives the
 same AcceptResult from the same seed, and leaves the rng in the same state, over many random
 cases and SamplingParams settings; the tokens it emits follow p_target (chi-square, with the
-harness of test_sampling_exact.py); and bf16 logits work. Runs on the CPU; all seeds are fixed.
+harness in sampling_harness.py); and bf16 logits work. Runs on the CPU; all seeds are fixed.
 """
 
 import subprocess
@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_sampling_exact import (  # noqa: E402  (the chi-square harness, reused)
+from sampling_harness import (  # noqa: E402  (the chi-square harness, shared)
     DRAFT_LOGITS,
     P_START,
     P_TARGET,

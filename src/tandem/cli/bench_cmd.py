@@ -10,7 +10,8 @@ from tandem.bench.single.registry import CONFIGS
 from tandem.bench.single.report import main_table
 from tandem.bench.single.session import BenchSettings, run_session
 from tandem.bench.workload import DEFAULT_WORKLOAD
-from tandem.cli.options import add_model_options, draft_spec, target_spec
+from tandem.cli.options import add_model_options, draft_spec, engine_prefill_floor, target_spec
+from tandem.engine.batch_engine import THROUGHPUT_PREFILL_FLOOR
 
 DEFAULT_CONFIGS = "none,ngram,model,hybrid,llamacpp-plain"
 
@@ -55,4 +56,5 @@ def run(args: argparse.Namespace) -> int:
 
 
 def model_choice(args: argparse.Namespace) -> ModelChoice:
-    return ModelChoice(target_spec(args), draft_spec(args), args.k, args.threads, args.step_tokens)
+    return ModelChoice(target_spec(args), draft_spec(args), args.k, args.threads, args.step_tokens,
+                       engine_prefill_floor(args.prefill_floor, THROUGHPUT_PREFILL_FLOOR), args.prefill_waves)

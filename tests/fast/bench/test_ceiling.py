@@ -9,6 +9,7 @@ import pytest
 from tandem.bench.ceiling.oracle import (ContextCurves, Round, _Source, long_run_ms, longest_copy_run, oracle_rounds,
                                          plain_ms, rounds_ms, suffix_rounds)
 from tandem.speculation.drafters.ngram import find_ngram_match
+from ceiling_support import CharTokenizer, _results
 
 
 def brute_longest(source, wanted, limit):
@@ -55,27 +56,6 @@ def test_the_suffix_matcher_follows_the_last_occurrence_of_its_key():
     rounds = suffix_rounds([1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 4, 5, 8])
     assert sum(r.emitted for r in rounds) == 6
     assert any(r.accepted > 0 for r in rounds) and all(r.accepted <= r.drafted for r in rounds)
-
-
-class CharTokenizer:
-    def encode(self, text):
-        return [ord(c) for c in text]
-
-    def chat_prompt_ids(self, messages):
-        return [ord(c) for m in messages for c in m["content"]]
-
-
-def _results(tmp_path, text_a, text_b):
-    prompts = tmp_path / "w.jsonl"
-    prompts.write_text('{"id": "a", "category": "edit", "prompt": "def f(x): return x + 1"}\n'
-                       '{"id": "b", "category": "chat", "prompt": "hello there"}\n')
-    request = lambda i, c, t, n: {"id": i, "category": c, "ok": True, "text": t, "completion_tokens": n,  # noqa: E731
-                                  "ttft_ms": 100.0, "e2e_ms": 100.0 + 10.0 * n}
-    level = {"concurrency": 1, "configs": {
-        "tandem-spec": {"request_records": [request("a", "edit", text_a, len(text_a)), request("b", "chat", text_b, 4),
-                                     request("a~1", "edit", "ignored", 3)]},
-        "llama-server": {"request_records": [request("a", "edit", text_a, 5)]}}}
-    return {"settings": {"prompts_file": str(prompts)}, "machine": {}, "levels": [level]}, level
 
 
 def test_the_report_sets_each_config_against_its_categorys_ceiling(tmp_path):

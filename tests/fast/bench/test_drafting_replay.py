@@ -95,7 +95,7 @@ def test_a_replay_that_would_not_fit_its_context_is_a_clear_error():
 def test_the_report_adds_the_replayed_rate_against_the_ceiling(tmp_path):
     from tandem.bench.ceiling.report import ceilings, render
 
-    from test_ceiling import CharTokenizer, _results
+    from ceiling_support import CharTokenizer, _results
 
     results, level = _results(tmp_path, "def f(x): return x + 1", "fine")
     calls = []

@@ -12,7 +12,7 @@ loaded torch runner reuses that runner's model instead of loading a second copy.
 import os
 from dataclasses import dataclass
 
-from tandem.engine.batch_engine import STEP_TOKEN_BUDGET
+from tandem.engine.batch_engine import STEP_TOKEN_BUDGET, THROUGHPUT_PREFILL_FLOOR
 from tandem.models.backends import RunnerSpec
 from tandem.models.batch_backends import load_batch_runner
 from tandem.models.batch_runner import BatchRunner
@@ -23,14 +23,17 @@ from tandem.text.tokenizer import TextTokenizer, check_same_vocabulary
 
 @dataclass(frozen=True, slots=True)
 class ModelChoice:
-    """What the command line chose: target and draft specs, the default k, CPU threads, and the
-    most tokens one engine step scores (long prompts go in chunks of it)."""
+    """What the command line chose: target and draft specs, the default k, CPU threads, the
+    most tokens one engine step scores (long prompts go in chunks of it), and the engine's
+    prompt floor and waves beside decoding streams (as `tandem serve` takes them)."""
 
     target: RunnerSpec
     draft: RunnerSpec
     k: Depth = Auto()
     threads: int | None = None
     step_token_budget: int = STEP_TOKEN_BUDGET
+    prefill_floor: int | None = THROUGHPUT_PREFILL_FLOOR
+    prefill_waves: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "k", parse_depth(self.k))

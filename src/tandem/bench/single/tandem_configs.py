@@ -42,7 +42,9 @@ class TandemConfig:
     def setup(self) -> None:
         draft = self.models.draft_runner() if self.uses_draft_model else None
         self.engine = BatchEngine(self.models.target_runner(), draft, self.drafter_name, self.k, max_running=1,
-                                  step_token_budget=self.models.choice.step_token_budget)
+                                  step_token_budget=self.models.choice.step_token_budget,
+                                  prefill_floor=self.models.choice.prefill_floor,
+                                  prefill_waves=self.models.choice.prefill_waves)
 
     def run(self, prompt_ids: Sequence[int], max_tokens: int) -> tuple[list[int], dict]:
         request = GenerationRequest(tuple(prompt_ids), max_tokens, GREEDY, self.models.stop_token_ids)
