@@ -66,6 +66,7 @@ class SequencePool:
         for seq in self.waiting:
             if seq.seq_id == seq_id:
                 self.waiting.remove(seq)
+                self._forget_drafts(seq)  # a preempted sequence waits with its drafters' state
                 return SequenceUpdate(seq_id, (), finished=True, finish_reason="cancelled")
         return None
 
@@ -79,7 +80,11 @@ class SequencePool:
         self.running.pop(seq.seq_id, None)
         if self.ngram_store is not None:
             self.ngram_store.add(seq.tokens)
-        for drafter in self.drafters.values():  # per-sequence drafter state (suffix indexes) goes
+        self._forget_drafts(seq)
+
+    def _forget_drafts(self, seq: Sequence) -> None:
+        """Per-sequence drafter state (alignments, suffix indexes, a drafter worker's cache) goes."""
+        for drafter in self.drafters.values():
             forget = getattr(drafter, "forget", None)
             if forget is not None:
                 forget(seq)

@@ -130,3 +130,34 @@ def test_a_pool_that_overflows_mid_generation_preempts_and_recomputes(tiny_targe
         assert outputs[f"r{index}"] == naive_greedy(tiny_target, prompt, 30)
     engine.clear_caches()
     assert small.blocks.num_free == small.blocks.num_blocks
+
+
+def test_a_preempted_sequence_cancelled_while_waiting_leaves_no_drafter_state(tiny_target, monkeypatch):
+    """A sequence preempted mid-generation waits with its drafters' per-sequence state (its
+    suffix index, its copy's alignment); cancelled there (a client that gave up), that state
+    goes with it, as it does for a running sequence. It used to stay for the server's life."""
+    monkeypatch.setattr("tandem.engine.batch_engine.KV_HEADROOM_TOKENS", 0)
+    target = fused_runner(tiny_target, slots=3, context=64)
+    small = type(target)(target.decoder, 3, 64, kv_memory=target.kv_bytes // target.pool_tokens * 80)
+    small.cost = target.cost
+    engine = BatchEngine(small, None, "suffix")
+    prompts = [PROMPTS[0] + (9,) * 14, PROMPTS[1] + (4,) * 10, PROMPTS[2] + (7,) * 12]
+    for index, prompt in enumerate(prompts):
+        engine.add(f"r{index}", GenerationRequest(prompt, max_tokens=30))
+    cancelled = None
+    while engine.has_work:
+        waiting = engine.num_waiting
+        engine.step()
+        if cancelled is None and engine.num_waiting > waiting:
+            cancelled = engine.waiting[0].seq_id  # the youngest went back to the front of the queue
+            assert per_sequence_state(engine, cancelled), "the preempted sequence had drafted"
+            assert engine.cancel(cancelled).finish_reason == "cancelled"
+    assert cancelled is not None
+    assert not any(per_sequence_state(engine, f"r{i}") for i in range(3))
+
+
+def per_sequence_state(engine, seq_id: str) -> list[str]:
+    """The drafters' per-sequence maps that still hold seq_id."""
+    return [f"{name}.{field}" for name, d in engine.drafters.items()
+            for field in ("own", "follows", "departed", "unjoined", "substitutions")
+            if seq_id in getattr(d, field, {})]
