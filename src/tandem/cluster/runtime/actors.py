@@ -46,8 +46,8 @@ class ReplicaHost:
     def ping(self):
         return self.worker.ping()
 
-    def add(self, seq_id, request, options, state=None):
-        return self.worker.add(seq_id, request, options, state)
+    def add(self, seq_id, request, options, moved=None):
+        return self.worker.add(seq_id, request, options, moved)
 
     def cancel(self, seq_ids):
         return self.worker.cancel(seq_ids)

@@ -55,10 +55,13 @@ class DrafterLink:
 @dataclass(frozen=True, slots=True)
 class Detached:
     """A sequence taken off a replica: the output it committed, and its target KV state where
-    the runner could save it (None: the next replica prefills it again)."""
+    the runner could save it (None: the next replica prefills it again), with the key of the
+    model that computed it (its host tier's): a replica of another model or precision refuses it
+    (bf16 and fp16 rows are the same size, so nothing else would tell them apart)."""
 
     output: tuple[int, ...]
     state: HostEntry | None = None
+    state_key: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,11 +122,11 @@ class ReplicaEngine:
             return os.getpid()
 
     def add(self, seq_id: str, request: GenerationRequest, options: SpeculationOptions,
-            state: HostEntry | None = None) -> None:
-        """Queue a request (with the KV state of its prompt, for a moved one); a request the
-        engine refuses ends with an error update."""
+            moved: Detached | None = None) -> None:
+        """Queue a request (with what another replica detached, for a moved one: its KV state);
+        a request the engine refuses ends with an error update."""
         with self.emulation.travel():
-            self._command("add", seq_id, request, options, state)
+            self._command("add", seq_id, request, options, moved)
 
     def cancel(self, seq_ids: list[str]) -> None:
         with self.emulation.travel():
@@ -206,10 +209,10 @@ class ReplicaEngine:
 
     def _applied(self, kind: str, seq_id: str | None, args: tuple):
         if kind == "add":
-            request, options, state = args
+            request, options, moved = args
             host = self.engine.prompt_cache.host
-            if state is not None and host is not None:
-                host.put(state, host.model_key)  # another model's state is refused by its key
+            if moved is not None and moved.state is not None and host is not None:
+                host.put(moved.state, moved.state_key)  # another model's state is refused by its key
             try:
                 self.engine.add(seq_id, request, options)
             except TandemError as error:
@@ -220,7 +223,8 @@ class ReplicaEngine:
             seq = self.engine.running.get(seq_id) or next((s for s in self.engine.waiting if s.seq_id == seq_id), None)
             if seq is None:
                 return None
-            detached = Detached(tuple(seq.output), self._state_of(seq))
+            host = self.engine.prompt_cache.host
+            detached = Detached(tuple(seq.output), self._state_of(seq), host.model_key if host is not None else "")
             self.engine.cancel(seq_id)
             return detached
         elif kind == "drafters":

@@ -23,7 +23,7 @@ from tandem.cluster.runtime.endpoints import Pending, WorkerDiedError, wait_all,
 from tandem.cluster.runtime.health import DEFAULT_PERIOD_S, HealthMonitor
 from tandem.cluster.runtime.pool import Worker
 from tandem.cluster.runtime.drafter_links import push_drafters
-from tandem.cluster.runtime.replica import ReplicaNews
+from tandem.cluster.runtime.replica import Detached, ReplicaNews
 from tandem.cluster.runtime.replica_choice import choose_moves, choose_replica
 from tandem.cluster.runtime.routed import Routed, client_report
 from tandem.engine.events import SequenceUpdate, SpeculationOptions, StepReport
@@ -171,13 +171,13 @@ class ClusterRouter:
                 return  # replicas full or restarting: next step
             self._submit(self.waiting.popleft(), replica, reason)
 
-    def _submit(self, routed: Routed, replica: Worker, reason: str, state=None) -> None:
+    def _submit(self, routed: Routed, replica: Worker, reason: str, moved: Detached | None = None) -> None:
         replica.sequences.add(routed.next_placement(replica))
         self.routed[routed.seq_id] = routed
         self._by_placement[routed.placement] = routed
         self._prefixes[replica.name].add(routed.placement, routed.tokens)
         self.decisions[(replica.name, reason)] += 1
-        replica.endpoint.call("add", routed.placement, routed.placement_request(), routed.options, state)
+        replica.endpoint.call("add", routed.placement, routed.placement_request(), routed.options, moved)
 
     def _unplace(self, routed: Routed) -> None:
         """Take routed off its replica's books (what it computed stays remembered there)."""
@@ -264,7 +264,7 @@ class ClusterRouter:
             self._requeue(routed, "move")  # already cancelled on its replica by the detach
             self.events.append(f"moved {routed.seq_id} to {target.name}")
             if target.alive and len(target.sequences) < target.max_slots:
-                self._submit(self.waiting.popleft(), target, "move", detached.state)
+                self._submit(self.waiting.popleft(), target, "move", detached)
 
     # -- health and failover --------------------------------------------------------------------
 
