@@ -19,11 +19,10 @@ from pathlib import Path
 import uvicorn
 
 from tandem.engine.build import EngineConfig
-from tandem.engine.build import build_engine
+from tandem.engine.build import build_engine, disk_model_key
 from tandem.engine.events import SpeculationOptions
 from tandem.engine.worker import EngineWorker
 from tandem.errors import TandemError
-from tandem.models.backends import precision_of
 from tandem.models.resolve import tokenizer_path
 from tandem.serve.api.app import create_app
 from tandem.serve.observability.metrics import ServingMetrics
@@ -69,7 +68,7 @@ def build_state(config: EngineConfig, settings: ServeSettings, model_name: str, 
     metrics = ServingMetrics(model_name, settings.alert_threshold)
     tracer = RequestTracer(settings.otlp_endpoint)
     engine = _engine(config, settings, ngram_store, cluster, model_name)
-    cache = _response_store(settings, _model_identity(config))
+    cache = _response_store(settings, config)
     worker = EngineWorker(engine, settings.max_waiting, observers=[metrics.observe_step, tracer.observe_step])
     track_process(metrics.registry, model_name, lambda: engine.kv_slots_in_use)
     if hasattr(engine, "prompt_cache"):  # a cluster's replicas keep their own
@@ -84,11 +83,12 @@ def build_state(config: EngineConfig, settings: ServeSettings, model_name: str, 
                        speculation_defaults=SpeculationOptions(config.drafter, config.k))
 
 
-def _response_store(settings: ServeSettings, identity: str) -> ResponseStore:
+def _response_store(settings: ServeSettings, config: EngineConfig) -> ResponseStore:
     """Keys name the served model and what computes it: a Q4 GGUF and fp32 weights answer
     differently, so servers sharing a Redis never serve each other's entries."""
     if settings.cache_url == CACHE_OFF:
         return ResponseStore.disabled()
+    identity = model_identity(config)
 
     def key(model: str, prompt_ids, params: dict):
         return response_cache_key(f"{model}|{identity}", prompt_ids, params)
@@ -96,9 +96,11 @@ def _response_store(settings: ServeSettings, identity: str) -> ResponseStore:
     return ResponseStore(open_response_cache(settings.cache_url, settings.cache_ttl_seconds), key)
 
 
-def _model_identity(config: EngineConfig) -> str:
-    target = config.target.resolved()
-    return f"{target.model}|{target.backend}|{precision_of(target.backend, target.dtype)}"
+def model_identity(config: EngineConfig) -> str:
+    """What the target's answers depend on: its content (not its path: another file may later sit
+    there, and a Redis entry outlives a server), backend, device, precision and, for llama.cpp,
+    its build; as the prompt cache's disk tier keys its states."""
+    return disk_model_key(config, with_draft=False)
 
 
 def _engine(config: EngineConfig, settings: ServeSettings, ngram_store, cluster, model_name: str):

@@ -55,3 +55,27 @@ def test_a_taken_port_is_a_clear_error():
             bind_socket("127.0.0.1", first.getsockname()[1])
     finally:
         first.close()
+
+
+def test_the_response_cache_knows_a_model_by_its_content_not_its_path(tmp_path):
+    """A Redis entry outlives the server that wrote it: another model later at the same path
+    (or the same path's file rewritten) must not be answered with the first one's outputs, while
+    the same weights at another path may be. It was keyed by the path string."""
+    import shutil
+
+    from tandem.engine.build import EngineConfig
+    from tandem.models.backends import RunnerSpec
+    from tandem.serve.server import model_identity
+    from tiny_models import build_tiny_model
+
+    def identity(folder, dtype="fp32"):
+        return model_identity(EngineConfig(RunnerSpec(str(folder), "torch", "cpu", dtype), None, "ngram"))
+
+    first = build_tiny_model(tmp_path / "first", seed=1)
+    before = identity(first)
+    shutil.copytree(first, tmp_path / "copy")
+    assert identity(tmp_path / "copy") == before  # the same weights elsewhere
+    assert identity(first, "bf16") != before  # another precision answers differently
+    shutil.rmtree(first)
+    build_tiny_model(first, seed=2)  # another model at the same path
+    assert identity(first) != before

@@ -122,6 +122,28 @@ def test_least_recently_used_is_evicted():
     assert len(cache) == 2
 
 
+def test_the_stored_bytes_stay_within_the_bound_least_recently_used_first():
+    """Answers grow with max_tokens, so the cache is bounded by the bytes it holds: a put past
+    the bound evicts the least recently used, one larger than the whole cache is not kept (and
+    evicts nothing), and an entry replaced or expired gives its bytes back."""
+    import json
+
+    size = len(json.dumps({"text": "x" * 100}))
+    cache = InProcessResponseCache(max_bytes=3 * size)
+    for key in "abc":
+        cache.put(key, {"text": key * 100})
+    cache.get("a")  # b is now the least recently used
+    cache.put("d", {"text": "d" * 100})
+    assert cache.get("b") is None and {k for k in "acd" if cache.get(k)} == set("acd")
+    assert cache.nbytes == 3 * size <= cache.max_bytes
+    cache.put("huge", {"text": "h" * 4 * size})
+    assert cache.get("huge") is None and len(cache) == 3
+    cache.put("a", {"text": "a" * 10})  # replaced: its old bytes are given back
+    assert cache.nbytes == 2 * size + len(json.dumps({"text": "a" * 10}))
+    cache.close()
+    assert cache.nbytes == 0
+
+
 def test_entries_expire_after_the_ttl():
     clock = FakeClock()
     cache = InProcessResponseCache(ttl_seconds=10, clock=clock)

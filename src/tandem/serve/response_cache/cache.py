@@ -28,6 +28,7 @@ from tandem.speculation.sampling import SamplingParams
 
 CACHE_KEY_VERSION = 1  # bump when the key's contents change, so old entries are never read
 DEFAULT_MAX_ENTRIES = 1024
+DEFAULT_MAX_BYTES = 64 << 20  # of stored JSON: an answer's size grows with max_tokens, so a count alone bounds nothing
 DEFAULT_TTL_SECONDS = 3600.0
 REDIS_RESPONSE_PREFIX = "tandem:response:"
 MEMORY_URL = "memory"
@@ -106,13 +107,18 @@ class ResponseCache(Protocol):
 
 
 class InProcessResponseCache:
-    """A thread-safe LRU of at most `max_entries`, each expiring `ttl_seconds` after its put."""
+    """A thread-safe LRU of at most `max_entries` holding at most `max_bytes` of JSON (an entry
+    larger than that is not stored), each expiring `ttl_seconds` after its put."""
 
     def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES, ttl_seconds: float = DEFAULT_TTL_SECONDS,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, max_bytes: int = DEFAULT_MAX_BYTES):
         if not (isinstance(max_entries, int) and max_entries >= 1):
             raise TandemError(f"the response cache needs max_entries >= 1, got {max_entries!r}")
+        if not (isinstance(max_bytes, int) and max_bytes >= 1):
+            raise TandemError(f"the response cache needs max_bytes >= 1, got {max_bytes!r}")
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.nbytes = 0  # of the stored JSON (ASCII: json.dumps escapes the rest)
         self.ttl_seconds = _checked_ttl(ttl_seconds)
         self._clock = clock
         self._lock = threading.Lock()
@@ -128,14 +134,18 @@ class InProcessResponseCache:
     def put(self, key: str, value: dict) -> None:
         text = json.dumps(value)
         with self._lock:
+            self._drop(key)
+            if len(text) > self.max_bytes:
+                return  # larger than the whole cache: served, not kept
             self._entries[key] = (self._clock() + self.ttl_seconds, text)
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
+            self.nbytes += len(text)
+            while len(self._entries) > self.max_entries or self.nbytes > self.max_bytes:
+                self._drop(next(iter(self._entries)))
 
     def close(self) -> None:
         with self._lock:
             self._entries.clear()
+            self.nbytes = 0
 
     @property
     def stats(self) -> CacheStats:
@@ -152,10 +162,15 @@ class InProcessResponseCache:
             return None
         expires_at, text = entry
         if self._clock() >= expires_at:
-            del self._entries[key]
+            self._drop(key)
             return None
         self._entries.move_to_end(key)
         return text
+
+    def _drop(self, key: str) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self.nbytes -= len(entry[1])
 
 
 class RedisResponseCache:
