@@ -112,6 +112,36 @@ def test_the_files_never_exceed_the_budget_and_the_least_recently_used_go_first(
     assert smaller.lookup([99] * 40, KEY) is not None
 
 
+def test_other_keys_files_count_against_the_budget_and_go_first(tmp_path):
+    """Every llama.cpp upgrade or model change starts a new key's folder in the same directory;
+    the budget bounds the directory, so the old keys' files (which this server can never read)
+    are removed first, oldest first, and their emptied folders with them. They were left alone,
+    a budget's worth each."""
+    import os
+
+    one = len(entry([1] * 40, nbytes=300).target_state) + 150 + 700
+    old = written(DiskPromptCache(tmp_path, 3 * one, "an older build's key"), *(entry([i] * 40, nbytes=300)
+                                                                              for i in range(3)))
+    old.close()
+    old_files = sorted(old.folder.glob(f"*{SUFFIX}"))
+    for age, path in enumerate(old_files):  # their order on disk: the first written is the oldest
+        os.utime(path, ns=(age * 10**9, age * 10**9))
+
+    def all_bytes():
+        return sum(p.stat().st_size for p in tmp_path.glob(f"*/*{SUFFIX}"))
+
+    cache = DiskPromptCache(tmp_path, 3 * one, KEY)
+    assert cache.foreign_bytes == all_bytes() <= cache.capacity_bytes  # within the budget: kept
+    for i in range(4):
+        written(cache, entry([10 + i] * 40, nbytes=300))
+        assert all_bytes() <= cache.capacity_bytes
+        kept = [path.exists() for path in old_files]
+        assert kept == sorted(kept)  # the oldest go first
+    assert not old.folder.exists() and cache.foreign_bytes == 0  # the old key's went, folder and all
+    assert len(cache) == 3 and cache.lookup([13] * 40, KEY) is not None
+    cache.close()
+
+
 def test_an_entry_extending_another_replaces_its_file(tmp_path):
     cache = written(DiskPromptCache(tmp_path, 1 << 20, KEY), entry(range(3, 40)), entry(range(3, 80)))
     assert len(cache) == 1 and len(list(cache.folder.glob(f"*{SUFFIX}"))) == 1

@@ -35,8 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="folder for the prompt cache's disk tier: evicted and finished conversations' KV "
                        "states, kept across restarts and keyed by the model files' checksums (default: off)")
     group.add_argument("--cache-disk", default=None,
-                       help="disk space the disk tier may use, e.g. 16G or a number of MiB (default: 16 GiB or "
-                       "a quarter of the free space, printed at start-up)")
+                       help="disk space the disk tier may use in --cache-dir, other models' files included (they go "
+                       "first), e.g. 16G or a number of MiB (default: 16 GiB or a quarter of the free space, "
+                       "printed at start-up)")
     group.add_argument("--otlp-endpoint", default=None, help="OTLP/HTTP trace collector, e.g. http://localhost:4318")
     group.add_argument("--alert-threshold", default="0.6", help="acceptance rate that raises a dashboard alert")
     group.add_argument("--grace-seconds", default="10", help="on SIGTERM, time in-flight requests get to finish")

@@ -12,8 +12,10 @@ the states. A file is read only from its own model's folder and only when its he
 equals the running models' key, so another model's state is never loaded; a file that cannot be
 read, is truncated, or whose states do not match their checksum is ignored with a warning and
 removed. Writes go to a temporary file renamed into place, so a crash never leaves half a file
-that looks whole. Bounded by bytes (the files' sizes, per model key: a folder of another key,
-e.g. an older llama.cpp build's, is left alone), least recently used first (file times carry
+that looks whole. Bounded by bytes: the files of the whole directory, other keys' folders
+included (an older llama.cpp build's, another model's: every upgrade would otherwise leave a
+budget's worth behind). Room is made from other keys' files first, oldest first, since this
+server can never read them, then from its own, least recently used first (file times carry
 the order across restarts); an entry larger than the whole budget is not written. An entry
 waiting for its write is found by lookups at once (from memory), and at most MAX_QUEUED_BYTES
 wait; past that a save is dropped. No error of the disk reaches a request: a file that cannot
@@ -28,7 +30,7 @@ import os
 import shutil
 import struct
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,12 +85,15 @@ class DiskPromptCache:
             raise ValueError(f"the disk prompt cache needs a size of 0 bytes or more, got {capacity_bytes}")
         self.capacity_bytes = capacity_bytes
         self.model_key = model_key
-        self.folder = Path(directory).expanduser() / digest(model_key)[:16]
+        self.root = Path(directory).expanduser()
+        self.folder = self.root / digest(model_key)[:16]
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise TandemError(f"cannot use {directory} for the prompt cache's disk tier: {error}") from None
         self.nbytes = 0  # files kept, plus writes under way
+        self.foreign: deque[tuple[Path, int]] = deque()  # other keys' files and sizes, oldest first
+        self.foreign_bytes = 0
         self.written = 0  # files ever written
         self.evicted = 0  # files removed for room
         self.failed_writes = 0
@@ -244,11 +249,33 @@ class DiskPromptCache:
             found.append((stat.st_mtime_ns, DiskRecord(path, entry.tokens, stat.st_size)))
         for _, record in sorted(found, key=lambda item: item[0]):
             self._add(record)
+        self._scan_foreign()
         self._evict_for(0)
 
+    def _scan_foreign(self) -> None:
+        """Other keys' files in the directory, oldest first: they count against the budget."""
+        found = []
+        for path in self.root.glob(f"*/*{SUFFIX}"):
+            if path.parent == self.folder:
+                continue
+            with contextlib.suppress(OSError):
+                stat = path.stat()
+                found.append((stat.st_mtime_ns, path, stat.st_size))
+        for _, path, size in sorted(found):
+            self.foreign.append((path, size))
+            self.foreign_bytes += size
+
     def _evict_for(self, extra: int) -> None:
-        """Remove files, least recently used first, until `extra` more bytes fit the budget."""
-        while self._records and self.nbytes + extra > self.capacity_bytes:
+        """Remove files until `extra` more bytes fit the budget: other keys' first, oldest
+        first, then this key's, least recently used first."""
+        while self.foreign and self.nbytes + self.foreign_bytes + extra > self.capacity_bytes:
+            path, size = self.foreign.popleft()
+            self.foreign_bytes -= size
+            _remove(path)
+            with contextlib.suppress(OSError):
+                path.parent.rmdir()  # the last of its folder: the folder goes too
+            self.evicted += 1
+        while self._records and self.nbytes + self.foreign_bytes + extra > self.capacity_bytes:
             self._drop(next(iter(self._records)))
             self.evicted += 1
 
