@@ -65,6 +65,17 @@ def tokenizer_path(name_or_path: str | Path) -> Path:
     return dest
 
 
+def tokenizer_digest(name_or_path: str | Path) -> str:
+    """A short SHA-256 of the model's tokenizer files: what token ids mean, for stores of token ids
+    shared between processes (two models may share one tokenizer, and then its stores)."""
+    folder = tokenizer_path(name_or_path)
+    digest = hashlib.sha256()
+    for name in _TOKENIZER_FILES:
+        if (folder / name).is_file():
+            digest.update(name.encode() + b"\0" + (folder / name).read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
 def check_gguf_file(path: Path) -> None:
     """Raise TandemError unless `path` starts with the GGUF magic bytes."""
     with path.open("rb") as f:

@@ -23,7 +23,7 @@ from tandem.engine.build import build_engine, disk_model_key
 from tandem.engine.events import SpeculationOptions
 from tandem.engine.worker import EngineWorker
 from tandem.errors import TandemError
-from tandem.models.resolve import tokenizer_path
+from tandem.models.resolve import tokenizer_digest, tokenizer_path
 from tandem.serve.api.app import create_app
 from tandem.serve.observability.metrics import ServingMetrics
 from tandem.serve.observability.process_stats import track_process
@@ -44,7 +44,7 @@ def serve(config: EngineConfig, settings: ServeSettings, cluster=None) -> int:
     warn_if_exposed(settings)
     model_name = settings.served_model_name or default_model_name(config.target.model)
     ngram_store = open_ngram_store(None if settings.cache_url == CACHE_OFF else settings.cache_url,
-                                   namespace=model_name)
+                                   namespace=ngram_namespace(config, model_name))
     try:
         state = build_state(config, settings, model_name, ngram_store, cluster)
         try:
@@ -112,7 +112,8 @@ def _engine(config: EngineConfig, settings: ServeSettings, ngram_store, cluster,
     from tandem.cluster.runtime.replica import ReplicaSettings
 
     replica = ReplicaSettings(ngram_store_url=None if settings.cache_url == CACHE_OFF else settings.cache_url,
-                              ngram_namespace=model_name, step_token_budget=config.step_token_budget,
+                              ngram_namespace=ngram_namespace(config, model_name),
+                              step_token_budget=config.step_token_budget,
                               prefill_floor=config.prefill_floor, prefill_waves=config.prefill_waves)
     return launch_cluster(cluster.spec, config.drafter, config.k, cluster.ray_address, settings.max_running,
                           cluster.health_period_s, cluster.draft_ahead, replica)
@@ -157,6 +158,12 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.close()
         raise TandemError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
     return sock
+
+
+def ngram_namespace(config: EngineConfig, model_name: str) -> str:
+    """Where the shared n-gram store keeps this server's n-grams (in Redis, shared with other
+    servers): they are token ids, so the served name and what the ids mean (the tokenizer's files)."""
+    return f"{model_name}:{tokenizer_digest(config.target.model)}"
 
 
 def default_model_name(target: str) -> str:

@@ -79,3 +79,20 @@ def test_the_response_cache_knows_a_model_by_its_content_not_its_path(tmp_path):
     shutil.rmtree(first)
     build_tiny_model(first, seed=2)  # another model at the same path
     assert identity(first) != before
+
+
+def test_the_ngram_namespace_names_the_tokenizer(tmp_path):
+    """The shared n-gram store holds token ids: servers under one served name but another
+    tokenizer must not draft from each other's (in Redis they share a namespace by name)."""
+    from tandem.engine.build import EngineConfig
+    from tandem.models.backends import RunnerSpec
+    from tandem.serve.server import ngram_namespace
+
+    def namespace(folder):
+        return ngram_namespace(EngineConfig(RunnerSpec(str(folder), "torch", "cpu"), None, "ngram"), "coder")
+
+    for name, vocab in (("a", '{"a": 0}'), ("same", '{"a": 0}'), ("b", '{"b": 0}')):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "tokenizer.json").write_text(vocab)
+    assert namespace(tmp_path / "a") == namespace(tmp_path / "same") != namespace(tmp_path / "b")
+    assert namespace(tmp_path / "a").startswith("coder:")
