@@ -63,7 +63,7 @@ class RedisNgramStore:
         if self._closed:
             return
         try:
-            self._queue.put_nowait(tuple(token_ids))
+            self._queue.put_nowait(tuple(self.config.indexed(token_ids)))  # only what is indexed waits
         except queue.Full:
             with self._lock:
                 self._dropped += 1
