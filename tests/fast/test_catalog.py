@@ -114,3 +114,44 @@ def test_missing_file_and_unknown_name(home, tmp_path):
         gguf_path(tmp_path / "missing.gguf")
     with pytest.raises(ModelNotFoundError, match="known models"):
         gguf_path("no-such-model")
+
+
+def test_a_rewritten_local_gguf_replaces_its_earlier_conversions(tmp_path, monkeypatch):
+    """A local GGUF's conversions (a float32 copy of the model each) are keyed by its path, size
+    and time, so a rewritten file is converted again; the earlier version's folder then goes
+    (it was kept for ever), while another file's stays."""
+    import os
+
+    from tandem.models.resolve import _cache_dir
+
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
+    model, other = tmp_path / "model.gguf", tmp_path / "other.gguf"
+    model.write_bytes(b"GGUF v1")
+    other.write_bytes(b"GGUF other")
+    first, kept = _cache_dir(model, model), _cache_dir(other, other)
+    (first / "hf").mkdir()
+    assert _cache_dir(model, model) == first and (first / "hf").is_dir()  # the same version: reused
+    model.write_bytes(b"GGUF version 2")
+    os.utime(model, ns=(10**18, 10**18))
+    second = _cache_dir(model, model)
+    assert second != first and not first.exists() and second.is_dir() and kept.is_dir()
+
+
+def test_a_killed_conversions_temp_folder_is_removed_by_the_next_one(tmp_path):
+    """atomic_dir cleans up after an exception, but a killed process leaves its temp folder;
+    the next build of the same destination removes one that is old enough not to be another
+    process's work under way, and leaves a fresh one alone."""
+    import os
+
+    from tandem.models.pull import STALE_WORK_SECONDS, atomic_dir
+
+    dest = tmp_path / "hf"
+    stale, fresh = tmp_path / ".hf.tmp-killed", tmp_path / ".hf.tmp-running"
+    for folder in (stale, fresh):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"half")
+    old = os.stat(stale).st_mtime - STALE_WORK_SECONDS - 60
+    os.utime(stale, (old, old))
+    with atomic_dir(dest) as work:
+        (work / "config.json").write_text("{}")
+    assert (dest / "config.json").is_file() and not stale.exists() and fresh.is_dir()

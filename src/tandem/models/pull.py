@@ -8,6 +8,7 @@ entry; `is_pulled` double-checks the manifest against the catalog and the file s
 is reported as such (what the model needs, what is free), whether pip or the assembly hit it.
 """
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -16,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,6 +33,7 @@ GGUF_FILENAME = "model.gguf"
 MANIFEST_FILENAME = "manifest.json"
 _CHUNK_BYTES = 1 << 20
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+STALE_WORK_SECONDS = 6 * 3600  # an atomic_dir temp folder this old was left by a killed process
 
 
 def entry_dir(name: str) -> Path:
@@ -102,9 +105,14 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
     """Yield an empty temp directory beside `dest`; on a clean exit it replaces `dest`.
 
     On any exception (Ctrl-C included) the temp directory is deleted and `dest` is untouched, so
-    `dest` either holds a complete result or whatever it held before.
+    `dest` either holds a complete result or whatever it held before. Temp directories a killed
+    process left (older than STALE_WORK_SECONDS: not another process's work under way) go first.
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
+    for stale in dest.parent.glob(f".{dest.name}.tmp-*"):
+        with contextlib.suppress(OSError):
+            if time.time() - stale.stat().st_mtime > STALE_WORK_SECONDS:
+                shutil.rmtree(stale, ignore_errors=True)
     work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     try:
         yield work

@@ -7,6 +7,7 @@ the key hashes the file's path, size and mtime (so an edited file is converted a
 """
 
 import hashlib
+import shutil
 import sys
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from tandem.paths import models_dir
 
 GGUF_MAGIC = b"GGUF"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+LOCAL_SOURCE = "source"  # in a local GGUF's conversions folder: the file's path
 
 
 def gguf_path(name_or_path: str | Path, progress: bool = True) -> Path:
@@ -101,4 +103,19 @@ def _cache_dir(name_or_path: str | Path, gguf: Path) -> Path:
         return gguf.parent  # a pulled catalog model, given by its path
     stat = gguf.stat()
     key = hashlib.sha256(f"{gguf}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    return models_dir() / f"local-{key}"
+    folder = models_dir() / f"local-{key}"
+    if not folder.is_dir():
+        folder.mkdir(parents=True)
+        (folder / LOCAL_SOURCE).write_text(str(gguf))
+        _remove_older_versions(gguf, folder)
+    return folder
+
+
+def _remove_older_versions(gguf: Path, current: Path) -> None:
+    """Conversions of an earlier version of the same file (rewritten, re-quantized: a new size or
+    time) go when a new version is first used: each is a float32 copy of the model, and nothing
+    would read it again."""
+    for other in models_dir().glob("local-*"):
+        source = other / LOCAL_SOURCE
+        if other != current and source.is_file() and source.read_text() == str(gguf):
+            shutil.rmtree(other, ignore_errors=True)
