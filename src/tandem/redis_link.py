@@ -118,6 +118,9 @@ class RedisLink:
             return fallback
         try:
             result = op(self.client)
+        except redis.exceptions.OutOfMemoryError as error:
+            self._full(error)  # it answers: reads go on, this write is dropped
+            return fallback
         except BACKEND_ERRORS as error:
             self._failed(error)
             return fallback
@@ -156,6 +159,21 @@ class RedisLink:
         log.warning("Redis at %s unavailable (%s: %s); serving uncached, %d operation(s) degraded "
                     "since the last warning; retrying in %.1f s",
                     self.url, type(error).__name__, error, count, retry_in)
+
+    def _full(self, error: Exception) -> None:
+        """Redis refused a write at its `maxmemory` under the `noeviction` policy (its default
+        policy; its default maxmemory is no limit): the write is lost, Redis is not down."""
+        with self._lock:
+            now = self._clock()
+            self._errors += 1
+            self._errors_unreported += 1
+            if now - self._last_warning < WARNING_INTERVAL_SECONDS:
+                return
+            self._last_warning = now
+            count, self._errors_unreported = self._errors_unreported, 0
+        log.warning("Redis at %s is full (%s); %d write(s) dropped since the last warning. Set its "
+                    "maxmemory-policy to allkeys-lru (or volatile-lru: every Tandem key expires) so that "
+                    "it evicts", self.url, error, count)
 
     def _succeeded(self) -> None:
         with self._lock:

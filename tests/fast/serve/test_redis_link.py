@@ -54,6 +54,24 @@ def test_failures_become_the_fallback_and_back_off():
     assert op.calls == 5
 
 
+def test_a_full_redis_drops_the_write_but_is_not_down(caplog):
+    """At its maxmemory under noeviction Redis refuses writes (OOM) but answers reads: a refused
+    write is dropped with a warning naming the fix, and the next call still reaches Redis (a
+    full Redis used to be taken for a dead one, and reads were skipped through the backoff)."""
+    clock, calls = FakeClock(), []
+
+    def write(client):
+        calls.append("write")
+        raise redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")
+
+    link = RedisLink(URL, backoff_min_s=1.0, backoff_max_s=4.0, clock=clock)
+    with caplog.at_level(logging.WARNING, logger="tandem.redis_link"):
+        assert link.run(write, "dropped") == "dropped"
+    assert "full" in caplog.text and "maxmemory-policy" in caplog.text
+    assert link.run(lambda client: calls.append("read") or "hit", None) == "hit"  # not skipped
+    assert calls == ["write", "read"] and link.errors == 1
+
+
 def test_backoff_is_capped():
     clock, op = FakeClock(), FlakyOp()
     link = RedisLink(URL, backoff_min_s=1.0, backoff_max_s=2.0, clock=clock)
