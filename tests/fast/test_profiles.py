@@ -88,3 +88,22 @@ def test_the_profiles_folder_stays_within_its_bound_evicting_the_least_recently_
     assert kept.calls == []  # the one read recently survived the evictions
     cached_profile(specs[1], evicted, (1, 4))
     assert evicted.calls  # an old one went, and is measured again
+
+
+def test_another_model_written_at_the_same_path_is_profiled_again(tmp_path, monkeypatch):
+    """Profiles were keyed by the model's path: a re-quantized file at the same path planned on
+    the old file's curve. The key holds the file's size and time (no hashing: it only steers
+    speed), so the same file reads its profile back and a rewritten one is measured."""
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF one")
+    spec = RunnerSpec(str(model), backend="torch", device="cpu", threads=1)
+    cached_profile(spec, CacheTimedRunner(context_length=4096), (1, 4))
+    again = CacheTimedRunner(context_length=4096)
+    cached_profile(spec, again, (1, 4))
+    assert again.calls == []
+    model.write_bytes(b"GGUF two, re-quantized")
+    os.utime(model, ns=(10**18, 10**18))
+    rewritten = CacheTimedRunner(context_length=4096)
+    cached_profile(spec, rewritten, (1, 4))
+    assert rewritten.calls != []

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -167,5 +168,30 @@ def _profile_key(spec: RunnerSpec, runner: ModelRunner) -> str:
     threads = spec.threads or os.cpu_count()
     model = os.path.abspath(spec.model) if os.path.exists(spec.model) else spec.model
     build = llama_cpp_features() if spec.backend == "llamacpp" else ""
-    text = f"{model}|{spec.backend}|{spec.device}|{_precision(spec)}|{threads}|{spec.context_length}|{cpu_model()}|{build}"
+    text = (f"{model}|{_file_version(model)}|{spec.backend}|{spec.device}|{_device_name(spec.device)}|"
+            f"{_precision(spec)}|{threads}|{spec.context_length}|{cpu_model()}|{build}")
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _file_version(path: str) -> str:
+    """A local model's size and time (a file, or a folder's files): another model written at the
+    same path is profiled again. Cheap (no hashing: profiles only steer speed)."""
+    if os.path.isfile(path):
+        stat = os.stat(path)
+        return f"{stat.st_size}:{stat.st_mtime_ns}"
+    if os.path.isdir(path):
+        stats = [p.stat() for p in Path(path).rglob("*") if p.is_file()]
+        return f"{sum(s.st_size for s in stats)}:{max((s.st_mtime_ns for s in stats), default=0)}"
+    return ""  # a catalog name: its files never change
+
+
+def _device_name(device: str) -> str:
+    """A GPU's model (an H100 and an A10 on one host read as cuda:0 alike); the CPU's is in the key."""
+    if not device.startswith("cuda"):
+        return ""
+    try:
+        import torch
+
+        return torch.cuda.get_device_name(torch.device(device))
+    except (ImportError, RuntimeError, AssertionError, ValueError):  # no torch, CUDA or such device
+        return ""
