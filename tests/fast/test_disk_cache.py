@@ -217,3 +217,18 @@ def test_a_file_that_cannot_be_removed_is_a_warning(tmp_path, monkeypatch, caplo
         assert cache.load(cache.lookup(list(range(3, 60)), KEY)) is None
         DiskPromptCache(tmp_path, 1 << 20, KEY)  # the scan meets it again: still no exception
     assert "could not remove" in caplog.text
+
+
+def test_the_key_names_the_torch_state_layout(tmp_path, monkeypatch):
+    """A source checkout's version never changes, so the fused runner's state layout is in the
+    key itself: states saved under an older layout are never restored as if current."""
+    from tandem.engine import build
+    from tandem.engine.build import EngineConfig, disk_model_key
+    from tandem.models.backends import RunnerSpec
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "model.safetensors").write_bytes(b"weights")
+    config = EngineConfig(RunnerSpec(str(tmp_path / "model"), "torch", "cpu"), None, "ngram")
+    before = disk_model_key(config, with_draft=False)
+    monkeypatch.setattr(build, "TORCH_STATE_LAYOUT", build.TORCH_STATE_LAYOUT + 1)
+    assert disk_model_key(config, with_draft=False) != before

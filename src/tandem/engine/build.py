@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 
 from tandem.engine.batch_engine import STEP_TOKEN_BUDGET, BatchEngine, check_prefill_floor, check_step_token_budget
-from tandem.engine.disk_cache import DiskPromptCache, default_cache_disk_bytes
+from tandem.engine.disk_cache import TORCH_STATE_LAYOUT, DiskPromptCache, default_cache_disk_bytes
 from tandem.engine.host_cache import HostPromptCache, default_cache_ram_bytes
 from tandem.errors import TandemError
 from tandem.hardware import llama_cpp_features
@@ -85,12 +85,14 @@ def build_engine(config: EngineConfig, max_running: int = DEFAULT_MAX_RUNNING, n
 def disk_model_key(config: EngineConfig, with_draft: bool) -> str:
     """What a disk-tier state belongs to: each model's content checksum, backend, device and
     precision, and for llama.cpp its build (a state is only restored where the same kernels
-    computed it), and Tandem's version (a runner's state layout may change with it). Threads and
-    slot counts are left out: they do not change a state."""
+    computed it; for torch the fused runner's state layout, which a source checkout's unchanging
+    version would not tell apart), and Tandem's version. Threads and slot counts are left out:
+    they do not change a state."""
     specs = [config.target] + ([config.draft] if with_draft else [])
     parts = [f"tandem {_tandem_version()}"]
     for spec in (spec.resolved() for spec in specs):
-        build = f"{_llama_cpp_version()} {llama_cpp_features()}" if spec.backend == "llamacpp" else ""
+        build = (f"{_llama_cpp_version()} {llama_cpp_features()}" if spec.backend == "llamacpp"
+                 else f"layout {TORCH_STATE_LAYOUT}")
         parts.append(f"{model_checksum(spec.model)}|{spec.backend}|{spec.device}|"
                      f"{precision_of(spec.backend, spec.dtype)}|{build}")
     return " + ".join(parts)

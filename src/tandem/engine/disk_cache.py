@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 MAGIC = b"TANDEMKV"
 FORMAT = 1
+TORCH_STATE_LAYOUT = 1  # bump when FusedTorchRunner.save_state's bytes change meaning (its key, engine/build.py)
 SUFFIX = ".tkv"
 DEFAULT_MAX_BYTES = 16 << 30  # or a quarter of the disk's free space where that is less
 MAX_QUEUED_BYTES = 1 << 30  # states waiting for the writer, held in memory

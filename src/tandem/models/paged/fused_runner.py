@@ -95,7 +95,8 @@ class FusedTorchRunner:
         self.blocks.share_prefix(source, destination, length)
 
     def save_state(self, slot: int) -> bytes:
-        """The slot's cached keys and values, every layer, as bytes in host memory."""
+        """The slot's cached keys and values, every layer, as bytes in host memory (a layout
+        change must bump engine/disk_cache.py's TORCH_STATE_LAYOUT: files on disk outlive it)."""
         state = self.cache.read_rows(self._rows(slot, self.blocks.length(slot)))  # [2 * layers, length, heads, dim]
         return state.cpu().contiguous().view(torch.uint8).numpy().tobytes()
 
