@@ -115,3 +115,16 @@ def test_traces_url():
     assert traces_url("http://collector:4318") == "http://collector:4318/v1/traces"
     assert traces_url("http://collector:4318/") == "http://collector:4318/v1/traces"
     assert traces_url("http://collector:4318/custom/path") == "http://collector:4318/custom/path"
+
+
+def test_request_spans_never_ended_are_bounded(monkeypatch):
+    """A caller that never ends its request spans cannot grow the tracer without bound: past
+    MAX_OPEN_SPANS the oldest open one is ended (and exported) to make room."""
+    from tandem.serve.observability import tracing
+
+    monkeypatch.setattr(tracing, "MAX_OPEN_SPANS", 3)
+    tracer, exporter = traced()
+    for i in range(5):
+        tracer.start_request(f"seq-{i}", {})
+    assert len(tracer._spans) == 3 and set(tracer._spans) == {"seq-2", "seq-3", "seq-4"}
+    assert [s.attributes["seq_id"] for s in exporter.get_finished_spans()] == ["seq-0", "seq-1"]
