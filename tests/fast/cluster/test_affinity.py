@@ -58,6 +58,9 @@ def test_the_prefix_memory_finds_the_longest_and_forgets_the_oldest(monkeypatch)
     assert memory.longest(range(50)) == 48
     memory.add("c", range(200, 232))  # a third: "b", now the oldest, is forgotten
     assert memory.longest(range(100, 164)) == 0 and len(memory.order) == 2
+    monkeypatch.setattr(affinity, "PREFIX_MEMORY_TOKENS", 100)  # and by tokens: long histories weigh more
+    memory.add("d", range(300, 380))  # 48 + 32 + 80 tokens: "a" goes, then "c"
+    assert list(memory.order) == ["d"] and memory.num_tokens == 80 <= affinity.PREFIX_MEMORY_TOKENS
 
 
 def test_a_replica_with_fewer_streams_takes_one_from_a_slower_replica_holding_more():

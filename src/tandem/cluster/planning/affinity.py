@@ -2,7 +2,8 @@
 top of the cost rule (cluster/planning/stream_placement.py).
 
 - **Prefix affinity.** The router remembers what each replica served lately (`PrefixMemory`:
-  prompts and outputs, a block-hash index, the oldest of PREFIX_MEMORY forgotten first). A
+  prompts and outputs, a block-hash index, the oldest forgotten first past PREFIX_MEMORY sequences
+  or PREFIX_MEMORY_TOKENS tokens). A
   request goes to the replica holding at least AFFINITY_SHARE of its prompt beyond what the
   cost rule's choice holds (a conversation's history, a long shared system prompt; not a chat
   template's few tokens, which every replica soon holds and which would pull every request to
@@ -22,6 +23,7 @@ from collections.abc import Callable, Sequence
 from tandem.engine.prefix_index import BLOCK, PrefixIndex
 
 PREFIX_MEMORY = 256  # token sequences remembered per replica
+PREFIX_MEMORY_TOKENS = 1 << 20  # and their tokens at most (a few long histories weigh as much as many chats)
 AFFINITY_SHARE = 0.5  # of the prompt a replica must hold (beyond the cost rule's choice) to draw it
 MOVE_MARGIN = 1.25  # a stream moves only where it is expected to finish this many times sooner
 
@@ -32,16 +34,21 @@ class PrefixMemory:
     def __init__(self):
         self.index: PrefixIndex[str] = PrefixIndex()
         self.order: OrderedDict[str, None] = OrderedDict()
+        self.num_tokens = 0
 
     def add(self, key: str, tokens: Sequence[int]) -> None:
         if key in self.order:
-            self.index.remove(key)
-            self.order.move_to_end(key)
+            self._forget(key)
         self.order[key] = None
         self.index.add(key, tokens)
-        while len(self.order) > PREFIX_MEMORY:
-            oldest, _ = self.order.popitem(last=False)
-            self.index.remove(oldest)
+        self.num_tokens += len(tokens)
+        while len(self.order) > PREFIX_MEMORY or (self.num_tokens > PREFIX_MEMORY_TOKENS and len(self.order) > 1):
+            self._forget(next(iter(self.order)))
+
+    def _forget(self, key: str) -> None:
+        del self.order[key]
+        self.num_tokens -= len(self.index.tokens[key])
+        self.index.remove(key)
 
     def longest(self, tokens: Sequence[int]) -> int:
         """Tokens of the longest remembered prefix of `tokens` (0 under one block)."""
