@@ -91,7 +91,7 @@ def disk_model_key(config: EngineConfig, with_draft: bool) -> str:
     specs = [config.target] + ([config.draft] if with_draft else [])
     parts = [f"tandem {_tandem_version()}"]
     for spec in (spec.resolved() for spec in specs):
-        build = (f"{_llama_cpp_version()} {llama_cpp_features()}" if spec.backend == "llamacpp"
+        build = (f"{llama_cpp_version()} {llama_cpp_features()}" if spec.backend == "llamacpp"
                  else f"layout {TORCH_STATE_LAYOUT}")
         parts.append(f"{model_checksum(spec.model)}|{spec.backend}|{spec.device}|"
                      f"{precision_of(spec.backend, spec.dtype)}|{build}")
@@ -107,7 +107,7 @@ def _tandem_version() -> str:
         return "unknown"
 
 
-def _llama_cpp_version() -> str:
+def llama_cpp_version() -> str:
     import llama_cpp
 
     return llama_cpp.__version__

@@ -31,6 +31,22 @@ def model_checksum(name_or_path: str | Path) -> str:
     raise ModelNotFoundError(f"no such model file or folder: {path}")
 
 
+def model_version(name_or_path: str | Path) -> str:
+    """A model's identity without reading it: a catalog model's checksum, else the path with its
+    files' size and time (another file written at the path is another version). For keys that
+    must be cheap at every start (the response cache); the disk tier, whose states outlive such
+    doubts, uses model_checksum."""
+    name = str(name_or_path)
+    if name in catalog.CATALOG:
+        return catalog.CATALOG[name].sha256
+    path = Path(name).expanduser().resolve()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else []
+    if not files:
+        raise ModelNotFoundError(f"no such model file or folder: {path}")
+    versions = [_version(f) for f in files]
+    return f"{path}|{sum(size for size, _ in versions)}|{max(mtime for _, mtime in versions)}"
+
+
 def _version(path: Path) -> tuple[int, int]:
     stat = path.stat()
     return stat.st_size, stat.st_mtime_ns

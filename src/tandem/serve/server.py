@@ -19,7 +19,10 @@ from pathlib import Path
 import uvicorn
 
 from tandem.engine.build import EngineConfig
-from tandem.engine.build import build_engine, disk_model_key
+from tandem.engine.build import build_engine, llama_cpp_version
+from tandem.hardware import llama_cpp_features
+from tandem.models.backends import precision_of
+from tandem.models.checksum import model_version
 from tandem.engine.events import SpeculationOptions
 from tandem.engine.worker import EngineWorker
 from tandem.errors import TandemError
@@ -97,10 +100,14 @@ def _response_store(settings: ServeSettings, config: EngineConfig) -> ResponseSt
 
 
 def model_identity(config: EngineConfig) -> str:
-    """What the target's answers depend on: its content (not its path: another file may later sit
-    there, and a Redis entry outlives a server), backend, device, precision and, for llama.cpp,
-    its build; as the prompt cache's disk tier keys its states."""
-    return disk_model_key(config, with_draft=False)
+    """What the target's answers depend on: its version (a catalog model's checksum, a local
+    file's path, size and time: another file later at the path is another model, and a Redis
+    entry outlives a server; nothing is hashed, so a start stays fast), backend, device,
+    precision and, for llama.cpp, its build."""
+    target = config.target.resolved()
+    build = f"{llama_cpp_version()} {llama_cpp_features()}" if target.backend == "llamacpp" else ""
+    return (f"{model_version(target.model)}|{target.backend}|{target.device}|"
+            f"{precision_of(target.backend, target.dtype)}|{build}")
 
 
 def _engine(config: EngineConfig, settings: ServeSettings, ngram_store, cluster, model_name: str):
