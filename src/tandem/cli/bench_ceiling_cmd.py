@@ -76,8 +76,8 @@ def run(args: argparse.Namespace) -> int:
              f"rounds priced at their context between curves at {contexts} cached tokens ({source})", "",
              *render(table, list(level["configs"]))]
     print("\n".join(lines))
-    if args.out:
-        Path(args.out).write_text("\n".join(lines) + "\n")
+    if args.out:  # with the curves' lines, so that a later --curves may read this file
+        Path(args.out).write_text("\n".join(lines + ["", *curve_lines(curves)]) + "\n")
     return 0
 
 

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print("\ninterrupted", file=sys.stderr)  # a progress bar or streamed text may hold the line
         return 130
 
 

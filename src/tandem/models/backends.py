@@ -148,7 +148,7 @@ def _measure_at(runner: ModelRunner, cached: int, sizes: tuple[int, ...], repeat
     """The sweep on `cached` tokens, with a progress bar (a first start spends ~20-40 s a model here)."""
     runner.reset()
     runner.forward([1] * cached, num_logits=0)
-    with tqdm(total=1 + repeats * len(sizes), desc=f"profiling {runner.name} on {cached} cached tokens",
+    with tqdm(total=1 + repeats * len(sizes), desc=f"profiling {runner.name} on {cached} cached tokens (once: cached)",
               unit="call", file=sys.stderr, leave=False) as bar:
         return measure_cost(runner.forward, runner.rollback, cached, sizes, repeats, bar.update)
 

