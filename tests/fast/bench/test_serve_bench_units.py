@@ -438,3 +438,12 @@ def test_engine_steps_are_read_off_the_servers_own_metrics():
     after = parse_steps(metrics.render()[0].decode())
     assert step_delta(before, after) == {"steps": 2, "prompt_steps": 1, "step_s": 0.5, "draft_s": 0.1,
                                          "verify_s": 0.25}
+
+
+def test_a_starting_servers_word_is_its_logs_latest_line():
+    """While a server starts, bench-serve and soak repeat its log's latest line: a progress bar's
+    current state (tqdm rewrites its line with \r), never an empty one."""
+    from tandem.bench.serve.launcher import last_line
+
+    assert last_line("loading\nprofiling x:  10%|#\rprofiling x:  60%|######\r") == "profiling x:  60%|######"
+    assert last_line("\n \n") == "(nothing logged yet)" and len(last_line("y" * 500)) == 160

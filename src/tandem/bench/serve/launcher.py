@@ -24,6 +24,7 @@ from tandem.errors import TandemError
 
 READY_TIMEOUT_S = 900.0  # a first start may pull and convert models
 POLL_INTERVAL_S = 0.25
+STILL_STARTING_S = 30.0  # while a server starts (a first start pulls and profiles: minutes), say so this often
 HEALTH_TIMEOUT_S = 2.0
 STOP_GRACE_S = 15.0
 LOG_TAIL_CHARS = 1500
@@ -76,15 +77,21 @@ class ServerProcess:
             )
 
     def wait_ready(self) -> str:
-        deadline = time.monotonic() + self.ready_timeout_s
+        started = time.monotonic()
+        deadline, next_word = started + self.ready_timeout_s, started + STILL_STARTING_S
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
                 raise TandemError(f"{self.kind.label} exited with code {self._process.returncode} before "
                                   f"it was ready; end of {self.log_path}:\n{self.log_tail()}")
-            url = self.kind.base_url(self.port, self._read_log())
+            log = self._read_log()
+            url = self.kind.base_url(self.port, log)
             if url is not None and self._healthy(url):
                 self.base_url = url
                 return url
+            if time.monotonic() >= next_word:
+                next_word += STILL_STARTING_S
+                print(f"  still starting {self.kind.label} ({time.monotonic() - started:.0f} s): "
+                      f"{last_line(log)}", file=sys.stderr, flush=True)
             time.sleep(POLL_INTERVAL_S)
         raise TandemError(f"{self.kind.label} was not ready after {self.ready_timeout_s:.0f} s; "
                           f"end of {self.log_path}:\n{self.log_tail()}")
@@ -126,3 +133,9 @@ class ServerProcess:
 
     def log_tail(self) -> str:
         return self._read_log()[-LOG_TAIL_CHARS:]
+
+
+def last_line(log: str) -> str:
+    """The log's last line with text (a progress bar's latest state: splitlines breaks at \\r too)."""
+    lines = [line.strip() for line in log.splitlines()]
+    return next((line for line in reversed(lines) if line), "(nothing logged yet)")[:160]

@@ -37,6 +37,8 @@ def started_server(args, out: Path):
         yield args.url, _served_model(args.url, args.api_key)
         return
     kind = SoakedServer(args.target, args.draft, args.concurrency, shlex.split(args.serve_args))
+    print(f"starting tandem serve (log: {out / 'server.log'}; a first start pulls and profiles models: "
+          f"minutes)...", file=sys.stderr, flush=True)
     with ServerProcess(kind, None, out / "server.log") as server:
         yield server.base_url, _served_model(server.base_url, args.api_key)
 
