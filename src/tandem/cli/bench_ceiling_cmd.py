@@ -98,14 +98,17 @@ def measure_verify_curves(target: str, contexts: tuple[int, ...], threads: int |
     from tandem.models.cost import measure_cost
     from tandem.models.llamacpp_batch_runner import LlamaCppBatchRunner
     from tandem.models.resolve import gguf_path
+    from tqdm import tqdm
 
     runner = LlamaCppBatchRunner(str(gguf_path(target)), 1, max(contexts) + max(CURVE_SIZES) + 8, threads)
     view = SlotView(runner)
     filler = [100 + (i * 7) % 5000 for i in range(max(contexts))]
     curves, cached = {}, 0
-    for context in sorted(contexts):
-        for start in range(cached, context, PREFILL_CHUNK):
-            view.forward(filler[start:min(start + PREFILL_CHUNK, context)], num_logits=0)
-        cached = context
-        curves[context] = measure_cost(view.forward, view.rollback, context, CURVE_SIZES, repeats=3)
+    with tqdm(total=len(contexts) * (1 + 3 * len(CURVE_SIZES)), desc="measuring the verify curves", unit="call",
+              file=sys.stderr, leave=False) as bar:
+        for context in sorted(contexts):
+            for start in range(cached, context, PREFILL_CHUNK):
+                view.forward(filler[start:min(start + PREFILL_CHUNK, context)], num_logits=0)
+            cached = context
+            curves[context] = measure_cost(view.forward, view.rollback, context, CURVE_SIZES, 3, bar.update)
     return curves

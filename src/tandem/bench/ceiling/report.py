@@ -8,10 +8,13 @@ replayed)."""
 
 import json
 import re
+import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
+
+from tqdm import tqdm
 
 from tandem.bench.ceiling.oracle import (LONG_RUN, MAX_DRAFT, CostMs, long_run_ms, oracle_rounds, plain_ms, rounds_ms,
                                   suffix_rounds)
@@ -125,7 +128,8 @@ def ceilings(results: dict, level: dict, tokenizer, cost_ms: CostMs, reference: 
     prompts = {p.id: p for p in load_prompts(results["settings"]["prompts_file"])}
     label, texts = answers_of(level, reference)
     table: dict[str, CategoryCeiling] = defaultdict(CategoryCeiling)
-    for prompt_id, text in texts.items():
+    for prompt_id, text in tqdm(texts.items(), desc="pricing the answers" + (" and replaying" if replay else ""),
+                                unit="answer", file=sys.stderr, leave=False):
         if prompt_id not in prompts or not text:
             continue
         prompt = format_prompt(tokenizer, prompts[prompt_id])
