@@ -13,6 +13,7 @@ gives latencies).
 """
 
 import os
+import sys
 from dataclasses import dataclass, replace
 
 from tandem.cluster.runtime.actors import start_actor
@@ -85,12 +86,30 @@ def build_workers(spec: ClusterSpec, settings: ReplicaSettings = ReplicaSettings
                 rtt_ms = rtt if role.role == "verify" else 0.0  # drafters are called by replicas (links)
                 start = _starter(worker, role, name, rtt_ms, replace(settings, cache_ram_bytes=cache_ram[worker.name]))
                 pool.append(Worker(name, role.role, start, rtt_ms=rtt_ms, group=worker.group))
-    for w in verifiers + drafters:
+    workers = verifiers + drafters
+    print(f"starting {len(workers)} cluster workers (each loads its model; a first start profiles it: "
+          f"minutes)...", file=sys.stderr, flush=True)
+    for w in workers:
         w.launch()  # all actors load their models concurrently
-    for w in verifiers + drafters:
+    for ready, w in enumerate(workers, start=1):
         if not w.wait_ready():
-            raise TandemError(f"cluster worker {w.name} failed to start (see the Ray logs)")
+            raise TandemError(f"cluster worker {w.name} failed to start (see the Ray logs: "
+                              f"/tmp/ray/session_latest/logs)")
+        print(f"  {w.name} ready ({ready}/{len(workers)})", file=sys.stderr, flush=True)
     return verifiers, drafters
+
+
+def prepare_models(spec: ClusterSpec) -> None:
+    """Pull and convert every model the workers load, here and once, with the progress bars a
+    worker's log would hide (Ray keeps actors' output out of this terminal), before the actors
+    start: replicas of one model would otherwise each pull it at once."""
+    from tandem.models.resolve import gguf_path, hf_path
+
+    for model, backend in sorted({(role.model, w.backend) for w in spec.workers for role in roles_of(w)}):
+        if backend == "torch":
+            hf_path(model)
+        else:
+            gguf_path(model)
 
 
 def replica_cache_ram(spec: ClusterSpec) -> dict[str, int]:
@@ -136,6 +155,8 @@ def launch_cluster(spec: ClusterSpec, drafter: str, k: int | str, ray_address: s
     check_period(health_period_s)
     check_drafter(drafter, any(w.can_draft and w.drafting_model for w in spec.workers),
                   how_to_add="the cluster file has no worker with a draft_model")
+    if not ray_address:
+        prepare_models(spec)  # on this machine, where the workers run: each pull or conversion once, shown
     start_ray(spec, ray_address)
     verifiers, drafters = build_workers(spec, settings)
     if not verifiers:
