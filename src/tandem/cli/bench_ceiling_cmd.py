@@ -98,13 +98,13 @@ def measure_verify_curves(target: str, contexts: tuple[int, ...], threads: int |
     from tandem.models.cost import measure_cost
     from tandem.models.llamacpp_batch_runner import LlamaCppBatchRunner
     from tandem.models.resolve import gguf_path
-    from tqdm import tqdm
+    from tandem.progress import ProgressBar
 
     runner = LlamaCppBatchRunner(str(gguf_path(target)), 1, max(contexts) + max(CURVE_SIZES) + 8, threads)
     view = SlotView(runner)
     filler = [100 + (i * 7) % 5000 for i in range(max(contexts))]
     curves, cached = {}, 0
-    with tqdm(total=len(contexts) * (1 + 3 * len(CURVE_SIZES)), desc="measuring the verify curves", unit="call",
+    with ProgressBar(total=len(contexts) * (1 + 3 * len(CURVE_SIZES)), desc="measuring the verify curves", unit="call",
               file=sys.stderr, leave=False) as bar:
         for context in sorted(contexts):
             for start in range(cached, context, PREFILL_CHUNK):

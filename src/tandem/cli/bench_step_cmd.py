@@ -33,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+    from tandem.progress import ProgressBar
 
     from tandem.bench.out_dir import check_out_file
     from tandem.bench.step import fill_slots, load_llamacpp_runners, load_runners, memory_bandwidth, time_step
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         runners = load_runners(args.model, args.device, args.dtype, max(batches), args.threads, args.serial)
     timings = []
-    with tqdm(total=len(batches) * len(tokens) * len(runners), desc="steps", file=sys.stderr) as bar:
+    with ProgressBar(total=len(batches) * len(tokens) * len(runners), desc="steps", file=sys.stderr) as bar:
         for batch in batches:
             for runner in runners.values():
                 fill_slots(runner, batch, args.context)

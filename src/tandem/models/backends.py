@@ -13,13 +13,12 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tqdm import tqdm
-
 from tandem.errors import TandemError
 from tandem.hardware import cpu_model, llama_cpp_features
 from tandem.models.cost import PROFILE_SIZES, CostModel, measure_cost
 from tandem.models.runner import ModelRunner
 from tandem.paths import profiles_dir
+from tandem.progress import ProgressBar
 
 PROFILE_BASE_LENGTH = 64  # cost is measured on top of a cache of this many tokens
 DEEP_PROFILE_LENGTH = 1024  # and, for batch runners, of this many too: where long answers run (models/cost.py)
@@ -148,7 +147,7 @@ def _measure_at(runner: ModelRunner, cached: int, sizes: tuple[int, ...], repeat
     """The sweep on `cached` tokens, with a progress bar (a first start spends ~20-40 s a model here)."""
     runner.reset()
     runner.forward([1] * cached, num_logits=0)
-    with tqdm(total=1 + repeats * len(sizes), desc=f"profiling {runner.name} on {cached} cached tokens (once: cached)",
+    with ProgressBar(total=1 + repeats * len(sizes), desc=f"profiling {runner.name} on {cached} cached tokens (once: cached)",
               unit="call", file=sys.stderr, leave=False) as bar:
         return measure_cost(runner.forward, runner.rollback, cached, sizes, repeats, bar.update)
 

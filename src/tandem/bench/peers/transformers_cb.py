@@ -32,8 +32,7 @@ from math import ceil
 from pathlib import Path
 from typing import Callable, Sequence
 
-from tqdm import tqdm
-
+from tandem.progress import ProgressBar
 from tandem.token_ids import cut_at_stop
 from tandem.bench.machine import machine_info
 from tandem.bench.serve.client import RequestRecord, build_record, failed
@@ -242,7 +241,7 @@ def run_peer_sweep(settings: CbPeerSettings, progress: bool = True) -> dict:
         peer.start(max(settings.concurrency), longest)
         peer.run_level([warmup_request()], 1)  # untimed, as bench-serve warms every server up
         for concurrency, requests in plans:
-            with tqdm(total=len(requests), desc=f"C={concurrency} {LABEL}", unit="req", file=sys.stderr,
+            with ProgressBar(total=len(requests), desc=f"C={concurrency} {LABEL}", unit="req", file=sys.stderr,
                       disable=not progress, leave=False) as bar:
                 runs[concurrency] = peer.run_level(requests, concurrency, on_done=lambda _record: bar.update())
             print(f"C={concurrency} {LABEL}: {len(requests)} requests in {runs[concurrency].result.wall_s:.1f} s",

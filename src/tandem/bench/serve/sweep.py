@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Sequence
 
 import httpx
-from tqdm import tqdm
 
 from tandem.bench.serve.draft_sources import parse_sources, read_metrics, source_delta
 from tandem.bench.serve.engine_steps import parse_steps, step_delta
@@ -22,6 +21,7 @@ from tandem.bench.serve.loadgen import LoadResult, run_load
 from tandem.bench.serve.requests import BenchRequest, load_items, warmup_request
 from tandem.bench.serve.server_kinds import ServerKind, ServerLaunch
 from tandem.errors import TandemError
+from tandem.progress import ProgressBar
 
 CHAT_PATH = "/chat/completions"
 MODELS_TIMEOUT_S = 30.0
@@ -125,7 +125,7 @@ def run_turns(endpoints: Sequence[Endpoint], plan: LevelPlan, max_tokens: int, p
              for e in endpoints}
     records: dict[str, list] = {e.kind.label: [] for e in endpoints}
     wall = dict.fromkeys(records, 0.0)
-    with tqdm(total=len(plan.requests) * len(endpoints), desc="C=1 (servers take turns)", unit="req",
+    with ProgressBar(total=len(plan.requests) * len(endpoints), desc="C=1 (servers take turns)", unit="req",
               file=sys.stderr, disable=not progress, leave=False) as bar:
         for i in range(len(plan.requests)):
             shift = i % len(endpoints)
@@ -146,7 +146,7 @@ def run_turns(endpoints: Sequence[Endpoint], plan: LevelPlan, max_tokens: int, p
 def run_level(endpoint: Endpoint, plan: LevelPlan, max_tokens: int, progress: bool) -> LoadResult:
     kind, url = endpoint.kind, endpoint.chat_url
     items = load_items(plan.requests, endpoint.model, max_tokens, dict(kind.request_extras))
-    with tqdm(total=len(items), desc=f"C={plan.concurrency} {kind.label}", unit="req", file=sys.stderr,
+    with ProgressBar(total=len(items), desc=f"C={plan.concurrency} {kind.label}", unit="req", file=sys.stderr,
               disable=not progress, leave=False) as bar:
         result = run_load(url, items, plan.concurrency, on_done=lambda _record: bar.update())
     errors = sum(not r.ok for r in result.records)

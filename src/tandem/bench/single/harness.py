@@ -10,11 +10,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from tqdm import tqdm
-
 from tandem.bench.single.config_base import BenchConfig
 from tandem.bench.single.memory import PeakMemory
 from tandem.bench.workload import BenchPrompt
+from tandem.progress import ProgressBar
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +50,7 @@ def timed_run(config: BenchConfig, item: FormattedPrompt, max_tokens: int) -> Ru
 
 
 def warm_up(configs: Sequence[BenchConfig], items: Sequence[FormattedPrompt], max_tokens: int) -> None:
-    for item in tqdm(items, desc="warm-up", unit="prompt", file=sys.stderr, disable=not items):
+    for item in ProgressBar(items, desc="warm-up", unit="prompt", file=sys.stderr, disable=not items):
         for config in configs:
             config.run(item.token_ids, max_tokens)
 
@@ -60,7 +59,7 @@ def run_benchmark(configs: Sequence[BenchConfig], items: Sequence[FormattedPromp
                   memory: PeakMemory) -> dict[str, list[RunRecord]]:
     """Records per configuration label, in prompt order."""
     records: dict[str, list[RunRecord]] = {config.label: [] for config in configs}
-    progress = tqdm(items, desc="bench", unit="prompt", file=sys.stderr)
+    progress = ProgressBar(items, desc="bench", unit="prompt", file=sys.stderr)
     for index, item in enumerate(progress):
         for config in config_order(configs, index):
             progress.set_postfix_str(f"{item.prompt.id} / {config.label}", refresh=True)

@@ -20,13 +20,12 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from tqdm import tqdm
-
 from tandem.cluster.profiles.profile import Curve, DeviceProfile, MemoryUse
 from tandem.errors import TandemError
 from tandem.models.backends import RunnerSpec, precision_of
 from tandem.models.batch_backends import load_batch_runner
 from tandem.models.batch_runner import BatchItem, BatchRunner
+from tandem.progress import ProgressBar
 
 FILLER_VOCAB = 200  # filler token ids cycle through 1..FILLER_VOCAB
 PROMPT_SIZES = (128, 256)  # prompt lengths timed beyond the grid's sizes
@@ -65,7 +64,7 @@ def measure_profile(spec: RunnerSpec, grid: ProfileGrid = ProfileGrid(), progres
     samples: dict[tuple[int, int, int], float] = {}
     prompt_sizes = sorted(set(grid.sizes) | set(PROMPT_SIZES))
     prompt_samples: dict[int, float] = {}
-    with tqdm(total=(grid.points + len(prompt_sizes)) * grid.repeats, desc=f"profiling {spec.model}", unit="call",
+    with ProgressBar(total=(grid.points + len(prompt_sizes)) * grid.repeats, desc=f"profiling {spec.model}", unit="call",
               disable=not progress) as bar:
         for context in grid.contexts:
             _fill(runner, context, grid.batches[-1])
