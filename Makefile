@@ -31,7 +31,7 @@ $(VENV)/.installed: pyproject.toml
 # llama-cpp-python again (~5 min) when the venv's build was made with other CPU flags than this CPU's
 llama-build: $(VENV)/.installed
 	@if [ "$$(cat $(VENV)/.llama-cmake-args 2>/dev/null)" != "$(LLAMA_CMAKE_ARGS)" ]; then \
-	  echo "rebuilding llama-cpp-python for this CPU: $(LLAMA_CMAKE_ARGS)"; \
+	  echo "rebuilding llama-cpp-python for this CPU (~5 min): $(LLAMA_CMAKE_ARGS)"; \
 	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q --no-cache-dir --force-reinstall --no-deps \
 	    llama-cpp-python==$(LLAMA_VERSION) && echo "$(LLAMA_CMAKE_ARGS)" > $(VENV)/.llama-cmake-args; \
 	fi

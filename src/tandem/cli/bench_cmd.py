@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     results = run_session(settings)
     print("\n".join(main_table(results)))
     print(f"\nwrote results.json, report.md and plots to {settings.out_dir}", file=sys.stderr)
-    return 0
+    return 130 if "interrupted_after_prompts" in results else 0  # a Ctrl-C's finished part, written
 
 
 def model_choice(args: argparse.Namespace) -> ModelChoice:

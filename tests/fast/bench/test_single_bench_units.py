@@ -315,3 +315,32 @@ def test_the_packaged_workloads_load_by_name():
     assert len(default) == 100
     assert len(long) == 18 and {p.category for p in long} == {"code_edit", "reformat", "extraction", "agent_loop"}
     assert any(m["role"] == "assistant" for p in long for m in p.messages)  # the agent loops repeat a turn
+
+
+def test_a_bench_interrupted_keeps_the_prompts_every_config_finished():
+    """Ctrl-C in the third prompt of a long bench: the two prompts both configurations finished
+    are kept and the run says it was cut short (an interrupt lost the whole run); an interrupt
+    before any prompt finished goes on."""
+    import pytest
+
+    from tandem.bench.single.harness import FormattedPrompt, run_benchmark
+    from tandem.bench.single.memory import PeakMemory
+    from tandem.bench.workload import BenchPrompt
+
+    class Config:
+        def __init__(self, label, stop_at):
+            self.label, self.stop_at, self.calls = label, stop_at, 0
+
+        def run(self, token_ids, max_tokens):
+            self.calls += 1
+            if self.calls == self.stop_at:
+                raise KeyboardInterrupt
+            return [1, 2], {}
+
+    items = [FormattedPrompt(BenchPrompt(f"p{i}", "chat", prompt="hi"), (1,)) for i in range(5)]
+    with PeakMemory() as memory:
+        records, interrupted = run_benchmark([Config("a", 99), Config("b", 3)], items, 4, memory)
+        assert interrupted and {label: [r.prompt_id for r in runs] for label, runs in records.items()} == {
+            "a": ["p0", "p1"], "b": ["p0", "p1"]}
+        with pytest.raises(KeyboardInterrupt):
+            run_benchmark([Config("a", 1), Config("b", 99)], items, 4, memory)

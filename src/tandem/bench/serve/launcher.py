@@ -108,6 +108,7 @@ class ServerProcess:
         process = self._process
         if process is None or process.poll() is not None:
             return
+        print(f"stopping {self.kind.label} ...", file=sys.stderr, flush=True)  # up to STOP_GRACE_S
         self._signal_group(signal.SIGTERM)
         try:
             process.wait(STOP_GRACE_S)

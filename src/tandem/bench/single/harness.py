@@ -56,13 +56,22 @@ def warm_up(configs: Sequence[BenchConfig], items: Sequence[FormattedPrompt], ma
 
 
 def run_benchmark(configs: Sequence[BenchConfig], items: Sequence[FormattedPrompt], max_tokens: int,
-                  memory: PeakMemory) -> dict[str, list[RunRecord]]:
-    """Records per configuration label, in prompt order."""
+                  memory: PeakMemory) -> tuple[dict[str, list[RunRecord]], bool]:
+    """Records per configuration label, in prompt order, and whether a Ctrl-C cut the run short:
+    then the prompts every configuration finished are kept (a long run's finished part is not
+    lost); before any, the interrupt goes on."""
     records: dict[str, list[RunRecord]] = {config.label: [] for config in configs}
-    progress = ProgressBar(items, desc="bench", unit="prompt", file=sys.stderr)
-    for index, item in enumerate(progress):
-        for config in config_order(configs, index):
-            progress.set_postfix_str(f"{item.prompt.id} / {config.label}", refresh=True)
-            with memory.track(config.label):
-                records[config.label].append(timed_run(config, item, max_tokens))
-    return records
+    with ProgressBar(items, desc="bench", unit="prompt", file=sys.stderr) as progress:
+        try:
+            for index, item in enumerate(progress):
+                for config in config_order(configs, index):
+                    progress.set_postfix_str(f"{item.prompt.id} / {config.label}", refresh=True)
+                    with memory.track(config.label):
+                        records[config.label].append(timed_run(config, item, max_tokens))
+        except KeyboardInterrupt:
+            done = min(len(runs) for runs in records.values())
+            if done == 0:
+                raise
+            print(f"\ninterrupted: keeping the {done} prompts every configuration finished", file=sys.stderr)
+            return {label: runs[:done] for label, runs in records.items()}, True
+    return records, False

@@ -53,8 +53,10 @@ def run_session(settings: BenchSettings) -> dict:
     setup_all(configs)
     with PeakMemory() as memory:
         warm_up(configs, items[: settings.warmup], settings.max_tokens)
-        records = run_benchmark(configs, items, settings.max_tokens, memory)
+        records, interrupted = run_benchmark(configs, items, settings.max_tokens, memory)
     header = {**_header(settings, len(items)), "cost_curves_ms": models.cost_curves()}
+    if interrupted:
+        header["interrupted_after_prompts"] = min(len(runs) for runs in records.values())
     results = build_results(configs, records, memory, header)
     write_outputs(results, settings.out_dir)
     return results
