@@ -93,3 +93,20 @@ def test_cache_ram_sizes(text, expected):
 def test_bad_cache_ram_sizes_say_how_to_write_them(text):
     with pytest.raises(TandemError):
         parse_cache_ram(text)
+
+
+def test_the_start_up_line_names_the_tiers_that_are_on(tmp_path):
+    """`tandem serve` prints the prompt cache's tiers at start-up; an empty tier (every one at
+    start-up) has length 0, and the line once read that as 'off'."""
+    from types import SimpleNamespace
+
+    from tandem.engine.disk_cache import DiskPromptCache
+    from tandem.engine.prompt_cache import PromptCache
+
+    runner = SimpleNamespace(max_slots=4, save_state=lambda slot: b"")  # a runner that saves slot states
+    host, disk = HostPromptCache(64 << 20, "tiny"), DiskPromptCache(tmp_path, 1 << 30, "tiny")
+    assert len(host) == 0 and len(disk) == 0
+    line = PromptCache(runner, None, host, disk).describe()
+    assert "host tier 64" in line and "disk tier 1" in line, line
+    assert "host tier off" in PromptCache(runner, None, None).describe()
+    disk.close()

@@ -60,9 +60,11 @@ class PromptCache:
 
     def describe(self) -> str:
         """One line for a server's start-up: the slots and the tiers' budgets."""
-        host = f"host tier {human_size(self.host.capacity_bytes)} (--cache-ram)" if self.host else "host tier off"
+        # `is not None`: an empty tier (every tier at start-up) has len 0, so it reads as false
+        host = (f"host tier {human_size(self.host.capacity_bytes)} (--cache-ram)" if self.host is not None
+                else "host tier off")
         disk = (f", disk tier {human_size(self.disk.capacity_bytes)} in {self.disk.folder} "
-                f"({len(self.disk)} entries, {human_size(self.disk.nbytes)})") if self.disk else ""
+                f"({len(self.disk)} entries, {human_size(self.disk.nbytes)})") if self.disk is not None else ""
         return f"prompt cache: {len(self.slots.owner)} slots, {host}{disk}"
 
     def place(self, owner: str, prefix: list[int], first: bool, running_draft: RunningDraft) -> tuple[int, int, list[int]]:
