@@ -117,11 +117,39 @@ async def test_a_lone_surrogate_escape_is_400_not_a_crash(path, raw):
 
 
 @async_test
-async def test_unknown_fields_are_ignored_like_openai():
+async def test_fields_that_change_nothing_pass():
+    """Fields that do not change the tokens (user, metadata, a vendor's extra) pass, as do the
+    no-op values clients send by default for the ones this server does not implement."""
     with TestServer() as server:
         async with server.client() as client:
-            response = await client.post("/v1/completions", json=completion_body(user="u1", presence_penalty=0.1))
-        assert response.status_code == 200
+            response = await client.post("/v1/completions", json=completion_body(
+                user="u1", metadata={"a": "b"}, presence_penalty=0, echo=False, best_of=1))
+            assert response.status_code == 200
+            response = await client.post("/v1/chat/completions", json=chat_body(
+                logprobs=False, tools=[], tool_choice="none", response_format={"type": "text"}, frequency_penalty=0.0))
+            assert response.status_code == 200
+
+
+@async_test
+async def test_features_not_implemented_are_refused_not_ignored():
+    """JSON mode, function calling, logprobs, penalties, echo: a request asking for them gets a
+    400 naming the field, not an answer that quietly lacks them."""
+    refused = [("/v1/chat/completions", chat_body(response_format={"type": "json_object"}), "response_format"),
+               ("/v1/chat/completions", chat_body(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
+               ("/v1/chat/completions", chat_body(tool_choice="auto"), "tool_choice"),
+               ("/v1/chat/completions", chat_body(logprobs=True), "logprobs"),
+               ("/v1/chat/completions", chat_body(top_logprobs=3), "top_logprobs"),
+               ("/v1/completions", completion_body(presence_penalty=0.1), "presence_penalty"),
+               ("/v1/completions", completion_body(frequency_penalty=-1.0), "frequency_penalty"),
+               ("/v1/completions", completion_body(logprobs=2), "logprobs"),
+               ("/v1/completions", completion_body(echo=True), "echo"),
+               ("/v1/completions", completion_body(best_of=3), "best_of"),
+               ("/v1/completions", completion_body(suffix="}"), "suffix")]
+    with TestServer() as server:
+        async with server.client() as client:
+            for path, body, field in refused:
+                error = assert_error(await client.post(path, json=body), 400, param=field)
+                assert "not supported" in error["message"], (field, error)
 
 
 @async_test

@@ -69,6 +69,19 @@ def _no_logit_bias(value) -> None:
     raise PydanticCustomError("unsupported_value", "logit_bias is not supported by this server")
 
 
+def refused(name: str, *no_ops, schema=None):
+    """A field this server does not implement. Its no-op values (what clients send by default:
+    null, false, 0, an empty list, text output) pass; any other would change what comes back, so
+    it is refused with a 400 rather than silently ignored (OpenAI clients expose them all)."""
+
+    def check(value):
+        if value is None or any(value == no_op and type(value) is type(no_op) for no_op in no_ops):
+            return None
+        raise PydanticCustomError("unsupported_value", f"{name} is not supported by this server")
+
+    return PlainValidator(check, json_schema_input_type=schema if schema is not None else None)
+
+
 class TextPart(BaseModel):  # for the schema only: _message_text checks content parts
     type: Literal["text"]
     text: str
@@ -117,6 +130,8 @@ class SamplingFields(BaseModel):
     logit_bias: Annotated[None, PlainValidator(_no_logit_bias, json_schema_input_type=Annotated[
         dict, Field(max_length=0)] | None)] = None
     n: integer(ge=1) | None = None
+    presence_penalty: Annotated[None, refused("presence_penalty", 0, 0.0, schema=Literal[0] | None)] = None
+    frequency_penalty: Annotated[None, refused("frequency_penalty", 0, 0.0, schema=Literal[0] | None)] = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     tandem: TandemOptions | None = None
@@ -137,6 +152,14 @@ class CompletionRequest(SamplingFields):
 
     prompt: Annotated[str, PlainValidator(_one_prompt, json_schema_input_type=str | Annotated[
         list[str], Field(min_length=1, max_length=1)])]
+    logprobs: Annotated[None, refused("logprobs")] = None
+    echo: Annotated[None, refused("echo", False, schema=Literal[False] | None)] = None
+    best_of: Annotated[None, refused("best_of", 1, schema=Literal[1] | None)] = None
+    suffix: Annotated[None, refused("suffix", "", schema=Literal[""] | None)] = None
+
+
+class TextFormat(BaseModel):  # for the schema only: response_format's one accepted value
+    type: Literal["text"]
 
 
 class ChatMessage(BaseModel):
@@ -155,6 +178,12 @@ class ChatCompletionRequest(SamplingFields):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: integer(ge=1) | None = None
+    logprobs: Annotated[None, refused("logprobs", False, schema=Literal[False] | None)] = None
+    top_logprobs: Annotated[None, refused("top_logprobs")] = None
+    response_format: Annotated[None, refused("response_format (JSON mode, structured outputs)", {"type": "text"},
+                                             schema=TextFormat | None)] = None
+    tools: Annotated[None, refused("tools (function calling)", [], schema=Annotated[list, Field(max_length=0)] | None)] = None
+    tool_choice: Annotated[None, refused("tool_choice", "none", schema=Literal["none"] | None)] = None
 
     def new_token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
