@@ -41,7 +41,7 @@ class ServeSettings:
     cache_url: str | None = None  # None or "memory": in-process; "redis://HOST:PORT": shared; "off"
     cache_ttl_seconds: float = DEFAULT_CACHE_TTL_SECONDS
     otlp_endpoint: str | None = None  # OTLP/HTTP collector, e.g. http://localhost:4318
-    alert_threshold: float = 0.6  # acceptance rate under which the dashboard raises an alert
+    alert_threshold: float = 0.3  # acceptance rate under which the dashboard raises an alert (normal chat: 0.5-0.6)
     served_model_name: str | None = None  # None: the target's catalog name
     grace_seconds: float = 10.0  # how long shutdown waits for in-flight requests
     max_tokens_limit: int | None = None  # the most new tokens a request may ask for (None: the context)

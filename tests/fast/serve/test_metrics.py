@@ -187,7 +187,7 @@ def test_snapshot_series_per_second_with_idle_seconds_filled():
     assert series["itl_p50"] == [None, None, 0.02, 0.02, 0.02]
     assert snapshot["latency"]["itl"] == {"p50": 0.02, "p90": 0.028, "p99": 0.0298, "count": 3}
     assert snapshot["latency"]["ttft"]["count"] == 1
-    assert snapshot["alert"]["threshold"] == 0.6
+    assert snapshot["alert"]["threshold"] == 0.3  # the default
 
 
 def test_snapshot_memory_is_bounded():

@@ -26,7 +26,7 @@ TOTALS = ("requests", "rejected", "prompt_tokens", "generation_tokens", "drafted
 
 
 class ServingMetrics:
-    def __init__(self, model_name: str, alert_threshold: float = 0.6, registry=None, *,
+    def __init__(self, model_name: str, alert_threshold: float = 0.3, registry=None, *,
                  alert_window_tokens: int = DEFAULT_WINDOW_TOKENS,
                  alert_min_tokens: int = DEFAULT_MIN_TOKENS,
                  series_seconds: int = DEFAULT_SERIES_SECONDS,
