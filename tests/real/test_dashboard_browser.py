@@ -113,7 +113,7 @@ def test_dashboard_charts_update_and_alert_fires(dashboard_app):
 
         load.acceptance = LOW_ACCEPTANCE
         dashboard.wait_for_alert(visible=True)
-        assert "below the threshold of 60%" in dashboard.alert_text()
+        assert "below the threshold of 30%" in dashboard.alert_text()
         assert metrics.alert_firing
         dashboard.wait_for_points("chart-acceptance", dashboard.points()["chart-acceptance"] + 2)
         dashboard.screenshot(SCREENSHOT)
