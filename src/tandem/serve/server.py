@@ -67,6 +67,10 @@ def build_state(config: EngineConfig, settings: ServeSettings, model_name: str, 
                 cluster=None) -> ServerState:
     """Load the tokenizer and models and start the engine thread (slow: before the port is bound).
     With `cluster` (cluster/runtime/launch.py's ClusterOptions) the models load on Ray workers instead."""
+    if cluster is None:
+        draft = f" and {config.draft.model}" if config.draft is not None else ""
+        print(f"loading {config.target.model}{draft} (a first start also pulls and profiles them: minutes) ...",
+              file=sys.stderr, flush=True)
     tokenizer = TextTokenizer(str(tokenizer_path(config.target.model)))
     metrics = ServingMetrics(model_name, settings.alert_threshold)
     tracer = RequestTracer(settings.otlp_endpoint)
