@@ -34,6 +34,7 @@ def files(tmp_path):
 
 
 CASES = [  # argv (with {file} names), what the one error line says
+    (["generate", "--prompt", "hi", "--context-length", "10"], "at least 64"),
     (["simulate", "--scaling", CLUSTER, "--out", "{tmp}", "--sizes", "1,x"], "wants whole numbers"),
     (["simulate", "--cluster", CLUSTER, "--prompt-tokens", "-5"], "at least 1"),
     (["simulate", "--cluster", CLUSTER, "--concurrency", "0"], "at least 1"),
@@ -79,3 +80,16 @@ def test_bad_input_is_one_error_line_and_exit_2(argv, says, files, capsys):
     err = capsys.readouterr().err
     assert code == 2 and says in err, err
     assert err.startswith("error: ") and err.count("\n") == 1, err  # one line, argparse's usage errors too
+
+
+def test_the_context_length_reaches_both_models():
+    """`--context-length` sets what target and draft hold (it was fixed at 4,096)."""
+    import argparse
+
+    from tandem.cli.options import add_model_options, draft_spec, target_spec
+
+    parser = argparse.ArgumentParser()
+    add_model_options(parser)
+    args = parser.parse_args(["--context-length", "16384"])
+    assert target_spec(args).context_length == draft_spec(args).context_length == 16384
+    assert target_spec(parser.parse_args([])).context_length == 4096

@@ -23,6 +23,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--draft-device", default="auto", help="draft device")
     group.add_argument("--draft-dtype", default="fp32", help="draft dtype for torch")
     group.add_argument("--threads", type=whole_number(1), default=None, help="CPU threads per model (default: all)")
+    group.add_argument("--context-length", type=whole_number(64), default=4096, metavar="TOKENS",
+                       help="most tokens a sequence holds, prompt and answer (default 4096; capped at what the "
+                       "model was trained for)")
     group.add_argument("--k", default="auto", help="speculation depth: an integer from 0 to 64, or auto (default: "
                        "the planner chooses, up to 16 tokens of a draft model and 63 of a copy)")
     group.add_argument("--step-tokens", type=int, default=STEP_TOKEN_BUDGET,
@@ -75,13 +78,13 @@ def kv_memory_option(text: str) -> int:
 
 
 def target_spec(args: argparse.Namespace) -> RunnerSpec:
-    return RunnerSpec(args.target, args.backend, args.device, args.dtype, args.threads,
+    return RunnerSpec(args.target, args.backend, args.device, args.dtype, args.threads, args.context_length,
                       torch_runner=args.torch_runner, kv_memory=args.kv_memory)
 
 
 def draft_spec(args: argparse.Namespace) -> RunnerSpec:
     return RunnerSpec(args.draft, args.draft_backend, args.draft_device, args.draft_dtype, args.threads,
-                      torch_runner=args.torch_runner)
+                      args.context_length, torch_runner=args.torch_runner)
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
