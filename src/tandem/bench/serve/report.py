@@ -20,7 +20,7 @@ def _acceptance(summary: dict) -> str:
 
 
 def throughput_table(results: dict) -> list[str]:
-    header = ["config"] + [f"C={level['concurrency']}" for level in _levels(results)]
+    header = ["completion tok/s"] + [f"C={level['concurrency']}" for level in _levels(results)]
     rows = [[label] + [number_cell(level["configs"].get(label, {}).get("throughput_tok_s"))
                        for level in _levels(results)]
             for label in results["configs"]]
