@@ -93,3 +93,28 @@ def test_the_context_length_reaches_both_models():
     args = parser.parse_args(["--context-length", "16384"])
     assert target_spec(args).context_length == draft_spec(args).context_length == 16384
     assert target_spec(parser.parse_args([])).context_length == 4096
+
+
+def test_sigterm_stops_a_command_as_ctrl_c_does(monkeypatch):
+    """`timeout` or `kill` sends SIGTERM: the command ends through the same path as Ctrl-C
+    (servers a bench started are stopped on the way out; the default action left a peer server
+    running), exit 130, and the handler before it is back afterwards."""
+    import argparse
+    import os
+    import signal
+    import time
+
+    from tandem.cli import main as main_module
+
+    def sleeps_until_killed(args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        return 0
+
+    parser = argparse.ArgumentParser()
+    parser.set_defaults(func=sleeps_until_killed)
+    monkeypatch.setattr(main_module, "build_parser", lambda: parser)
+    before = signal.getsignal(signal.SIGTERM)
+    started = time.monotonic()
+    assert main_module.main([]) == 130 and time.monotonic() - started < 4
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -2,7 +2,9 @@
 
 import argparse
 import os
+import signal
 import sys
+import threading
 
 from tandem.errors import TandemError
 
@@ -31,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = build_parser().parse_args(argv)
+    in_main_thread = threading.current_thread() is threading.main_thread()  # where handlers may be set
+    previous = signal.signal(signal.SIGTERM, _interrupt) if in_main_thread else None  # `timeout`, `kill`: as Ctrl-C
     try:
         return args.func(args)
     except TandemError as error:
@@ -39,6 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)  # a progress bar or streamed text may hold the line
         return 130
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum, frame) -> None:
+    """SIGTERM as a KeyboardInterrupt: the servers a bench started are stopped on the way out (the
+    default action ended the process at once, and a peer server could outlive it). `tandem
+    serve` installs its own handler once it serves: SIGTERM drains it."""
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
