@@ -13,12 +13,12 @@ from tandem.engine.build import EngineConfig
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("models")
-    group.add_argument("--target", default=DEFAULT_TARGET, help="catalog name, .gguf file or HF folder")
-    group.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model (same tokenizer as the target)")
+    group.add_argument("--target", default=DEFAULT_TARGET, help="catalog name, .gguf file or HF folder (default %(default)s)")
+    group.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model, same tokenizer as the target (default %(default)s)")
     group.add_argument("--drafter", default=None, metavar="NAME", help=drafter_help())
-    group.add_argument("--backend", default="auto", help="target backend: llamacpp | torch | auto")
-    group.add_argument("--device", default="auto", help="target device: cpu, cuda:0, mps, npu:0, xpu ...")
-    group.add_argument("--dtype", default="fp32", help="target dtype for torch: fp32 | bf16 | fp16")
+    group.add_argument("--backend", default="auto", help="target backend: llamacpp | torch | auto (default: torch where a GPU exists, else llamacpp)")
+    group.add_argument("--device", default="auto", help="target device: cpu, cuda:0, mps, npu:0, xpu ... (default: auto, the backend's)")
+    group.add_argument("--dtype", default="fp32", help="target dtype for torch: fp32 | bf16 | fp16 (default %(default)s)")
     group.add_argument("--draft-backend", default="auto", help="draft backend: llamacpp | torch | auto")
     group.add_argument("--draft-device", default="auto", help="draft device")
     group.add_argument("--draft-dtype", default="fp32", help="draft dtype for torch")

@@ -24,9 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--served-model-name", default=None, help="the model name clients send (default: --target)")
     group.add_argument("--max-running", default="8", help="sequences decoded together (default 8)")
     group.add_argument("--max-waiting", default="64", help="requests queued beyond those; more get 429 (default 64)")
-    group.add_argument("--max-body-bytes", default=str(DEFAULT_MAX_BODY_BYTES), help="request body limit (413)")
-    group.add_argument("--cache", default="memory", help="response and n-gram cache: memory | redis://HOST:PORT | off")
-    group.add_argument("--cache-ttl", default=str(DEFAULT_CACHE_TTL_SECONDS), help="seconds a cached response lives")
+    group.add_argument("--max-body-bytes", default=str(DEFAULT_MAX_BODY_BYTES), help="request body limit in bytes, beyond it a 413 (default %(default)s)")
+    group.add_argument("--cache", default="memory", help="response and n-gram cache: memory | redis://HOST:PORT | off (default %(default)s)")
+    group.add_argument("--cache-ttl", default=str(DEFAULT_CACHE_TTL_SECONDS), help="seconds a cached response lives (default %(default)s)")
     group.add_argument("--cache-ram", default=None,
                        help="host memory for the prompt cache's evicted KV states, e.g. 8G, 512M or a number of "
                        "MiB (llama-server's option); 0 turns it off (default: 8 GiB or a quarter of the RAM, "
@@ -42,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--alert-threshold", default="0.3",
                        help="rolling acceptance rate under which the dashboard and /metrics raise an alert (default 0.3: "
                        "the default drafter runs at 0.5-0.6 on chat, copies at 0.8-0.9)")
-    group.add_argument("--grace-seconds", default="10", help="on SIGTERM, time in-flight requests get to finish")
+    group.add_argument("--grace-seconds", default="10", help="on SIGTERM, seconds in-flight requests get to finish (default %(default)s)")
     limits = parser.add_argument_group("limits")
     limits.add_argument("--max-tokens-limit", default=None,
                         help="most new tokens a request may ask for; more get 400 (default: the context)")
