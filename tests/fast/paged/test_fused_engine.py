@@ -106,18 +106,25 @@ def test_a_full_pool_waits_instead_of_failing(tiny_target):
     assert len(finished) == 10 and set(finished.values()) == {"length"}
 
 
-def test_a_pool_that_overflows_mid_generation_preempts_and_recomputes(tiny_target, monkeypatch):
-    """Admission without headroom lets three sequences start in an 80-token pool that cannot
-    hold them all: the step that overflows is undone, the youngest sequence goes back to the
-    queue and is recomputed later, and every output still equals the reference."""
+def overflowing(tiny_target, monkeypatch, drafter: str):
+    """An engine admitting three 30-token requests without headroom into an 80-token pool that
+    cannot hold them all (the pool's runner, and the prompts, beside it)."""
     monkeypatch.setattr("tandem.engine.batch_engine.KV_HEADROOM_TOKENS", 0)
     target = fused_runner(tiny_target, slots=3, context=64)
     small = type(target)(target.decoder, 3, 64, kv_memory=target.kv_bytes // target.pool_tokens * 80)
     small.cost = target.cost
-    engine = BatchEngine(small, None, "none")
+    engine = BatchEngine(small, None, drafter)
     prompts = [PROMPTS[0] + (9,) * 14, PROMPTS[1] + (4,) * 10, PROMPTS[2] + (7,) * 12]
     for index, prompt in enumerate(prompts):
         engine.add(f"r{index}", GenerationRequest(prompt, max_tokens=30))
+    return engine, small, prompts
+
+
+def test_a_pool_that_overflows_mid_generation_preempts_and_recomputes(tiny_target, monkeypatch):
+    """Admission without headroom lets three sequences start in an 80-token pool that cannot
+    hold them all: the step that overflows is undone, the youngest sequence goes back to the
+    queue and is recomputed later, and every output still equals the reference."""
+    engine, small, prompts = overflowing(tiny_target, monkeypatch, "none")
     outputs, preempted = {f"r{i}": [] for i in range(3)}, 0
     while engine.has_work:
         waiting = engine.num_waiting
@@ -136,14 +143,7 @@ def test_a_preempted_sequence_cancelled_while_waiting_leaves_no_drafter_state(ti
     """A sequence preempted mid-generation waits with its drafters' per-sequence state (its
     suffix index, its copy's alignment); cancelled there (a client that gave up), that state
     goes with it, as it does for a running sequence. It used to stay for the server's life."""
-    monkeypatch.setattr("tandem.engine.batch_engine.KV_HEADROOM_TOKENS", 0)
-    target = fused_runner(tiny_target, slots=3, context=64)
-    small = type(target)(target.decoder, 3, 64, kv_memory=target.kv_bytes // target.pool_tokens * 80)
-    small.cost = target.cost
-    engine = BatchEngine(small, None, "suffix")
-    prompts = [PROMPTS[0] + (9,) * 14, PROMPTS[1] + (4,) * 10, PROMPTS[2] + (7,) * 12]
-    for index, prompt in enumerate(prompts):
-        engine.add(f"r{index}", GenerationRequest(prompt, max_tokens=30))
+    engine, _, _ = overflowing(tiny_target, monkeypatch, "suffix")
     cancelled = None
     while engine.has_work:
         waiting = engine.num_waiting
