@@ -80,6 +80,7 @@ BAD_INPUTS = {
     "top-p zero": ["--prompt", "hi", "--top-p", "0"],
     "top-p above one": ["--prompt", "hi", "--top-p", "1.5"],
     "max tokens zero": ["--prompt", "hi", "--max-tokens", "0"],
+    "answer beyond context": ["--prompt", "hi", "--max-tokens", "100000"],
     "unknown drafter": ["--prompt", "hi", "--drafter", "oracle"],
 }
 

@@ -35,6 +35,12 @@ class TextGenerator:
         return tuple(self.tokenizer.encode(prompt))
 
     def request(self, prompt_ids, max_tokens: int, sampling: SamplingParams, stop: list[str] | None = None):
+        """The engine request; a prompt and max_tokens beyond the context are refused, as the server
+        refuses them (the answer would end at the context without a word)."""
+        context = self.engine.context_length
+        if len(prompt_ids) + max_tokens > context:
+            raise TandemError(f"a {len(prompt_ids)}-token prompt and --max-tokens {max_tokens} exceed the context of "
+                              f"{context} tokens: lower --max-tokens or raise --context-length")
         stops = StopStrings(self.tokenizer.decode, stop or [])
         return GenerationRequest(
             tuple(prompt_ids), max_tokens, sampling, self.tokenizer.stop_token_ids, stops if stop else None
