@@ -151,7 +151,8 @@ def test_a_killed_conversions_temp_folder_is_removed_by_the_next_one(tmp_path):
         folder.mkdir()
         (folder / "model.safetensors").write_bytes(b"half")
     old = os.stat(stale).st_mtime - STALE_WORK_SECONDS - 60
-    os.utime(stale, (old, old))
+    for path in (stale, stale / "model.safetensors"):
+        os.utime(path, (old, old))
     with atomic_dir(dest) as work:
         (work / "config.json").write_text("{}")
     assert (dest / "config.json").is_file() and not stale.exists() and fresh.is_dir()

@@ -44,8 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\ninterrupted", file=sys.stderr)  # a progress bar or streamed text may hold the line
         return 130
     finally:
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, previous)
+        if in_main_thread:  # None: a handler set outside Python, which only the default can stand for
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 def _interrupt(signum, frame) -> None:

@@ -33,7 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        "printed at start-up; llama.cpp, and torch's fused runner)")
     group.add_argument("--cache-dir", default=None,
                        help="folder for the prompt cache's disk tier: evicted and finished conversations' KV "
-                       "states, kept across restarts and keyed by the model files' checksums (default: off)")
+                       "states, kept across restarts and keyed by the model files' checksums; one server per folder "
+                       "(default: off)")
     group.add_argument("--cache-disk", default=None,
                        help="disk space the disk tier may use in --cache-dir, other models' files included (they go "
                        "first), e.g. 16G or a number of MiB (default: 16 GiB or a quarter of the free space, "

@@ -114,9 +114,12 @@ def llama_cpp_version() -> str:
 
 
 def host_cache_for(target, draft, cache_ram_bytes: int | None = None) -> HostPromptCache | None:
-    """The host tier, keyed by the runners' names (model, backend, format), so that its states
-    are restored only into the models that saved them."""
+    """The host tier, keyed by what the runners' saved states mean (model, backend, precision:
+    `state_format`, else the name), so that its states are restored only into the models that
+    saved them, and a cluster's move restores one into any replica of the same model whatever
+    its device or slot count."""
     capacity = default_cache_ram_bytes() if cache_ram_bytes is None else cache_ram_bytes
     if not hasattr(target, "save_state") or (draft is not None and not hasattr(draft, "save_state")):
         return None
-    return HostPromptCache(capacity, "|".join(runner.name for runner in (target, draft) if runner is not None))
+    return HostPromptCache(capacity, "|".join(getattr(runner, "state_format", runner.name)
+                                              for runner in (target, draft) if runner is not None))

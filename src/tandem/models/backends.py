@@ -11,10 +11,10 @@ import json
 import os
 import sys
 from dataclasses import dataclass, replace
-from pathlib import Path
 
-from tandem.errors import TandemError
+from tandem.errors import ModelNotFoundError, TandemError
 from tandem.hardware import cpu_model, llama_cpp_features
+from tandem.models.checksum import model_version
 from tandem.models.cost import PROFILE_SIZES, CostModel, measure_cost
 from tandem.models.runner import ModelRunner
 from tandem.paths import profiles_dir
@@ -167,21 +167,18 @@ def _profile_key(spec: RunnerSpec, runner: ModelRunner) -> str:
     threads = spec.threads or os.cpu_count()
     model = os.path.abspath(spec.model) if os.path.exists(spec.model) else spec.model
     build = llama_cpp_features() if spec.backend == "llamacpp" else ""
-    text = (f"{model}|{_file_version(model)}|{spec.backend}|{spec.device}|{_device_name(spec.device)}|"
+    text = (f"{model}|{_version(spec.model)}|{spec.backend}|{spec.device}|{_device_name(spec.device)}|"
             f"{_precision(spec)}|{threads}|{spec.context_length}|{cpu_model()}|{build}")
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _file_version(path: str) -> str:
-    """A local model's size and time (a file, or a folder's files): another model written at the
-    same path is profiled again. Cheap (no hashing: profiles only steer speed)."""
-    if os.path.isfile(path):
-        stat = os.stat(path)
-        return f"{stat.st_size}:{stat.st_mtime_ns}"
-    if os.path.isdir(path):
-        stats = [p.stat() for p in Path(path).rglob("*") if p.is_file()]
-        return f"{sum(s.st_size for s in stats)}:{max((s.st_mtime_ns for s in stats), default=0)}"
-    return ""  # a catalog name: its files never change
+def _version(model: str) -> str:
+    """The model's size and time (a catalog model's checksum): another model written at the same
+    path is profiled again. No hashing: profiles only steer speed."""
+    try:
+        return model_version(model)
+    except ModelNotFoundError:  # a runner not loaded from a file (a test's double)
+        return ""
 
 
 def _device_name(device: str) -> str:

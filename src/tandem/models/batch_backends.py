@@ -29,6 +29,7 @@ def _load_llamacpp(spec: RunnerSpec, slots: int, cache_slots: int | None = None)
     runner = LlamaCppBatchRunner(str(gguf_path(spec.model)), slots, spec.context_length, spec.threads,
                                  cache_slots)
     runner.name = f"{spec.model} [llamacpp/cpu/gguf/x{slots}]"
+    runner.state_format = f"{spec.model} [llamacpp/gguf]"  # what its saved states mean (not how many slots)
     runner.cost = cached_profile(spec, SlotView(runner), BATCH_PROFILE_SIZES, variant="-batch", deep=True)
     runner.rollback(0, 0)
     return runner
@@ -49,6 +50,7 @@ def _load_torch_fused(spec: RunnerSpec, slots: int, cache_slots: int | None = No
     runner = FusedTorchRunner.load(str(hf_path(spec.model)), spec.device, spec.dtype, slots, spec.context_length,
                                    spec.threads, spec.kv_memory, cache_slots)
     runner.name = f"{spec.model} [torch-fused/{spec.device}/{spec.dtype}/x{slots}]"
+    runner.state_format = f"{spec.model} [torch-fused/{spec.dtype}]"  # rows read to the host: any device
     print(f"{runner.name}: {runner.describe_pool()}", file=sys.stderr)
     runner.cost = cached_profile(spec, SlotView(runner), BATCH_PROFILE_SIZES, variant="-fused", deep=True)
     runner.rollback(0, 0)

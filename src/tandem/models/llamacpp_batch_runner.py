@@ -121,7 +121,8 @@ class LlamaCppBatchRunner:
         self._batch = LlamaBatch(n_tokens=BATCH_TOKENS, embd=0, n_seq_max=1, verbose=False)
         self.name = f"{os.path.basename(str(gguf_path))} [llamacpp/cpu/{threads}t/x{max_slots}]"
         self.vocab_size = int(self._llm.n_vocab())
-        self.context_length = min(context_length, int(self._llm._model.n_ctx_train()))
+        # a sequence never outgrows the pool (capped at MAX_POOL_TOKENS cells), nor what the model was trained on
+        self.context_length = min(context_length, int(self._llm._model.n_ctx_train()), self.pool_tokens)
         self.max_slots = max_slots
         # logits positions per call: every slot's model round, or one slot's longest copy round
         self.max_outputs = min(BATCH_TOKENS, max(max_slots * OUTPUTS_PER_SLOT, LONGEST_ROUND))

@@ -109,8 +109,9 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
     """
     dest.parent.mkdir(parents=True, exist_ok=True)
     for stale in dest.parent.glob(f".{dest.name}.tmp-*"):
-        with contextlib.suppress(OSError):
-            if time.time() - stale.stat().st_mtime > STALE_WORK_SECONDS:
+        with contextlib.suppress(OSError):  # the newest time in it: a live pull appends deep inside
+            newest = max(p.stat().st_mtime for p in (stale, *stale.rglob("*")))
+            if time.time() - newest > STALE_WORK_SECONDS:
                 shutil.rmtree(stale, ignore_errors=True)
     work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     try:

@@ -105,8 +105,8 @@ def _cache_dir(name_or_path: str | Path, gguf: Path) -> Path:
     stat = gguf.stat()
     key = hashlib.sha256(f"{gguf}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     folder = models_dir() / f"local-{key}"
-    if not folder.is_dir():
-        folder.mkdir(parents=True)
+    if not (folder / LOCAL_SOURCE).is_file():  # this version's first use (another process may race us: both may)
+        folder.mkdir(parents=True, exist_ok=True)
         (folder / LOCAL_SOURCE).write_text(str(gguf))
         _remove_older_versions(gguf, folder)
     return folder

@@ -18,14 +18,13 @@ from pathlib import Path
 
 import uvicorn
 
-from tandem.engine.build import EngineConfig
-from tandem.engine.build import build_engine, llama_cpp_version
-from tandem.hardware import llama_cpp_features
-from tandem.models.backends import precision_of
-from tandem.models.checksum import model_version
+from tandem.engine.build import EngineConfig, build_engine, llama_cpp_version
 from tandem.engine.events import SpeculationOptions
 from tandem.engine.worker import EngineWorker
 from tandem.errors import TandemError
+from tandem.hardware import llama_cpp_features
+from tandem.models.backends import precision_of
+from tandem.models.checksum import model_version
 from tandem.models.resolve import tokenizer_digest, tokenizer_path
 from tandem.serve.api.app import create_app
 from tandem.serve.observability.metrics import ServingMetrics
@@ -46,6 +45,10 @@ def serve(config: EngineConfig, settings: ServeSettings, cluster=None) -> int:
     configure_logging(settings)
     warn_if_exposed(settings)
     model_name = settings.served_model_name or default_model_name(config.target.model)
+    if cluster is None:
+        draft = f" and {config.draft.model}" if config.draft is not None else ""
+        print(f"loading {config.target.model}{draft} (a first start also pulls and profiles them: minutes) ...",
+              file=sys.stderr, flush=True)
     ngram_store = open_ngram_store(None if settings.cache_url == CACHE_OFF else settings.cache_url,
                                    namespace=ngram_namespace(config, model_name))
     try:
@@ -67,10 +70,6 @@ def build_state(config: EngineConfig, settings: ServeSettings, model_name: str, 
                 cluster=None) -> ServerState:
     """Load the tokenizer and models and start the engine thread (slow: before the port is bound).
     With `cluster` (cluster/runtime/launch.py's ClusterOptions) the models load on Ray workers instead."""
-    if cluster is None:
-        draft = f" and {config.draft.model}" if config.draft is not None else ""
-        print(f"loading {config.target.model}{draft} (a first start also pulls and profiles them: minutes) ...",
-              file=sys.stderr, flush=True)
     tokenizer = TextTokenizer(str(tokenizer_path(config.target.model)))
     metrics = ServingMetrics(model_name, settings.alert_threshold)
     tracer = RequestTracer(settings.otlp_endpoint)

@@ -123,7 +123,7 @@ async def test_fields_that_change_nothing_pass():
     with TestServer() as server:
         async with server.client() as client:
             response = await client.post("/v1/completions", json=completion_body(
-                user="u1", metadata={"a": "b"}, presence_penalty=0, echo=False, best_of=1))
+                user="u1", metadata={"a": "b"}, presence_penalty=0, echo=False, best_of=1.0))
             assert response.status_code == 200
             response = await client.post("/v1/chat/completions", json=chat_body(
                 logprobs=False, tools=[], tool_choice="none", response_format={"type": "text"}, frequency_penalty=0.0))
@@ -137,6 +137,8 @@ async def test_features_not_implemented_are_refused_not_ignored():
     refused = [("/v1/chat/completions", chat_body(response_format={"type": "json_object"}), "response_format"),
                ("/v1/chat/completions", chat_body(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
                ("/v1/chat/completions", chat_body(tool_choice="auto"), "tool_choice"),
+               ("/v1/chat/completions", chat_body(functions=[{"name": "f"}]), "functions"),
+               ("/v1/chat/completions", chat_body(function_call="auto"), "function_call"),
                ("/v1/chat/completions", chat_body(logprobs=True), "logprobs"),
                ("/v1/chat/completions", chat_body(top_logprobs=3), "top_logprobs"),
                ("/v1/completions", completion_body(presence_penalty=0.1), "presence_penalty"),

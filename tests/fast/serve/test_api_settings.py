@@ -62,6 +62,7 @@ def test_the_response_cache_knows_another_model_at_the_same_path(tmp_path):
     (or the same path's file rewritten) must not be answered with the first one's outputs. It
     was keyed by the path string; now by the files' size and time too (nothing hashed: a start
     stays fast), and by device and precision."""
+    import os
     import shutil
 
     from tandem.engine.build import EngineConfig
@@ -78,6 +79,8 @@ def test_the_response_cache_knows_another_model_at_the_same_path(tmp_path):
     assert identity(first, "bf16") != before  # another precision answers differently
     shutil.rmtree(first)
     build_tiny_model(first, seed=2)  # another model at the same path
+    for file in first.iterdir():  # a time of its own, whatever the filesystem's clock granularity
+        os.utime(file, ns=(10**18, 10**18))
     assert identity(first) != before
 
 

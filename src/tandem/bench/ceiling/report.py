@@ -84,7 +84,7 @@ _CURVE_LINE = re.compile(r"verify curve at (\d+) cached tokens \(ms\): (.+)")
 def curve_lines(curves: dict[int, CostModel]) -> list[str]:
     """One line per context, as bench-ceiling prints its curves (and `read_curves` reads them)."""
     return ["verify curve at %d cached tokens (ms): %s" % (context, ", ".join(
-        f"{n}: {curve.cost_ms(n):.0f}" for n in sorted(curve.latency_ms))) for context, curve in sorted(curves.items())]
+        f"{n}: {curve.cost_ms(n):.2f}" for n in sorted(curve.latency_ms))) for context, curve in sorted(curves.items())]
 
 
 def read_curves(text: str) -> dict[int, CostModel]:
@@ -127,23 +127,25 @@ def ceilings(results: dict, level: dict, tokenizer, cost_ms: CostMs, reference: 
     prompts = {p.id: p for p in load_prompts(results["settings"]["prompts_file"])}
     label, texts = answers_of(level, reference)
     table: dict[str, CategoryCeiling] = defaultdict(CategoryCeiling)
-    for prompt_id, text in ProgressBar(texts.items(), desc="pricing the answers" + (" and replaying" if replay else ""),
-                                unit="answer", file=sys.stderr, leave=False):
-        if prompt_id not in prompts or not text:
-            continue
-        prompt = format_prompt(tokenizer, prompts[prompt_id])
-        answer = tokenizer.encode(text)
-        row = table[prompts[prompt_id].category]
-        row.requests += 1
-        row.tokens += max(0, len(answer) - 1)
-        row.plain_ms += plain_ms(len(prompt), len(answer), cost_ms)
-        row.suffix_ms += rounds_ms(suffix_rounds(prompt, answer, max_draft), cost_ms)
-        oracle = oracle_rounds(prompt, answer, max_draft)
-        row.oracle_ms += rounds_ms(oracle, cost_ms)
-        row.long_ms += long_run_ms(oracle, cost_ms)
-        row.oracle_rounds += len(oracle)
-        if replay is not None:
-            row.replay_ms += replay(prompt, answer)
+    pricing = ProgressBar(texts.items(), desc="pricing the answers" + (" and replaying" if replay else ""),
+                          unit="answer", file=sys.stderr, leave=False)
+    with pricing:
+        for prompt_id, text in pricing:
+            if prompt_id not in prompts or not text:
+                continue
+            prompt = format_prompt(tokenizer, prompts[prompt_id])
+            answer = tokenizer.encode(text)
+            row = table[prompts[prompt_id].category]
+            row.requests += 1
+            row.tokens += max(0, len(answer) - 1)
+            row.plain_ms += plain_ms(len(prompt), len(answer), cost_ms)
+            row.suffix_ms += rounds_ms(suffix_rounds(prompt, answer, max_draft), cost_ms)
+            oracle = oracle_rounds(prompt, answer, max_draft)
+            row.oracle_ms += rounds_ms(oracle, cost_ms)
+            row.long_ms += long_run_ms(oracle, cost_ms)
+            row.oracle_rounds += len(oracle)
+            if replay is not None:
+                row.replay_ms += replay(prompt, answer)
     for config, run in level["configs"].items():
         for request in first_pass(run["request_records"]):
             category = request.get("category")

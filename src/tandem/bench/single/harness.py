@@ -50,9 +50,10 @@ def timed_run(config: BenchConfig, item: FormattedPrompt, max_tokens: int) -> Ru
 
 
 def warm_up(configs: Sequence[BenchConfig], items: Sequence[FormattedPrompt], max_tokens: int) -> None:
-    for item in ProgressBar(items, desc="warm-up", unit="prompt", file=sys.stderr, disable=not items):
-        for config in configs:
-            config.run(item.token_ids, max_tokens)
+    with ProgressBar(items, desc="warm-up", unit="prompt", file=sys.stderr, disable=not items) as progress:
+        for item in progress:
+            for config in configs:
+                config.run(item.token_ids, max_tokens)
 
 
 def run_benchmark(configs: Sequence[BenchConfig], items: Sequence[FormattedPrompt], max_tokens: int,

@@ -3,9 +3,10 @@ themselves being cluster/planning/stream_placement.py (cost) and affinity.py (pr
 where a request goes, and which streams move to a replica that idles.
 
 Every price is read off the replica's own curves (short and deep, they travel with its news) at
-the context the call would run on: a prompt's prefill on what the replica already holds of it,
-a decode step at the mean length of the streams the replica would then hold, as its engine
-reads its step (`BatchDepthPlanner.plan`'s context). So a replica busy with long conversations
+the context the call would run on: a decode step at the mean length of the streams the replica
+would then hold, as its engine reads its step (`BatchDepthPlanner.plan`'s context); a prompt's
+prefill from an empty cache for the cost rule, and for the prefix rule on what the replica holds
+of it. So a replica busy with long conversations
 is priced as dear as it is, and a long conversation goes where depth is cheap (a GPU beside a
 CPU).
 """
@@ -32,14 +33,15 @@ def choose_replica(verifiers: list[Worker], routed: Routed, prefixes: dict[str, 
     steps = [step_cost(w, held_lengths.get(w.name, []) + [length]) for w in live]
     chosen = choose([Candidate(len(w.sequences), prefill_ms(w, length, 0), step) for w, step in zip(live, steps)],
                     routed.room)
-    held = [prefixes[w.name].longest(tokens) for w in live]
-    better = prefer_prefix(chosen, held, [len(w.sequences) for w in live],
-                           [prefill_ms(w, length - h, h) for w, h in zip(live, held)], steps, length, routed.room)
+    held_prefix = [prefixes[w.name].longest(tokens) for w in live]
+    better = prefer_prefix(chosen, held_prefix, [len(w.sequences) for w in live],
+                           [prefill_ms(w, length - h, h) for w, h in zip(live, held_prefix)], steps, length,
+                           routed.room)
     if routed.reason != "cost":  # a failover or a move keeps its label wherever it goes
         return live[chosen if better is None else better], routed.reason
     if better is not None:
         return live[better], "prefix"
-    return live[chosen], "prefix" if held[chosen] >= max(BLOCK, AFFINITY_SHARE * length) else "cost"
+    return live[chosen], "prefix" if held_prefix[chosen] >= max(BLOCK, AFFINITY_SHARE * length) else "cost"
 
 
 def choose_moves(verifiers: list[Worker], streams: Iterable[Routed]) -> list[tuple[Routed, Worker]]:
@@ -53,15 +55,15 @@ def choose_moves(verifiers: list[Worker], streams: Iterable[Routed]) -> list[tup
     taken: set[int] = set()
     targets = sorted((w for w in verifiers if w.alive and len(w.sequences) < w.max_slots), key=lambda w: len(w.sequences))
     for target in targets:
-        held = len(target.sequences)
+        target_streams = len(target.sequences)
         gains = {}
         for r in streams:
             if r.moving or id(r) in taken or r.replica in (None, target) or r.room <= 1:
                 continue
-            if len(r.replica.sequences) <= held:
+            if len(r.replica.sequences) <= target_streams:
                 continue
             stay_ms = step_cost(r.replica, held_lengths[r.replica.name])(len(r.replica.sequences))
-            move_ms = step_cost(target, held_lengths.get(target.name, []) + [r.num_tokens])(held + 1)
+            move_ms = step_cost(target, held_lengths.get(target.name, []) + [r.num_tokens])(target_streams + 1)
             gains[id(r)] = move_gain_ms(r.room, refill_ms(r, target), stay_ms, move_ms)
         best = max((r for r in streams if gains.get(id(r), 0.0) > 0), default=None, key=lambda r: gains[id(r)])
         if best is not None:

@@ -79,7 +79,7 @@ def refused(name: str, *no_ops, schema=None):
             return None
         raise PydanticCustomError("unsupported_value", f"{name} is not supported by this server")
 
-    return PlainValidator(check, json_schema_input_type=schema if schema is not None else None)
+    return PlainValidator(check, json_schema_input_type=schema)
 
 
 class TextPart(BaseModel):  # for the schema only: _message_text checks content parts
@@ -154,7 +154,7 @@ class CompletionRequest(SamplingFields):
         list[str], Field(min_length=1, max_length=1)])]
     logprobs: Annotated[None, refused("logprobs")] = None
     echo: Annotated[None, refused("echo", False, schema=Literal[False] | None)] = None
-    best_of: Annotated[None, refused("best_of", 1, schema=Literal[1] | None)] = None
+    best_of: Annotated[None, refused("best_of", 1, 1.0, schema=Literal[1] | None)] = None
     suffix: Annotated[None, refused("suffix", "", schema=Literal[""] | None)] = None
 
 
@@ -184,6 +184,9 @@ class ChatCompletionRequest(SamplingFields):
                                              schema=TextFormat | None)] = None
     tools: Annotated[None, refused("tools (function calling)", [], schema=Annotated[list, Field(max_length=0)] | None)] = None
     tool_choice: Annotated[None, refused("tool_choice", "none", schema=Literal["none"] | None)] = None
+    functions: Annotated[None, refused("functions (function calling)", [], schema=Annotated[
+        list, Field(max_length=0)] | None)] = None
+    function_call: Annotated[None, refused("function_call", "none", schema=Literal["none"] | None)] = None
 
     def new_token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
