@@ -5,6 +5,7 @@ tokenizer checked) and the batching engine over them.
 `tandem generate`, `tandem bench` and `tandem serve` all build their engine here."""
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tandem.engine.batch_engine import STEP_TOKEN_BUDGET, BatchEngine, check_prefill_floor, check_step_token_budget
@@ -90,12 +91,18 @@ def disk_model_key(config: EngineConfig, with_draft: bool) -> str:
     they do not change a state."""
     specs = [config.target] + ([config.draft] if with_draft else [])
     parts = [f"tandem {_tandem_version()}"]
-    for spec in (spec.resolved() for spec in specs):
-        build = (f"{llama_cpp_version()} {llama_cpp_features()}" if spec.backend == "llamacpp"
-                 else f"layout {TORCH_STATE_LAYOUT}")
-        parts.append(f"{model_checksum(spec.model)}|{spec.backend}|{spec.device}|"
-                     f"{precision_of(spec.backend, spec.dtype)}|{build}")
+    for spec in specs:
+        layout = "" if spec.resolved().backend == "llamacpp" else f"|layout {TORCH_STATE_LAYOUT}"
+        parts.append(runner_identity(spec, model_checksum) + layout)
     return " + ".join(parts)
+
+
+def runner_identity(spec: RunnerSpec, model_version: Callable[[str], str]) -> str:
+    """What a runner computes with, as keys name it: the model's version (`model_version` of its
+    name), backend, device, precision and, for llama.cpp, its build."""
+    spec = spec.resolved()
+    build = f"{llama_cpp_version()} {llama_cpp_features()}" if spec.backend == "llamacpp" else ""
+    return f"{model_version(spec.model)}|{spec.backend}|{spec.device}|{precision_of(spec.backend, spec.dtype)}|{build}"
 
 
 def _tandem_version() -> str:

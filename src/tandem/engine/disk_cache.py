@@ -95,6 +95,7 @@ class DiskPromptCache:
         self.nbytes = 0  # files kept, plus writes under way
         self.foreign: deque[tuple[Path, int]] = deque()  # other keys' files and sizes, oldest first
         self.foreign_bytes = 0
+        self._removals: list[Path] = []  # files taken off the books under the lock, unlinked after it
         self.written = 0  # files ever written
         self.evicted = 0  # files removed for room
         self.failed_writes = 0
@@ -145,6 +146,7 @@ class DiskPromptCache:
             with self._lock:
                 if path in self._records:
                     self._drop(path)
+            self._unlink_removed()
             return None
         with contextlib.suppress(OSError):
             os.utime(path)  # the least recently used order, across restarts
@@ -182,6 +184,7 @@ class DiskPromptCache:
         with self._lock:
             for path in list(self._records):
                 self._drop(path)
+        self._unlink_removed()
 
     def close(self) -> None:
         """Finish the writes under way; later puts are refused (a second close does nothing)."""
@@ -213,6 +216,7 @@ class DiskPromptCache:
                 self._drop(old)
             self._evict_for(len(data))
             self.nbytes += len(data)  # reserved while the file is written
+        self._unlink_removed()  # before the write: the path itself may be among them
         tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp")
         try:
             tmp.write_bytes(data)
@@ -252,6 +256,7 @@ class DiskPromptCache:
             self._add(record)
         self._scan_foreign()
         self._evict_for(0)
+        self._unlink_removed()
 
     def _scan_foreign(self) -> None:
         """Other keys' files in the directory, oldest first: they count against the budget."""
@@ -272,9 +277,7 @@ class DiskPromptCache:
         while self.foreign and self.nbytes + self.foreign_bytes + extra > self.capacity_bytes:
             path, size = self.foreign.popleft()
             self.foreign_bytes -= size
-            _remove(path)
-            with contextlib.suppress(OSError):
-                path.parent.rmdir()  # the last of its folder: the folder goes too
+            self._removals.append(path)
             self.evicted += 1
         while self._records and self.nbytes + self.foreign_bytes + extra > self.capacity_bytes:
             self._drop(next(iter(self._records)))
@@ -288,7 +291,18 @@ class DiskPromptCache:
     def _drop(self, path: Path) -> None:
         self.nbytes -= self._records.pop(path).nbytes
         self._index.remove(path)
-        _remove(path)
+        self._removals.append(path)
+
+    def _unlink_removed(self) -> None:
+        """Unlink what was taken off the books, outside the lock (the engine's lookups take it:
+        a slow disk must not hold a step); another key's folder goes with its last file."""
+        with self._lock:
+            removals, self._removals = self._removals, []
+        for path in removals:
+            _remove(path)
+            if path.parent != self.folder:
+                with contextlib.suppress(OSError):
+                    path.parent.rmdir()
 
 
 def _remove(path: Path) -> None:

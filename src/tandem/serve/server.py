@@ -18,12 +18,10 @@ from pathlib import Path
 
 import uvicorn
 
-from tandem.engine.build import EngineConfig, build_engine, llama_cpp_version
+from tandem.engine.build import EngineConfig, build_engine, runner_identity
 from tandem.engine.events import SpeculationOptions
 from tandem.engine.worker import EngineWorker
 from tandem.errors import TandemError
-from tandem.hardware import llama_cpp_features
-from tandem.models.backends import precision_of
 from tandem.models.checksum import model_version
 from tandem.models.resolve import tokenizer_digest, tokenizer_path
 from tandem.serve.api.app import create_app
@@ -107,10 +105,7 @@ def model_identity(config: EngineConfig) -> str:
     file's path, size and time: another file later at the path is another model, and a Redis
     entry outlives a server; nothing is hashed, so a start stays fast), backend, device,
     precision and, for llama.cpp, its build."""
-    target = config.target.resolved()
-    build = f"{llama_cpp_version()} {llama_cpp_features()}" if target.backend == "llamacpp" else ""
-    return (f"{model_version(target.model)}|{target.backend}|{target.device}|"
-            f"{precision_of(target.backend, target.dtype)}|{build}")
+    return runner_identity(config.target, model_version)
 
 
 def _engine(config: EngineConfig, settings: ServeSettings, ngram_store, cluster, model_name: str):

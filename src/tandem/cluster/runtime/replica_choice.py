@@ -73,11 +73,14 @@ def choose_moves(verifiers: list[Worker], streams: Iterable[Routed]) -> list[tup
 
 
 def lengths_by_replica(streams: Iterable[Routed]) -> dict[str, list[int]]:
-    """Each replica's placed streams' lengths (prompt and output so far), by replica name."""
+    """Each replica's streams' lengths (prompt and output so far), by replica name: those placed
+    there, and those moving there (each holds a slot of its target already, as it is counted in
+    the target's sequences)."""
     lengths: dict[str, list[int]] = {}
     for r in streams:
-        if r.replica is not None:
-            lengths.setdefault(r.replica.name, []).append(r.num_tokens)
+        for replica in (r.replica, r.moving[0] if r.moving else None):
+            if replica is not None:
+                lengths.setdefault(replica.name, []).append(r.num_tokens)
     return lengths
 
 
