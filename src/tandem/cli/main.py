@@ -33,8 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = build_parser().parse_args(argv)
-    in_main_thread = threading.current_thread() is threading.main_thread()  # where handlers may be set
-    previous = signal.signal(signal.SIGTERM, _interrupt) if in_main_thread else None  # `timeout`, `kill`: as Ctrl-C
+    # where handlers may be set; `tandem serve` keeps SIGTERM's own meaning (uvicorn drains on it,
+    # and a second one after the drain, `timeout` passing on its own, must not raise mid-teardown)
+    interrupts = threading.current_thread() is threading.main_thread() and getattr(args, "command", None) != "serve"
+    previous = signal.signal(signal.SIGTERM, _interrupt) if interrupts else None  # `timeout`, `kill`: as Ctrl-C
     try:
         return args.func(args)
     except TandemError as error:
@@ -44,14 +46,14 @@ def main(argv: list[str] | None = None) -> int:
         print("\ninterrupted", file=sys.stderr)  # a progress bar or streamed text may hold the line
         return 130
     finally:
-        if in_main_thread:  # None: a handler set outside Python, which only the default can stand for
+        if interrupts:  # None: a handler set outside Python, which only the default can stand for
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 def _interrupt(signum, frame) -> None:
     """SIGTERM as a KeyboardInterrupt: the servers a bench started are stopped on the way out (the
     default action ended the process at once, and a peer server could outlive it). `tandem
-    serve` installs its own handler once it serves: SIGTERM drains it."""
+    serve` is left out: SIGTERM drains it."""
     raise KeyboardInterrupt
 
 
