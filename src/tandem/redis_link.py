@@ -146,16 +146,12 @@ class RedisLink:
 
     def _failed(self, error: Exception) -> None:
         with self._lock:
-            now = self._clock()
-            self._errors += 1
-            self._errors_unreported += 1
-            self._down_until = now + self._backoff_s
+            self._down_until = self._clock() + self._backoff_s
             retry_in = self._backoff_s
             self._backoff_s = min(2 * self._backoff_s, self._backoff_max_s)
-            if now - self._last_warning < WARNING_INTERVAL_SECONDS:
-                return
-            self._last_warning = now
-            count, self._errors_unreported = self._errors_unreported, 0
+            count = self._count_error()
+        if count is None:
+            return
         log.warning("Redis at %s unavailable (%s: %s); serving uncached, %d operation(s) degraded "
                     "since the last warning; retrying in %.1f s",
                     self.url, type(error).__name__, error, count, retry_in)
@@ -164,16 +160,24 @@ class RedisLink:
         """Redis refused a write at its `maxmemory` under the `noeviction` policy (its default
         policy; its default maxmemory is no limit): the write is lost, Redis is not down."""
         with self._lock:
-            now = self._clock()
-            self._errors += 1
-            self._errors_unreported += 1
-            if now - self._last_warning < WARNING_INTERVAL_SECONDS:
-                return
-            self._last_warning = now
-            count, self._errors_unreported = self._errors_unreported, 0
+            count = self._count_error()
+        if count is None:
+            return
         log.warning("Redis at %s is full (%s); %d write(s) dropped since the last warning. Set its "
                     "maxmemory-policy to allkeys-lru (or volatile-lru: every Tandem key expires) so that "
                     "it evicts", self.url, error, count)
+
+    def _count_error(self) -> int | None:
+        """Count a degraded operation (the lock held); the operations to report since the last
+        warning where one is due (at most one per WARNING_INTERVAL_SECONDS), else None."""
+        self._errors += 1
+        self._errors_unreported += 1
+        now = self._clock()
+        if now - self._last_warning < WARNING_INTERVAL_SECONDS:
+            return None
+        self._last_warning = now
+        count, self._errors_unreported = self._errors_unreported, 0
+        return count
 
     def _succeeded(self) -> None:
         with self._lock:

@@ -40,7 +40,10 @@ def model_version(name_or_path: str | Path) -> str:
     if name in catalog.CATALOG:
         return catalog.CATALOG[name].sha256
     path = Path(name).expanduser().resolve()
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else []
+    if path.is_file():
+        files = [path]
+    else:  # a folder's files (none where nothing is there)
+        files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else []
     if not files:
         raise ModelNotFoundError(f"no such model file or folder: {path}")
     versions = [_version(f) for f in files]

@@ -62,13 +62,6 @@ def _depth(value) -> int | str | None:
     raise PydanticCustomError("invalid_value", f"must be 'auto' or an integer from 0 to {K_LIMIT}")
 
 
-def _no_logit_bias(value) -> None:
-    """Not supported: refused when it would change tokens, rather than silently ignored."""
-    if value is None or value == {}:
-        return None
-    raise PydanticCustomError("unsupported_value", "logit_bias is not supported by this server")
-
-
 def refused(name: str, *no_ops, schema=None):
     """A field this server does not implement. Its no-op values (what clients send by default:
     null, false, 0, an empty list, text output) pass; any other would change what comes back, so
@@ -127,8 +120,7 @@ class SamplingFields(BaseModel):
     seed: integer(ge=0, lt=2**63) | None = None
     stop: Annotated[list[str], PlainValidator(_stop_strings, json_schema_input_type=str | Annotated[
         list[str], Field(max_length=MAX_STOP_STRINGS)] | None)] = Field(default_factory=list)
-    logit_bias: Annotated[None, PlainValidator(_no_logit_bias, json_schema_input_type=Annotated[
-        dict, Field(max_length=0)] | None)] = None
+    logit_bias: Annotated[None, refused("logit_bias", {}, schema=Annotated[dict, Field(max_length=0)] | None)] = None
     n: integer(ge=1) | None = None
     presence_penalty: Annotated[None, refused("presence_penalty", 0, 0.0, schema=Literal[0] | None)] = None
     frequency_penalty: Annotated[None, refused("frequency_penalty", 0, 0.0, schema=Literal[0] | None)] = None
