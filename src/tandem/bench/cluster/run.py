@@ -43,12 +43,16 @@ def requests_for(target_model: str, count: int, max_tokens: int, prompts_file=DE
             for p in chosen]
 
 
+def progress_line(message: str) -> None:
+    """A run's progress, on stderr: stdout carries the report."""
+    print(message, file=sys.stderr, flush=True)
+
+
 def run_cluster_bench(cluster: ClusterOptions, drafter: str, k, concurrency: int, count: int, max_tokens: int,
-                      configs: tuple[str, ...], out: Path, progress=None, repeats: int = 1) -> dict:
+                      configs: tuple[str, ...], out: Path, progress=progress_line, repeats: int = 1) -> dict:
     """Run `configs` in order, `repeats` times over (this machine drifts by 10% over minutes:
     repeating the whole sequence puts every configuration in each period). Entries of the
     first pass keep the configuration's name, later ones add " #2", " #3" ..."""
-    progress = progress or _to_stderr  # stdout carries the report
     target = cluster.target
     requests = requests_for(target.model, count, max_tokens)
     if "single" in configs:
@@ -200,7 +204,3 @@ def _summary_table(report: dict) -> str:
         ratio = f"{entry['x_solo_sum']:.2f}" if "x_solo_sum" in entry else ""
         rows.append(f"| {name} | {each} | {entry['mean']:.1f} | {ratio} |")
     return "\n".join(rows) + "\n"
-
-
-def _to_stderr(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
