@@ -197,7 +197,7 @@ def test_generation_request_rejects_bad_input(kwargs):
         GenerationRequest(**{"prompt_ids": (1, 2), **kwargs})
 
 
-@pytest.mark.parametrize("kwargs", [{"temperature": -0.1}, {"top_p": 0.0}, {"top_p": 1.5},
+@pytest.mark.parametrize("kwargs", [{"temperature": -0.1}, {"temperature": 2.5}, {"top_p": 0.0}, {"top_p": 1.5},
                                     {"top_k": -1}])
 def test_sampling_params_reject_bad_input(kwargs):
     with pytest.raises(TandemError):
@@ -207,6 +207,7 @@ def test_sampling_params_reject_bad_input(kwargs):
 def test_valid_params_are_accepted():
     assert SamplingParams().greedy
     assert not SamplingParams(temperature=0.7, top_k=5, top_p=0.9, seed=1).greedy
+    assert SamplingParams(temperature=2.0).temperature == 2.0  # the API's bound, the command line's too
     assert GenerationRequest((1,), max_tokens=1).max_tokens == 1
 
 

@@ -19,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     prompt.add_argument("--prompt", help="raw prompt text (no chat template)")
     prompt.add_argument("--messages", help='chat messages as JSON: [{"role": "user", "content": "..."}]')
     parser.add_argument("--max-tokens", type=whole_number(1), default=128, help="new tokens at most (default 128)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), at most 2")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--seed", type=int, default=None)

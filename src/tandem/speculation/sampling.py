@@ -13,6 +13,9 @@ import numpy as np
 from tandem.errors import TandemError
 
 
+MAX_TEMPERATURE = 2.0  # OpenAI's bound; the server and the command line share it
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     temperature: float = 0.0
@@ -21,8 +24,8 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        if not (isinstance(self.temperature, (int, float)) and 0.0 <= self.temperature <= 100.0):
-            raise TandemError(f"temperature must be a number in [0, 100], got {self.temperature!r}")
+        if not (isinstance(self.temperature, (int, float)) and 0.0 <= self.temperature <= MAX_TEMPERATURE):
+            raise TandemError(f"temperature must be a number in [0, {MAX_TEMPERATURE:g}], got {self.temperature!r}")
         if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
             raise TandemError(f"top-p must be in (0, 1], got {self.top_p!r}")
         if not (isinstance(self.top_k, int) and self.top_k >= 0):

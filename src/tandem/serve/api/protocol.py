@@ -13,6 +13,7 @@ from pydantic_core import PydanticCustomError
 
 from tandem.engine.events import SpeculationOptions
 from tandem.speculation.depth import K_LIMIT
+from tandem.speculation.sampling import MAX_TEMPERATURE
 from tandem.speculation.drafters.registry import DRAFTER_NAMES
 
 MAX_STOP_STRINGS = 16
@@ -114,7 +115,7 @@ class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     model: str
     max_tokens: integer(ge=1) | None = None
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    temperature: float | None = Field(None, ge=0.0, le=MAX_TEMPERATURE)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: integer(ge=0) | None = None  # not OpenAI's; accepted as vLLM does
     seed: integer(ge=0, lt=2**63) | None = None
