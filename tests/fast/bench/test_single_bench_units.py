@@ -317,10 +317,10 @@ def test_the_packaged_workloads_load_by_name():
     assert any(m["role"] == "assistant" for p in long for m in p.messages)  # the agent loops repeat a turn
 
 
-def test_a_bench_interrupted_keeps_the_prompts_every_config_finished():
+def test_a_bench_interrupted_keeps_the_prompts_every_config_finished(capsys):
     """Ctrl-C in the third prompt of a long bench: the two prompts both configurations finished
-    are kept and the run says it was cut short (an interrupt lost the whole run); an interrupt
-    before any prompt finished goes on."""
+    are kept and the run says it was cut short (an interrupt lost the whole run), its progress
+    line too (off a terminal); an interrupt before any prompt finished goes on."""
     import pytest
 
     from tandem.bench.single.harness import FormattedPrompt, run_benchmark
@@ -342,5 +342,6 @@ def test_a_bench_interrupted_keeps_the_prompts_every_config_finished():
         records, interrupted = run_benchmark([Config("a", 99), Config("b", 3)], items, 4, memory)
         assert interrupted and {label: [r.prompt_id for r in runs] for label, runs in records.items()} == {
             "a": ["p0", "p1"], "b": ["p0", "p1"]}
+        assert "bench: stopped after" in capsys.readouterr().err
         with pytest.raises(KeyboardInterrupt):
             run_benchmark([Config("a", 1), Config("b", 99)], items, 4, memory)

@@ -62,17 +62,17 @@ def run_benchmark(configs: Sequence[BenchConfig], items: Sequence[FormattedPromp
     then the prompts every configuration finished are kept (a long run's finished part is not
     lost); before any, the interrupt goes on."""
     records: dict[str, list[RunRecord]] = {config.label: [] for config in configs}
-    with ProgressBar(items, desc="bench", unit="prompt", file=sys.stderr) as progress:
-        try:
+    try:  # outside the bar, so that its end line says it stopped
+        with ProgressBar(items, desc="bench", unit="prompt", file=sys.stderr) as progress:
             for index, item in enumerate(progress):
                 for config in config_order(configs, index):
                     progress.set_postfix_str(f"{item.prompt.id} / {config.label}", refresh=True)
                     with memory.track(config.label):
                         records[config.label].append(timed_run(config, item, max_tokens))
-        except KeyboardInterrupt:
-            done = min(len(runs) for runs in records.values())
-            if done == 0:
-                raise
-            print(f"\ninterrupted: keeping the {done} prompts every configuration finished", file=sys.stderr)
-            return {label: runs[:done] for label, runs in records.items()}, True
+    except KeyboardInterrupt:
+        done = min(len(runs) for runs in records.values())
+        if done == 0:
+            raise
+        print(f"\ninterrupted: keeping the {done} prompts every configuration finished", file=sys.stderr)
+        return {label: runs[:done] for label, runs in records.items()}, True
     return records, False
