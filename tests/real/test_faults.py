@@ -10,12 +10,15 @@
 - a client that reads one byte a second: other streams go on, its KV slot is freed when its
   generation ends (not when it has read it), and the server hangs up on it in the end (a response
   blocked on it is dropped at --request-timeout: tests/fast/serve/test_api_streaming.py).
+- a second SIGTERM while a long stream drains: the stream ends at once with an error event, the
+  process exits 0 without a traceback (the grace period is 10 minutes).
 (SIGTERM with requests in flight is test_serve_openai.py's last test.)"""
 
 import asyncio
 import itertools
 import json
 import os
+import signal
 import socket
 import shutil
 import subprocess
@@ -270,5 +273,29 @@ def test_a_client_that_stops_reading_stalls_nobody_and_holds_no_kv():
         assert reader.closed_by_server.wait(timeout + 30), "the server kept the connection of a silent client"
         health = server.health()
         assert health["status"] == "ok" and server.process.poll() is None
+    finally:
+        server.stop()
+
+
+def test_a_second_sigterm_cancels_the_drain_and_exits_cleanly():
+    server = start_server(serve_command("--grace-seconds", "600", "--cache", "off"))
+    try:
+        body = {"model": SMALL, "prompt": "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,", "max_tokens": 3000, "temperature": 0,
+                "stream": True, "tandem": {"drafter": "none"}}
+        events: list[str] = []
+        stream = threading.Thread(target=lambda: events.extend(
+            httpx.post(f"{server.url}/v1/completions", json=body, timeout=120).text.split("\n\n")))
+        stream.start()
+        assert until(lambda: server.health()["in_flight"] == 1, 30)
+        server.process.send_signal(signal.SIGTERM)
+        assert until(lambda: any("shutting down: finishing 1" in line for line in server.output), 10)
+        started = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(60) == 0
+        stream.join(30)
+        assert time.monotonic() - started < 30  # not the 600 s of grace, nor 3,000 tokens
+        assert events[-2:] == ["data: [DONE]", ""] and "error" in events[-3], events[-3:]
+        server.reader.join(10)
+        assert not any("Traceback" in line for line in server.output), "".join(server.output)
     finally:
         server.stop()

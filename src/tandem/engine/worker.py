@@ -185,6 +185,11 @@ class EngineWorker:
         if close is not None:
             close()
 
+    def cut_grace(self) -> None:
+        """During a drain (`shutdown`), cancel what is still in flight now instead of at the end
+        of the grace period."""
+        self._commands.put(("drain", None, 0.0, None))
+
     # -- engine thread --------------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -219,8 +224,9 @@ class EngineWorker:
             update = self.engine.cancel(seq_id)
             if update is not None:
                 self._dispatch([update])
-        elif kind == "drain":
-            self._drain_deadline = time.monotonic() + payload
+        elif kind == "drain":  # the earliest deadline asked holds (a cut grace queued before the drain)
+            deadline = time.monotonic() + payload
+            self._drain_deadline = deadline if self._drain_deadline is None else min(self._drain_deadline, deadline)
 
     def _step(self) -> None:
         try:

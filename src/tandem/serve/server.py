@@ -5,7 +5,9 @@ never reaches a server that cannot answer yet; `--port 0` binds any free port, a
 naming the real URL is printed once uvicorn accepts connections. Shutdown, on the first SIGINT or
 SIGTERM: new requests get 503 (and /health says "draining"), in-flight requests get
 `grace_seconds` to finish (then they are cancelled), then uvicorn closes and the process exits 0.
-A second signal exits at once.
+A second signal cuts the grace short: in-flight requests are cancelled at once (a stream ends
+with an error event, others get 503) and the process exits 0 as before. A third one stops
+without waiting for anything.
 """
 
 import asyncio
@@ -183,13 +185,18 @@ class DrainingServer(uvicorn.Server):
     def __init__(self, state: ServerState, config: uvicorn.Config):
         super().__init__(config)
         self.state = state
+        self.hurried = False  # a second signal came during the drain
 
     def handle_exit(self, sig, frame) -> None:
-        if self.state.draining:  # a second signal: stop now
+        if self.hurried:  # a third signal: stop waiting for anything
             self.force_exit = self.should_exit = True
-            return
-        self.state.draining = True
-        threading.Thread(target=self._drain, name="tandem-drain", daemon=True).start()
+        elif self.state.draining:  # a second one: no more grace
+            self.hurried = True
+            print("shutting down now: cancelling in-flight requests", file=sys.stderr, flush=True)
+            self.state.worker.cut_grace()
+        else:
+            self.state.draining = True
+            threading.Thread(target=self._drain, name="tandem-drain", daemon=True).start()
 
     def _drain(self) -> None:
         grace = self.state.settings.grace_seconds
