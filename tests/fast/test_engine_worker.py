@@ -102,3 +102,28 @@ def test_the_engine_is_closed_once_however_often_the_worker_shuts_down(tiny_targ
     worker.shutdown(grace_seconds=1)
     worker.shutdown(grace_seconds=0)
     assert closes == [1]
+
+
+def test_a_cancel_on_an_idle_engine_reaches_the_queue_observers(tiny_target, tiny_draft):
+    """After the last running request is cancelled the engine takes no step, so no report says
+    running 0: the worker tells its queue observers, once per change. The engine thread's loop
+    is driven by hand here (the worker is not started), so the request cannot end by itself first."""
+    heard = []
+    worker = EngineWorker(make_engine(tiny_target, tiny_draft, slots=1),
+                          queue_observers=[lambda running, waiting: heard.append((running, waiting))])
+    handle = worker.submit(GenerationRequest(PROMPTS[0], max_tokens=64))
+
+    def loop_once():  # one pass of EngineWorker._run
+        worker._take_commands(block=False)
+        worker._tell_queue()
+        if worker.engine.has_work:
+            worker._step()
+
+    loop_once()
+    assert heard == [(0, 1)] and worker.last_report.running == 1  # admitted by the step, which reports it
+    loop_once()
+    handle.cancel()
+    loop_once()
+    loop_once()
+    assert heard == [(0, 1), (0, 0)] and not worker.engine.has_work
+    assert collect_sync(handle, timeout=1)[1].finish_reason == "cancelled"

@@ -72,6 +72,7 @@ class BatchingEngine(Protocol):
 
 
 StepObserver = Callable[[StepReport], None]
+QueueObserver = Callable[[int, int], None]  # (running, waiting) where they changed between steps
 
 
 class RequestHandle:
@@ -115,10 +116,16 @@ class EngineWorker:
         engine: BatchingEngine,
         max_waiting: int = DEFAULT_MAX_WAITING,
         observers: Iterable[StepObserver] = (),
+        queue_observers: Iterable[QueueObserver] = (),
     ):
+        """observers: called with every step's report. queue_observers: called with the engine's
+        running and waiting counts where a command (a cancel, a new request) changed them between
+        steps, so that an idle engine's gauges do not keep the last step's counts."""
         self.engine = engine
         self.capacity = engine.max_running + max_waiting
         self.observers = list(observers)
+        self.queue_observers = list(queue_observers)
+        self._queue_told = (0, 0)  # the (running, waiting) observers last heard, by a report or directly
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._handles: dict[str, RequestHandle] = {}
         self._lock = threading.Lock()
@@ -195,6 +202,7 @@ class EngineWorker:
     def _run(self) -> None:
         while True:
             self._take_commands(block=not self.engine.has_work)
+            self._tell_queue()
             if self._drain_deadline is not None:
                 if not self.engine.has_work or time.monotonic() > self._drain_deadline:
                     self._cancel_all()
@@ -239,11 +247,23 @@ class EngineWorker:
         if report is None:
             return
         self.last_report = report
+        self._queue_told = (report.running, report.waiting)
         for observer in self.observers:
             try:
                 observer(report)
             except Exception:
                 log.exception("step observer failed")
+
+    def _tell_queue(self) -> None:
+        counts = (self.engine.num_running, self.engine.num_waiting)
+        if counts == self._queue_told or not self.queue_observers:
+            return
+        self._queue_told = counts
+        for observer in self.queue_observers:
+            try:
+                observer(*counts)
+            except Exception:
+                log.exception("queue observer failed")
 
     def _dispatch(self, updates: list[SequenceUpdate]) -> None:
         for update in updates:

@@ -221,3 +221,17 @@ def test_own_registry_and_thread_safety():
     thread.join()
     assert value(first, "tandem:spec_decode_num_draft_tokens_total") == 4000
     assert first.snapshot()["totals"]["drafted"] == 4000
+
+
+def test_a_cancel_between_steps_updates_the_queue_gauges_and_the_dashboard():
+    """An idle engine takes no step after a cancel: the worker tells the counts directly, else
+    /metrics and the dashboard kept the last step's running 1 for as long as the server idled."""
+    clock = FakeClock()
+    metrics = ServingMetrics(MODEL, clock=clock)
+    metrics.observe_step(step(T0, running=1, waiting=1))
+    clock.now = T0 + 2.5
+    metrics.observe_queue(0, 0)
+    assert value(metrics, "tandem:num_requests_running") == 0 and value(metrics, "tandem:num_requests_waiting") == 0
+    clock.now = T0 + 5
+    series = metrics.snapshot()["series"]
+    assert series["running"][:3] == [1, 1, 0] and series["running"][-1] == 0 and series["waiting"][-1] == 0

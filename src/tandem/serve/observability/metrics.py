@@ -115,6 +115,14 @@ class ServingMetrics:
             self._series.add_step(report, ended_at, self._window.rate)
             self._refresh_rolling_gauges(ended_at)
 
+    def observe_queue(self, running: int, waiting: int) -> None:
+        """Called on the engine thread where a cancel or a new request changed the counts between
+        steps (an idle engine takes no step to report them)."""
+        self._m.num_requests_running.set(running)
+        self._m.num_requests_waiting.set(waiting)
+        with self._lock:
+            self._series.note_queue(self._clock(), running, waiting)
+
     def _observe_timings(self, report: StepReport) -> None:
         m = self._m
         m.num_requests_running.set(report.running)

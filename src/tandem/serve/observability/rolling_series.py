@@ -68,6 +68,11 @@ class RollingSeries:
             bucket.tokens += round_.accepted + 1
             _count_positions(bucket.by_position, round_.k, round_.accepted)
 
+    def note_queue(self, when: float, running: int, waiting: int) -> None:
+        """The queue's counts changed without a step (a cancel on an idle engine)."""
+        bucket = self._bucket(when)
+        bucket.running, bucket.waiting = running, waiting
+
     def add_request(self, when: float, ttft: float | None, e2e: float, inter_token: list[float]) -> None:
         self._bucket(when)  # closes the previous second first, so these samples count from now on
         if ttft is not None:
