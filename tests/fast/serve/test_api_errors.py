@@ -86,14 +86,38 @@ async def test_bad_chat_bodies_are_400(body, param, code, says):
         assert not server.engine.added
 
 
+def nested(depth: int) -> bytes:
+    return b'{"model": "M", "prompt": "hi", "a": ' + b"[" * (depth - 1) + b"]" * (depth - 1) + b"}"
+
+
 @pytest.mark.parametrize("raw", [b"{not json", b"", b"[1, 2]", b'"text"', b"\xff\xfe", b'{"model": NaN}',
-                                 b"[" * 100_000])
+                                 b"[" * 100_000, nested(33), nested(500), *(nested(d) for d in range(940, 1000))])
 @async_test
 async def test_malformed_json_is_400(raw):
     with TestServer() as server:
         async with server.client() as client:
             response = await client.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
         assert_error(response, 400, code="invalid_json", says="JSON")
+
+
+@async_test
+async def test_a_client_gone_before_its_body_arrived_is_a_counted_400_not_a_500():
+    """An upload cut short (Content-Length larger than what came, then the socket closed) raised
+    starlette's ClientDisconnect through the app: a 500 and two tracebacks in the log per request."""
+    from starlette.requests import Request
+
+    from tandem.serve.api.body import read_limited
+    from tandem.serve.api.errors import APIError
+
+    messages = iter([{"type": "http.request", "body": b'{"mod', "more_body": True}, {"type": "http.disconnect"}])
+
+    async def receive():
+        return next(messages)
+
+    request = Request({"type": "http", "method": "POST", "headers": [(b"content-length", b"1000")]}, receive)
+    with pytest.raises(APIError) as error:
+        await read_limited(request, 65536)
+    assert error.value.status == 400 and error.value.code == "client_disconnected"
 
 
 @pytest.mark.parametrize("path,raw", [

@@ -6,10 +6,12 @@ from typing import TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
 from tandem.serve.api.errors import APIError, invalid_body
 
 M = TypeVar("M", bound=BaseModel)
+MAX_JSON_DEPTH = 32  # nested arrays and objects; a request needs 4 (messages, a message, its content parts, a part)
 
 
 async def read_limited(request: Request, limit: int) -> bytes:
@@ -17,11 +19,15 @@ async def read_limited(request: Request, limit: int) -> bytes:
     if declared.isdigit() and int(declared) > limit:
         raise _too_large(int(declared), limit)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(size, limit)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(size, limit)
+            chunks.append(chunk)
+    except ClientDisconnect:  # nobody reads the answer; it is counted, not logged as our failure
+        raise APIError(400, "the client closed the connection before its request body arrived",
+                       code="client_disconnected") from None
     return b"".join(chunks)
 
 
@@ -33,8 +39,25 @@ def parse_json_object(body: bytes) -> dict:
     if not isinstance(value, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(value).__name__}",
                        code="invalid_json")
+    if _depth(value) > MAX_JSON_DEPTH:  # before anything walks it recursively (a RecursionError was a 500)
+        raise APIError(400, f"the request body's JSON nests arrays and objects deeper than {MAX_JSON_DEPTH} levels",
+                       code="invalid_json")
     _check_unicode(value)
     return value
+
+
+def _depth(value) -> int:
+    """How deeply arrays and objects nest in a parsed JSON value (a scalar: 0), without recursion."""
+    deepest, pending = 0, [(value, 1)]
+    while pending:
+        item, level = pending.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, level)
+        if level <= MAX_JSON_DEPTH:  # no need to look past the limit
+            pending.extend((child, level + 1) for child in children)
+    return deepest
 
 
 def _check_unicode(value: dict) -> None:
