@@ -152,6 +152,11 @@ async def test_fields_that_change_nothing_pass():
             response = await client.post("/v1/chat/completions", json=chat_body(
                 logprobs=False, tools=[], tool_choice="none", response_format={"type": "text"}, frequency_penalty=0.0))
             assert response.status_code == 200
+            response = await client.post("/v1/chat/completions", json=chat_body(  # vLLM's and llama.cpp's defaults
+                min_tokens=0, min_p=0.0, repetition_penalty=1.0, repeat_penalty=1, stop_token_ids=[], ignore_eos=False,
+                modalities=["text"], messages=[{"role": "assistant", "content": "hi", "tool_calls": []},
+                                               {"role": "user", "content": "hi", "name": "ann"}]))
+            assert response.status_code == 200, response.text
 
 
 @async_test
@@ -170,11 +175,29 @@ async def test_features_not_implemented_are_refused_not_ignored():
                ("/v1/completions", completion_body(logprobs=2), "logprobs"),
                ("/v1/completions", completion_body(echo=True), "echo"),
                ("/v1/completions", completion_body(best_of=3), "best_of"),
-               ("/v1/completions", completion_body(suffix="}"), "suffix")]
+               ("/v1/completions", completion_body(suffix="}"), "suffix"),
+               # other servers' fields their users send here too (a 200 that ignored them, before)
+               ("/v1/chat/completions", chat_body(min_tokens=50), "min_tokens"),
+               ("/v1/completions", completion_body(stop_token_ids=[2]), "stop_token_ids"),
+               ("/v1/completions", completion_body(ignore_eos=True), "ignore_eos"),
+               ("/v1/completions", completion_body(min_p=0.1), "min_p"),
+               ("/v1/completions", completion_body(typical_p=0.9), "typical_p"),
+               ("/v1/chat/completions", chat_body(repetition_penalty=1.2), "repetition_penalty"),
+               ("/v1/chat/completions", chat_body(repeat_penalty=1.1), "repeat_penalty"),
+               ("/v1/chat/completions", chat_body(include_stop_str_in_output=True), "include_stop_str_in_output"),
+               ("/v1/chat/completions", chat_body(guided_json={"type": "object"}), "guided_json"),
+               ("/v1/chat/completions", chat_body(guided_choice=["a", "b"]), "guided_choice"),
+               ("/v1/completions", completion_body(grammar="root ::= \"a\""), "grammar"),
+               ("/v1/completions", completion_body(json_schema={}), "json_schema"),
+               ("/v1/chat/completions", chat_body(modalities=["text", "audio"]), "modalities"),
+               ("/v1/chat/completions", chat_body(audio={"voice": "alloy"}), "audio"),
+               ("/v1/chat/completions", chat_body(messages=[{"role": "assistant", "content": "", "tool_calls": [
+                   {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]),
+                "messages[0].tool_calls")]
     with TestServer() as server:
         async with server.client() as client:
             for path, body, field in refused:
-                error = assert_error(await client.post(path, json=body), 400, param=field)
+                error = assert_error(await client.post(path, json=body), 400, param=field, code="unsupported_value")
                 assert "not supported" in error["message"], (field, error)
 
 

@@ -78,7 +78,7 @@ def invalid_body(error: ValidationError | RequestValidationError) -> APIError:
                         code="missing_required_parameter")
     if kind == "extra_forbidden":
         return APIError(400, f"Unrecognized parameter: '{param}'.", param=param, code="unknown_parameter")
-    code = "invalid_type" if kind.endswith("_type") else "invalid_value"
+    code = "invalid_type" if kind.endswith("_type") else kind if kind == "unsupported_value" else "invalid_value"
     shown = repr(first.get("input"))
     shown = shown if len(shown) <= MAX_INPUT_ECHO else shown[:MAX_INPUT_ECHO] + "..."
     message = f"Invalid value for '{param}' ({shown}): {first.get('msg', 'invalid')}."

@@ -1,8 +1,9 @@
 """The OpenAI request bodies Tandem accepts, as pydantic models. Shapes only: no tokens, no engine.
 
 Types are strict (`"max_tokens": "5"` is refused, as OpenAI does), except that a whole number
-written as a float (`1.0`) is an integer, as JSON Schema says; unknown top-level fields are
-ignored, as OpenAI does. Tandem's own extension object `"tandem": {"drafter": ..., "k": ...}`
+written as a float (`1.0`) is an integer, as JSON Schema says. Fields this server does not
+implement are refused where they would change the answer (`refused`: OpenAI's, and the sampling
+fields of vLLM and llama.cpp that their users send), and other unknown fields are ignored. Tandem's own extension object `"tandem": {"drafter": ..., "k": ...}`
 refuses unknown fields, so a typo there is reported rather than silently ignored.
 """
 
@@ -125,6 +126,22 @@ class SamplingFields(BaseModel):
     n: integer(ge=1) | None = None
     presence_penalty: Annotated[None, refused("presence_penalty", 0, 0.0, schema=Literal[0] | None)] = None
     frequency_penalty: Annotated[None, refused("frequency_penalty", 0, 0.0, schema=Literal[0] | None)] = None
+    # other servers' sampling fields (vLLM's, llama.cpp's), which their users send here too
+    min_tokens: Annotated[None, refused("min_tokens", 0, schema=Literal[0] | None)] = None
+    min_p: Annotated[None, refused("min_p", 0, 0.0, schema=Literal[0] | None)] = None
+    typical_p: Annotated[None, refused("typical_p", 1, 1.0, schema=Literal[1] | None)] = None
+    repetition_penalty: Annotated[None, refused("repetition_penalty", 1, 1.0, schema=Literal[1] | None)] = None
+    repeat_penalty: Annotated[None, refused("repeat_penalty", 1, 1.0, schema=Literal[1] | None)] = None
+    stop_token_ids: Annotated[None, refused("stop_token_ids", [], schema=Annotated[list, Field(max_length=0)] | None)] = None
+    ignore_eos: Annotated[None, refused("ignore_eos", False, schema=Literal[False] | None)] = None
+    include_stop_str_in_output: Annotated[None, refused("include_stop_str_in_output", False,
+                                                        schema=Literal[False] | None)] = None
+    guided_json: Annotated[None, refused("guided_json (structured outputs)")] = None
+    guided_regex: Annotated[None, refused("guided_regex (structured outputs)")] = None
+    guided_choice: Annotated[None, refused("guided_choice (structured outputs)")] = None
+    guided_grammar: Annotated[None, refused("guided_grammar (structured outputs)")] = None
+    grammar: Annotated[None, refused("grammar (structured outputs)")] = None
+    json_schema: Annotated[None, refused("json_schema (structured outputs)")] = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     tandem: TandemOptions | None = None
@@ -159,6 +176,9 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal[CHAT_ROLES]
     content: Annotated[str, PlainValidator(_message_text, json_schema_input_type=str | list[TextPart])]
+    tool_calls: Annotated[None, refused("tool_calls (function calling)", [],
+                                        schema=Annotated[list, Field(max_length=0)] | None)] = None
+    function_call: Annotated[None, refused("function_call (function calling)")] = None
 
     def as_template_message(self) -> dict:
         """Chat templates know system/user/assistant/tool; OpenAI's "developer" is a system turn."""
@@ -180,6 +200,8 @@ class ChatCompletionRequest(SamplingFields):
     functions: Annotated[None, refused("functions (function calling)", [], schema=Annotated[
         list, Field(max_length=0)] | None)] = None
     function_call: Annotated[None, refused("function_call", "none", schema=Literal["none"] | None)] = None
+    modalities: Annotated[None, refused("modalities (audio output)", ["text"], schema=Literal[("text",)] | None)] = None
+    audio: Annotated[None, refused("audio (audio output)")] = None
 
     def new_token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
