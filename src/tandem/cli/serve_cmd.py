@@ -57,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "behind a proxy, where clients share an address)")
     security = parser.add_argument_group("security")
     security.add_argument("--allowed-origins", default=None,
-                          help="comma-separated browser origins allowed by CORS, e.g. https://app.example.com "
+                          help="comma-separated browser origins allowed by CORS (others get 403), e.g. https://app.example.com "
                           "(default: none, no CORS headers)")
     security.add_argument("--protect-metrics", action="store_true",
                           help="require the API key on /metrics, /dashboard/data and /openapi.json too "

@@ -3,6 +3,7 @@ and /openapi.json open unless --protect-metrics (then the key is needed, the pag
 open); a warning when binding beyond loopback without a key; no prompt, completion or key text in
 the log unless --log-requests (and the key never)."""
 
+import json
 import logging
 
 import pytest
@@ -23,13 +24,25 @@ def preflight(origin: str) -> dict:
 
 
 @async_test
-async def test_no_cors_headers_by_default():
+async def test_other_web_origins_are_refused_by_default():
+    """A page on another origin can POST without a preflight (text/plain): it was served (the
+    model generated for it) though it could not read the answer. Now it is refused before any
+    work; clients that send no Origin, and the server's own pages, are served."""
     with TestServer() as server:
         async with server.client() as client:
-            answer = await client.post("/v1/chat/completions", json=chat_body(), headers={"Origin": ORIGIN})
-            assert answer.status_code == 200 and "access-control-allow-origin" not in answer.headers
+            for content_type in ("application/json", "text/plain"):
+                answer = await client.post("/v1/chat/completions", content=json.dumps(chat_body()),
+                                           headers={"Origin": ORIGIN, "Content-Type": content_type})
+                assert answer.status_code == 403 and answer.json()["error"]["code"] == "origin_not_allowed"
+                assert "--allowed-origins" in answer.json()["error"]["message"]
+                assert "access-control-allow-origin" not in answer.headers
+            assert not server.engine.added
             options = await client.options("/v1/chat/completions", headers=preflight(ORIGIN))
             assert "access-control-allow-origin" not in options.headers
+            assert (await client.post("/v1/chat/completions", json=chat_body())).status_code == 200
+            own = await client.post("/v1/chat/completions", json=chat_body(), headers={"Origin": "http://test"})
+            assert own.status_code == 200
+        assert server.state.metrics.rejected == [403, 403, 403]  # the two posts and the preflight, counted
 
 
 @async_test

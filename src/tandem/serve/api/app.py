@@ -4,7 +4,7 @@ The app owns no engine and no threads: server.py (or a test) builds the `ServerS
 worker and runs the app. Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
 GET /health, GET /metrics, GET /openapi.json, and the dashboard at GET /. Every error is an OpenAI
 error body (see serve/api/errors.py for the status codes). Browsers get CORS headers only for the
-origins in --allowed-origins.
+origins in --allowed-origins, and requests from other web origins are refused (origin_guard.py).
 """
 
 import functools
@@ -14,6 +14,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from tandem.serve.api.errors import install_error_handlers
 from tandem.serve.api.openapi import build_openapi
+from tandem.serve.api.origin_guard import OriginGuard
 from tandem.serve.api.routes_completions import completions_router
 from tandem.serve.api.routes_info import models_router, status_router
 from tandem.serve.observability.dashboard import dashboard_router
@@ -33,4 +34,6 @@ def create_app(state: ServerState) -> FastAPI:
     if settings.allowed_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"], max_age=600)
+    app.add_middleware(OriginGuard, allowed=settings.allowed_origins,  # outermost: before CORS answers a preflight
+                       on_refused=lambda: state.metrics.request_rejected(403))
     return app

@@ -1,0 +1,38 @@
+"""Requests from web pages on other origins are refused (403) unless --allowed-origins names them.
+
+Browsers send `Origin` with every cross-origin request, and a "simple" POST (a form, or
+`text/plain` JSON) reaches the server without a CORS preflight: any page a user visits could make
+a keyless server on their machine generate. CORS headers only decide whether that page may read
+the answer, so the guard turns such requests away before any work. Requests without `Origin`
+(curl, SDKs, servers) and same-origin ones (the dashboard) pass.
+"""
+
+import json
+
+from tandem.serve.api.errors import error_body
+
+
+class OriginGuard:
+    """ASGI middleware: 403 for an HTTP request whose Origin is neither its own (scheme://Host)
+    nor one of `allowed` ("*" allows every origin)."""
+
+    def __init__(self, app, allowed: tuple[str, ...], on_refused=lambda: None):
+        self.app = app
+        self.allowed = frozenset(allowed)
+        self.on_refused = on_refused  # counts the refusal (metrics.request_rejected)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or "*" in self.allowed:
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        origin = headers.get(b"origin", b"").decode("latin-1")
+        own = f"{scope.get('scheme', 'http')}://{headers.get(b'host', b'').decode('latin-1')}"
+        if not origin or origin == own or origin in self.allowed:
+            return await self.app(scope, receive, send)
+        self.on_refused()
+        body = json.dumps(error_body(f"requests from the web origin {origin} are refused; serve with "
+                                     f"--allowed-origins {origin} to allow them", "invalid_request_error",
+                                     code="origin_not_allowed")).encode()
+        await send({"type": "http.response.start", "status": 403,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
