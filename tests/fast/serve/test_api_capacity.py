@@ -55,6 +55,8 @@ async def test_draining_server_refuses_with_503_and_finishes_in_flight_requests(
             assert refused.json()["error"]["type"] == "service_unavailable"
             health = await client.get("/health")
             assert health.status_code == 503 and health.json()["status"] == "draining"
+            assert int(health.headers["retry-after"]) >= 1  # a load balancer's probe learns when to look again
+            assert (await client.head("/health")).status_code == 503
             server.engine.gate.set()
             draining = asyncio.create_task(asyncio.to_thread(server.worker.shutdown, 5))
             assert (await in_flight).status_code == 200

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 
 from tandem.serve.api.auth import require_api_key
-from tandem.serve.api.errors import APIError
+from tandem.serve.api.errors import RETRY_AFTER_SHUTDOWN_SECONDS, APIError
 from tandem.serve.state import ServerState
 
 
@@ -39,11 +39,14 @@ def status_router(state: ServerState, openapi: Callable[[], dict]) -> APIRouter:
     observers_only = [Depends(require_api_key(state.settings.api_key if state.settings.protect_metrics else None))]
 
     @router.get("/health")
+    @router.head("/health", include_in_schema=False)  # load balancers probe with either
     async def health():
         engine = state.worker.engine
         body = {"status": "draining" if state.draining else "ok", "model": state.model_name,
                 "running": engine.num_running, "waiting": engine.num_waiting, "in_flight": state.worker.in_flight}
-        return JSONResponse(body, status_code=503 if state.draining else 200)
+        if state.draining:  # as the 503s new requests get
+            return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_SHUTDOWN_SECONDS)})
+        return JSONResponse(body)
 
     @router.get("/metrics", dependencies=observers_only)
     async def metrics():
