@@ -41,7 +41,7 @@ SAMPLING_SETTINGS = [
     SamplingParams(temperature=0.7, top_k=5),
     SamplingParams(temperature=1.3, top_p=0.8),
     SamplingParams(temperature=0.9, top_k=12, top_p=0.9),
-    SamplingParams(temperature=2.5, top_k=1),
+    SamplingParams(temperature=2.0, top_k=1),
 ]
 
 
