@@ -266,7 +266,10 @@ def test_option_parsing_and_defaults():
         ServeBenchSettings("t", "d", ("tandem-spec",), (1,), DEFAULT_WORKLOAD, "out", max_tokens=0)
 
 
-def test_server_kind_command_lines():
+def test_server_kind_command_lines(tmp_path, monkeypatch):
+    peer = tmp_path / "llama-server"  # the command line only names the binary: no build needed (CI has none)
+    peer.write_text("")
+    monkeypatch.setenv("TANDEM_LLAMA_SERVER", str(peer))
     spec, nospec, llama = (SERVER_KINDS[n]() for n in ("tandem-spec", "tandem-nospec", "llamacpp-server"))
     assert "--drafter" not in spec.command(LAUNCH, 1234) and "--port" in spec.command(LAUNCH, 1234)
     assert nospec.command(LAUNCH, 1234)[-2:] == ["--drafter", "none"]
