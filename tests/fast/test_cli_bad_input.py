@@ -38,7 +38,8 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["simulate", "--scaling", CLUSTER, "--out", "{tmp}", "--sizes", "1,x"], "wants whole numbers"),
     (["simulate", "--cluster", CLUSTER, "--prompt-tokens", "-5"], "at least 1"),
     (["simulate", "--cluster", CLUSTER, "--concurrency", "0"], "at least 1"),
-    (["simulate", "--cluster", CLUSTER, "--acceptance", "1.5"], "[0, 1)"),
+    (["simulate", "--cluster", CLUSTER, "--acceptance", "1.5"], "at most 1"),
+    (["simulate", "--cluster", CLUSTER, "--acceptance", "1"], "[0, 1)"),
     (["simulate", "--cluster", CLUSTER, "--sizes", "2"], "only with --scaling"),
     (["simulate", "--scaling", CLUSTER, "--out", "{tmp}", "--measured", "{list}"], "only with --cluster"),
     (["simulate", "--cluster", CLUSTER, "--measured", "{list}"], "JSON object"),
@@ -48,7 +49,12 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["plan", "--cluster", "{binary}"], "not UTF-8"),
     (["plan", "--cluster", "{control}"], "is not allowed"),
     (["plan", "--cluster", CLUSTER, "--k", "100"], "from 0 to 64"),
-    (["plan", "--cluster", CLUSTER, "--latency-target-ms", "nan"], "positive number"),
+    (["plan", "--cluster", CLUSTER, "--latency-target-ms", "nan"], "finite number above 0"),
+    (["plan", "--cluster", CLUSTER, "--acceptance", "model=nan"], "rates from 0 to 1"),
+    (["simulate", "--cluster", CLUSTER, "--rate", "nan"], "finite number"),  # it simulated for ever
+    (["simulate", "--cluster", CLUSTER, "--rate", "inf"], "finite number"),
+    (["simulate", "--cluster", CLUSTER, "--step-overhead-ms", "nan"], "finite number"),  # printed nan latencies
+    (["generate", "--prompt", "hi", "--seed", "-1"], "seed must be"),  # numpy's traceback, after loading
     (["plan", "--cluster", CLUSTER, "--drafter", "none", "--k", "5"], "drafts nothing"),
     (["bench-ceiling", "{list}"], "not a bench-serve results.json"),
     (["bench-ceiling", "{binary}"], "cannot read"),

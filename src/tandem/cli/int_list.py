@@ -1,8 +1,10 @@
-"""argparse types for whole numbers: one (`--threads 2`) or a comma-separated list
-(`--batches 1,4,16`), shared by every command, so each refuses the same nonsense with the same
-words (one `error:` line and exit 2, never a traceback or a silent default)."""
+"""argparse types for numbers: whole numbers, one (`--threads 2`) or a comma-separated list
+(`--batches 1,4,16`), and finite real numbers (`--rate 0.5`), shared by every command, so each
+refuses the same nonsense with the same words (one `error:` line and exit 2, never a traceback,
+a silent default, or a NaN that hangs a simulation)."""
 
 import argparse
+import math
 from typing import Callable
 
 
@@ -39,6 +41,25 @@ def whole_number(lowest: int = 1, highest: int | None = None) -> Callable[[str],
         if value < lowest or (highest is not None and value > highest):
             bounds = f"from {lowest} to {highest}" if highest is not None else f"of at least {lowest}"
             raise argparse.ArgumentTypeError(f"wants a number {bounds}, got {text!r}")
+        return value
+
+    return parse
+
+
+def real_number(lowest: float, highest: float | None = None, *, above: bool = False) -> Callable[[str], float]:
+    """A parser of one finite number within [lowest, highest] (above: lowest itself excluded);
+    nan and inf are refused."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        inside = (value > lowest if above else value >= lowest) and (highest is None or value <= highest)
+        if not (math.isfinite(value) and inside):
+            low = f"above {lowest:g}" if above else f"of at least {lowest:g}"
+            bounds = f"{low} and at most {highest:g}" if highest is not None else low
+            raise argparse.ArgumentTypeError(f"wants a finite number {bounds}, got {text!r}")
         return value
 
     return parse

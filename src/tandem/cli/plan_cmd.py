@@ -3,9 +3,8 @@ and explain the choice with predicted numbers beside the naive article rule's pl
 
 import argparse
 import json
-import math
 
-from tandem.cli.int_list import whole_number
+from tandem.cli.int_list import real_number, whole_number
 from tandem.cluster.config.cluster_spec import ACCEPTANCE_SOURCES
 from tandem.cluster.config.load import load_cluster
 from tandem.cluster.planning.plan_report import plan_json, plan_text
@@ -19,7 +18,7 @@ from tandem.speculation.drafters.registry import DRAFTERS
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("plan", help="place drafters and verifiers on a cluster, explained")
     parser.add_argument("--cluster", required=True, help="cluster file (see docs/cluster.md)")
-    parser.add_argument("--latency-target-ms", type=_positive_ms, default=None,
+    parser.add_argument("--latency-target-ms", type=real_number(0, above=True), default=None,
                         help="most ms per generated token at the planned load (default: the file's)")
     parser.add_argument("--drafter", choices=("auto", *DRAFTERS), default=None,
                         help="fix the drafter (default: the file's, else auto)")
@@ -42,14 +41,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_ms(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"wants a positive number of milliseconds, got {text!r}")
-    return value
 
 
 def _acceptance(text: str | None) -> dict[str, float] | None:
@@ -59,9 +50,10 @@ def _acceptance(text: str | None) -> dict[str, float] | None:
     for part in text.split(","):
         name, _, value = part.partition("=")
         try:
-            values[name.strip()] = float(value)
-        except ValueError:
-            raise TandemError(f"--acceptance wants NAME=RATE pairs like model=0.7 (got {part!r})") from None
+            values[name.strip()] = real_number(0, 1)(value)
+        except argparse.ArgumentTypeError:
+            raise TandemError(f"--acceptance wants NAME=RATE pairs with rates from 0 to 1, like model=0.7 "
+                              f"(got {part!r})") from None
     unknown = set(values) - set(ACCEPTANCE_SOURCES)
     if unknown:
         raise TandemError(f"--acceptance knows {', '.join(ACCEPTANCE_SOURCES)} (got {', '.join(sorted(unknown))})")

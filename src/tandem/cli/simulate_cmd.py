@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from tandem.cli.int_list import int_list, whole_number
+from tandem.cli.int_list import int_list, real_number, whole_number
 from tandem.errors import TandemError
 from tandem.speculation.depth import K_LIMIT
 
@@ -34,14 +34,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     what.add_argument("--cluster", help="cluster file to simulate")
     what.add_argument("--scaling", help="cluster file whose device mix to sweep (needs --out)")
     load = parser.add_mutually_exclusive_group()
-    load.add_argument("--rate", type=float, help="Poisson arrivals, requests per second")
+    load.add_argument("--rate", type=real_number(0, above=True), help="Poisson arrivals, requests per second")
     load.add_argument("--concurrency", type=whole_number(1), help=f"closed-loop clients (default {DEFAULT_CONCURRENCY})")
     parser.add_argument("--requests", type=whole_number(1), default=DEFAULT_REQUESTS, help=f"requests (default {DEFAULT_REQUESTS})")
     parser.add_argument("--max-tokens", type=whole_number(1), default=DEFAULT_MAX_TOKENS,
                         help=f"output tokens per request (default {DEFAULT_MAX_TOKENS})")
     parser.add_argument("--prompt-tokens", type=whole_number(1), default=None,
                         help="prompt tokens per request (default: estimated from the default bench workload)")
-    parser.add_argument("--acceptance", type=float, default=None, help="per-token acceptance of draft models")
+    parser.add_argument("--acceptance", type=real_number(0, 1), default=None, help="per-token acceptance of draft models")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--roles", choices=("plan", "as-written"), default="plan",
                         help="simulate the planner's placement (default) or the file's roles as written")
@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "torch's fused runner), fused, or serial (torch's --torch-runner serial). Default: backend "
                         "with --cluster, fused with --scaling")
     parser.add_argument("--max-batch", type=whole_number(1), default=None, help="sequences per verifier step (default: the plan's)")
-    parser.add_argument("--step-overhead-ms", type=float, default=None,
+    parser.add_argument("--step-overhead-ms", type=real_number(0), default=None,
                         help="per-step time besides the calls: bookkeeping, RPC (default 1.0, the engine's prior)")
     parser.add_argument("--k", type=whole_number(0, K_LIMIT), default=None,
                         help="draft this many tokens every round (default: the file's k, else the engine's planner)")

@@ -30,6 +30,8 @@ class SamplingParams:
             raise TandemError(f"top-p must be in (0, 1], got {self.top_p!r}")
         if not (isinstance(self.top_k, int) and self.top_k >= 0):
             raise TandemError(f"top-k must be a non-negative integer, got {self.top_k!r}")
+        if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 2**63):
+            raise TandemError(f"seed must be an integer from 0 to 2**63 - 1, got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:
