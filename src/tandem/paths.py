@@ -3,6 +3,8 @@
 import os
 from pathlib import Path
 
+from tandem.errors import TandemError
+
 
 def tandem_home() -> Path:
     return Path(os.environ.get("TANDEM_HOME") or Path.home() / ".cache" / "tandem")
@@ -14,3 +16,15 @@ def models_dir() -> Path:
 
 def profiles_dir() -> Path:
     return tandem_home() / "profiles"
+
+
+def make_dir(folder: Path) -> Path:
+    """`folder` and its parents, created where missing; a TandemError naming $TANDEM_HOME where
+    that fails (a file in the way, no permission), not an OSError's traceback."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise TandemError(f"cannot create the folder {folder}: {error.strerror or error}; Tandem keeps models, "
+                          f"profiles and caches under $TANDEM_HOME (now {tandem_home()}): point it at a "
+                          "writable folder") from None
+    return folder

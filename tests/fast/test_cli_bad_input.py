@@ -129,3 +129,14 @@ def test_sigterm_stops_a_command_as_ctrl_c_does(monkeypatch):
     started = time.monotonic()
     assert main_module.main([]) == 130 and time.monotonic() - started < 4
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_an_unusable_tandem_home_is_one_error_line(tmp_path, monkeypatch, capsys):
+    """$TANDEM_HOME a file: a pull ended in NotADirectoryError's traceback; now one line naming
+    the variable, before any download."""
+    home = tmp_path / "home"
+    home.write_text("")
+    monkeypatch.setenv("TANDEM_HOME", str(home))
+    assert exit_code(["models", "pull", "smollm2-135m-instruct"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot create the folder") and "$TANDEM_HOME" in err and err.count("\n") == 1

@@ -17,7 +17,7 @@ from tandem.hardware import cpu_model, llama_cpp_features
 from tandem.models.checksum import model_version
 from tandem.models.cost import PROFILE_SIZES, CostModel, measure_cost
 from tandem.models.runner import ModelRunner
-from tandem.paths import profiles_dir
+from tandem.paths import make_dir, profiles_dir
 from tandem.progress import ProgressBar
 
 PROFILE_BASE_LENGTH = 64  # cost is measured on top of a cache of this many tokens
@@ -101,6 +101,7 @@ def cached_profile(spec: RunnerSpec, runner: ModelRunner, sizes: tuple[int, ...]
         if set(sizes) <= set(cached.latency_ms) and (not deep_context or set(sizes) <= set(cached.deep_ms)):
             os.utime(path)  # used: the last to be evicted
             return cached
+    make_dir(path.parent)  # before the minute of measuring, not after
     cost = _measure_at(runner, PROFILE_BASE_LENGTH, sizes)
     record = {"runner": runner.name, "spec": spec.__repr__(), "latency_ms": cost.to_json(),
               "base_context": PROFILE_BASE_LENGTH}
@@ -108,7 +109,6 @@ def cached_profile(spec: RunnerSpec, runner: ModelRunner, sizes: tuple[int, ...]
         record |= {"deep_latency_ms": _measure_at(runner, deep_context, sizes, DEEP_REPEATS).to_json(),
                    "deep_context": deep_context}
     runner.reset()
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=1))
     os.replace(tmp, path)

@@ -25,7 +25,7 @@ from typing import Iterator
 
 from tandem.errors import ChecksumError, TandemError
 from tandem.models.catalog import CatalogEntry, lookup
-from tandem.paths import models_dir
+from tandem.paths import make_dir, models_dir
 from tandem.progress import ProgressBar
 
 GGUF_FILENAME = "model.gguf"
@@ -107,7 +107,7 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
     `dest` either holds a complete result or whatever it held before. Temp directories a killed
     process left (older than STALE_WORK_SECONDS: not another process's work under way) go first.
     """
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(dest.parent)
     for stale in dest.parent.glob(f".{dest.name}.tmp-*"):
         with contextlib.suppress(OSError):  # the newest time in it: a live pull appends deep inside
             newest = max(p.stat().st_mtime for p in (stale, *stale.rglob("*")))

@@ -15,7 +15,7 @@ from tandem.errors import ModelNotFoundError, TandemError
 from tandem.models import catalog
 from tandem.models.convert import convert_to_hf, convert_tokenizer
 from tandem.models.pull import MANIFEST_FILENAME, entry_dir, pull
-from tandem.paths import models_dir
+from tandem.paths import make_dir, models_dir
 
 GGUF_MAGIC = b"GGUF"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -106,7 +106,7 @@ def _cache_dir(name_or_path: str | Path, gguf: Path) -> Path:
     key = hashlib.sha256(f"{gguf}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     folder = models_dir() / f"local-{key}"
     if not (folder / LOCAL_SOURCE).is_file():  # this version's first use (another process may race us: both may)
-        folder.mkdir(parents=True, exist_ok=True)
+        make_dir(folder)
         (folder / LOCAL_SOURCE).write_text(str(gguf))
         _remove_older_versions(gguf, folder)
     return folder
