@@ -140,3 +140,19 @@ def test_an_unusable_tandem_home_is_one_error_line(tmp_path, monkeypatch, capsys
     assert exit_code(["models", "pull", "smollm2-135m-instruct"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: cannot create the folder") and "$TANDEM_HOME" in err and err.count("\n") == 1
+
+
+def test_a_torch_device_this_machine_lacks_is_one_error_line(monkeypatch):
+    """--device cuda:0 on a CPU-only torch ended in torch's AssertionError after loading."""
+    import torch
+
+    from tandem.errors import TandemError
+    from tandem.models.torch_runner import torch_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for name in ("cuda", "cuda:0", "mps"):
+        with pytest.raises(TandemError, match="not available here"):
+            torch_device(name)
+    assert torch_device("cpu").type == "cpu"
+    with pytest.raises(TandemError, match="unknown torch device"):
+        torch_device("gpu9")

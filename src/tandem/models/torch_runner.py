@@ -29,9 +29,18 @@ def torch_device(name: str):
     import torch
 
     try:
-        return torch.device(name)
+        device = torch.device(name)
     except RuntimeError as error:
         raise TandemError(f"unknown torch device {name!r}: {error}") from None
+    if device.type == "cpu":
+        return device
+    backend = torch.backends.mps if device.type == "mps" else getattr(torch, device.type, None)
+    available = getattr(backend, "is_available", lambda: False)()
+    count = getattr(backend, "device_count", lambda: 1)() if available else 0
+    if not available or (device.index or 0) >= count:
+        raise TandemError(f"torch device {name!r} is not available here (this torch {torch.__version__} sees "
+                          f"{count} {device.type} device(s)); use --device cpu, or a torch built for it")
+    return device
 
 
 class TorchRunner:
