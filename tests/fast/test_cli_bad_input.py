@@ -29,7 +29,13 @@ def files(tmp_path):
     listed.write_text("[1, 2]")
     text = tmp_path / "text.json"
     text.write_text(json.dumps({"throughput_tok_s": "fast", "latency_ms_p50": 3}))
+    level = {"concurrency": 1, "configs": {"tandem-spec": {"request_records": [{"id": "a", "ok": True, "text": "x"}]}}}
+    results = {"settings": {"target": "smollm2-135m-instruct", "prompts_file": str(tmp_path / "gone.jsonl")},
+               "levels": [level]}
+    (tmp_path / "no_prompts.json").write_text(json.dumps(results))
+    (tmp_path / "no_configs.json").write_text(json.dumps(results | {"levels": [level | {"configs": {}}]}))
     return {"binary": str(binary), "control": str(control), "list": str(listed), "text": str(text),
+            "no_prompts": str(tmp_path / "no_prompts.json"), "no_configs": str(tmp_path / "no_configs.json"),
             "not_a_folder": "/etc/passwd/out", "tmp": str(tmp_path)}
 
 
@@ -58,6 +64,9 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["plan", "--cluster", CLUSTER, "--drafter", "none", "--k", "5"], "drafts nothing"),
     (["bench-ceiling", "{list}"], "not a bench-serve results.json"),
     (["bench-ceiling", "{binary}"], "cannot read"),
+    (["bench-ceiling", "{no_configs}"], "no concurrency or no configs"),  # StopIteration's traceback
+    (["bench-ceiling", "{no_prompts}"], "gone.jsonl"),  # found only after measuring the curves
+    (["bench-ceiling", "{no_prompts}", "--reference", "nosuch"], "no config 'nosuch'"),
     (["bench-ceiling", "{list}", "--max-draft", "0"], "at least 1"),
     (["bench-ceiling", "{list}", "--out", "{not_a_folder}"], "cannot create the output folder"),
     (["bench-step", "--repeats", "0"], "at least 1"),

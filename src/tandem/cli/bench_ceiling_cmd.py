@@ -46,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tandem.bench.ceiling.oracle import ContextCurves
-    from tandem.bench.ceiling.report import CURVE_SIZES, ceilings, curve_lines, load_level, read_curves, render
+    from tandem.bench.ceiling.report import CURVE_SIZES, ceilings, check_inputs, curve_lines, load_level, read_curves, render
     from tandem.bench.ceiling.drafting_replay import DraftingReplay, planner_curve
     from tandem.bench.out_dir import check_out_file
     from tandem.models.resolve import tokenizer_path
@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         check_out_file(Path(args.out))  # before the work, not after it
     results, level = load_level(Path(args.results), args.concurrency)
+    check_inputs(results, level, args.reference)
     settings = results["settings"]
     target = settings["target"]
     tokenizer = TextTokenizer(str(tokenizer_path(target)))
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         replay = DraftingReplay(priced.cost_ms, curve).replay_ms
     label, table = ceilings(results, level, tokenizer, priced.cost_ms, args.reference, args.max_draft, replay)
     contexts = ", ".join(str(c) for c in sorted(curves))
-    lines = [f"answers: {label}'s at C={level['concurrency']}; machine: {results['machine'].get('cpu_model')}; "
+    lines = [f"answers: {label}'s at C={level['concurrency']}; machine: {(results.get('machine') or {}).get('cpu_model', 'not recorded')}; "
              f"rounds priced at their context between curves at {contexts} cached tokens ({source})", "",
              *render(table, list(level["configs"]))]
     print("\n".join(lines))

@@ -69,7 +69,7 @@ def _shape_problem(results) -> str | None:
         return "it has no list of levels"
     for level in levels:
         if not isinstance(level, dict) or not isinstance(level.get("concurrency"), int) \
-                or not isinstance(level.get("configs"), dict):
+                or not isinstance(level.get("configs"), dict) or not level["configs"]:
             return "a level has no concurrency or no configs"
         for label, config in level["configs"].items():
             records = config.get("request_records") if isinstance(config, dict) else None
@@ -109,6 +109,13 @@ def read_curves(text: str) -> dict[int, CostModel]:
 
 def first_pass(requests: list[dict]) -> list[dict]:
     return [r for r in requests if r.get("ok") and "~" not in str(r["id"])]
+
+
+def check_inputs(results: dict, level: dict, reference: str | None) -> None:
+    """What `ceilings` reads besides the curves, checked before they are measured (minutes): the
+    answers of `reference` and the prompts file the results name."""
+    answers_of(level, reference)
+    load_prompts(results["settings"]["prompts_file"])
 
 
 def answers_of(level: dict, reference: str | None) -> tuple[str, dict[str, str]]:
