@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 import sys
+import time
 from pathlib import Path
 
 from tandem.bench.workload import DEFAULT_WORKLOAD
@@ -56,7 +57,7 @@ def parse_duration(option: str, text: str) -> float:
 
 def run(args: argparse.Namespace) -> int:
     from tandem.bench.soak.report import results_json, write_outputs
-    from tandem.bench.soak.run import SoakSettings, soak
+    from tandem.bench.soak.run import SoakResult, SoakSettings, SoakTally, soak
     from tandem.bench.soak.server import started_server
     from tandem.bench.out_dir import prepare_out_dir
     from tandem.bench.soak.verdict import judge
@@ -76,12 +77,22 @@ def run(args: argparse.Namespace) -> int:
     prompts = tuple(load_prompts(args.prompts))
     out = Path(args.out)
     prepare_out_dir(out)  # before the soak, not after it
+    command = shlex.join(["tandem"] + sys.argv[1:])
+    tally, seen = SoakTally(), []
     with started_server(args, out) as (base_url, model):
         settings = SoakSettings(base_url, model, prompts, args.concurrency, duration, period, args.max_tokens,
                                 args.abandon_every, args.api_key)
-        result = asyncio.run(soak(settings, _show))
+        started = time.monotonic()
+        try:
+            result = asyncio.run(soak(settings, lambda sample: (seen.append(sample), _show(sample)), tally))
+        except KeyboardInterrupt:
+            if seen:  # a long soak's samples so far are kept, judged as what they are (no idle phase: not passed)
+                part = SoakResult(settings, tuple(seen), tally, time.monotonic() - started)
+                write_outputs(results_json(part, judge(seen, warmup), command) | {"interrupted": True}, out)
+                print(f"\ninterrupted: wrote the {len(seen)} samples so far to {out}", file=sys.stderr)
+            raise
     checks = judge(list(result.samples), warmup)
-    results = results_json(result, checks, shlex.join(["tandem"] + sys.argv[1:]))
+    results = results_json(result, checks, command)
     write_outputs(results, out)
     for check in checks:
         print(f"{'ok  ' if check.passed else 'FAIL'} {check.name}: {check.figure}")

@@ -450,3 +450,28 @@ def test_a_starting_servers_word_is_its_logs_latest_line():
 
     assert last_line("loading\nprofiling x:  10%|#\rprofiling x:  60%|######\r") == "profiling x:  60%|######"
     assert last_line("\n \n") == "(nothing logged yet)" and len(last_line("y" * 500)) == 160
+
+
+def test_an_interrupted_sweep_keeps_its_finished_levels(tmp_path, monkeypatch):
+    """Ctrl-C during C=4 after C=1 finished: results.json and report.md hold C=1, marked
+    interrupted, and the interrupt goes on (exit 130). The out folder held only logs/ before."""
+    from tandem.bench.serve import session
+
+    def sweep(kinds, launch, plans, max_tokens, log_dir, progress, outcome):
+        record = RequestRecord("p0", "chat", True, ttft_s=0.1, e2e_s=0.5, completion_tokens=5, token_chunks=5,
+                               itl_s=(0.1,) * 4)
+        outcome.orders[1] = ["tandem-spec"]
+        outcome.results[1] = {"tandem-spec": LoadResult(1, (record,), wall_s=0.5, peak_in_flight=1)}
+        outcome.servers["tandem-spec"] = {"model": "fake-model", "notes": "a stand-in", "command": ["serve"]}
+        outcome.orders[4] = ["tandem-spec"]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(session, "server_launch", lambda settings, kinds: LAUNCH)
+    monkeypatch.setattr(session, "run_sweep", sweep)
+    settings = ServeBenchSettings("t", "d", ("tandem-spec",), (1, 4), DEFAULT_WORKLOAD, tmp_path / "out", num_prompts=4)
+    with pytest.raises(KeyboardInterrupt):
+        session.run_serve_bench(settings, progress=False)
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["interrupted"] and [level["concurrency"] for level in results["levels"]] == [1]
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "## Concurrency 1" in report and "**Interrupted**" in report

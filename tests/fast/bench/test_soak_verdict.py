@@ -26,3 +26,31 @@ def test_a_filling_prompt_cache_is_not_a_leak():
 def test_growth_beside_the_cache_is_still_caught():
     check = rss_check(judge(samples([1800, 2000, 2400, 2600], [0, 100, 100, 100]), warmup_s=0))
     assert not check.passed and "host tier" in check.figure
+
+
+def test_an_interrupted_soak_writes_its_samples_so_far(tmp_path, monkeypatch, capsys):
+    """Ctrl-C an hour into a soak: the samples and counts so far are written, judged as what they
+    are (no idle phase: not passed), and the interrupt goes on. Before, only server.log was left."""
+    import contextlib
+    import json
+
+    from tandem.bench.soak import run as soak_run, server as soak_server
+    from tandem.cli.main import main
+
+    @contextlib.contextmanager
+    def no_server(args, out):
+        yield "http://127.0.0.1:9/v1", "m"
+
+    async def interrupted_soak(settings, on_sample, tally):
+        tally.done, tally.completion_tokens = 40, 400
+        for sample in (ServerSample(60.0, "load", 20, 0), ServerSample(120.0, "load", 40, 0)):
+            on_sample(sample)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(soak_server, "started_server", no_server)
+    monkeypatch.setattr(soak_run, "soak", interrupted_soak)
+    out = tmp_path / "soak"
+    assert main(["soak", "--duration", "1h", "--sample-every", "1m", "--out", str(out)]) == 130
+    results = json.loads((out / "results.json").read_text())
+    assert results["interrupted"] and not results["passed"] and len(results["samples"]) == 2
+    assert results["tally"]["done"] == 40 and "interrupted: wrote the 2 samples" in capsys.readouterr().err

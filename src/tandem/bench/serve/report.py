@@ -103,6 +103,8 @@ def _spread(settings: dict) -> str:
 def render_report(results: dict) -> str:
     settings = results["settings"]
     lines = ["# Tandem serving benchmark", "", f"`{results['command']}`", ""]
+    if results.get("interrupted"):
+        lines += ["**Interrupted**: only the levels every server finished are here.", ""]
     lines += [f"Target `{settings['target']}`, draft `{settings['draft']}`, CPU threads per server: "
               f"{settings['threads']}; up to {settings['max_tokens']}{_spread(settings)} greedy tokens per request; prompts from "
               f"`{settings['prompts_file']}`, requests per level: {_per_level(settings)}.", "",

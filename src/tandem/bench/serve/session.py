@@ -8,6 +8,7 @@ throughput.png, ttft.png, itl.png, and logs/<config>.log (each server's stdout a
 
 import json
 import os
+import sys
 from pathlib import Path
 
 from tandem.bench.machine import machine_info
@@ -17,7 +18,7 @@ from tandem.bench.serve.requests import level_requests
 from tandem.bench.serve.results import build_results
 from tandem.bench.serve.server_kinds import SERVER_KINDS, ServerLaunch
 from tandem.bench.serve.settings import ServeBenchSettings
-from tandem.bench.serve.sweep import LevelPlan, run_sweep
+from tandem.bench.serve.sweep import LevelPlan, SweepOutcome, run_sweep
 from tandem.bench.out_dir import prepare_out_dir
 from tandem.bench.workload import load_prompts
 from tandem.models.backends import RunnerSpec
@@ -60,7 +61,16 @@ def run_serve_bench(settings: ServeBenchSettings, progress: bool = True) -> dict
     launch = server_launch(settings, kinds)
     prepare_out_dir(settings.out_dir)
     plans = plan_levels(settings, prompts)
-    outcome = run_sweep(kinds, launch, plans, settings.max_tokens, settings.out_dir / LOG_FOLDER, progress)
+    outcome = SweepOutcome()
+    try:
+        run_sweep(kinds, launch, plans, settings.max_tokens, settings.out_dir / LOG_FOLDER, progress, outcome=outcome)
+    except KeyboardInterrupt:
+        if outcome.results:  # the levels every server finished are kept (an interrupt lost the whole sweep)
+            write_outputs(build_results(outcome, header(settings, launch, plans)) | {"interrupted": True},
+                          settings.out_dir)
+            print(f"\ninterrupted: wrote the finished levels (C={', '.join(map(str, sorted(outcome.results)))}) "
+                  f"to {settings.out_dir}", file=sys.stderr)
+        raise
     results = build_results(outcome, header(settings, launch, plans))
     write_outputs(results, settings.out_dir)
     return results

@@ -76,8 +76,11 @@ def start_servers(servers: ExitStack, kinds: Sequence[ServerKind], launch: Serve
 
 
 def run_sweep(kinds: Sequence[ServerKind], launch: ServerLaunch, plans: Sequence[LevelPlan], max_tokens: int,
-              log_dir: Path, progress: bool = True, ready_timeout_s: float = READY_TIMEOUT_S) -> SweepOutcome:
-    outcome = SweepOutcome()
+              log_dir: Path, progress: bool = True, ready_timeout_s: float = READY_TIMEOUT_S,
+              outcome: SweepOutcome | None = None) -> SweepOutcome:
+    """`outcome`: filled level by level (a level enters it whole), so that a caller holding it
+    keeps the finished levels of an interrupted sweep."""
+    outcome = outcome if outcome is not None else SweepOutcome()
     with ExitStack() as servers:
         endpoints, described = start_servers(servers, kinds, launch, max_tokens, log_dir, ready_timeout_s)
         outcome.servers.update(described)

@@ -77,8 +77,10 @@ def request_cycle(prompts: tuple[BenchPrompt, ...]) -> Iterator[BenchRequest]:
         yield from level_requests(prompts, len(prompts), offset)
 
 
-async def soak(settings: SoakSettings, on_sample: Callable[[ServerSample], None] = lambda s: None) -> SoakResult:
-    tally = SoakTally()
+async def soak(settings: SoakSettings, on_sample: Callable[[ServerSample], None] = lambda s: None,
+               tally: SoakTally | None = None) -> SoakResult:
+    """`tally`: counts kept by the caller too, so that an interrupted soak's part can be written."""
+    tally = tally if tally is not None else SoakTally()
     samples: list[ServerSample] = []
     requests = request_cycle(settings.prompts)
     root = settings.base_url.removesuffix("/").removesuffix("/v1")
