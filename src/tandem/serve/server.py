@@ -1,8 +1,10 @@
 """`tandem serve`: load the models, start the engine thread, serve the API until SIGINT/SIGTERM.
 
-Order: tokenizer, engine (models loaded) and worker first, then the port is bound, so a client
-never reaches a server that cannot answer yet; `--port 0` binds any free port, and the banner
-naming the real URL is printed once uvicorn accepts connections. Shutdown, on the first SIGINT or
+Order: the port is bound first, so that a taken port is an error at once, not after minutes of
+loading; then tokenizer, engine (models loaded) and worker; then uvicorn listens on it, so a
+client never reaches a server that cannot answer yet (until then a connection is refused, as if
+nothing were there). `--port 0` binds any free port, and the banner naming the real URL is
+printed once uvicorn accepts connections. Shutdown, on the first SIGINT or
 SIGTERM: new requests get 503 (and /health says "draining"), in-flight requests get
 `grace_seconds` to finish (then they are cancelled), then uvicorn closes and the process exits 0.
 A second signal cuts the grace short: in-flight requests are cancelled at once (a stream ends
@@ -45,6 +47,7 @@ def serve(config: EngineConfig, settings: ServeSettings, cluster=None) -> int:
     configure_logging(settings)
     warn_if_exposed(settings)
     model_name = settings.served_model_name or default_model_name(config.target.model)
+    sock = bind_socket(settings.host, settings.port)  # bound, not listening: refused until uvicorn runs
     if cluster is None:
         draft = f" and {config.draft.model}" if config.draft is not None else ""
         print(f"loading {config.target.model}{draft} (a first start also pulls and profiles them: minutes) ...",
@@ -54,7 +57,6 @@ def serve(config: EngineConfig, settings: ServeSettings, cluster=None) -> int:
     try:
         state = build_state(config, settings, model_name, ngram_store, cluster)
         try:
-            sock = bind_socket(settings.host, settings.port)
             server = DrainingServer(state, uvicorn.Config(
                 create_app(state), log_level="warning", access_log=False,
                 timeout_graceful_shutdown=UVICORN_CLOSE_SECONDS))
@@ -63,6 +65,7 @@ def serve(config: EngineConfig, settings: ServeSettings, cluster=None) -> int:
             close_state(state)
     finally:
         ngram_store.close()
+        sock.close()
     return 0
 
 

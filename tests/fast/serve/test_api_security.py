@@ -118,3 +118,24 @@ def test_log_requests_logs_the_texts_but_never_the_key(caplog):
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert SECRET_PROMPT in logged and "Héllo" in logged
     assert KEY not in logged
+
+
+def test_a_taken_port_is_refused_before_the_models_load(monkeypatch):
+    """The port was bound after loading: a first start pulled and profiled for minutes, then said
+    the port was taken."""
+    import socket
+
+    from tandem.engine.build import EngineConfig
+    from tandem.models.backends import RunnerSpec
+    from tandem.serve import server as server_module
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    monkeypatch.setattr(server_module, "build_state", lambda *args, **kwargs: pytest.fail("loaded the models first"))
+    config = EngineConfig(RunnerSpec("smollm2-135m-instruct", backend="llamacpp"), drafter="ngram")
+    try:
+        with pytest.raises(TandemError, match="cannot listen on"):
+            server_module.serve(config, ServeSettings(port=listener.getsockname()[1]))
+    finally:
+        listener.close()
