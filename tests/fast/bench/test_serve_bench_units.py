@@ -475,3 +475,15 @@ def test_an_interrupted_sweep_keeps_its_finished_levels(tmp_path, monkeypatch):
     assert results["interrupted"] and [level["concurrency"] for level in results["levels"]] == [1]
     report = (tmp_path / "out" / "report.md").read_text()
     assert "## Concurrency 1" in report and "**Interrupted**" in report
+
+
+def test_a_peer_never_built_is_an_error_before_any_server_starts(tmp_path, monkeypatch):
+    from tandem.bench.serve import session
+
+    monkeypatch.setenv("TANDEM_LLAMA_SERVER", str(tmp_path / "missing"))
+    monkeypatch.setattr(session, "server_launch", lambda settings, kinds: LAUNCH)
+    monkeypatch.setattr(session, "run_sweep", lambda *args, **kwargs: pytest.fail("started the servers first"))
+    settings = ServeBenchSettings("t", "d", ("tandem-nospec", "llama-server"), (1,), DEFAULT_WORKLOAD, tmp_path / "out")
+    with pytest.raises(TandemError, match="no llama-server"):
+        session.run_serve_bench(settings, progress=False)
+    assert not (tmp_path / "out").exists()

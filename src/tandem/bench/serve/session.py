@@ -59,6 +59,8 @@ def run_serve_bench(settings: ServeBenchSettings, progress: bool = True) -> dict
     kinds = [SERVER_KINDS[name]() for name in settings.configs]
     prompts = load_prompts(settings.prompts_file)
     launch = server_launch(settings, kinds)
+    for kind in kinds:  # a peer binary never built is an error now, not after the servers before it ran
+        kind.command(launch, 0)
     prepare_out_dir(settings.out_dir)
     plans = plan_levels(settings, prompts)
     outcome = SweepOutcome()

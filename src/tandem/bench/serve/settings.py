@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tandem.bench.serve.server_kinds import SERVER_KINDS
 from tandem.errors import TandemError
+from tandem.models.torch_runner import DTYPES
 
 DEFAULT_CONFIGS = "tandem-spec,tandem-nospec,llamacpp-server"
 DEFAULT_CONCURRENCY = "1,2,4,8,16"
@@ -62,6 +63,8 @@ class ServeBenchSettings:
     def __post_init__(self):
         if self.backend not in ("llamacpp", "torch"):
             raise TandemError(f"--backend must be llamacpp or torch, got {self.backend!r}")
+        if self.dtype not in DTYPES:  # before the weights load, not after
+            raise TandemError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.max_tokens < 1:
             raise TandemError(f"--max-tokens must be a positive integer, got {self.max_tokens}")
         if not 0 <= self.max_tokens_spread < self.max_tokens:
