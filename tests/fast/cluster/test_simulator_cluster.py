@@ -113,7 +113,10 @@ def test_tandem_simulate_prints_json_and_compares_with_a_measurement(tmp_path, c
     assert report["result"]["requests"] == 4
     assert set(report["comparison"]["figures"]) == {"throughput_tok_s", "latency_ms_p50"}
     assert (tmp_path / "out" / "simulation.json").exists()
-    assert main(["simulate", "--cluster", str(cluster), "--rate", "-1"]) == 2
+    for rate in ("-1", "nan"):  # argparse refuses it: exit 2
+        with pytest.raises(SystemExit) as stop:
+            main(["simulate", "--cluster", str(cluster), "--rate", rate])
+        assert stop.value.code == 2
 
 
 def test_tandem_simulate_replays_a_measured_runs_prompts_with_a_fixed_k(tmp_path, capsys):
