@@ -9,6 +9,7 @@ import pytest
 from tandem.cli.main import main
 
 CLUSTER = str(Path(__file__).parents[2] / "examples" / "clusters" / "hetero-64.yaml")
+MIXED = str(Path(__file__).parents[2] / "examples" / "clusters" / "mixed-replicas.yaml")  # no draft model
 
 
 def exit_code(argv: list[str]) -> int:
@@ -62,6 +63,7 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["simulate", "--cluster", CLUSTER, "--step-overhead-ms", "nan"], "finite number"),  # printed nan latencies
     (["generate", "--prompt", "hi", "--seed", "-1"], "seed must be"),  # numpy's traceback, after loading
     (["plan", "--cluster", CLUSTER, "--drafter", "none", "--k", "5"], "drafts nothing"),
+    (["plan", "--cluster", MIXED, "--drafter", "model"], "needs a draft model"),  # exit 0 and "drafter model, k=1"
     (["bench-ceiling", "{list}"], "not a bench-serve results.json"),
     (["bench-ceiling", "{binary}"], "cannot read"),
     (["bench-ceiling", "{no_configs}"], "no concurrency or no configs"),  # StopIteration's traceback

@@ -12,7 +12,7 @@ from tandem.cluster.planning.planner import PLAN_K_MAX, options_for, plan_cluste
 from tandem.cluster.profiles.profile_store import cluster_profiles
 from tandem.errors import TandemError
 from tandem.speculation.depth import K_LIMIT
-from tandem.speculation.drafters.registry import DRAFTERS
+from tandem.speculation.drafters.registry import DRAFTERS, check_drafter
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,6 +34,8 @@ def run(args: argparse.Namespace) -> int:
     if args.drafter == "none" and args.k:
         raise TandemError(f"--k {args.k} with --drafter none: that drafter drafts nothing")
     spec = load_cluster(args.cluster)
+    if args.drafter not in (None, "auto"):  # as serve --cluster and bench-cluster refuse it
+        check_drafter(args.drafter, spec.has_draft_model, how_to_add="the cluster file has no worker with a draft_model")
     options = options_for(spec, args.latency_target_ms, args.drafter, args.k,
                           _acceptance(args.acceptance), max_batch=args.max_batch)
     plan = plan_cluster(spec, cluster_profiles(spec), options)

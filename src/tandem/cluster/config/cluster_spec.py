@@ -211,6 +211,11 @@ class ClusterSpec:
     def groups(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(w.group for w in self.workers))
 
+    @property
+    def has_draft_model(self) -> bool:
+        """Whether some worker holds a draft model (drafters that need one can run)."""
+        return any(w.can_draft and w.drafting_model for w in self.workers)
+
 
 TOP_RULES: Mapping[str, rules.Rule] = MappingProxyType({
     "drafter": rules.one_of("auto", *DRAFTER_NAMES),

@@ -146,14 +146,14 @@ class ClusterOptions:
 
     @property
     def has_drafter(self) -> bool:
-        return any(w.can_draft and w.drafting_model for w in self.spec.workers)
+        return self.spec.has_draft_model
 
 
 def launch_cluster(spec: ClusterSpec, drafter: str, k: int | str, ray_address: str | None = None,
                    max_running: int | None = None, health_period_s: float = DEFAULT_PERIOD_S,
                    draft_ahead: bool = False, settings: ReplicaSettings = ReplicaSettings()) -> ClusterRouter:
     check_period(health_period_s)
-    check_drafter(drafter, any(w.can_draft and w.drafting_model for w in spec.workers),
+    check_drafter(drafter, spec.has_draft_model,
                   how_to_add="the cluster file has no worker with a draft_model")
     if not ray_address:
         prepare_models(spec)  # on this machine, where the workers run: each pull or conversion once, shown
