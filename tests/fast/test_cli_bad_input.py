@@ -89,6 +89,12 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["generate", "--messages", "{{}}"], "non-empty JSON list"),
     (["generate", "--prompt", "hi", "--threads", "-1"], "at least 1"),
     (["generate", "--prompt", "hi", "--max-tokens", "0"], "at least 1"),
+    (["generate", "--prompt", "hi", "--bogus"], "see tandem generate --help"),  # it named tandem --help
+    (["generate", "--prompt", "hi", "--target", ""], "a model is empty"),  # read as the current folder
+    (["generate", "--prompt", "hi", "--drafter", "none", "--k", "5"], "drafts nothing"),  # accepted silently
+    (["models", "pull", "/models/x.gguf"], "needs no pull"),  # said paths were accepted
+    (["bench", "--prompts", "{tmp}"], "is a folder"),  # said "no such prompts file"
+    (["bench-serve", "--num-prompts", "0"], "at least 1"),
 ]
 
 

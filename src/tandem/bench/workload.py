@@ -48,6 +48,8 @@ def format_prompt(tokenizer: PromptTokenizer, prompt: BenchPrompt) -> tuple[int,
 def load_prompts(path: str | Path) -> list[BenchPrompt]:
     """A JSONL workload: a file, or a packaged one by name (NAMED_WORKLOADS)."""
     path = NAMED_WORKLOADS.get(str(path), Path(path))
+    if path.is_dir():
+        raise TandemError(f"{path} is a folder; --prompts wants a JSONL file or one of: {', '.join(NAMED_WORKLOADS)}")
     if not path.is_file():
         raise TandemError(f"no such prompts file: {path}")
     try:

@@ -66,9 +66,11 @@ def _parse_messages(raw: str) -> list[dict]:
 
 def _print_stats(summary: dict, verbose: bool) -> None:
     split = summary["time_split_s"]
+    drafts = (f"acceptance {summary['acceptance_rate']:.0%}, mean accepted {summary['mean_accepted_len']:.2f}"
+              if summary["drafted_tokens"] else "no drafts")
     print(
         f"[{summary['new_tokens']} tokens in {summary['seconds']:.2f}s = {summary['tokens_per_s']:.1f} tok/s; "
-        f"acceptance {summary['acceptance_rate']:.0%}, mean accepted {summary['mean_accepted_len']:.2f}; "
+        f"{drafts}; "
         f"prefill {split['prefill']:.2f}s draft {split['draft']:.2f}s verify {split['verify']:.2f}s "
         f"overhead {split['overhead']:.2f}s]",
         file=sys.stderr,

@@ -26,13 +26,17 @@ def build_parser() -> argparse.ArgumentParser:
     for module in (generate_cmd, serve_cmd, bench_cmd, bench_serve_cmd, bench_peer_cmd, bench_step_cmd, bench_cluster_cmd,
                    bench_ceiling_cmd, models_cmd, profile_cmd, plan_cmd, simulate_cmd, soak_cmd):
         module.register(subparsers)
+    parser.commands = subparsers.choices  # so that an unknown option is reported by its command's parser
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # "see tandem generate --help", not "see tandem --help"
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     # where handlers may be set; `tandem serve` keeps SIGTERM's own meaning (uvicorn drains on it,
     # and a second one after the drain, `timeout` passing on its own, must not raise mid-teardown)
     interrupts = threading.current_thread() is threading.main_thread() and getattr(args, "command", None) != "serve"

@@ -7,6 +7,7 @@ Each handler takes the parsed args and returns an exit code; TandemError is left
 
 import argparse
 
+from tandem.errors import TandemError
 from tandem.memory_size import human_size
 from tandem.models.catalog import CATALOG, CatalogEntry
 from tandem.models.pull import is_pulled, pull
@@ -43,6 +44,9 @@ def list_models(args: argparse.Namespace) -> int:
 
 
 def pull_model(args: argparse.Namespace) -> int:
+    if args.name.endswith(".gguf") or "/" in args.name:
+        raise TandemError(f"`tandem models pull` takes a catalog name (see `tandem models list`); a local file or "
+                          f"folder such as {args.name} needs no pull: pass it to --target or --draft")
     print(pull(args.name, progress=True))
     return 0
 

@@ -6,6 +6,7 @@ from tandem.cli.int_list import whole_number
 from tandem.errors import TandemError
 from tandem.models.backends import TORCH_RUNNERS, RunnerSpec
 from tandem.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+from tandem.speculation.depth import Auto, Fixed, parse_depth
 from tandem.speculation.drafters.registry import USES_MODEL, check_drafter, default_drafter, drafter_help
 from tandem.engine.batch_engine import STEP_TOKEN_BUDGET, THROUGHPUT_PREFILL_FLOOR, check_prefill_floor
 from tandem.engine.build import EngineConfig
@@ -89,6 +90,8 @@ def draft_spec(args: argparse.Namespace) -> RunnerSpec:
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     drafter = check_drafter(args.drafter or default_drafter(has_draft_model=True))  # --draft always names one
+    if drafter == "none" and parse_depth(args.k) not in (Auto(), Fixed(0)):
+        raise TandemError(f"--k {args.k} with --drafter none: that drafter drafts nothing")
     draft = draft_spec(args) if USES_MODEL[drafter] else None
     return EngineConfig(target_spec(args), draft, drafter, args.k, step_token_budget=args.step_tokens,
                         prefill_floor=engine_prefill_floor(args.prefill_floor, THROUGHPUT_PREFILL_FLOOR),

@@ -40,6 +40,8 @@ class RunnerSpec:
     kv_memory: int | None = None  # bytes for the fused runner's KV pool (None: a share of free memory)
 
     def __post_init__(self):
+        if not str(self.model).strip():  # "" would be read as the current folder
+            raise TandemError("a model is empty: give a catalog name, a .gguf file or a Hugging Face folder")
         if self.backend not in BACKENDS + ("auto",):
             raise TandemError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
         if self.torch_runner not in TORCH_RUNNERS:

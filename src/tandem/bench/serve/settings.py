@@ -79,6 +79,8 @@ class ServeBenchSettings:
 
 
 def check_num_prompts(num_prompts: int | None, concurrency: tuple[int, ...]) -> None:
+    if num_prompts is not None and num_prompts < 1:
+        raise TandemError(f"--num-prompts must be at least 1, got {num_prompts}")
     if num_prompts is not None and num_prompts < max(concurrency):
         raise TandemError(f"--num-prompts {num_prompts} is below the largest concurrency "
                           f"{max(concurrency)}, which would never be reached")
