@@ -95,12 +95,15 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["models", "pull", "/models/x.gguf"], "needs no pull"),  # said paths were accepted
     (["bench", "--prompts", "{tmp}"], "is a folder"),  # said "no such prompts file"
     (["bench-serve", "--num-prompts", "0"], "at least 1"),
+    (["generate", "--prompt", "hi", "--dtype", "fp64"], "unknown dtype"),  # accepted on llama.cpp
+    (["bench-cluster", "--cluster", "{tmp}/gone.yaml", "--out", "{tmp}/never"], "gone.yaml"),
 ]
 
 
 @pytest.mark.parametrize("argv, says", CASES, ids=[" ".join(a[:2]) + f" #{i}" for i, (a, _) in enumerate(CASES)])
 def test_bad_input_is_one_error_line_and_exit_2(argv, says, files, capsys):
     code = exit_code([part.format(**files) for part in argv])
+    assert not Path(files["tmp"], "never").exists()  # no output folder left by a refused run
     err = capsys.readouterr().err
     assert code == 2 and says in err, err
     assert err.startswith("error: ") and err.count("\n") == 1, err  # one line, argparse's usage errors too

@@ -41,7 +41,7 @@ class StepTiming:
 
 
 def load_runners(model: str, device: str, dtype: str, slots: int, threads: int | None,
-                 serial: bool) -> dict[str, BatchRunner]:
+                 serial: bool, context_length: int = 4096) -> dict[str, BatchRunner]:
     """The fused runner and, if asked, the serial one over transformers (no cost profiles: the
     step times are what is measured)."""
     from tandem.models.batch_runner import SerialBatchRunner
@@ -50,7 +50,7 @@ def load_runners(model: str, device: str, dtype: str, slots: int, threads: int |
     from tandem.models.torch_runner import TorchRunner
 
     folder = str(hf_path(model))
-    runners: dict[str, BatchRunner] = {"fused": FusedTorchRunner.load(folder, device, dtype, slots, 4096, threads)}
+    runners: dict[str, BatchRunner] = {"fused": FusedTorchRunner.load(folder, device, dtype, slots, context_length, threads)}
     if serial:
         base = TorchRunner(folder, device, dtype, threads)
         views = iter([base] + [base.fork() for _ in range(slots - 1)])
@@ -58,12 +58,13 @@ def load_runners(model: str, device: str, dtype: str, slots: int, threads: int |
     return runners
 
 
-def load_llamacpp_runners(model: str, slots: int, threads: int | None, one_call: bool) -> dict[str, BatchRunner]:
+def load_llamacpp_runners(model: str, slots: int, threads: int | None, one_call: bool,
+                          context_length: int = 4096) -> dict[str, BatchRunner]:
     """The llama.cpp batch runner, and the same runner packing every slot into one call."""
     from tandem.models.llamacpp_batch_runner import BATCH_TOKENS, LlamaCppBatchRunner
     from tandem.models.resolve import gguf_path
 
-    runner = LlamaCppBatchRunner(str(gguf_path(model)), slots, 4096, threads)
+    runner = LlamaCppBatchRunner(str(gguf_path(model)), slots, context_length, threads)
     runners: dict[str, BatchRunner] = {"llamacpp": _TileRows(runner, runner.tile_rows)}
     if one_call:
         runners["one-call"] = _TileRows(runner, BATCH_TOKENS + 1)
@@ -84,6 +85,10 @@ class _TileRows:
     def last_model_ms(self) -> float:
         """Time inside llama_decode in the last forward (the rest: batch filling, logits copies)."""
         return self.runner.last_model_ms
+
+    @property
+    def context_length(self) -> int:
+        return self.runner.context_length
 
     def rollback(self, slot: int, length: int) -> None:
         self.runner.rollback(slot, length)

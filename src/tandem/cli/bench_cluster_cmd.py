@@ -44,10 +44,10 @@ def run(args: argparse.Namespace) -> int:
         raise TandemError(f"--configs names one more than once: {args.configs} (use --repeat to run them again)")
     if args.concurrency < 1 or args.requests < 1 or args.max_tokens < 1 or args.repeat < 1:
         raise TandemError("--concurrency, --requests, --max-tokens and --repeat must be positive")
-    prepare_out_dir(Path(args.out))  # before the runs, not after them
     cluster = ClusterOptions(load_cluster(args.cluster), args.ray_address)
     drafter = check_drafter(args.drafter or default_drafter(cluster.has_drafter), cluster.has_drafter,
                             how_to_add="the cluster file has no worker with a draft_model")
+    prepare_out_dir(Path(args.out))  # after the inputs are read (no folder left by a typo), before the runs
     run_cluster_bench(cluster, drafter, parse_depth(args.k), args.concurrency, args.requests,
                       args.max_tokens, configs, Path(args.out), repeats=args.repeat)
     print((Path(args.out) / "report.md").read_text())

@@ -43,10 +43,17 @@ def run(args: argparse.Namespace) -> int:
         check_out_file(Path(args.out))  # before the timing, not after it
     if args.backend == "llamacpp" and args.device != "cpu":
         raise TandemError("--backend llamacpp runs on the CPU; --device is for the torch runner")
+    needed = args.context + max(tokens)
+    context_length = max(4096, needed)
     if args.backend == "llamacpp":
-        runners = load_llamacpp_runners(args.model, max(batches), args.threads, args.serial)
+        runners = load_llamacpp_runners(args.model, max(batches), args.threads, args.serial, context_length)
     else:
-        runners = load_runners(args.model, args.device, args.dtype, max(batches), args.threads, args.serial)
+        runners = load_runners(args.model, args.device, args.dtype, max(batches), args.threads, args.serial,
+                               context_length)
+    limit = min(runner.context_length for runner in runners.values())
+    if needed > limit:  # before the timing (llama.cpp failed deep into it, naming neither)
+        raise TandemError(f"--context {args.context} plus {max(tokens)} tokens is beyond the {limit} tokens a "
+                          f"sequence of this model may hold (what it was trained on)")
     timings = []
     with ProgressBar(total=len(batches) * len(tokens) * len(runners), desc="steps", file=sys.stderr) as bar:
         for batch in batches:

@@ -17,6 +17,7 @@ from tandem.hardware import cpu_model, llama_cpp_features
 from tandem.models.checksum import model_version
 from tandem.models.cost import PROFILE_SIZES, CostModel, measure_cost
 from tandem.models.runner import ModelRunner
+from tandem.models.torch_runner import DTYPES
 from tandem.paths import make_dir, profiles_dir
 from tandem.progress import ProgressBar
 
@@ -44,6 +45,8 @@ class RunnerSpec:
             raise TandemError("a model is empty: give a catalog name, a .gguf file or a Hugging Face folder")
         if self.backend not in BACKENDS + ("auto",):
             raise TandemError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+        if self.dtype not in DTYPES:  # llama.cpp reads its file as it is, but a wrong name is still one
+            raise TandemError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
         if self.torch_runner not in TORCH_RUNNERS:
             raise TandemError(f"unknown torch runner {self.torch_runner!r}; choose one of {', '.join(TORCH_RUNNERS)}")
 

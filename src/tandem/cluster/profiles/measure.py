@@ -60,6 +60,9 @@ def measure_profile(spec: RunnerSpec, grid: ProfileGrid = ProfileGrid(), progres
                       max(spec.context_length, needed)).resolved()
     before = _rss_bytes()
     runner = load_batch_runner(spec, grid.batches[-1])
+    if runner.context_length < needed - 1:  # past what the model was trained on: not a profile of it
+        raise TandemError(f"profiling {spec.model} needs {needed - 1} tokens of context (--contexts up to "
+                          f"{grid.contexts[-1]} plus --sizes up to {grid.sizes[-1]}); it holds {runner.context_length}")
     loaded = _rss_bytes() - before
     samples: dict[tuple[int, int, int], float] = {}
     prompt_sizes = sorted(set(grid.sizes) | set(PROMPT_SIZES))
