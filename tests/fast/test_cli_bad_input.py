@@ -74,6 +74,7 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["bench-step", "--repeats", "0"], "at least 1"),
     (["bench-step", "--out", "{tmp}"], "is a folder"),
     (["profile", "--model", "m", "--out", "{not_a_folder}"], "cannot create the output folder"),
+    (["profile", "--model", "m", "--force"], "with --model a profile is always measured"),
     (["bench-cluster", "--cluster", CLUSTER, "--configs", "single,single"], "more than once"),
     (["bench-cluster", "--cluster", CLUSTER, "--configs", ""], "no config named"),
     (["bench-cluster", "--cluster", CLUSTER, "--out", "{not_a_folder}"], "cannot create the output folder"),

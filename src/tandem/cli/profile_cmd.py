@@ -45,6 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if (args.model is None) == (args.cluster is None):
         raise TandemError("give either --model (with --backend/--device) or --cluster FILE")
+    if args.force and not args.cluster:
+        raise TandemError("--force re-measures a cluster's saved profiles; with --model a profile is always measured")
     if args.cluster and args.out:
         raise TandemError("--out names one file; with --cluster profiles go to their default paths")
     if args.out:

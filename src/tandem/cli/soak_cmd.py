@@ -32,7 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the server's API key (default: $TANDEM_API_KEY)")
     parser.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET})")
     parser.add_argument("--draft", default=DEFAULT_DRAFT, help=f"draft model (default {DEFAULT_DRAFT})")
-    parser.add_argument("--serve-args", default="", help="more `tandem serve` options, one string")
+    parser.add_argument("--serve-args", default="", help="more `tandem serve` options, one string; write it with = where it starts with a dash: "
+                        "--serve-args='--protect-metrics --api-key K'")
     parser.add_argument("--concurrency", type=whole_number(1), default=8, help="clients (default 8)")
     parser.add_argument("--duration", default="30m", help="how long the load runs: 90s, 30m, 1h (default 30m)")
     parser.add_argument("--sample-every", default="60s", help="sampling period (default 60s)")
