@@ -231,7 +231,7 @@ class SlowReader:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
         self.sock.connect((address.hostname, address.port))
         payload = json.dumps(body).encode()
-        self.sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: tandem\r\nContent-Type: application/json\r\n"
+        self.sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                           b"Content-Length: %d\r\n\r\n" % len(payload) + payload)
         self.received = bytearray()
         self.slow = True

@@ -59,6 +59,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     security.add_argument("--allowed-origins", default=None,
                           help="comma-separated browser origins allowed by CORS (others get 403), e.g. https://app.example.com "
                           "(default: none, no CORS headers)")
+    security.add_argument("--allowed-hosts", default=None,
+                          help="comma-separated Host names a server bound to loopback answers besides localhost and "
+                          "loopback addresses, e.g. a reverse proxy's public name; * for any (default: none; others "
+                          "get 403, a guard against DNS rebinding)")
     security.add_argument("--protect-metrics", action="store_true",
                           help="require the API key on /metrics, /dashboard/data and /openapi.json too "
                           "(default: open, as vLLM's)")
@@ -147,6 +151,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         request_timeout_seconds=_parse(float, "--request-timeout", args.request_timeout),
         max_streams_per_client=_parse(int, "--max-streams-per-client", args.max_streams_per_client),
         allowed_origins=tuple(o.strip() for o in (args.allowed_origins or "").split(",") if o.strip()),
+        allowed_hosts=tuple(h.strip() for h in (args.allowed_hosts or "").split(",") if h.strip()),
         protect_metrics=args.protect_metrics,
         log_requests=args.log_requests,
         cache_ram_bytes=None if args.cache_ram is None else parse_cache_ram(args.cache_ram),

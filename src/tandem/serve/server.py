@@ -13,7 +13,6 @@ without waiting for anything.
 """
 
 import asyncio
-import ipaddress
 import logging
 import socket
 import sys
@@ -29,6 +28,7 @@ from tandem.errors import TandemError
 from tandem.models.checksum import model_version
 from tandem.models.resolve import tokenizer_digest, tokenizer_path
 from tandem.serve.api.app import create_app
+from tandem.serve.api.host_guard import is_loopback_name
 from tandem.serve.observability.metrics import ServingMetrics
 from tandem.serve.observability.process_stats import track_process
 from tandem.serve.observability.tracing import RequestTracer
@@ -145,18 +145,9 @@ def configure_logging(settings: ServeSettings) -> None:
 
 def warn_if_exposed(settings: ServeSettings) -> None:
     """Beyond loopback without a key, anyone who reaches the port can use the model: say so."""
-    if settings.api_key is None and not is_loopback(settings.host):
+    if settings.api_key is None and not is_loopback_name(settings.host):
         print(f"warning: serving on {settings.host} without --api-key: anyone who can reach this port can use "
               f"the model. Set --api-key (or ${API_KEY_ENV}), or bind 127.0.0.1.", file=sys.stderr, flush=True)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:  # a host name: it may resolve anywhere
-        return False
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

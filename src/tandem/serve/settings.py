@@ -49,6 +49,7 @@ class ServeSettings:
     request_timeout_seconds: float = DEFAULT_REQUEST_TIMEOUT_SECONDS  # a whole request, queueing included
     max_streams_per_client: int = DEFAULT_MAX_STREAMS_PER_CLIENT  # open streams per client address
     allowed_origins: tuple[str, ...] = ()  # browser origins allowed by CORS; () = no CORS headers
+    allowed_hosts: tuple[str, ...] = ()  # Host names a loopback-bound server answers besides loopback ones
     protect_metrics: bool = False  # /metrics, /dashboard/data and /openapi.json need the key too
     log_requests: bool = False  # log each request's prompt and completion text (never the key)
     cache_ram_bytes: int | None = None  # host tier of the prompt cache (None: 8 GiB or RAM/4; 0: off)
@@ -90,6 +91,9 @@ class ServeSettings:
         for origin in self.allowed_origins:
             if origin != "*" and not ORIGIN.match(origin):
                 raise TandemError(f"an allowed origin must be '*' or scheme://host[:port], got {origin!r}")
+        for name in self.allowed_hosts:
+            if not name or any(c in name for c in "/ :") and not name.startswith("["):
+                raise TandemError(f"an allowed host is a name without scheme or port (or '*'), got {name!r}")
         if self.protect_metrics and self.api_key is None:
             raise TandemError("--protect-metrics puts /metrics and the dashboard behind the API key: give --api-key")
 

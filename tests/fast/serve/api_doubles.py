@@ -197,7 +197,8 @@ class TestServer:
         self.engine = engine or ScriptedEngine(reply_script())
         if drafters is None:  # what the server offers: what its engine can run
             drafters = tuple(name for name in DRAFTER_NAMES if name in self.engine.drafters)
-        self.settings = ServeSettings(**{"served_model_name": MODEL, **settings})
+        # starlette's TestClient and schemathesis address the app as "testserver"
+        self.settings = ServeSettings(**{"served_model_name": MODEL, "allowed_hosts": ("testserver",), **settings})
         self.worker = EngineWorker(self.engine, self.settings.max_waiting).start()
         self.metrics, self.tracer = RecordingMetrics(), RecordingTracer()
         self.state = ServerState(self.worker, ByteTokenizer(), MODEL, self.engine.context_length, self.settings,
@@ -206,7 +207,7 @@ class TestServer:
         self.app = create_app(self.state)
 
     def client(self, **headers) -> httpx.AsyncClient:
-        return httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://test",
+        return httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://localhost",
                                  headers=headers, timeout=10)
 
     async def wait_until(self, condition, timeout: float = 5.0) -> None:

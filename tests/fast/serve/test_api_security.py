@@ -10,7 +10,8 @@ import pytest
 from api_doubles import TestServer, async_test, chat_body
 
 from tandem.errors import TandemError
-from tandem.serve.server import is_loopback, warn_if_exposed
+from tandem.serve.api.host_guard import is_loopback_name
+from tandem.serve.server import warn_if_exposed
 from tandem.serve.settings import ServeSettings
 
 KEY = "sk-very-secret-key-123"
@@ -40,7 +41,7 @@ async def test_other_web_origins_are_refused_by_default():
             options = await client.options("/v1/chat/completions", headers=preflight(ORIGIN))
             assert "access-control-allow-origin" not in options.headers
             assert (await client.post("/v1/chat/completions", json=chat_body())).status_code == 200
-            own = await client.post("/v1/chat/completions", json=chat_body(), headers={"Origin": "http://test"})
+            own = await client.post("/v1/chat/completions", json=chat_body(), headers={"Origin": "http://localhost"})
             assert own.status_code == 200
         assert server.state.metrics.rejected == [403, 403, 403]  # the two posts and the preflight, counted
 
@@ -89,7 +90,7 @@ def test_protect_metrics_needs_a_key():
 def test_binding_beyond_loopback_without_a_key_warns(capsys, host, key, warned):
     warn_if_exposed(ServeSettings(host=host, api_key=key))
     assert ("without --api-key" in capsys.readouterr().err) == warned
-    assert is_loopback(host) == (host in ("127.0.0.1", "::1", "localhost"))
+    assert is_loopback_name(host) == (host in ("127.0.0.1", "::1", "localhost"))
 
 
 @async_test
@@ -139,3 +140,28 @@ def test_a_taken_port_is_refused_before_the_models_load(monkeypatch):
             server_module.serve(config, ServeSettings(port=listener.getsockname()[1]))
     finally:
         listener.close()
+
+
+@async_test
+async def test_a_loopback_server_answers_only_requests_addressed_to_loopback():
+    """DNS rebinding: a page re-points its own name at 127.0.0.1 and reads a keyless local server
+    as its own origin; the request still names that page's host, which is refused."""
+    from tandem.serve.api.host_guard import host_name
+
+    assert [host_name(h) for h in ("[::1]:8000", "a.b:80", "localhost", "::1")] == ["[::1]", "a.b", "localhost", "::1"]
+    with TestServer() as server:  # bound to 127.0.0.1, the default
+        async with server.client() as client:
+            for host in ("localhost:8000", "127.0.0.1", "[::1]:8000", "app.localhost"):
+                assert (await client.post("/v1/chat/completions", json=chat_body(), headers={"Host": host})).status_code == 200
+            refused = await client.post("/v1/chat/completions", json=chat_body(), headers={"Host": "attacker.example:8000"})
+            assert refused.status_code == 403 and refused.json()["error"]["code"] == "host_not_allowed"
+            assert "--allowed-hosts attacker.example" in refused.json()["error"]["message"]
+        assert server.state.metrics.rejected == [403]  # only the one addressed elsewhere
+    with TestServer(allowed_hosts=("proxy.example",)) as server:
+        async with server.client() as client:
+            answer = await client.post("/v1/chat/completions", json=chat_body(), headers={"Host": "proxy.example"})
+            assert answer.status_code == 200
+    with TestServer(host="0.0.0.0", api_key=KEY) as server:  # exposed on purpose: names are not guarded
+        async with server.client(authorization=f"Bearer {KEY}") as client:
+            answer = await client.post("/v1/chat/completions", json=chat_body(), headers={"Host": "tandem.example"})
+            assert answer.status_code == 200

@@ -144,8 +144,8 @@ async def call_then_disconnect(app, path: str, body: dict, leave: asyncio.Event,
 
     scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
              "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
-             "root_path": "", "headers": [(b"content-type", b"application/json"), (b"host", b"test")],
-             "client": ("127.0.0.1", 5000), "server": ("test", 80)}
+             "root_path": "", "headers": [(b"content-type", b"application/json"), (b"host", b"localhost")],
+             "client": ("127.0.0.1", 5000), "server": ("localhost", 80)}
     await asyncio.wait_for(app(scope, receive, send), 5)
     return received
 

@@ -4,7 +4,8 @@ The app owns no engine and no threads: server.py (or a test) builds the `ServerS
 worker and runs the app. Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models,
 GET /health, GET /metrics, GET /openapi.json, and the dashboard at GET /. Every error is an OpenAI
 error body (see serve/api/errors.py for the status codes). Browsers get CORS headers only for the
-origins in --allowed-origins, and requests from other web origins are refused (origin_guard.py).
+origins in --allowed-origins, and requests from other web origins are refused (origin_guard.py);
+a server bound to loopback answers only requests addressed to a loopback name (host_guard.py).
 """
 
 import functools
@@ -14,6 +15,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from tandem.serve.api.errors import install_error_handlers
 from tandem.serve.api.openapi import build_openapi
+from tandem.serve.api.host_guard import LoopbackHostGuard, is_loopback_name
 from tandem.serve.api.origin_guard import OriginGuard
 from tandem.serve.api.routes_completions import completions_router
 from tandem.serve.api.routes_info import models_router, status_router
@@ -34,6 +36,9 @@ def create_app(state: ServerState) -> FastAPI:
     if settings.allowed_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"], max_age=600)
-    app.add_middleware(OriginGuard, allowed=settings.allowed_origins,  # outermost: before CORS answers a preflight
+    app.add_middleware(OriginGuard, allowed=settings.allowed_origins,  # before CORS answers a preflight
                        on_refused=lambda: state.metrics.request_rejected(403))
+    if is_loopback_name(settings.host):  # outermost
+        app.add_middleware(LoopbackHostGuard, allowed=settings.allowed_hosts,
+                           on_refused=lambda: state.metrics.request_rejected(403))
     return app
