@@ -17,6 +17,7 @@ Status codes, following OpenAI (which answers 400 for every invalid request, not
 Every refused request (4xx, 429, 503) is counted by `metrics.request_rejected`.
 """
 
+import json
 import logging
 
 from fastapi import FastAPI, Request
@@ -52,6 +53,14 @@ class APIError(Exception):
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+async def send_refusal(send, status: int, message: str, code: str) -> None:
+    """An error body sent straight through ASGI `send`, by middleware that answers before the app."""
+    body = json.dumps(error_body(message, "invalid_request_error", code=code)).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def queue_full(retry_after_seconds: int, message: str) -> APIError:

@@ -9,9 +9,8 @@ and is not guarded.
 """
 
 import ipaddress
-import json
 
-from tandem.serve.api.errors import error_body
+from tandem.serve.api.errors import send_refusal
 
 
 def is_loopback_name(host: str) -> bool:
@@ -49,10 +48,6 @@ class LoopbackHostGuard:
         if not header or is_loopback_name(name) or name.lower() in self.allowed:
             return await self.app(scope, receive, send)
         self.on_refused()
-        body = json.dumps(error_body(f"this server is bound to loopback and answers only requests addressed to "
-                                     f"localhost or a loopback address, not {name!r} (a guard against DNS "
-                                     f"rebinding); serve with --allowed-hosts {name} to allow it",
-                                     "invalid_request_error", code="host_not_allowed")).encode()
-        await send({"type": "http.response.start", "status": 403,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+        await send_refusal(send, 403, f"this server is bound to loopback and answers only requests addressed to "
+                           f"localhost or a loopback address, not {name!r} (a guard against DNS rebinding); serve "
+                           f"with --allowed-hosts {name} to allow it", "host_not_allowed")

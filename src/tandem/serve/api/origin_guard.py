@@ -7,9 +7,7 @@ the answer, so the guard turns such requests away before any work. Requests with
 (curl, SDKs, servers) and same-origin ones (the dashboard) pass.
 """
 
-import json
-
-from tandem.serve.api.errors import error_body
+from tandem.serve.api.errors import send_refusal
 
 
 class OriginGuard:
@@ -30,9 +28,5 @@ class OriginGuard:
         if not origin or origin == own or origin in self.allowed:
             return await self.app(scope, receive, send)
         self.on_refused()
-        body = json.dumps(error_body(f"requests from the web origin {origin} are refused; serve with "
-                                     f"--allowed-origins {origin} to allow them", "invalid_request_error",
-                                     code="origin_not_allowed")).encode()
-        await send({"type": "http.response.start", "status": 403,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+        await send_refusal(send, 403, f"requests from the web origin {origin} are refused; serve with "
+                           f"--allowed-origins {origin} to allow them", "origin_not_allowed")
