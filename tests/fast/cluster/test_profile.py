@@ -112,6 +112,7 @@ class SleepyRunner:
     fused = True
     can_copy_prefix = True
     max_slots = 4
+    context_length = 4096  # what a batch runner holds per sequence (the profile checks its grid fits)
 
     def __init__(self):
         self.lengths = [0] * self.max_slots
@@ -160,3 +161,20 @@ def test_cap_by_more_work():
 
     samples = {(0, 1, 1): 9.0, (0, 1, 2): 2.0, (0, 2, 1): 3.0, (64, 1, 1): 1.5}
     assert _cap_by_more_work(samples) == {(0, 1, 1): 1.5, (0, 1, 2): 2.0, (0, 2, 1): 3.0, (64, 1, 1): 1.5}
+
+
+def test_a_grid_beyond_the_models_context_is_refused_before_measuring(monkeypatch):
+    """--contexts 9000 on a model trained for 8,192 ran three minutes past what it holds."""
+    import pytest
+
+    from tandem.cluster.profiles import measure
+    from tandem.errors import TandemError
+    from tandem.models.backends import RunnerSpec
+
+    runner = SleepyRunner()
+    runner.context_length = 8192
+    monkeypatch.setattr(measure, "load_batch_runner", lambda spec, slots: runner)
+    grid = measure.ProfileGrid(sizes=(1, 64), contexts=(0, 9000), batches=(1,), repeats=1)
+    with pytest.raises(TandemError, match="needs 9064 tokens of context"):
+        measure.measure_profile(RunnerSpec("smollm2-135m-instruct", "llamacpp", "cpu", threads=1), grid, progress=False)
+    assert runner.calls == 0
