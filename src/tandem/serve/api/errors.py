@@ -5,7 +5,8 @@ Status codes, following OpenAI (which answers 400 for every invalid request, not
                              max_tokens that does not fit the context or the server's limits (the
                              numbers are named), logit_bias (not supported)
   401 authentication_error   missing or wrong Bearer key when the server has --api-key
-  403 invalid_request_error  a browser request from a web origin not in --allowed-origins (origin_guard.py)
+  403 invalid_request_error  a browser request from a web origin not in --allowed-origins (origin_guard.py),
+                             or to a loopback-bound server under another host name (host_guard.py)
   404 invalid_request_error  unknown model (code model_not_found), unknown route
   405 invalid_request_error  wrong method on a known route
   413 invalid_request_error  body larger than --max-body-bytes
