@@ -40,8 +40,11 @@ class StepTiming:
         return {**asdict(self), "overhead_ms": self.overhead_ms}
 
 
+STEP_CONTEXT = 4096  # tokens a slot may hold, unless the cache asked for needs more
+
+
 def load_runners(model: str, device: str, dtype: str, slots: int, threads: int | None,
-                 serial: bool, context_length: int = 4096) -> dict[str, BatchRunner]:
+                 serial: bool, context_length: int = STEP_CONTEXT) -> dict[str, BatchRunner]:
     """The fused runner and, if asked, the serial one over transformers (no cost profiles: the
     step times are what is measured)."""
     from tandem.models.batch_runner import SerialBatchRunner
@@ -59,7 +62,7 @@ def load_runners(model: str, device: str, dtype: str, slots: int, threads: int |
 
 
 def load_llamacpp_runners(model: str, slots: int, threads: int | None, one_call: bool,
-                          context_length: int = 4096) -> dict[str, BatchRunner]:
+                          context_length: int = STEP_CONTEXT) -> dict[str, BatchRunner]:
     """The llama.cpp batch runner, and the same runner packing every slot into one call."""
     from tandem.models.llamacpp_batch_runner import BATCH_TOKENS, LlamaCppBatchRunner
     from tandem.models.resolve import gguf_path

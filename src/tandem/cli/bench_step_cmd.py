@@ -36,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
     from tandem.progress import ProgressBar
 
     from tandem.bench.out_dir import check_out_file
-    from tandem.bench.step import fill_slots, load_llamacpp_runners, load_runners, memory_bandwidth, time_step
+    from tandem.bench.step import (STEP_CONTEXT, fill_slots, load_llamacpp_runners, load_runners, memory_bandwidth,
+                                   time_step)
 
     batches, tokens = args.batches, args.tokens
     if args.out:
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     if args.backend == "llamacpp" and args.device != "cpu":
         raise TandemError("--backend llamacpp runs on the CPU; --device is for the torch runner")
     needed = args.context + max(tokens)
-    context_length = max(4096, needed)
+    context_length = max(STEP_CONTEXT, needed)
     if args.backend == "llamacpp":
         runners = load_llamacpp_runners(args.model, max(batches), args.threads, args.serial, context_length)
     else:
