@@ -4,7 +4,8 @@ Contract: after every `push`, the concatenation of everything `push` returned eq
 `decode(all ids so far)` without its trailing U+FFFD run. U+FFFD is what decoding shows for an
 incomplete UTF-8 character (one whose later bytes are in tokens still to come) and for invalid
 bytes; a trailing run is held until a real character follows it, so no text is ever taken back
-and a delta never ends in U+FFFD. This holds for decoders whose output only grows at the end
+and a delta never ends in U+FFFD. `flush` at the end returns that run too, so the whole output's
+text is decode(all ids), as a decoder of the finished output shows it. This holds for decoders whose output only grows at the end
 as tokens are added (byte-level BPE; not `clean_up_tokenization_spaces`).
 
 The only thing known about the tokenizer is `decode(ids) -> str` (its decode with special tokens
@@ -51,6 +52,16 @@ class IncrementalDetokenizer:
         delta = known[self.shown :]
         self.shown = max(self.shown, len(known))
         self._move_window(text)
+        return delta
+
+    def flush(self) -> str:
+        """At the end of the output: the text not returned yet, its trailing U+FFFD run included
+        (an output cut inside a character ends in U+FFFD, as decoding it whole shows). After it,
+        everything returned equals decode(all ids)."""
+        text = self.decode(self.ids[self.prefix_offset :])
+        known = REPLACEMENT * self.owed + text[self.prefix_length :]
+        delta = known[self.shown :]
+        self.shown = max(self.shown, len(known))
         return delta
 
     def _move_window(self, text: str) -> None:

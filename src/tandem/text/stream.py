@@ -41,9 +41,12 @@ class TextStream:
         return text[:safe]
 
     def finish(self) -> str:
-        """Flush at the end of generation: the text held back (it holds no stop string, or push
-        would have ended the stream). An incomplete character at the very end has no text."""
+        """Flush at the end of generation: the text held back and, where the output ends inside
+        a character (a token cap cut it), the U+FFFD that decoding the whole output shows there;
+        cut before a stop string as push cuts."""
         if self._done:
             return ""
         self._done = True
-        return self._held
+        text = self._held + self._detokenizer.flush()
+        stop = first_stop_start(text, self.stop_strings)
+        return text if stop is None else text[:stop]
