@@ -109,6 +109,17 @@ def test_non_gguf_file_is_a_tandem_error(home, tmp_path):
             resolve(bogus)
 
 
+def test_a_truncated_gguf_leaves_no_conversions_folder(home, tmp_path):
+    """A file with the magic bytes but no model behind them fails in conversion; the folder made
+    for its conversions goes with the failed try (it held only the file's path)."""
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(b"GGUF" + bytes(60))
+    for resolve in (tokenizer_path, hf_path):
+        with pytest.raises(TandemError, match="not a valid GGUF file"):
+            resolve(truncated)
+        assert list((home / "models").glob("local-*")) == []
+
+
 def test_missing_file_and_unknown_name(home, tmp_path):
     with pytest.raises(ModelNotFoundError, match="no such model file"):
         gguf_path(tmp_path / "missing.gguf")

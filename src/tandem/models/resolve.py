@@ -49,7 +49,7 @@ def hf_path(name_or_path: str | Path, progress: bool = True) -> Path:
     dest = _cache_dir(name_or_path, gguf) / "hf"
     if not (dest / "config.json").is_file():
         print(f"converting {name_or_path} to a Hugging Face folder at {dest} (once)...", file=sys.stderr)
-        convert_to_hf(gguf, dest)
+        _convert(convert_to_hf, gguf, dest)
     return dest
 
 
@@ -64,7 +64,7 @@ def tokenizer_path(name_or_path: str | Path) -> Path:
     dest = _cache_dir(name_or_path, gguf) / "tokenizer"
     if not dest.is_dir():
         print(f"reading {name_or_path}'s tokenizer out of the GGUF into {dest} (once)...", file=sys.stderr)
-        convert_tokenizer(gguf, dest)
+        _convert(convert_tokenizer, gguf, dest)
     return dest
 
 
@@ -110,6 +110,18 @@ def _cache_dir(name_or_path: str | Path, gguf: Path) -> Path:
         (folder / LOCAL_SOURCE).write_text(str(gguf))
         _remove_older_versions(gguf, folder)
     return folder
+
+
+def _convert(convert, gguf: Path, dest: Path) -> None:
+    """convert(gguf, dest); where it fails (a truncated or unreadable file), a local file's
+    conversions folder that holds nothing else goes too, leaving no trace of the failed try."""
+    try:
+        convert(gguf, dest)
+    except BaseException:
+        folder = dest.parent
+        if folder.name.startswith("local-") and [p.name for p in folder.iterdir()] == [LOCAL_SOURCE]:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
 
 
 def _remove_older_versions(gguf: Path, current: Path) -> None:
