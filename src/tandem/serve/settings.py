@@ -58,42 +58,42 @@ class ServeSettings:
 
     def __post_init__(self):
         if not self.host:
-            raise TandemError("the host must not be empty (e.g. 127.0.0.1 or 0.0.0.0)")
-        _check_int("port", self.port, 0, 65535)
+            raise TandemError("--host must not be empty (e.g. 127.0.0.1 or 0.0.0.0)")
+        _check_int("--port", self.port, 0, 65535)
         if self.api_key is not None and not self.api_key.strip():
-            raise TandemError("the API key must not be empty: leave --api-key out to serve without one")
-        _check_int("max body bytes", self.max_body_bytes, 1024, 1 << 30)
-        _check_int("max running", self.max_running, 1, 4096)
-        _check_int("max waiting", self.max_waiting, 0, 1 << 20)
+            raise TandemError("--api-key must not be empty: leave it out to serve without a key")
+        _check_int("--max-body-bytes", self.max_body_bytes, 1024, 1 << 30)
+        _check_int("--max-running", self.max_running, 1, 4096)
+        _check_int("--max-waiting", self.max_waiting, 0, 1 << 20)
         if self.cache_url not in (None, "memory", CACHE_OFF) and not self.cache_url.startswith(CACHE_SCHEMES):
-            raise TandemError(f"the cache must be 'memory', 'off' or a redis://HOST:PORT URL, got {self.cache_url!r}")
-        _check_number("cache TTL seconds", self.cache_ttl_seconds, low=1e-3)
+            raise TandemError(f"--cache must be 'memory', 'off' or a redis://HOST:PORT URL, got {self.cache_url!r}")
+        _check_number("--cache-ttl (seconds)", self.cache_ttl_seconds, low=1e-3)
         if self.otlp_endpoint is not None and not self.otlp_endpoint.startswith(("http://", "https://")):
-            raise TandemError(f"the OTLP endpoint must be an http(s) URL, got {self.otlp_endpoint!r}")
-        _check_number("alert threshold", self.alert_threshold, low=0.0, high=1.0)
+            raise TandemError(f"--otlp-endpoint must be an http(s) URL, got {self.otlp_endpoint!r}")
+        _check_number("--alert-threshold", self.alert_threshold, low=0.0, high=1.0)
         if self.served_model_name is not None and not self.served_model_name.strip():
-            raise TandemError("the served model name must not be empty")
-        _check_number("grace seconds", self.grace_seconds, low=0.0)
+            raise TandemError("--served-model-name must not be empty")
+        _check_number("--grace-seconds", self.grace_seconds, low=0.0)
         if self.cache_ram_bytes is not None:
-            _check_int("cache RAM bytes", self.cache_ram_bytes, 0, 1 << 50)
+            _check_int("--cache-ram (bytes)", self.cache_ram_bytes, 0, 1 << 50)
         if self.cache_disk_bytes is not None:
-            _check_int("cache disk bytes", self.cache_disk_bytes, 1, 1 << 60)
+            _check_int("--cache-disk (bytes)", self.cache_disk_bytes, 1, 1 << 60)
         if self.cache_disk_bytes is not None and self.cache_dir is None:
             raise TandemError("--cache-disk sizes the disk tier: give it a folder with --cache-dir")
         if self.cache_dir is not None:
             _check_folder("--cache-dir", self.cache_dir)
         if self.max_tokens_limit is not None:
-            _check_int("max tokens limit", self.max_tokens_limit, 1, 1 << 24)
+            _check_int("--max-tokens-limit", self.max_tokens_limit, 1, 1 << 24)
         if self.max_prompt_tokens is not None:
-            _check_int("max prompt tokens", self.max_prompt_tokens, 1, 1 << 24)
-        _check_number("request timeout seconds", self.request_timeout_seconds, low=1e-3)
-        _check_int("max streams per client", self.max_streams_per_client, 1, 1 << 20)
+            _check_int("--max-prompt-tokens", self.max_prompt_tokens, 1, 1 << 24)
+        _check_number("--request-timeout (seconds)", self.request_timeout_seconds, low=1e-3)
+        _check_int("--max-streams-per-client", self.max_streams_per_client, 1, 1 << 20)
         for origin in self.allowed_origins:
             if origin != "*" and not ORIGIN.match(origin):
-                raise TandemError(f"an allowed origin must be '*' or scheme://host[:port], got {origin!r}")
+                raise TandemError(f"--allowed-origins: an origin must be '*' or scheme://host[:port], got {origin!r}")
         for name in self.allowed_hosts:
             if not name or any(c in name for c in "/ :") and not name.startswith("["):
-                raise TandemError(f"an allowed host is a name without scheme or port (or '*'), got {name!r}")
+                raise TandemError(f"--allowed-hosts: a host is a name without scheme or port (or '*'), got {name!r}")
         if self.protect_metrics and self.api_key is None:
             raise TandemError("--protect-metrics puts /metrics and the dashboard behind the API key: give --api-key")
 

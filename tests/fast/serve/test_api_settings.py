@@ -17,23 +17,29 @@ def test_defaults():
 
 
 @pytest.mark.parametrize("field,value,says", [
-    ("port", 70000, "port"), ("port", -1, "port"), ("port", "80", "port"), ("api_key", "  ", "API key"),
-    ("max_body_bytes", 10, "max body bytes"), ("max_running", 0, "max running"), ("max_waiting", -1, "waiting"),
-    ("cache_url", "ftp://x", "redis://"), ("cache_ttl_seconds", 0, "TTL"), ("otlp_endpoint", "collector:4318", "OTLP"),
-    ("alert_threshold", 1.5, "alert"), ("alert_threshold", float("nan"), "alert"), ("grace_seconds", -1, "grace"),
-    ("served_model_name", "", "model name"), ("host", "", "host"),
+    ("port", 70000, "--port"), ("port", -1, "--port"), ("port", "80", "--port"), ("api_key", "  ", "--api-key"),
+    ("max_body_bytes", 10, "--max-body-bytes"), ("max_running", 0, "--max-running"),
+    ("max_waiting", -1, "--max-waiting"), ("cache_url", "ftp://x", "--cache must"), ("cache_ttl_seconds", 0, "--cache-ttl"),
+    ("otlp_endpoint", "collector:4318", "--otlp-endpoint"), ("alert_threshold", 1.5, "--alert-threshold"),
+    ("alert_threshold", float("nan"), "--alert-threshold"), ("grace_seconds", -1, "--grace-seconds"),
+    ("served_model_name", "", "--served-model-name"), ("host", "", "--host"), ("cache_ram_bytes", -1, "--cache-ram"),
+    ("cache_disk_bytes", 0, "--cache-disk"), ("max_tokens_limit", 0, "--max-tokens-limit"),
+    ("max_prompt_tokens", 0, "--max-prompt-tokens"), ("request_timeout_seconds", 0, "--request-timeout"),
+    ("max_streams_per_client", 0, "--max-streams-per-client"), ("allowed_origins", ("example.com",), "--allowed-origins"),
+    ("allowed_hosts", ("a:80",), "--allowed-hosts"),
 ])
 def test_bad_settings_are_refused(field, value, says):
+    """Each message names the option a user of `tandem serve` sets, not the field."""
     with pytest.raises(TandemError, match=says):
         ServeSettings(**{field: value})
 
 
 @pytest.mark.parametrize("args,says", [
     (["--port", "eighty"], "--port must be an integer"),
-    (["--port", "99999"], "port must be an integer from 0 to 65535"),
+    (["--port", "99999"], "--port must be an integer from 0 to 65535"),
     (["--cache", "memcached://x"], "redis://"),
     (["--grace-seconds", "soon"], "--grace-seconds must be a number"),
-    (["--max-waiting", "-5"], "max waiting"),
+    (["--max-waiting", "-5"], "--max-waiting must be an integer from 0"),
 ])
 def test_bad_serve_options_print_one_error_line(args, says, capsys):
     assert main(["serve", "--target", "smollm2-135m-instruct", *args]) == 2
