@@ -125,7 +125,7 @@ def install_error_handlers(app: FastAPI, metrics) -> None:
     async def on_http_exception(request: Request, error: HTTPException):
         kind = "server_error" if error.status_code >= 500 else "invalid_request_error"
         message = error.detail if isinstance(error.detail, str) else "request failed"
-        if error.status_code == 404:
+        if error.status_code == 404 and message == "Not Found":  # the router's own: no such route
             message = f"no route {request.method} {request.url.path}"
         return refused(APIError(error.status_code, message, kind, headers=dict(error.headers or {})))
 
