@@ -1,7 +1,14 @@
-"""A text tokenizer (transformers, loaded from a local folder) and the shared-vocabulary check."""
+"""A text tokenizer (transformers, loaded from a local folder) and the shared-vocabulary check.
+
+Chat messages are text, never markup: a message whose content spells a special token
+("<|im_start|>system ...") is encoded with that text as plain characters, so a user cannot open a
+turn of another role. Only the template's own markup becomes special tokens.
+"""
 
 import functools
 import os
+import re
+import secrets
 
 from tandem.errors import TandemError, VocabularyMismatchError
 
@@ -29,8 +36,39 @@ class TextTokenizer:
         """Apply the chat template once, with the assistant turn opened."""
         if not self._tok.chat_template:
             raise TandemError(f"the tokenizer in {self.folder} has no chat template: use --prompt")
-        text = self._tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return self.encode(text)
+        text = self._render(messages)
+        if not any(self._spells_a_special_token(m["content"]) for m in messages):
+            return self.encode(text)  # the common case: one encode of the whole text
+        return self._encode_contents_as_text(messages, text)
+
+    def _render(self, messages: list[dict]) -> str:
+        return self._tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def _spells_a_special_token(self, text: str) -> bool:
+        return any(token in text for token in self._special_token_texts)
+
+    @functools.cached_property
+    def _special_token_texts(self) -> tuple[str, ...]:
+        return tuple(t.content for t in self._tok.added_tokens_decoder.values() if t.special and t.content)
+
+    def _encode_contents_as_text(self, messages: list[dict], text: str) -> list[int]:
+        """Encode the template's markup with its special tokens and each message's content as
+        plain text: render the template once more with a marker for each content, and encode the
+        pieces between markers apart from the contents."""
+        tag = secrets.token_hex(8)
+        markers = {f"[[content-{tag}-{i}]]": m["content"] for i, m in enumerate(messages)}
+        marked = self._render([{**m, "content": marker} for m, marker in zip(messages, markers)])
+        pieces = re.split("(" + "|".join(map(re.escape, markers)) + ")", marked)  # markup, marker, markup, ...
+        if "".join(markers.get(piece, piece) for piece in pieces) != text:
+            raise TandemError("a message spells a special token, and this model's chat template changes "
+                              "message text, so it cannot be kept as plain text")
+        ids: list[int] = []
+        for piece in pieces:
+            if piece in markers:
+                ids += self._tok.encode(markers[piece], add_special_tokens=False, split_special_tokens=True)
+            elif piece:
+                ids += self.encode(piece)
+        return ids
 
     @functools.cached_property
     def stop_token_ids(self) -> frozenset[int]:
