@@ -107,3 +107,22 @@ def test_another_model_written_at_the_same_path_is_profiled_again(tmp_path, monk
     rewritten = CacheTimedRunner(context_length=4096)
     cached_profile(spec, rewritten, (1, 4))
     assert rewritten.calls != []
+
+
+def test_a_damaged_profile_is_measured_again_not_a_failed_start(tmp_path, monkeypatch, capsys):
+    """A profile cut short (a full disk, a killed writer) raised JSONDecodeError at every start.
+    It is now removed with a warning and measured again; the new one reads back."""
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
+    spec = RunnerSpec(str(tmp_path / "model"), backend="torch", device="cpu", threads=1)
+    cached_profile(spec, CacheTimedRunner(4096), (1, 4))
+    (path,) = (tmp_path / "profiles").glob("*.json")
+    for damage in ('{"latency_ms": {"1": 3', "[]", '{"latency_ms": {"one": 3}}'):
+        path.write_text(damage)
+        runner = CacheTimedRunner(4096)
+        cost = cached_profile(spec, runner, (1, 4))
+        assert runner.calls and set(cost.latency_ms) == {1, 4}  # measured again
+        assert "cannot be read" in capsys.readouterr().err
+        again = CacheTimedRunner(4096)
+        cached_profile(spec, again, (1, 4))
+        assert again.calls == []  # and written whole
+    assert [p.name for p in (tmp_path / "profiles").iterdir()] == [path.name]  # no temp file left

@@ -99,13 +99,15 @@ def cached_profile(spec: RunnerSpec, runner: ModelRunner, sizes: tuple[int, ...]
     follow the context (models/cost.py)."""
     path = profiles_dir() / f"{_profile_key(spec, runner)}{variant}.json"
     deep_context = deep_profile_length(runner.context_length, max(sizes)) if deep else 0
-    if path.exists():
-        record = json.loads(path.read_text())
-        cached = _cost_from_record(record)
-        # a profile of other sizes (or without the deep curve asked for) is measured again
-        if set(sizes) <= set(cached.latency_ms) and (not deep_context or set(sizes) <= set(cached.deep_ms)):
+    cached = _read_profile(path)
+    # a profile of other sizes (or without the deep curve asked for) is measured again
+    if cached is not None and set(sizes) <= set(cached.latency_ms) and (
+            not deep_context or set(sizes) <= set(cached.deep_ms)):
+        try:
             os.utime(path)  # used: the last to be evicted
-            return cached
+        except OSError:  # evicted meanwhile by another process: the curve read stands
+            pass
+        return cached
     make_dir(path.parent)  # before the minute of measuring, not after
     cost = _measure_at(runner, PROFILE_BASE_LENGTH, sizes)
     record = {"runner": runner.name, "spec": spec.__repr__(), "latency_ms": cost.to_json(),
@@ -114,11 +116,24 @@ def cached_profile(spec: RunnerSpec, runner: ModelRunner, sizes: tuple[int, ...]
         record |= {"deep_latency_ms": _measure_at(runner, deep_context, sizes, DEEP_REPEATS).to_json(),
                    "deep_context": deep_context}
     runner.reset()
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # each process its own: two may profile at once
     tmp.write_text(json.dumps(record, indent=1))
     os.replace(tmp, path)
     evict_profiles(path.parent, PROFILE_CACHE_BYTES, keep=path)
     return _cost_from_record(record)
+
+
+def _read_profile(path) -> CostModel | None:
+    """The curves stored at `path`; None if there is none, or if it cannot be read (a damaged
+    file is removed, to be measured again, rather than stopping every start)."""
+    try:
+        return _cost_from_record(json.loads(path.read_text()))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
+        print(f"warning: the profile {path} cannot be read ({error}): measuring it again", file=sys.stderr)
+        path.unlink(missing_ok=True)
+        return None
 
 
 def evict_profiles(folder, capacity_bytes: int, keep=None) -> None:
