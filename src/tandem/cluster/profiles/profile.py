@@ -176,7 +176,7 @@ def profile_from_json(data: dict) -> DeviceProfile:
 def save_profile(profile: DeviceProfile, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # each process its own
     tmp.write_text(json.dumps(profile_to_json(profile), indent=1))
     os.replace(tmp, path)
     return path
