@@ -232,3 +232,38 @@ def test_the_key_names_the_torch_state_layout(tmp_path, monkeypatch):
     before = disk_model_key(config, with_draft=False)
     monkeypatch.setattr(build, "TORCH_STATE_LAYOUT", build.TORCH_STATE_LAYOUT + 1)
     assert disk_model_key(config, with_draft=False) != before
+
+
+SECOND_PROCESS = """
+import sys
+from tandem.engine.disk_cache import DiskPromptCache
+from tandem.errors import TandemError
+from tandem.serve.settings import ServeSettings
+try:
+    ServeSettings(cache_dir=sys.argv[1])  # serve's check before the models load
+    DiskPromptCache(sys.argv[1], 1 << 20, "key").close()
+except TandemError as error:
+    print(error)
+    sys.exit(3)
+"""
+
+
+def test_a_second_process_is_refused_the_folder_until_the_first_closes_it(tmp_path):
+    """Two servers on one --cache-dir each counted only their own bytes (together past the
+    budget) and each start removed the other's writes under way. The folder is now one
+    process's: a second is refused, naming the first, at serve's settings check already."""
+    import os
+    import subprocess
+    import sys
+
+    def second() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", SECOND_PROCESS, str(tmp_path)], capture_output=True, text=True)
+
+    cache = DiskPromptCache(tmp_path, 1 << 20, KEY)
+    also = DiskPromptCache(tmp_path, 1 << 20, KEY)  # in one process the folder is shared
+    also.close()
+    refused = second()
+    assert refused.returncode == 3 and f"in use by process {os.getpid()}" in refused.stdout, refused
+    cache.close()
+    cache.close()  # a second close does nothing
+    assert second().returncode == 0

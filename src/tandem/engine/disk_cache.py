@@ -19,7 +19,8 @@ server can never read them, then from its own, least recently used first (file t
 the order across restarts); an entry larger than the whole budget is not written. An entry
 waiting for its write is found by lookups at once (from memory), and at most MAX_QUEUED_BYTES
 wait; past that a save is dropped. No error of the disk reaches a request: a file that cannot
-be read, written or removed is a warning. One server process per folder.
+be read, written or removed is a warning. One server process per folder: the cache holds the
+folder's lock (engine/folder_lock.py) until it is closed, and a second process is refused.
 """
 
 import contextlib
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from tandem.engine.folder_lock import claim_folder, release_folder
 from tandem.engine.host_cache import HostEntry
 from tandem.engine.prefix_index import BLOCK, PrefixIndex
 from tandem.errors import TandemError
@@ -92,6 +94,8 @@ class DiskPromptCache:
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as error:
             raise TandemError(f"cannot use {directory} for the prompt cache's disk tier: {error}") from None
+        claim_folder(self.root, "--cache-dir")
+        self._claimed = True
         self.nbytes = 0  # files kept, plus writes under way
         self.foreign: deque[tuple[Path, int]] = deque()  # other keys' files and sizes, oldest first
         self.foreign_bytes = 0
@@ -191,6 +195,9 @@ class DiskPromptCache:
         self._closed = True
         self.flush()
         self._writer.shutdown(wait=True)
+        if self._claimed:
+            self._claimed = False
+            release_folder(self.root)
 
     # -- the writer's side --------------------------------------------------------------------
 

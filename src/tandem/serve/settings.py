@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tandem.engine.folder_lock import check_folder_free
 from tandem.errors import TandemError
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024  # 1 MiB
@@ -82,6 +83,7 @@ class ServeSettings:
             raise TandemError("--cache-disk sizes the disk tier: give it a folder with --cache-dir")
         if self.cache_dir is not None:
             _check_folder("--cache-dir", self.cache_dir)
+            check_folder_free(Path(self.cache_dir).expanduser(), "--cache-dir")  # before the models load
         if self.max_tokens_limit is not None:
             _check_int("--max-tokens-limit", self.max_tokens_limit, 1, 1 << 24)
         if self.max_prompt_tokens is not None:
