@@ -146,6 +146,13 @@ def test_a_rewritten_local_gguf_replaces_its_earlier_conversions(tmp_path, monke
     os.utime(model, ns=(10**18, 10**18))
     second = _cache_dir(model, model)
     assert second != first and not first.exists() and second.is_dir() and kept.is_dir()
+    stat = model.stat()
+    replacement = tmp_path / "replacement.gguf"  # another model of the same size, copied in with
+    replacement.write_bytes(b"GGUF version 3")  # the old one's time kept (cp -p, rsync -a)
+    os.utime(replacement, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    replacement.replace(model)
+    assert model.stat().st_size == stat.st_size and model.stat().st_mtime_ns == stat.st_mtime_ns
+    assert _cache_dir(model, model) != second  # not the old model's float32 copy
 
 
 def test_a_killed_conversions_temp_folder_is_removed_by_the_next_one(tmp_path):

@@ -3,7 +3,8 @@ one model (the prompt cache's disk tier) is never given to another, even one at 
 
 A catalog model is its catalog checksum (pulling it checked the assembled file against it); a
 GGUF file is its bytes' digest; a Hugging Face folder hashes every file in it, by relative path.
-Computed once per file version (path, size, modification time) in a process.
+Computed once per file version in a process (path, size, times and inode: a file written over
+another one of the same size, its time kept, has a new inode or change time).
 """
 
 import hashlib
@@ -46,17 +47,18 @@ def model_version(name_or_path: str | Path) -> str:
         files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else []
     if not files:
         raise ModelNotFoundError(f"no such model file or folder: {path}")
-    versions = [_version(f) for f in files]
-    return f"{path}|{sum(size for size, _ in versions)}|{max(mtime for _, mtime in versions)}"
+    stats = [f.stat() for f in files]
+    return f"{path}|{sum(s.st_size for s in stats)}|{max(s.st_mtime_ns for s in stats)}"
 
 
-def _version(path: Path) -> tuple[int, int]:
+def _version(path: Path) -> tuple[int, int, int, int]:
+    """What tells one version of a file from another without reading it."""
     stat = path.stat()
-    return stat.st_size, stat.st_mtime_ns
+    return stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino
 
 
 @lru_cache(maxsize=256)
-def _file_checksum(path: Path, size: int, mtime_ns: int) -> str:
+def _file_checksum(path: Path, size: int, mtime_ns: int, ctime_ns: int, inode: int) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
         while chunk := f.read(CHUNK):

@@ -3,7 +3,8 @@
 A catalog name always wins over a same-named file in the working directory. Catalog models are
 pulled on first use; conversions are cached once per model: `models_dir()/<name>/hf` and
 `.../tokenizer` for catalog models, `models_dir()/local-<key>/...` for other .gguf files, where
-the key hashes the file's path, size and mtime (so an edited file is converted again).
+the key hashes the file's path, size, times and inode (so an edited or replaced file is
+converted again, even one copied in with its times kept).
 """
 
 import hashlib
@@ -102,8 +103,9 @@ def _cache_dir(name_or_path: str | Path, gguf: Path) -> Path:
         return entry_dir(name)
     if gguf.parent.parent == models_dir().resolve() and (gguf.parent / MANIFEST_FILENAME).is_file():
         return gguf.parent  # a pulled catalog model, given by its path
-    stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    stat = gguf.stat()  # a file written over this one, even of its size and time, has a new inode or ctime
+    version = f"{gguf}|{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ctime_ns}|{stat.st_ino}"
+    key = hashlib.sha256(version.encode()).hexdigest()[:16]
     folder = models_dir() / f"local-{key}"
     if not (folder / LOCAL_SOURCE).is_file():  # this version's first use (another process may race us: both may)
         make_dir(folder)

@@ -25,7 +25,7 @@ from tandem.engine.build import EngineConfig, build_engine, runner_identity
 from tandem.engine.events import SpeculationOptions
 from tandem.engine.worker import EngineWorker
 from tandem.errors import TandemError
-from tandem.models.checksum import model_version
+from tandem.models.checksum import model_checksum, model_version
 from tandem.models.resolve import tokenizer_digest, tokenizer_path
 from tandem.serve.api.app import create_app
 from tandem.serve.api.host_guard import is_loopback_name
@@ -98,7 +98,8 @@ def _response_store(settings: ServeSettings, config: EngineConfig) -> ResponseSt
     differently, so servers sharing a Redis never serve each other's entries."""
     if settings.cache_url == CACHE_OFF:
         return ResponseStore.disabled()
-    identity = model_identity(config)
+    shared = settings.cache_url not in (None, "memory")  # Redis: other servers, other files, later
+    identity = model_identity(config, by_content=shared)
 
     def key(model: str, prompt_ids, params: dict):
         return response_cache_key(f"{model}|{identity}", prompt_ids, params)
@@ -106,12 +107,14 @@ def _response_store(settings: ServeSettings, config: EngineConfig) -> ResponseSt
     return ResponseStore(open_response_cache(settings.cache_url, settings.cache_ttl_seconds), key)
 
 
-def model_identity(config: EngineConfig) -> str:
-    """What the target's answers depend on: its version (a catalog model's checksum, a local
-    file's path, size and time: another file later at the path is another model, and a Redis
-    entry outlives a server; nothing is hashed, so a start stays fast), backend, device,
-    precision and, for llama.cpp, its build."""
-    return runner_identity(config.target, model_version)
+def model_identity(config: EngineConfig, by_content: bool = False) -> str:
+    """What the target's answers depend on: the model, its backend, device, precision and, for
+    llama.cpp, its build. The model is its catalog checksum; a local file is, `by_content`, the
+    SHA-256 of its bytes (for Redis, whose entries outlive a server and reach other machines: a
+    copy with its times kept, or another fine-tune of the same size, must not hit; hashed once
+    per start), else its path, size and time (the in-memory cache: one process, one model
+    loaded; nothing hashed, so a start stays fast)."""
+    return runner_identity(config.target, model_checksum if by_content else model_version)
 
 
 def _engine(config: EngineConfig, settings: ServeSettings, ngram_store, cluster, model_name: str):

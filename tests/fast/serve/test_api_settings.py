@@ -76,18 +76,27 @@ def test_the_response_cache_knows_another_model_at_the_same_path(tmp_path):
     from tandem.serve.server import model_identity
     from tiny_models import build_tiny_model
 
-    def identity(folder, dtype="fp32"):
-        return model_identity(EngineConfig(RunnerSpec(str(folder), "torch", "cpu", dtype), None, "ngram"))
+    def identity(folder, dtype="fp32", by_content=False):
+        return model_identity(EngineConfig(RunnerSpec(str(folder), "torch", "cpu", dtype), None, "ngram"),
+                              by_content)
 
     first = build_tiny_model(tmp_path / "first", seed=1)
-    before = identity(first)
+    before, before_content = identity(first), identity(first, by_content=True)
     assert identity(first) == before  # the same files: the same model
+    assert identity(first, by_content=True) == before_content
     assert identity(first, "bf16") != before  # another precision answers differently
+    times = {file.name: file.stat().st_mtime_ns for file in first.iterdir()}
     shutil.rmtree(first)
     build_tiny_model(first, seed=2)  # another model at the same path
     for file in first.iterdir():  # a time of its own, whatever the filesystem's clock granularity
         os.utime(file, ns=(10**18, 10**18))
     assert identity(first) != before
+    # ... or with the first one's times kept (cp -p, rsync -a) and the same size: only the
+    # content tells them apart, which Redis's key (shared, outliving the server) uses
+    for file in first.iterdir():
+        os.utime(file, ns=(times[file.name], times[file.name]))
+    assert identity(first) == before  # the cheap version is fooled: the in-memory cache's only
+    assert identity(first, by_content=True) != before_content
 
 
 def test_the_ngram_namespace_names_the_tokenizer(tmp_path):
