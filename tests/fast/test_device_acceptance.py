@@ -48,8 +48,8 @@ SAMPLING_SETTINGS = [
 def both_rules(drafts, q_draft, logits: np.ndarray, params, seed: int):
     """(numpy result, device result, whether both rngs end in the same state)."""
     numpy_rng, device_rng = np.random.default_rng(seed), np.random.default_rng(seed)
-    expected = accept_round(drafts, q_draft, logits, params, numpy_rng)
-    got = accept_round(drafts, q_draft, torch.from_numpy(logits), params, device_rng)
+    expected = accept_round(drafts, q_draft, logits, params, numpy_rng, position=0)
+    got = accept_round(drafts, q_draft, torch.from_numpy(logits), params, device_rng, position=0)
     return expected, got, numpy_rng.bit_generator.state == device_rng.bit_generator.state
 
 
@@ -111,12 +111,27 @@ def test_sampling_same_seed_same_result(params, one_hot):
     assert outcomes == {"bonus", "recovered"}  # both branches were exercised
 
 
+@pytest.mark.parametrize("params", SAMPLING_SETTINGS, ids=lambda p: f"t{p.temperature}_k{p.top_k}_p{p.top_p}")
+def test_the_positional_rule_matches_numpy(params):
+    """A seeded request's rule (uniforms by output position, no rng): the same tokens on both."""
+    rng, outcomes = np.random.default_rng(33), set()
+    for trial in range(200):
+        seeded = SamplingParams(params.temperature, params.top_k, params.top_p, seed=trial)
+        drafts, q_draft, logits = random_round(rng, seeded, one_hot=bool(trial % 2))
+        position = int(rng.integers(0, 500))
+        unused = np.random.default_rng(0)
+        expected = accept_round(drafts, q_draft, logits, seeded, unused, position=position)
+        assert accept_round(drafts, q_draft, torch.from_numpy(logits), seeded, unused, position=position) == expected
+        outcomes.add("bonus" if expected.accepted == len(drafts) else "replaced")
+    assert outcomes == {"bonus", "replaced"}
+
+
 def test_many_rounds_one_rng_give_the_same_stream():
     params, rng = SAMPLING_SETTINGS[3], np.random.default_rng(41)
     rounds = [random_round(rng, params, one_hot=False) for _ in range(100)]
     numpy_rng, device_rng = np.random.default_rng(5), np.random.default_rng(5)
-    numpy_stream = [accept_round(d, q, x, params, numpy_rng) for d, q, x in rounds]
-    device_stream = [accept_round(d, q, torch.from_numpy(x), params, device_rng) for d, q, x in rounds]
+    numpy_stream = [accept_round(d, q, x, params, numpy_rng, position=0) for d, q, x in rounds]
+    device_stream = [accept_round(d, q, torch.from_numpy(x), params, device_rng, position=0) for d, q, x in rounds]
     assert device_stream == numpy_stream
 
 
@@ -131,8 +146,8 @@ def test_bf16_logits_match_numpy_on_their_float32_values(params):
         drafts, q_draft, logits = random_round(rng, draft_params, one_hot=False)
         bf16_logits = torch.from_numpy(logits).to(torch.bfloat16)  # [k + 1, vocab]
         numpy_rng, device_rng = np.random.default_rng(trial), np.random.default_rng(trial)
-        expected = accept_round(drafts, q_draft, bf16_logits.float().numpy(), params, numpy_rng)
-        assert accept_round(drafts, q_draft, bf16_logits, params, device_rng) == expected, trial
+        expected = accept_round(drafts, q_draft, bf16_logits.float().numpy(), params, numpy_rng, position=0)
+        assert accept_round(drafts, q_draft, bf16_logits, params, device_rng, position=0) == expected, trial
 
 
 # --- the emitted tokens follow p_target ----------------------------------------------------------
@@ -174,7 +189,7 @@ def test_device_rule_from_logits_follows_the_processed_distribution(params):
     logits = torch.from_numpy(np.stack([TARGET_LOGITS, TARGET_LOGITS]).astype(np.float32))  # [k + 1, vocab]
 
     def from_logits(draft_tokens, q_draft, p_target, rng):
-        return accept_round(draft_tokens, q_draft, logits, params, rng)
+        return accept_round(draft_tokens, q_draft, logits, params, rng, position=0)
 
     assert_follows(first_token_counts(from_logits, p, q, 10_000, seed=64), p)
 

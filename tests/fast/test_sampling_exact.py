@@ -21,6 +21,7 @@ from sampling_harness import (
     P_START,
     Q_DRAFT,
     Q_NEXT,
+    Q_START,
     TARGET_LOGITS,
     assert_departs,
     assert_follows,
@@ -30,8 +31,8 @@ from sampling_harness import (
 from tandem.engine.request import GenerationRequest
 from tandem.engine.run_request import generate
 from tandem.models.torch_runner import TorchRunner
-from tandem.speculation.acceptance import AcceptResult, accept_sampling
-from tandem.speculation.sampling import SamplingParams, probs_from_logits, sample
+from tandem.speculation.acceptance import AcceptResult, accept_positional, accept_sampling
+from tandem.speculation.sampling import SamplingParams, position_uniforms, probs_from_logits, sample
 
 # --- the two wrong rules, same signature as accept_sampling ---------------------------------
 
@@ -144,16 +145,25 @@ def next_probs(model_dir, tokens) -> np.ndarray:
     return probs_from_logits(logits, SamplingParams(**ENGINE_SAMPLING))[0]
 
 
+@pytest.mark.parametrize("seeded", [True, False], ids=["positional_rule", "speculative_sampling"])
 @pytest.mark.parametrize("runner", ["serial", "fused", "fused-device-rule"])
-def test_engine_sampling_follows_the_target_for_the_first_two_tokens(tiny_target, near_draft, runner, monkeypatch):
-    """Many seeded one-token-prompt requests through BatchEngine (draft model, k = 2): the pairs
-    of first emitted tokens (accepted drafts, recovered and bonus tokens alike) follow the
-    target's exact p(t0) p(t1 | t0). The fused runner keeps logits on the device; on the CPU
+def test_engine_sampling_follows_the_target_for_the_first_two_tokens(tiny_target, near_draft, runner, seeded,
+                                                                      monkeypatch):
+    """Many one-token-prompt requests through BatchEngine (draft model, k = 2): the pairs of
+    first emitted tokens (accepted drafts, recovered and bonus tokens alike) follow the target's
+    exact p(t0) p(t1 | t0). Seeded requests take the positional rule; unseeded ones speculative
+    sampling, on an rng the test seeds through Sequence.create (each request a fresh stream), so
+    the run is still deterministic. The fused runner keeps logits on the device; on the CPU
     numpy reads them in place, and "fused-device-rule" sends them through the torch rule that
     a GPU uses."""
     if runner == "fused-device-rule":
         monkeypatch.setattr("tandem.speculation.acceptance.HOST_DEVICES", ())
         runner = "fused"
+    if not seeded:
+        streams = iter(range(10**6))
+        make_rng = np.random.default_rng
+        monkeypatch.setattr("tandem.engine.sequence.np.random.default_rng",
+                            lambda seed=None: make_rng([77, next(streams)] if seed is None else seed))
     p_first = next_probs(tiny_target, ENGINE_PROMPT)  # [vocab]
     assert ((next_probs(near_draft, ENGINE_PROMPT) > 0) & (p_first == 0)).any()  # q proposes outside p
     pair_p = np.zeros((len(p_first), len(p_first)))  # [t0, t1]
@@ -162,7 +172,7 @@ def test_engine_sampling_follows_the_target_for_the_first_two_tokens(tiny_target
     engine = make_engine(tiny_target, near_draft, "model", 2, slots=1, runner=runner)
     counts, drafted, accepted = np.zeros_like(pair_p, dtype=np.int64), 0, 0
     for seed in range(250):
-        sampling = SamplingParams(**ENGINE_SAMPLING, seed=seed)
+        sampling = SamplingParams(**ENGINE_SAMPLING, seed=seed if seeded else None)
         request = GenerationRequest(ENGINE_PROMPT, max_tokens=3, sampling=sampling, stop_condition=FirstTokens(2))
         output, stats = generate(engine, request)
         counts[output[0], output[1]] += 1
@@ -188,3 +198,88 @@ def emitted_stream(seed: int, rounds: int = 300) -> list[list[int]]:
 def test_same_seed_same_tokens_different_seed_different_tokens():
     assert emitted_stream(seed=11) == emitted_stream(seed=11)
     assert emitted_stream(seed=11) != emitted_stream(seed=12)
+
+
+# --- seeded requests: the positional rule -------------------------------------------------------
+
+
+def positional_pair_counts(trials: int, seed: int, one_hot: bool) -> np.ndarray:
+    """token_pair_counts for the positional rule: each trial a request with its own uniform per
+    output position, used by every round that reaches the position (a round's unused uniforms
+    are the next round's), drafts from Q coupled to them (or one-hot, as in the harness)."""
+    rng = np.random.default_rng(seed)
+    counts = np.zeros((2, len(P_START), len(P_START)), dtype=np.int64)
+    for _ in range(trials):
+        uniforms, emitted = rng.random(8), []  # [position]
+        while len(emitted) < 4:
+            start, previous = len(emitted), (emitted[-1] if emitted else None)
+            drafts, p_rows = [], [P_START if previous is None else P_NEXT[previous]]
+            for depth in range(3):
+                if one_hot:
+                    token = 0 if previous is None else (previous + 1) % len(P_START)
+                else:
+                    q_row = Q_START if previous is None else Q_NEXT[previous]
+                    token = int(np.searchsorted(np.cumsum(q_row), uniforms[start + depth], side="right"))
+                drafts.append(token)
+                p_rows.append(P_NEXT[token])
+                previous = token
+            emitted += accept_positional(drafts, np.stack(p_rows), uniforms[start : start + 4]).emitted(drafts)
+        counts[0, emitted[0], emitted[1]] += 1
+        counts[1, emitted[2], emitted[3]] += 1
+    return counts
+
+
+@pytest.mark.parametrize("one_hot", [False, True], ids=["coupled_q", "one_hot"])
+def test_positional_rule_token_pairs_follow_p_target(one_hot):
+    counts = positional_pair_counts(25_000, seed=7, one_hot=one_hot)
+    assert_follows(counts[0].sum(axis=1), P_START)
+    assert_follows(counts[0], PAIR_P[0])
+    assert_follows(counts[1], PAIR_P[1])
+
+
+def test_position_uniforms_are_uniform_and_depend_on_seed_and_position_only():
+    u = np.concatenate([position_uniforms(seed, 0, 20) for seed in range(1_000)])  # [20,000]
+    counts = np.histogram(u, bins=20, range=(0.0, 1.0))[0]
+    assert_follows(counts, np.full(20, 1 / 20))
+    assert np.array_equal(position_uniforms(5, 10, 3), position_uniforms(5, 0, 13)[10:])  # no stream state
+    assert not np.array_equal(position_uniforms(5, 0, 3), position_uniforms(6, 0, 3))
+
+
+SEEDED = dict(temperature=0.7, top_k=3)
+
+
+@pytest.mark.parametrize("runner", ["serial", "fused"])
+def test_a_seed_gives_the_same_tokens_whatever_was_drafted(tiny_target, near_draft, runner):
+    """What a seed promises: the same output for the same seed, at any drafter and k (as the
+    planner or the load choose them), and equal to sampling without speculation. Speculative
+    sampling's draws depend on how the rounds fall, so its output changed with k."""
+    prompts = [(12,), (3, 40, 7), (90, 5)]
+    configs = [("none", 0), ("model", 1), ("model", 3), ("model", "auto"), ("ngram", 4), ("hybrid", "auto")]
+    outputs = {}
+    for drafter, k in configs:
+        engine = make_engine(tiny_target, near_draft, drafter, k, slots=3, runner=runner)
+        for seed, prompt in enumerate(prompts):
+            request = GenerationRequest(prompt, max_tokens=24, sampling=SamplingParams(**SEEDED, seed=seed))
+            outputs[drafter, k, seed] = generate(engine, request)[0]
+    for seed in range(len(prompts)):
+        plain = outputs["none", 0, seed]
+        assert len(set(plain)) > 2  # sampled, not a fixed point
+        for drafter, k in configs:
+            assert outputs[drafter, k, seed] == plain, (drafter, k, seed)
+    drafted = make_engine(tiny_target, near_draft, "model", 3, slots=1, runner=runner)
+    _, stats = generate(drafted, GenerationRequest(prompts[0], 24, SamplingParams(**SEEDED, seed=0)))
+    assert 0 < stats.accepted < stats.drafted  # drafts were kept and replaced along the way
+
+
+def test_a_request_resumed_from_its_output_so_far_goes_on_as_it_would_have(tiny_target, near_draft):
+    """A cluster's failover or move re-submits a stream as its prompt plus the output so far
+    (`output_offset` counts those tokens): a seeded stream then goes on with the tokens it
+    would have emitted in one piece, its positions' uniforms kept."""
+    engine = make_engine(tiny_target, near_draft, "model", 3, slots=1)
+    sampling = SamplingParams(**SEEDED, seed=4)
+    whole, _ = generate(engine, GenerationRequest((12, 5), max_tokens=20, sampling=sampling))
+    resumed, _ = generate(engine, GenerationRequest((12, 5, *whole[:8]), max_tokens=12, sampling=sampling,
+                                                    output_offset=8))
+    assert resumed == whole[8:]
+    restarted, _ = generate(engine, GenerationRequest((12, 5, *whole[:8]), max_tokens=12, sampling=sampling))
+    assert restarted != whole[8:]  # without the offset the positions start again: other tokens

@@ -415,7 +415,8 @@ class BatchEngine(SequencePool):
     # -- 7. acceptance, stops, rollback -----------------------------------------------------
 
     def _commit(self, seq: Sequence, draft: SequenceDraft, logits):
-        result = accept_round(draft.token_ids, draft.q_draft, logits, seq.request.sampling, seq.rng)
+        result = accept_round(draft.token_ids, draft.q_draft, logits, seq.request.sampling, seq.rng,
+                              position=seq.output_position)
         update, report, reason = commit_round(seq, draft, result.emitted(draft.token_ids), result.accepted,
                                               self.planner, self.context_length)
         self.target.rollback(seq.slot, len(seq.tokens) - 1)  # the invariant

@@ -66,6 +66,12 @@ class Sequence:
         return emitted, reason
 
     @property
+    def output_position(self) -> int:
+        """The output position of the next token: the request's own output so far, after any
+        it resumed from (sampling.position_uniforms)."""
+        return self.request.output_offset + len(self.tokens) - len(self.request.prompt_ids)
+
+    @property
     def room(self) -> int:
         """Tokens this sequence may still produce."""
         return self.request.max_tokens - len(self.output)

@@ -16,6 +16,17 @@ Greedy (temperature 0) keeps d_i while it equals the target's argmax. Speculativ
 Chen et al. 2023, "Accelerating LLM Decoding with Speculative Sampling") keeps d_i with
 probability min(1, p(d_i) / q(d_i)) and on rejection samples from norm(max(0, p - q)); the
 emitted tokens then follow p exactly.
+
+A seeded request (`SamplingParams.seed`) takes the positional rule instead: the target's token at
+output position i is the inverse CDF of its processed p_i at a uniform u_i that depends on the
+seed and i alone (`position_uniforms`), and a draft is kept while it equals that token, as greedy
+keeps the argmax. Each emitted token is then the token non-speculative sampling with the same
+uniforms emits, whatever was drafted: p_i is conditioned on the tokens before i, which are
+functions of u_<i, and u_i is uniform and independent of them, so token i follows p_i exactly;
+and the same seed gives the same output at any k, drafter or load, which a seed promises. A draft
+model couples to it by drafting with the same u_i (lockstep.py), keeping acceptance near
+speculative sampling's where q is near p; a one-hot draft is kept with probability p(d_i), as
+speculative sampling keeps it.
 """
 
 from dataclasses import dataclass
@@ -23,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tandem.speculation.sampling import SamplingParams, probs_from_logits, sample
+from tandem.speculation.sampling import SamplingParams, position_uniforms, probs_from_logits, sample, sample_at
 
 if TYPE_CHECKING:
     import torch
@@ -46,9 +57,11 @@ def accept_round(
     target_logits: "np.ndarray | torch.Tensor",  # [k + 1, vocab]
     sampling: SamplingParams,
     rng: np.random.Generator,
+    position: int,  # the output position of the round's first token (the positional rule's)
 ) -> AcceptResult:
-    """One round's acceptance: greedy at temperature 0, else exact speculative sampling on the
-    processed distributions (the one dispatch every engine and verifier uses).
+    """One round's acceptance: greedy at temperature 0, the positional rule for a seeded
+    request, else exact speculative sampling on the processed distributions (the one dispatch
+    every engine and verifier uses).
 
     numpy logits take the rules below (the reference); a torch.Tensor, which stays on its
     device, takes the same rules in device_acceptance.py. torch is imported only then, so
@@ -61,10 +74,12 @@ def accept_round(
         else:
             from tandem.speculation.device_acceptance import accept_round_on_device
 
-            return accept_round_on_device(draft_tokens, q_draft, target_logits, sampling, rng)
+            return accept_round_on_device(draft_tokens, q_draft, target_logits, sampling, rng, position)
     if sampling.greedy:
         return accept_greedy(draft_tokens, target_logits)
     p_target = probs_from_logits(target_logits, sampling)  # [k + 1, vocab]
+    if sampling.seed is not None:
+        return accept_positional(draft_tokens, p_target, position_uniforms(sampling.seed, position, len(draft_tokens) + 1))
     return accept_sampling(draft_tokens, fit_vocab(q_draft, p_target.shape[-1]), p_target, rng)
 
 
@@ -103,6 +118,21 @@ def accept_sampling(
         return AcceptResult(i, sample(_residual(p_row, q_row), rng))
     k = len(draft_tokens)
     return AcceptResult(k, sample(p_target[k], rng))
+
+
+def accept_positional(
+    draft_tokens: list[int],
+    p_target: np.ndarray,  # [k + 1, vocab]
+    uniforms: np.ndarray,  # [k + 1]: the uniforms of the round's output positions
+) -> AcceptResult:
+    """Keep drafts while each equals the target's token at its position (the inverse CDF of its
+    row at its uniform); the first that differs is replaced by that token."""
+    for i, token in enumerate(draft_tokens):
+        choice = sample_at(p_target[i], float(uniforms[i]))
+        if token != choice:
+            return AcceptResult(i, choice)
+    k = len(draft_tokens)
+    return AcceptResult(k, sample_at(p_target[k], float(uniforms[k])))
 
 
 def _residual(p_row: np.ndarray, q_row: np.ndarray) -> np.ndarray:

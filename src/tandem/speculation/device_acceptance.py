@@ -12,7 +12,8 @@ by the same inverse CDF as `sample`. Since how many uniforms a round uses is kno
 the device has decided, the rule draws the most a round can use (k + 1), sends them as one small
 tensor, and afterwards rewinds the rng and draws again only the number actually used. So the
 same seed gives the same tokens as the numpy rule (for probabilities equal to the last bit; see
-device_sampling.py) and leaves the rng in the same state for the next round.
+device_sampling.py) and leaves the rng in the same state for the next round. A seeded request's
+positional rule takes its uniforms from the seed and the positions, and uses no rng.
 """
 
 import numpy as np
@@ -20,7 +21,7 @@ import torch
 
 from tandem.speculation.acceptance import AcceptResult, fit_vocab
 from tandem.speculation.device_sampling import compute_dtype, probs_from_logits, sample_with_uniform
-from tandem.speculation.sampling import SamplingParams
+from tandem.speculation.sampling import SamplingParams, position_uniforms
 
 
 def accept_round_on_device(
@@ -29,11 +30,16 @@ def accept_round_on_device(
     target_logits: torch.Tensor,  # [k + 1, vocab] on the device, float32 or bf16
     sampling: SamplingParams,
     rng: np.random.Generator,
+    position: int,
 ) -> AcceptResult:
-    """`accept_round` for device logits: greedy at temperature 0, else exact speculative sampling."""
+    """`accept_round` for device logits: greedy at temperature 0, the positional rule for a
+    seeded request, else exact speculative sampling."""
     if sampling.greedy:
         return accept_greedy_on_device(draft_tokens, target_logits)
     p_target = probs_from_logits(target_logits, sampling)  # [k + 1, vocab] float64
+    if sampling.seed is not None:
+        uniforms = position_uniforms(sampling.seed, position, len(draft_tokens) + 1)  # [k + 1]
+        return accept_positional_on_device(draft_tokens, p_target, uniforms)
     q_on_device = _q_to_device(fit_vocab(q_draft, p_target.shape[-1]), p_target)  # [k, vocab] or None
     return accept_sampling_on_device(draft_tokens, q_on_device, p_target, rng)
 
@@ -79,6 +85,24 @@ def accept_sampling_on_device(
     accepted_count, token, used_slot = torch.stack([accepted, next_token, slot]).tolist()  # the one transfer
     rng.bit_generator.state = rng_before  # rewind, then use exactly what the numpy rule uses
     rng.random(used_slot + 1)
+    return AcceptResult(accepted_count, token)
+
+
+def accept_positional_on_device(
+    draft_tokens: list[int],
+    p_target: torch.Tensor,  # [k + 1, vocab] on the device
+    uniforms: np.ndarray,  # [k + 1] on the host
+) -> AcceptResult:
+    """`accept_positional`: every row's token at its uniform at once, then greedy's prefix."""
+    k, device = len(draft_tokens), p_target.device
+    u = torch.tensor(uniforms, dtype=p_target.dtype, device=device)  # [k + 1]
+    cdf = torch.cumsum(p_target, dim=-1)  # [k + 1, vocab]
+    target_mass = (u * cdf[:, -1])[:, None]  # [k + 1, 1]
+    choices = torch.searchsorted(cdf, target_mass, right=True)[:, 0].clamp(max=p_target.shape[-1] - 1)  # [k + 1]
+    matches = (choices[:k] == _tokens_to_device(draft_tokens, device)).long()  # [k]
+    accepted = matches.cumprod(dim=0).sum()  # []
+    next_token = choices.index_select(0, accepted.reshape(1))[0]  # []
+    accepted_count, token = torch.stack([accepted, next_token]).tolist()  # the one transfer
     return AcceptResult(accepted_count, token)
 
 

@@ -4,6 +4,10 @@
 (giving `p_target`) and the draft's logits (giving `q_draft`) always pass through this same
 function with the same `SamplingParams`, which is what keeps speculative sampling exact for the
 processed distribution. Temperature 0 means greedy decoding.
+
+A seeded request draws the uniform of each output position from the seed and the position
+(`position_uniforms`), not from a stream whose use depends on how rounds fall: its tokens are
+then the same whatever was drafted (acceptance.py, `accept_positional`).
 """
 
 from dataclasses import dataclass
@@ -66,6 +70,18 @@ def _top_p_filter(probs: np.ndarray, top_p: float) -> np.ndarray:
 
 def sample(probs: np.ndarray, rng: np.random.Generator) -> int:
     """One token from a probability vector.  probs: [vocab]."""
+    return sample_at(probs, rng.random())
+
+
+def sample_at(probs: np.ndarray, uniform: float) -> int:
+    """The token whose share of the CDF holds `uniform` in [0, 1): a sample of probs when
+    uniform is.  probs: [vocab]."""
     cdf = np.cumsum(probs)
-    index = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    index = int(np.searchsorted(cdf, uniform * cdf[-1], side="right"))
     return min(index, probs.shape[-1] - 1)
+
+
+def position_uniforms(seed: int, start: int, count: int) -> np.ndarray:
+    """The uniforms of a seeded request's output positions start .. start + count - 1: each a
+    function of the seed and the position alone, independent across positions.  -> [count]"""
+    return np.array([np.random.default_rng([seed, position]).random() for position in range(start, start + count)])

@@ -356,3 +356,21 @@ def test_an_idle_dead_verifier_gets_no_sequence_until_it_is_back(tiny_target, ti
     outputs, reasons = run(router, PROMPTS[:4])
     assert outputs == [references[p] for p in PROMPTS[:4]]
     assert all(reason[0] in ("stop", "length") for reason in reasons.values())
+
+
+def test_a_placement_counts_the_output_it_resumes_from():
+    """A stream moved or failed over twice: each placement's request says how many of its
+    prompt's tokens are output, so a seed's positions go on where they were."""
+    from tandem.cluster.runtime.routed import Routed
+    from tandem.engine.events import SpeculationOptions
+    from tandem.engine.request import GenerationRequest
+    from tandem.speculation.sampling import SamplingParams
+
+    routed = Routed("s", GenerationRequest((1, 2, 3), 10, SamplingParams(temperature=1.0, seed=3)),
+                    SpeculationOptions())
+    assert routed.placement_request().output_offset == 0
+    routed.output += [7, 8]
+    first = routed.placement_request()
+    assert (first.prompt_ids, first.max_tokens, first.output_offset) == ((1, 2, 3, 7, 8), 8, 2)
+    again = Routed("s", first, SpeculationOptions(), output=[9])
+    assert again.placement_request().output_offset == 3

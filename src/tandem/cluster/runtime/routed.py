@@ -2,7 +2,8 @@
 
 Each placement on a replica has its own id (`seq@attempt`), so the updates of one that moved
 or died are told apart from the next one's. A placement runs the prompt with the output so far
-appended and the rest of the token budget; stop strings stay with the router.
+appended (its output offset: a seeded request's later tokens keep their positions) and the rest
+of the token budget; stop strings stay with the router.
 """
 
 from dataclasses import dataclass, field, replace
@@ -52,7 +53,8 @@ class Routed:
         return self.placement
 
     def placement_request(self) -> GenerationRequest:
-        return replace(self.request, prompt_ids=self.tokens, max_tokens=self.room, stop_condition=None)
+        return replace(self.request, prompt_ids=self.tokens, max_tokens=self.room, stop_condition=None,
+                       output_offset=self.request.output_offset + len(self.output))
 
     def take(self, update: SequenceUpdate) -> SequenceUpdate:
         """A placement's update, for the client: cut at a stop string (finishing it there),

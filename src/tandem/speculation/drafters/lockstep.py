@@ -18,7 +18,7 @@ import numpy as np
 from tandem.models.batch_runner import BatchItem, BatchRunner, cached_context
 from tandem.models.cost import CostView, catch_up_ms
 from tandem.speculation.drafters.base import DraftJob, KeepDrafting, SequenceDraft
-from tandem.speculation.sampling import probs_from_logits, sample
+from tandem.speculation.sampling import position_uniforms, probs_from_logits, sample, sample_at
 from tandem.token_ids import common_prefix
 
 
@@ -55,7 +55,7 @@ class LocalDraftModel:
                 if index is None:
                     continue  # a chunk of catch-up: this sequence drafts in a later step
                 job = jobs[index]
-                token, q_row, confidence = _pick(rows[0], job.seq)
+                token, q_row, confidence = _pick(rows[0], job.seq, len(drafts[index].token_ids))
                 drafts[index].token_ids.append(token)
                 q_rows[index].append(q_row)
                 confidences[index].append(confidence)
@@ -98,9 +98,12 @@ class LocalDraftModel:
         return len(tokens) < job.k
 
 
-def _pick(logits: np.ndarray, seq) -> tuple[int, np.ndarray | None, float]:
-    """The draft token from next-token logits [vocab], its q row (sampling), its confidence.
-    A device runner's tensor is read on the host (free on a CPU; one row per token on a GPU)."""
+def _pick(logits: np.ndarray, seq, depth: int) -> tuple[int, np.ndarray | None, float]:
+    """The draft token from next-token logits [vocab], its q row (sampling), its confidence;
+    `depth`: drafts before it this round. A seeded request drafts with the uniform of the
+    token's output position, the one the target's positional rule will use (acceptance.py), so
+    draft and target pick the same token wherever q is near p. A device runner's tensor is
+    read on the host (free on a CPU; one row per token on a GPU)."""
     if not isinstance(logits, np.ndarray):
         logits = logits.float().cpu().numpy()
     sampling = seq.request.sampling
@@ -109,5 +112,9 @@ def _pick(logits: np.ndarray, seq) -> tuple[int, np.ndarray | None, float]:
         shifted = np.exp(logits - logits[token])
         return token, None, float(1.0 / shifted.sum())
     q_row = probs_from_logits(logits[None, :], sampling)[0]  # [vocab]
-    token = sample(q_row, seq.rng)
+    if sampling.seed is None:
+        token = sample(q_row, seq.rng)
+    else:
+        uniform = position_uniforms(sampling.seed, seq.output_position + depth, 1)[0]
+        token = sample_at(q_row, float(uniform))
     return token, q_row, float(q_row[token])
