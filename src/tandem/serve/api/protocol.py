@@ -192,7 +192,7 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: integer(ge=1) | None = None
     logprobs: Annotated[None, refused("logprobs", False, schema=Literal[False] | None)] = None
-    top_logprobs: Annotated[None, refused("top_logprobs")] = None
+    top_logprobs: Annotated[None, refused("top_logprobs", 0, 0.0, schema=Literal[0] | None)] = None
     response_format: Annotated[None, refused("response_format (JSON mode, structured outputs)", {"type": "text"},
                                              schema=TextFormat | None)] = None
     tools: Annotated[None, refused("tools (function calling)", [], schema=Annotated[list, Field(max_length=0)] | None)] = None
