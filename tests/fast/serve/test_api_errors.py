@@ -61,6 +61,7 @@ BAD_CHATS = [
     (chat_body(messages=[{"role": "user"}]), "messages[0].content", "missing_required_parameter", ""),
     (chat_body(messages=[{"role": "wizard", "content": "x"}]), "messages[0].role", "invalid_value", ""),
     (chat_body(messages=[{"role": "user", "content": 5}]), "messages[0].content", "invalid_type", ""),
+    (chat_body(messages=[{"role": "user", "content": None}]), "messages[0].content", "invalid_type", ""),
     (chat_body(messages=[{"role": "user", "content": "  "}]), "messages", None, "empty"),
     (chat_body(max_completion_tokens=0), "max_completion_tokens", "invalid_value", ""),
 ]
@@ -170,6 +171,10 @@ async def test_fields_that_change_nothing_pass():
                 modalities=["text"], messages=[{"role": "assistant", "content": "hi", "tool_calls": []},
                                                {"role": "user", "content": "hi", "name": "ann"}]))
             assert response.status_code == 200, response.text
+            response = await client.post("/v1/chat/completions", json=chat_body(messages=[  # null: OpenAI's empty turn
+                {"role": "user", "content": "hi"}, {"role": "assistant", "content": None},
+                {"role": "user", "content": "again"}]))
+            assert response.status_code == 200, response.text
 
 
 @async_test
@@ -206,7 +211,11 @@ async def test_features_not_implemented_are_refused_not_ignored():
                ("/v1/chat/completions", chat_body(audio={"voice": "alloy"}), "audio"),
                ("/v1/chat/completions", chat_body(messages=[{"role": "assistant", "content": "", "tool_calls": [
                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]),
-                "messages[0].tool_calls")]
+                "messages[0].tool_calls"),
+               ("/v1/chat/completions", chat_body(messages=[  # what agent frameworks send: content null
+                   {"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [
+                       {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]),
+                "messages[1].tool_calls")]
     with TestServer() as server:
         async with server.client() as client:
             for path, body, field in refused:

@@ -9,7 +9,7 @@ refuses unknown fields, so a typo there is reported rather than silently ignored
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, model_validator
 from pydantic_core import PydanticCustomError
 
 from tandem.engine.events import SpeculationOptions
@@ -179,6 +179,14 @@ class ChatMessage(BaseModel):
     tool_calls: Annotated[None, refused("tool_calls (function calling)", [],
                                         schema=Annotated[list, Field(max_length=0)] | None)] = None
     function_call: Annotated[None, refused("function_call (function calling)")] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _assistant_null_content_is_empty(cls, data):
+        """OpenAI lets an assistant turn's content be null (agents send it beside tool_calls): it is empty text."""
+        if isinstance(data, dict) and data.get("role") == "assistant" and data.get("content", "") is None:
+            return {**data, "content": ""}
+        return data
 
     def as_template_message(self) -> dict:
         """Chat templates know system/user/assistant/tool; OpenAI's "developer" is a system turn."""
