@@ -51,7 +51,7 @@ BAD_COMPLETIONS = [
     (completion_body(tandem={"k": "fast"}), "tandem.k", "invalid_value", "auto"),
     (completion_body(tandem={"drafer": "ngram"}), "tandem.drafer", "unknown_parameter", ""),
     (completion_body(tandem="ngram"), "tandem", "invalid_type", ""),
-    (completion_body(prompt=""), "prompt", None, "empty"),
+    (completion_body(prompt=""), "prompt", "invalid_value", "empty"),
 ]
 
 BAD_CHATS = [
@@ -62,7 +62,7 @@ BAD_CHATS = [
     (chat_body(messages=[{"role": "wizard", "content": "x"}]), "messages[0].role", "invalid_value", ""),
     (chat_body(messages=[{"role": "user", "content": 5}]), "messages[0].content", "invalid_type", ""),
     (chat_body(messages=[{"role": "user", "content": None}]), "messages[0].content", "invalid_type", ""),
-    (chat_body(messages=[{"role": "user", "content": "  "}]), "messages", None, "empty"),
+    (chat_body(messages=[{"role": "user", "content": "  "}]), "messages", "invalid_value", "empty"),
     (chat_body(max_completion_tokens=0), "max_completion_tokens", "invalid_value", ""),
 ]
 

@@ -49,7 +49,8 @@ async def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> Prepa
     _check_body(state, body)
     messages = [m.as_template_message() for m in body.messages]
     if not any(m["content"].strip() for m in messages):
-        raise APIError(400, "the prompt is empty: every message has empty content", param="messages")
+        raise APIError(400, "the prompt is empty: every message has empty content", param="messages",
+                       code="invalid_value")
     prompt_ids = await _tokenize(state.tokenizer.chat_prompt_ids, messages)
     return _prepared(state, body, prompt_ids, "messages")
 
@@ -113,7 +114,8 @@ def _check_server_limits(state: ServerState, prompt_tokens: int, body: SamplingF
 
 def _new_token_limit(context: int, prompt_tokens: int, body: SamplingFields, prompt_param: str) -> int:
     if prompt_tokens == 0:
-        raise APIError(400, "the prompt is empty: give at least one token of input", param=prompt_param)
+        raise APIError(400, "the prompt is empty: give at least one token of input", param=prompt_param,
+                       code="invalid_value")
     if prompt_tokens >= context:
         raise APIError(400, f"the prompt has {prompt_tokens} tokens but this model's context is {context} "
                        "tokens: shorten the prompt", param=prompt_param, code="context_length_exceeded")
