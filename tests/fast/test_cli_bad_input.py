@@ -88,6 +88,8 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["serve", "--cache-dir", "{not_a_folder}"], "cannot create the folder"),
     (["generate", "--prompt", ""], "--prompt is empty"),
     (["generate", "--messages", "{{}}"], "non-empty JSON list"),
+    (["generate", "--messages", '[{{"role": "robot", "content": "x"}}]', "--target", "{tmp}/gone.gguf"],
+     "'robot'"),  # the server refuses the role; the missing target shows the check comes before loading
     (["generate", "--prompt", "hi", "--threads", "-1"], "at least 1"),
     (["generate", "--prompt", "hi", "--max-tokens", "0"], "at least 1"),
     (["generate", "--prompt", "hi", "--bogus"], "see tandem generate --help"),  # it named tandem --help

@@ -9,7 +9,7 @@ from tandem.cli.options import add_model_options, engine_config
 from tandem.engine.stats import GenerationStats
 from tandem.errors import TandemError
 from tandem.speculation.sampling import SamplingParams
-from tandem.text.text_generator import TextGenerator
+from tandem.text.text_generator import TextGenerator, check_messages
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -61,6 +61,7 @@ def _parse_messages(raw: str) -> list[dict]:
         raise TandemError(f"--messages is not valid JSON: {error}") from None
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         raise TandemError('--messages must be a non-empty JSON list of objects: [{"role": "user", "content": "..."}]')
+    check_messages(messages)  # before the models load, not after
     return messages
 
 

@@ -16,10 +16,10 @@ from tandem.engine.events import SpeculationOptions
 from tandem.speculation.depth import K_LIMIT
 from tandem.speculation.sampling import MAX_TEMPERATURE
 from tandem.speculation.drafters.registry import DRAFTER_NAMES
+from tandem.text.chat_roles import CHAT_ROLES
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256  # per stop string
-CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 def _whole_number(value):
