@@ -35,7 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "shape) and report.md to --out.",
     )
     parser.add_argument("peer", choices=sorted(PEERS), help="which peer")
-    parser.add_argument("--model", default=DEFAULT_TARGET, help="catalog name, .gguf file or HF folder")
+    parser.add_argument("--model", default=DEFAULT_TARGET,
+                        help="catalog name, .gguf file or HF folder (default %(default)s)")
     parser.add_argument("--dtype", default="fp32", help="fp32 | bf16 | fp16 (default fp32)")
     parser.add_argument("--device", default="auto", help="torch device: cpu, cuda:0 ... (default: GPU if any)")
     parser.add_argument("--concurrency", default=DEFAULT_CONCURRENCY,
@@ -47,7 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         f"{REQUESTS_PER_CLIENT} x C), as bench-serve)")
     parser.add_argument("--max-tokens", type=int, default=50, help="max new tokens per request (default 50)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.add_argument("--attn", default="sdpa", help="attn_implementation: sdpa | paged|eager | flash_attention_2")
+    parser.add_argument("--attn", default="sdpa",
+                        help="transformers' attn_implementation: sdpa, paged|eager or flash_attention_2 (default sdpa)")
     parser.add_argument("--max-batch-tokens", type=int, default=None,
                         help="tokens per forward step (default: transformers' 8192)")
     parser.add_argument("--page-size", type=int, default=256, help="tokens per KV cache page (default 256)")

@@ -28,17 +28,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", help="catalog name, .gguf file or HF folder")
     parser.add_argument("--backend", default="llamacpp", help="llamacpp | torch (default llamacpp)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda:0, npu:0, ... (default cpu)")
-    parser.add_argument("--dtype", default="fp32", help="torch dtype: fp32 | bf16 | fp16")
+    parser.add_argument("--dtype", default="fp32", help="torch dtype: fp32 | bf16 | fp16 (default fp32)")
     parser.add_argument("--threads", type=whole_number(1), default=None, help="CPU threads (default: all)")
     parser.add_argument("--cluster", help="profile every (model, backend, device, dtype, threads) of this cluster file")
     parser.add_argument("--out", help="profile file to write (single profile only)")
     parser.add_argument("--force", action="store_true", help="with --cluster: re-measure saved profiles")
     parser.add_argument("--sizes", type=int_list(), default=_csv(_GRID.sizes),
-                        help="new tokens per sequence, comma-separated")
+                        help="new tokens per sequence, comma-separated (default %(default)s)")
     parser.add_argument("--contexts", type=int_list(), default=_csv(_GRID.contexts),
-                        help="context lengths, comma-separated")
-    parser.add_argument("--batches", type=int_list(), default=_csv(_GRID.batches), help="batch sizes, comma-separated")
-    parser.add_argument("--repeats", type=whole_number(1), default=_GRID.repeats, help="timed calls per point (fastest kept)")
+                        help="context lengths, comma-separated (default %(default)s)")
+    parser.add_argument("--batches", type=int_list(), default=_csv(_GRID.batches),
+                        help="batch sizes, comma-separated (default %(default)s)")
+    parser.add_argument("--repeats", type=whole_number(1), default=_GRID.repeats,
+                        help="timed calls per point, the fastest kept (default %(default)s)")
     parser.set_defaults(func=run)
 
 

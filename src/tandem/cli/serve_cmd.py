@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--max-waiting", default="64", help="requests queued beyond those; more get 429 (default 64)")
     group.add_argument("--max-body-bytes", default=str(DEFAULT_MAX_BODY_BYTES), help="request body limit in bytes, beyond it a 413 (default %(default)s)")
     group.add_argument("--cache", default="memory", help="response and n-gram cache: memory | redis://HOST:PORT | off (default %(default)s)")
-    group.add_argument("--cache-ttl", default=str(DEFAULT_CACHE_TTL_SECONDS), help="seconds a cached response lives (default %(default)s)")
+    group.add_argument("--cache-ttl", default=f"{DEFAULT_CACHE_TTL_SECONDS:g}", help="seconds a cached response lives (default %(default)s)")
     group.add_argument("--cache-ram", default=None,
                        help="host memory for the prompt cache's evicted KV states, e.g. 8G, 512M or a number of "
                        "MiB (llama-server's option); 0 turns it off (default: 8 GiB or a quarter of the RAM, "
