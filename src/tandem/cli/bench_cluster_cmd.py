@@ -14,15 +14,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--configs", default="single,cluster,cluster-verify-only",
                         help="comma-separated, run in this order: single, solo (each verifier replica alone), "
                         "cluster (the router over the replicas), cluster+draft-ahead (drafters draft the next "
-                        "round while one verifies), cluster-verify-only (no drafts)")
-    parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--requests", type=int, default=16)
-    parser.add_argument("--max-tokens", type=int, default=50)
+                        "round while one verifies), cluster-verify-only (no drafts); default %(default)s")
+    parser.add_argument("--concurrency", type=int, default=4, help="requests in flight (default %(default)s)")
+    parser.add_argument("--requests", type=int, default=16,
+                        help="requests per configuration, the same for each (default %(default)s)")
+    parser.add_argument("--max-tokens", type=int, default=50, help="max new tokens per request (default %(default)s)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run the configurations this many times in turn (default 1); the report adds "
                         "each one's mean and the cluster's ratio to the mean solo sum")
-    parser.add_argument("--ray-address", default=None)
-    parser.add_argument("--out", default="bench-cluster-out")
+    parser.add_argument("--ray-address", default=None, help="join this Ray cluster (default: start a local one)")
+    parser.add_argument("--out", default="bench-cluster-out",
+                        help="output folder for report.md, results.json and measured*.json (default %(default)s)")
     parser.set_defaults(func=run)
 
 

@@ -20,9 +20,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     prompt.add_argument("--messages", help='chat messages as JSON: [{"role": "user", "content": "..."}]')
     parser.add_argument("--max-tokens", type=whole_number(1), default=128, help="new tokens at most (default 128)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), at most 2")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=1.0,
+                        help="sample from the smallest set of tokens whose probabilities sum to P (default 1 = off)")
+    parser.add_argument("--top-k", type=int, default=0, help="sample from the K likeliest tokens (default 0 = off)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="sampling seed, for repeatable sampled runs (default: none)")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
     parser.add_argument("--verbose", action="store_true", help="log the depth chosen each round")

@@ -42,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--prompt-tokens", type=whole_number(1), default=None,
                         help="prompt tokens per request (default: estimated from the default bench workload)")
     parser.add_argument("--acceptance", type=real_number(0, 1), default=None, help="per-token acceptance of draft models")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="the simulation's random seed (default 0)")
     parser.add_argument("--roles", choices=("plan", "as-written"), default="plan",
                         help="simulate the planner's placement (default) or the file's roles as written")
     parser.add_argument("--batching", choices=("backend", "fused", "serial"), default=None,
