@@ -12,6 +12,7 @@ from typing import Callable
 
 from tandem.models.backends import RunnerSpec, cached_profile, load_torch_runner
 from tandem.models.batch_runner import BatchRunner, SerialBatchRunner, SlotView
+from tandem.models.checksum import model_version
 from tandem.models.cost import PROFILE_SIZES
 
 # 63 and 64 both: llama.cpp's CPU flash attention scores 64 query positions as one tile and
@@ -23,13 +24,18 @@ BATCH_PROFILE_SIZES = PROFILE_SIZES + (24, 32, 48, 63, 64)
 
 
 def _load_llamacpp(spec: RunnerSpec, slots: int, cache_slots: int | None = None) -> BatchRunner:
+    import llama_cpp
+
     from tandem.models.llamacpp_batch_runner import LlamaCppBatchRunner
     from tandem.models.resolve import gguf_path
 
     runner = LlamaCppBatchRunner(str(gguf_path(spec.model)), slots, spec.context_length, spec.threads,
                                  cache_slots)
     runner.name = f"{spec.model} [llamacpp/cpu/gguf/x{slots}]"
-    runner.state_format = f"{spec.model} [llamacpp/gguf]"  # what its saved states mean (not how many slots)
+    # what its saved states mean (not how many slots): the model's version (a catalog model's
+    # checksum; a file's path, size and time) and the llama.cpp that wrote them, so that a state a
+    # cluster moves between nodes is never restored into another file at the same path
+    runner.state_format = f"{model_version(spec.model)} [llamacpp/gguf/{llama_cpp.__version__}]"
     runner.cost = cached_profile(spec, SlotView(runner), BATCH_PROFILE_SIZES, variant="-batch", deep=True)
     runner.rollback(0, 0)
     return runner
@@ -50,7 +56,7 @@ def _load_torch_fused(spec: RunnerSpec, slots: int, cache_slots: int | None = No
     runner = FusedTorchRunner.load(str(hf_path(spec.model)), spec.device, spec.dtype, slots, spec.context_length,
                                    spec.threads, spec.kv_memory, cache_slots)
     runner.name = f"{spec.model} [torch-fused/{spec.device}/{spec.dtype}/x{slots}]"
-    runner.state_format = f"{spec.model} [torch-fused/{spec.dtype}]"  # rows read to the host: any device
+    runner.state_format = f"{model_version(spec.model)} [torch-fused/{spec.dtype}]"  # rows read to the host: any device
     print(f"{runner.name}: {runner.describe_pool()}", file=sys.stderr)
     runner.cost = cached_profile(spec, SlotView(runner), BATCH_PROFILE_SIZES, variant="-fused", deep=True)
     runner.rollback(0, 0)

@@ -122,3 +122,30 @@ def test_resident_caches_give_their_blocks_to_new_requests(tiny_target):
     assert not any(cached[: len(waves[0][0])] == list(waves[0][0]) for cached in engine.slots.cached)  # evicted
     engine.clear_caches()
     assert small.blocks.num_free == small.blocks.num_blocks
+
+
+def test_a_state_names_the_model_version_not_only_its_path(tmp_path, monkeypatch):
+    """Saved states are keyed by their runner's state_format. It named the path only, so a
+    cluster moving a stream between nodes with different files at one path would restore one
+    model's KV into another; it names the model's version now."""
+    import os
+    import shutil
+
+    from tandem.models.backends import RunnerSpec
+    from tandem.models.batch_backends import load_batch_runner
+    from tiny_models import build_tiny_model
+
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
+    folder = build_tiny_model(tmp_path / "model", seed=1)
+
+    def state_format() -> str:
+        spec = RunnerSpec(str(folder), backend="torch", device="cpu", threads=1)
+        return load_batch_runner(spec, slots=1).state_format
+
+    first = state_format()
+    assert state_format() == first  # the same files: states restore
+    shutil.rmtree(folder)
+    build_tiny_model(folder, seed=2)  # another model at the same path
+    for file in folder.iterdir():
+        os.utime(file, ns=(10**18, 10**18))
+    assert state_format() != first
