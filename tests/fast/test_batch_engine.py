@@ -33,6 +33,39 @@ def test_per_request_options_mix_in_one_batch(tiny_target, tiny_draft, reference
         assert outputs[f"r{i}"] == references[prompt]
 
 
+@pytest.mark.parametrize("k", [3, "auto"])
+def test_a_shared_store_of_right_and_wrong_continuations_leaves_greedy_outputs_alone(
+        tiny_target, tiny_draft, references, k):
+    """The shared n-gram store is a cache of other requests' outputs: a hit changes only what is
+    drafted. Filled with each prompt's right answer and a wrong one after the same prefix (the
+    newer, so the store offers it first), the outputs still equal target-only decoding, with
+    store drafts both accepted and rejected on the way."""
+    import random
+
+    from tandem.speculation.shared_store.store import InProcessNgramStore
+
+    store, rng = InProcessNgramStore(), random.Random(3)
+    for prompt in PROMPTS:
+        right = list(prompt) + references[prompt]
+        cut = rng.randrange(len(prompt), len(right))
+        store.add(right)
+        store.add(right[:cut] + [rng.randrange(97) for _ in range(12)])  # diverges after a shared prefix
+    engine = make_engine(tiny_target, tiny_draft, "ngram", k, slots=3, ngram_store=store)
+    outputs, rounds = {}, []
+    for i, prompt in enumerate(PROMPTS):
+        engine.add(f"r{i}", GenerationRequest(prompt, max_tokens=MAX_TOKENS))
+        outputs[f"r{i}"] = []
+    while engine.has_work:
+        updates, report = engine.step()
+        rounds += report.rounds
+        for update in updates:
+            outputs[update.seq_id] += update.token_ids
+    for i, prompt in enumerate(PROMPTS):
+        assert outputs[f"r{i}"] == references[prompt], i
+    shared = [r for r in rounds if r.source.startswith("shared") and r.k]
+    assert any(r.accepted for r in shared) and any(r.accepted < r.k for r in shared), shared
+
+
 def test_drafting_happens_when_verification_is_cheap(tiny_target, tiny_draft):
     engine = make_engine(tiny_target, tiny_draft, "model", 4, slots=2)
     engine.add("a", GenerationRequest(PROMPTS[0], max_tokens=MAX_TOKENS))
