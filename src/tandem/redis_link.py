@@ -37,6 +37,19 @@ WARNING_INTERVAL_SECONDS = 30.0  # at most one "Redis is down" warning per inter
 BACKEND_ERRORS = (redis.RedisError, OSError)
 
 
+_WARNED_UNBOUNDED: set[str] = set()  # servers already warned about (redacted URLs)
+_WARNED_LOCK = threading.Lock()
+
+
+def memory_bound_problem(maxmemory: int, policy: str) -> str | None:
+    """What keeps a Redis from bounding the caches' entries by bytes, or None."""
+    if maxmemory == 0:
+        return "has no memory limit (maxmemory 0): the cache's entries there are bounded only by their TTL"
+    if policy == "noeviction":
+        return "evicts nothing at its limit (maxmemory-policy noeviction): new entries are dropped once it is full"
+    return None
+
+
 def is_redis_url(url: str) -> bool:
     """Whether `url` asks for Redis (it may still be malformed: see check_redis_url)."""
     return url.startswith(tuple(f"{scheme}://" for scheme in REDIS_SCHEMES))
@@ -129,6 +142,23 @@ class RedisLink:
 
     def ping(self) -> bool:
         return self.run(lambda client: bool(client.ping()), False)
+
+    def warn_if_unbounded(self) -> None:
+        """Log once per server and process where Redis itself does not bound Tandem's entries by
+        bytes (a shared Redis is bounded by its own maxmemory; Tandem's entries carry TTLs, so
+        allkeys-lru or volatile-lru evicts them). A server that is down or refuses CONFIG (a
+        managed one) says nothing here."""
+        try:
+            config = self.client.config_get("maxmemory*")
+        except BACKEND_ERRORS:
+            return
+        problem = memory_bound_problem(int(config.get("maxmemory", 0) or 0), config.get("maxmemory-policy", ""))
+        with _WARNED_LOCK:
+            if problem is None or self.url in _WARNED_UNBOUNDED:
+                return
+            _WARNED_UNBOUNDED.add(self.url)
+        log.warning("Redis at %s %s: set maxmemory and maxmemory-policy allkeys-lru to bound Tandem's "
+                    "entries by bytes", self.url, problem)
 
     def close(self) -> None:
         try:

@@ -153,3 +153,28 @@ def test_a_hung_redis_costs_one_socket_timeout_and_no_stale_replies(redis_server
     assert cache.get("a") == {"v": "a"}
     cache.close()
     store.close()
+
+
+def test_a_redis_without_a_memory_bound_is_named_once(redis_server, caplog):
+    """Redis bounds Tandem's entries there by bytes only through its own maxmemory and an
+    evicting policy; a server without them (redis-server's defaults) is named at start, once
+    for both caches, and one with them is not."""
+    import redis as redis_client
+
+    from tandem import redis_link
+
+    redis_link._WARNED_UNBOUNDED.clear()
+    with caplog.at_level(logging.WARNING, logger="tandem.redis_link"):
+        cache, store = open_response_cache(redis_server.url, ttl_seconds=60), open_ngram_store(redis_server.url)
+    assert caplog.text.count("has no memory limit") == 1
+    cache.close()
+    store.close()
+    admin = redis_client.Redis(port=redis_server.port)
+    admin.config_set("maxmemory", 64 << 20)
+    for policy, says in (("noeviction", "evicts nothing"), ("allkeys-lru", None)):
+        admin.config_set("maxmemory-policy", policy)
+        redis_link._WARNED_UNBOUNDED.clear()
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="tandem.redis_link"):
+            open_response_cache(redis_server.url, ttl_seconds=60).close()
+        assert (says in caplog.text) if says else "maxmemory" not in caplog.text, policy

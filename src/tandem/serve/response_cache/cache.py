@@ -175,7 +175,8 @@ class InProcessResponseCache:
 
 class RedisResponseCache:
     """Entries as JSON under `tandem:response:<key>`, written with SET PX (the TTL in ms, so a
-    fractional TTL holds). Redis's own memory policy bounds the size."""
+    fractional TTL holds). Redis's own memory policy bounds the size (a warning at start where
+    it does not: RedisLink.warn_if_unbounded)."""
 
     def __init__(self, url: str, ttl_seconds: float = DEFAULT_TTL_SECONDS, *,
                  backoff_max_s: float = RECONNECT_BACKOFF_MAX_SECONDS):
@@ -183,7 +184,8 @@ class RedisResponseCache:
         self._ttl_ms = max(1, round(self.ttl_seconds * 1000))
         self._link = RedisLink(url, backoff_max_s=backoff_max_s)
         self._counter = StatsCounter()
-        self._link.ping()  # an unreachable server is only logged: the server starts uncached
+        if self._link.ping():  # an unreachable server is only logged: the server starts uncached
+            self._link.warn_if_unbounded()
 
     def get(self, key: str) -> dict | None:
         raw = self._link.run(lambda client: client.get(REDIS_RESPONSE_PREFIX + key), None)

@@ -56,7 +56,8 @@ class RedisNgramStore:
         self._queue: queue.Queue = queue.Queue(maxsize=WRITE_QUEUE_LIMIT)
         self._writer = threading.Thread(target=self._write_loop, name="tandem-ngram-writer", daemon=True)
         self._writer.start()
-        self._link.ping()  # an unreachable server is only logged: drafting goes on without it
+        if self._link.ping():  # an unreachable server is only logged: drafting goes on without it
+            self._link.warn_if_unbounded()
 
     def add(self, token_ids: Sequence[int]) -> None:
         """Queue the sequence for the writer thread; visible to lookups shortly after."""
