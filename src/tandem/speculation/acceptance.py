@@ -79,7 +79,8 @@ def accept_round(
         return accept_greedy(draft_tokens, target_logits)
     p_target = probs_from_logits(target_logits, sampling)  # [k + 1, vocab]
     if sampling.seed is not None:
-        return accept_positional(draft_tokens, p_target, position_uniforms(sampling.seed, position, len(draft_tokens) + 1))
+        uniforms = position_uniforms(sampling.seed, position, len(draft_tokens) + 1)  # [k + 1]
+        return accept_positional(draft_tokens, p_target, uniforms)
     return accept_sampling(draft_tokens, fit_vocab(q_draft, p_target.shape[-1]), p_target, rng)
 
 

@@ -5,8 +5,9 @@ Contract: after every `push`, the concatenation of everything `push` returned eq
 incomplete UTF-8 character (one whose later bytes are in tokens still to come) and for invalid
 bytes; a trailing run is held until a real character follows it, so no text is ever taken back
 and a delta never ends in U+FFFD. `flush` at the end returns that run too, so the whole output's
-text is decode(all ids), as a decoder of the finished output shows it. This holds for decoders whose output only grows at the end
-as tokens are added (byte-level BPE; not `clean_up_tokenization_spaces`).
+text is decode(all ids), as a decoder of the finished output shows it. This holds for decoders
+whose output only grows at the end as tokens are added (byte-level BPE; not
+`clean_up_tokenization_spaces`).
 
 The only thing known about the tokenizer is `decode(ids) -> str` (its decode with special tokens
 skipped). Decoding the whole output on every push is quadratic, so this decodes a small window
