@@ -209,6 +209,8 @@ async def test_features_not_implemented_are_refused_not_ignored():
                ("/v1/completions", completion_body(json_schema={}), "json_schema"),
                ("/v1/chat/completions", chat_body(modalities=["text", "audio"]), "modalities"),
                ("/v1/chat/completions", chat_body(audio={"voice": "alloy"}), "audio"),
+               ("/v1/chat/completions", chat_body(web_search_options={}), "web_search_options"),
+               ("/v1/completions", completion_body(max_completion_tokens=5), "max_completion_tokens"),
                ("/v1/chat/completions", chat_body(messages=[{"role": "assistant", "content": "", "tool_calls": [
                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]),
                 "messages[0].tool_calls"),
@@ -221,6 +223,16 @@ async def test_features_not_implemented_are_refused_not_ignored():
             for path, body, field in refused:
                 error = assert_error(await client.post(path, json=body), 400, param=field, code="unsupported_value")
                 assert "not supported" in error["message"], (field, error)
+
+
+@async_test
+async def test_stream_options_without_a_stream_is_refused():
+    """OpenAI answers 400 there; it was accepted and its include_usage silently did nothing."""
+    with TestServer() as server:
+        async with server.client() as client:
+            body = chat_body(stream_options={"include_usage": True})
+            assert_error(await client.post("/v1/chat/completions", json=body), 400, param="stream_options",
+                         code="invalid_value", says="stream: true")
 
 
 @async_test

@@ -59,6 +59,9 @@ def _check_body(state: ServerState, body: SamplingFields) -> None:
     if body.model != state.model_name:
         raise APIError(404, f"The model '{body.model}' does not exist; this server serves '{state.model_name}'.",
                        param="model", code="model_not_found")
+    if body.stream_options is not None and not body.stream:
+        raise APIError(400, "stream_options is only allowed with stream: true", param="stream_options",
+                       code="invalid_value")
     if body.n not in (None, 1):
         raise APIError(400, f"only n=1 is supported, got n={body.n}", param="n", code="unsupported_value")
     drafter = body.speculation().drafter

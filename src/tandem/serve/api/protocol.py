@@ -166,6 +166,7 @@ class CompletionRequest(SamplingFields):
     echo: Annotated[None, refused("echo", False, schema=Literal[False] | None)] = None
     best_of: Annotated[None, refused("best_of", 1, 1.0, schema=Literal[1] | None)] = None
     suffix: Annotated[None, refused("suffix", "", schema=Literal[""] | None)] = None
+    max_completion_tokens: Annotated[None, refused("max_completion_tokens (chat's: here it is max_tokens)")] = None
 
 
 class TextFormat(BaseModel):  # for the schema only: response_format's one accepted value
@@ -210,6 +211,7 @@ class ChatCompletionRequest(SamplingFields):
     function_call: Annotated[None, refused("function_call", "none", schema=Literal["none"] | None)] = None
     modalities: Annotated[None, refused("modalities (audio output)", ["text"], schema=Literal[("text",)] | None)] = None
     audio: Annotated[None, refused("audio (audio output)")] = None
+    web_search_options: Annotated[None, refused("web_search_options (web search)")] = None
 
     def new_token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
