@@ -99,7 +99,10 @@ async def test_deterministic_requests_are_cached_and_marked():
             sampled = [(await client.post("/v1/completions", json=completion_body(temperature=0.7))).json()
                        for _ in range(2)]
         assert first["tandem"] == {"cached": False} and second["tandem"] == {"cached": True}
-        assert second["choices"] == first["choices"] and second["usage"] == first["usage"]
+        assert second["choices"] == first["choices"]
+        prompt = first["usage"]["prompt_tokens"]  # a hit spends no prompt computation and no drafts
+        assert second["usage"] == first["usage"] | {"prompt_tokens_details": {"cached_tokens": prompt},
+                                                    "speculative": {"drafted_tokens": 0, "accepted_tokens": 0}}
         assert second["id"] != first["id"]
         assert len(server.engine.added) == 3  # the cache hit never reached the engine
         assert all(s["tandem"] == {"cached": False} for s in sampled)

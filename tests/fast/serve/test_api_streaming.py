@@ -98,7 +98,9 @@ async def test_cached_answer_is_replayed_as_a_marked_stream():
         assert done == "[DONE]"
         assert "".join(chunk_texts(chunks, "text")) == live["choices"][0]["text"]
         assert len(chunks) > 2 and all(c["tandem"] == {"cached": True} for c in chunks)
-        assert usage_chunk["usage"] == live["usage"]
+        prompt = live["usage"]["prompt_tokens"]  # the replay spent no prompt computation and no drafts
+        assert usage_chunk["usage"] == live["usage"] | {"prompt_tokens_details": {"cached_tokens": prompt},
+                                                        "speculative": {"drafted_tokens": 0, "accepted_tokens": 0}}
         replayed = sse_events(chat_again.text)
         assert "".join(chunk_texts(replayed, "chat")) == "".join(chunk_texts(sse_events(chat.text), "chat"))
         assert replayed[0]["choices"][0]["delta"]["role"] == "assistant"

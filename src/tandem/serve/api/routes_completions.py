@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 
 from tandem.serve.api.auth import require_api_key
 from tandem.serve.api.body import read_request
-from tandem.serve.api.engine_stream import EngineFailure, GenerationRun, start_generation
+from tandem.serve.api.engine_stream import EngineFailure, GenerationRun, start_generation, usage_body
 from tandem.serve.api.errors import APIError, request_timed_out, shutting_down
 from tandem.serve.api.prepare import PreparedRequest, prepare_chat, prepare_completion
 from tandem.serve.api.protocol import ChatCompletionRequest, CompletionRequest
@@ -134,6 +134,11 @@ async def _wait_for_disconnect(request: Request) -> None:
 
 def _cached_response(state: ServerState, prepared: PreparedRequest, shape: ResponseShape, cached: dict,
                      deadline: float, release):
+    """The stored answer, its usage as this request spent it: every prompt token found cached,
+    nothing drafted (the original run's counts were its own)."""
+    usage = cached["usage"]
+    cached = cached | {"usage": usage_body(usage["prompt_tokens"], usage["completion_tokens"], 0, 0,
+                                           cached_tokens=usage["prompt_tokens"])}
     if prepared.stream:
         return ClosingStreamingResponse(replay_events(cached, shape, state.tokenizer.decode, prepared.stop_strings),
                                         on_close=(release,), deadline=deadline)
