@@ -174,3 +174,36 @@ def test_a_killed_conversions_temp_folder_is_removed_by_the_next_one(tmp_path):
     with atomic_dir(dest) as work:
         (work / "config.json").write_text("{}")
     assert (dest / "config.json").is_file() and not stale.exists() and fresh.is_dir()
+
+
+def test_two_builds_of_one_folder_at_once_leave_one_whole_result(tmp_path, monkeypatch):
+    """Two processes converting one model at once: the later one's result replaces the earlier
+    one's by renaming it aside (a reader keeps its open files), not by deleting it in place; and
+    where another process's result lands between the two renames, it stays and ours goes."""
+    import os
+
+    from tandem.models import pull as pull_module
+    from tandem.models.pull import atomic_dir
+
+    dest = tmp_path / "hf"
+    with atomic_dir(dest) as first, atomic_dir(dest) as second:  # second finishes first
+        (first / "config.json").write_text("first")
+        (second / "config.json").write_text("second")
+    assert (dest / "config.json").read_text() == "first"  # the last to finish
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no temp or set-aside folder left
+
+    with open(dest / "config.json") as reader:  # a process loading the current result
+        real_rename = os.rename
+
+        def rename(source, target):
+            if Path(source).name.startswith(".hf.tmp-") and not Path(target).exists():  # a racer lands first
+                Path(target).mkdir()
+                (Path(target) / "config.json").write_text("racer")
+            real_rename(source, target)
+
+        monkeypatch.setattr(pull_module.os, "rename", rename)
+        with atomic_dir(dest) as third:
+            (third / "config.json").write_text("third")
+        assert reader.read() == "first"  # its open file survived the replacement
+    assert (dest / "config.json").read_text() == "racer"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]

@@ -108,7 +108,7 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
     process left (older than STALE_WORK_SECONDS: not another process's work under way) go first.
     """
     make_dir(dest.parent)
-    for stale in dest.parent.glob(f".{dest.name}.tmp-*"):
+    for stale in (*dest.parent.glob(f".{dest.name}.tmp-*"), *dest.parent.glob(f".{dest.name}.old-*")):
         with contextlib.suppress(OSError):  # the newest time in it: a live pull appends deep inside
             newest = max(p.stat().st_mtime for p in (stale, *stale.rglob("*")))
             if time.time() - newest > STALE_WORK_SECONDS:
@@ -117,12 +117,27 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
     try:
         yield work
         os.chmod(work, 0o755)  # mkdtemp makes it private; the result is an ordinary cache folder
-        if dest.exists():
-            shutil.rmtree(dest)  # a stale, incomplete leftover
-        os.rename(work, dest)
+        _move_into_place(work, dest)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
+
+
+def _move_into_place(work: Path, dest: Path) -> None:
+    """Rename `work` to `dest`. A `dest` already there (an incomplete leftover, or another
+    process's result finished meanwhile) is first renamed aside, never deleted in place: a
+    process reading it keeps its open files, and a name it opens next is found in the new one.
+    Where another process puts its result there between the two renames, that one stays."""
+    aside = dest.with_name(f".{dest.name}.old-{os.getpid()}-{time.monotonic_ns()}")
+    with contextlib.suppress(FileNotFoundError):
+        os.rename(dest, aside)
+    try:
+        os.rename(work, dest)
+    except OSError:
+        if not dest.is_dir():
+            raise
+        shutil.rmtree(work, ignore_errors=True)  # a racing process's complete result took the place
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _download_all(entry: CatalogEntry, folder: Path, progress: bool) -> list[Path]:
