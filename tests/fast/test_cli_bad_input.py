@@ -35,9 +35,18 @@ def files(tmp_path):
                "levels": [level]}
     (tmp_path / "no_prompts.json").write_text(json.dumps(results))
     (tmp_path / "no_configs.json").write_text(json.dumps(results | {"levels": [level | {"configs": {}}]}))
+    base = Path(MIXED).read_text()
+    clusters = {"nan_slowdown": base.replace("slowdown: 3.0", "slowdown: .nan"),
+                "huge_replicas": base.replace("threads: 1\n    slowdown", "threads: 1\n    replicas: 99999999999999999999\n    slowdown"),
+                "merge_key": base.replace("  - name: slow\n", "  - &slow\n    name: slow\n", 1) + "  - <<: *slow\n    name: slower\n",
+                "exponent": base.replace("threads: 1\n    slowdown", "threads: 1e9\n    slowdown"),
+                "file_drafter_model": "drafter: model\n" + base}
+    for name, content in clusters.items():
+        (tmp_path / f"{name}.yaml").write_text(content)
     return {"binary": str(binary), "control": str(control), "list": str(listed), "text": str(text),
             "no_prompts": str(tmp_path / "no_prompts.json"), "no_configs": str(tmp_path / "no_configs.json"),
-            "not_a_folder": "/etc/passwd/out", "tmp": str(tmp_path)}
+            "not_a_folder": "/etc/passwd/out", "tmp": str(tmp_path),
+            **{name: str(tmp_path / f"{name}.yaml") for name in clusters}}
 
 
 CASES = [  # argv (with {file} names), what the one error line says
@@ -64,6 +73,14 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["generate", "--prompt", "hi", "--seed", "-1"], "seed must be"),  # numpy's traceback, after loading
     (["plan", "--cluster", CLUSTER, "--drafter", "none", "--k", "5"], "drafts nothing"),
     (["plan", "--cluster", MIXED, "--drafter", "model"], "needs a draft model"),  # exit 0 and "drafter model, k=1"
+    (["plan", "--cluster", "{file_drafter_model}"], "needs a draft model"),  # the file's drafter: the same plan
+    (["plan", "--cluster", "{nan_slowdown}"], "must be a finite number"),  # the planner's ValueError traceback
+    (["simulate", "--cluster", "{nan_slowdown}"], "must be a finite number"),
+    (["plan", "--cluster", "{huge_replicas}"], "must be <= 4096"),  # the planner's OverflowError traceback
+    (["plan", "--cluster", "{merge_key}"], "merge keys"),  # PyYAML's ConstructorError traceback
+    (["plan", "--cluster", "{exponent}"], "YAML reads it as text"),
+    (["serve", "--cluster", MIXED, "--target", "x", "--context-length", "128"],
+     "--target, --context-length describe one engine's models"),  # served the file's model, 4096 context
     (["bench-ceiling", "{list}"], "not a bench-serve results.json"),
     (["bench-ceiling", "{binary}"], "cannot read"),
     (["bench-ceiling", "{no_configs}"], "no concurrency or no configs"),  # StopIteration's traceback

@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)  # a progress bar or streamed text may hold the line
         return 130
+    except BrokenPipeError:  # `tandem plan ... | head`: the reader left; nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 141  # 128 + SIGPIPE, as a shell reports a command its pipe closed
     finally:
         if interrupts:  # None: a handler set outside Python, which only the default can stand for
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)

@@ -34,8 +34,9 @@ def run(args: argparse.Namespace) -> int:
     if args.drafter == "none" and args.k:
         raise TandemError(f"--k {args.k} with --drafter none: that drafter drafts nothing")
     spec = load_cluster(args.cluster)
-    if args.drafter not in (None, "auto"):  # as serve --cluster and bench-cluster refuse it
-        check_drafter(args.drafter, spec.has_draft_model, how_to_add="the cluster file has no worker with a draft_model")
+    drafter = spec.drafter if args.drafter is None else args.drafter  # the option, else the file's
+    if drafter != "auto":  # as serve --cluster and bench-cluster refuse it
+        check_drafter(drafter, spec.has_draft_model, how_to_add="the cluster file has no worker with a draft_model")
     options = options_for(spec, args.latency_target_ms, args.drafter, args.k,
                           _acceptance(args.acceptance), max_batch=args.max_batch)
     plan = plan_cluster(spec, cluster_profiles(spec), options)

@@ -12,10 +12,15 @@ from tandem.serve.settings import (API_KEY_ENV, DEFAULT_CACHE_TTL_SECONDS, DEFAU
                                    DEFAULT_REQUEST_TIMEOUT_SECONDS, ServeSettings)
 
 
+# model options that describe one engine's models; with --cluster the file describes every worker's
+ONE_ENGINE_OPTIONS = ("target", "draft", "backend", "device", "dtype", "draft_backend", "draft_device",
+                      "draft_dtype", "threads", "context_length", "torch_runner", "kv_memory")
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("serve", help="serve an OpenAI-compatible API with speculative decoding")
     add_model_options(parser)
+    parser.set_defaults(one_engine_defaults={dest: parser.get_default(dest) for dest in ONE_ENGINE_OPTIONS})
     group = parser.add_argument_group("server")
     group.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     group.add_argument("--port", default="8000", help="port (default 8000; 0 picks a free one)")
@@ -81,6 +86,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     settings = serve_settings(args)
     cluster = cluster_options(args)
+    if cluster is not None:
+        _check_no_engine_options(args)
     if cluster is not None and (args.cache_dir is not None or args.cache_ram is not None):
         raise TandemError("--cache-ram and --cache-dir size one process's prompt cache; a cluster's "
                           "replicas keep their own: give a worker `cache_ram: 2G` in the cluster file "
@@ -102,6 +109,17 @@ def cluster_options(args: argparse.Namespace):
 
     period = DEFAULT_PERIOD_S if args.health_period is None else check_period(_seconds(args.health_period))
     return ClusterOptions(load_cluster(args.cluster), args.ray_address, args.draft_ahead, period)
+
+
+def _check_no_engine_options(args: argparse.Namespace) -> None:
+    """With --cluster the file says what each worker runs: a one-engine model option given too
+    would be dropped without a word, so it is refused."""
+    given = [f"--{dest.replace('_', '-')}" for dest in ONE_ENGINE_OPTIONS
+             if getattr(args, dest) != args.one_engine_defaults[dest]]
+    if given:
+        raise TandemError(f"{', '.join(given)} describe{'s' if len(given) == 1 else ''} one engine's models; with "
+                          "--cluster each worker's model, backend, device, dtype and threads come from the "
+                          "cluster file: set them there")
 
 
 def _seconds(text: str) -> float:

@@ -59,6 +59,10 @@ def device_kind(device: str) -> str:
     return device.split(":", 1)[0]
 
 
+MAX_THREADS = 4096  # bounds that catch a typo (an extra digit) before a planner or Ray meets it
+MAX_REPLICAS = 4096
+MAX_CONTEXT_TOKENS = 1 << 24
+
 WORKER_RULES: Mapping[str, rules.Rule] = MappingProxyType({
     "name": rules.text(NAME, "a name of letters, digits, '_', '.', '-'"),
     "role": rules.one_of(*ROLES),
@@ -67,8 +71,8 @@ WORKER_RULES: Mapping[str, rules.Rule] = MappingProxyType({
     "backend": rules.one_of(*BACKENDS),
     "device": device_rule,
     "dtype": rules.one_of(*DTYPES),
-    "threads": rules.optional(rules.integer(minimum=1)),
-    "replicas": rules.integer(minimum=1),
+    "threads": rules.optional(rules.integer(minimum=1, maximum=MAX_THREADS)),
+    "replicas": rules.integer(minimum=1, maximum=MAX_REPLICAS),
     "resources": rules.optional(rules.mapping_of(rules.text(NAME, "a resource name"), rules.number(minimum=0))),
     "hardware": rules.optional(rules.text(NAME, "a device class name")),
     "slowdown": rules.number(minimum=1.0),
@@ -221,7 +225,7 @@ TOP_RULES: Mapping[str, rules.Rule] = MappingProxyType({
     "drafter": rules.one_of("auto", *DRAFTER_NAMES),
     "k": rules.optional(rules.integer(minimum=0, maximum=K_LIMIT)),
     "latency_target_ms": rules.optional(rules.number(minimum=0.001)),
-    "context_tokens": rules.integer(minimum=1),
+    "context_tokens": rules.integer(minimum=1, maximum=MAX_CONTEXT_TOKENS),
     "acceptance": rules.mapping_of(rules.one_of(*ACCEPTANCE_SOURCES), rules.number(minimum=0.0, below=1.0)),
 })
 

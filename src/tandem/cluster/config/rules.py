@@ -6,6 +6,7 @@ verify, both (got 'verfy')". The loader prefixes the file, line and field path; 
 dataclasses prefix the worker's name. One set of rules, two callers, no drift.
 """
 
+import math
 import re
 from difflib import get_close_matches
 from typing import Any, Callable, Iterable
@@ -47,7 +48,7 @@ def text(pattern: str = r".+", description: str = "a non-empty string") -> Rule:
 def integer(minimum: int | None = None, maximum: int | None = None) -> Rule:
     def rule(value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise RuleError(f"must be an integer (got {value!r})")
+            raise RuleError(f"must be an integer (got {value!r}{_looks_like_a_number(value)})")
         _check_range(value, minimum, maximum)
         return value
 
@@ -59,7 +60,9 @@ def number(minimum: float | None = None, maximum: float | None = None, below: fl
 
     def rule(value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise RuleError(f"must be a number (got {value!r})")
+            raise RuleError(f"must be a number (got {value!r}{_looks_like_a_number(value)})")
+        if not math.isfinite(value):
+            raise RuleError(f"must be a finite number (got {value!r})")
         _check_range(value, minimum, maximum)
         if below is not None and value >= below:
             raise RuleError(f"must be < {below} (got {value!r})")
@@ -102,6 +105,17 @@ def mapping_of(key: Rule, value: Rule) -> Rule:
         return checked
 
     return rule
+
+
+def _looks_like_a_number(value: Any) -> str:
+    """YAML reads 1e9 (no dot) and 1e400 as strings: say so where a string looks numeric."""
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return ""
+        return ": YAML reads it as text; write a plain number such as 1000000000 or 1.0e+9"
+    return ""
 
 
 def _check_range(value: float, minimum: float | None, maximum: float | None) -> None:

@@ -64,6 +64,7 @@ class Located:
         children: dict[str, Located] = {}
         for key_node, value_node in self.node.value:
             key = Located(key_node, self.path, self.file)
+            _refuse_merge_key(key)
             name = key.value()
             if not isinstance(name, str):
                 raise key.error(f"keys must be strings (got {name!r})")
@@ -84,6 +85,7 @@ class Located:
             raise self.error(f"must be a mapping (got {_kind(self.node)})")
         children: dict[str, Located] = {}
         for key_node, value_node in self.node.value:
+            _refuse_merge_key(Located(key_node, self.path, self.file))
             name = Located(key_node, self.path, self.file).value()
             if str(name) in children:
                 raise Located(key_node, self.path, self.file).error(f"duplicate key {name!r}")
@@ -97,7 +99,10 @@ class Located:
 
     def value(self) -> Any:
         """The node as plain Python data (scalars, lists, dicts)."""
-        return SafeConstructor().construct_object(self.node, deep=True)
+        try:
+            return SafeConstructor().construct_object(self.node, deep=True)
+        except yaml.constructor.ConstructorError as error:  # a tag plain YAML data does not have
+            raise self.error(f"cannot read this value: {error.problem}") from None
 
     def read(self, rule: Rule) -> Any:
         """The node's value checked by `rule`; a broken rule becomes a located error."""
@@ -108,6 +113,14 @@ class Located:
 
     def _child_path(self, key: str) -> str:
         return f"{self.path}.{key}" if self.path else key
+
+
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _refuse_merge_key(key: Located) -> None:
+    if key.node.tag == MERGE_TAG:
+        raise key.error("YAML merge keys (<<: *anchor) are not supported: write each worker's fields out")
 
 
 def _kind(node: yaml.Node) -> str:
