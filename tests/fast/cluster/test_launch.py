@@ -115,3 +115,29 @@ def test_an_emulated_slower_replica_keeps_both_curves_scaled():
     SlowedRunner(runner, 3.0)
     assert runner.cost.deep_context == 1024
     assert runner.cost.cost_ms(4, 1024) == pytest.approx(360.0) and runner.cost.cost_ms(4, 64) == pytest.approx(270.0)
+
+
+def test_models_of_another_tokenizer_are_refused_before_ray_starts():
+    """Token ids pass between a cluster's workers: a drafter or verifier of another tokenizer
+    failed every request with a drafter worker's traceback (or left requests unanswered). Two
+    models of one family share a tokenizer and pass; the loader reads each model's once."""
+    from tandem.cluster.runtime.launch import check_one_tokenizer
+
+    family, other = {"a": 0, "b": 1}, {"a": 0, "c": 1}
+    vocabularies = {"big": family, "small": family, "smollm": other}
+    read = []
+
+    def vocabulary(model):
+        read.append(model)
+        return vocabularies[model]
+
+    def spec(verify: str, draft: str) -> ClusterSpec:
+        return ClusterSpec((WorkerSpec("v", "verify", verify), WorkerSpec("d", "draft", draft),
+                            WorkerSpec("v2", "verify", "big")))
+
+    check_one_tokenizer(spec("big", "small"), vocabulary)
+    assert sorted(read) == ["big", "small"]
+    with pytest.raises(TandemError, match="smollm .* and the served big .* map 2 entries differently"):
+        check_one_tokenizer(spec("big", "smollm"), vocabulary)
+    with pytest.raises(TandemError, match="must share one tokenizer"):
+        check_one_tokenizer(spec("smollm", "small"), vocabulary)  # a second verifier of another family

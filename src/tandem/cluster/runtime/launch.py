@@ -112,6 +112,30 @@ def prepare_models(spec: ClusterSpec) -> None:
             gguf_path(model)
 
 
+def check_one_tokenizer(spec: ClusterSpec, vocabulary=None) -> None:
+    """Every model the workers run must share the served model's tokenizer: token ids pass
+    between them (drafts, moved streams, the n-gram store) and mean nothing across tokenizers.
+    Two verifier models of one family are fine; a model of another family is refused here (it
+    failed each request with a drafter worker's traceback, or left requests unanswered).
+    `vocabulary(model) -> {token: id}`: the tokenizer's (its files, read here)."""
+    if vocabulary is None:
+        from tandem.models.resolve import tokenizer_path
+        from tandem.text.tokenizer import TextTokenizer
+
+        def vocabulary(model: str) -> dict[str, int]:
+            return TextTokenizer(str(tokenizer_path(model))).vocabulary()
+
+    served = next(w.model for w in spec.workers if w.can_verify)
+    reference = vocabulary(served)
+    for model in sorted({role.model for w in spec.workers for role in roles_of(w)} - {served}):
+        other = vocabulary(model)
+        if other != reference:
+            differing = len(set(other.items()) ^ set(reference.items()))
+            raise TandemError(f"the cluster's models must share one tokenizer (its workers pass token ids to each "
+                              f"other): {model} ({len(other)} tokens) and the served {served} ({len(reference)} "
+                              f"tokens) map {differing} entries differently")
+
+
 def replica_cache_ram(spec: ClusterSpec) -> dict[str, int]:
     """Bytes of each verifier replica's prompt-cache host tier, by worker: its `cache_ram`, else
     an equal share of one process's default (`default_cache_ram_bytes`) among all the
@@ -157,6 +181,7 @@ def launch_cluster(spec: ClusterSpec, drafter: str, k: int | str, ray_address: s
                   how_to_add="the cluster file has no worker with a draft_model")
     if not ray_address:
         prepare_models(spec)  # on this machine, where the workers run: each pull or conversion once, shown
+        check_one_tokenizer(spec)  # before Ray starts, not as a replica's failed step
     start_ray(spec, ray_address)
     verifiers, drafters = build_workers(spec, settings)
     if not verifiers:
