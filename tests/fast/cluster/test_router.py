@@ -374,3 +374,17 @@ def test_a_placement_counts_the_output_it_resumes_from():
     assert (first.prompt_ids, first.max_tokens, first.output_offset) == ((1, 2, 3, 7, 8), 8, 2)
     again = Routed("s", first, SpeculationOptions(), output=[9])
     assert again.placement_request().output_offset == 3
+
+
+def test_a_remote_failure_reaches_the_client_as_one_clean_line():
+    """A replica's failed step told clients Ray's whole error text: terminal colour codes, actor
+    ids and a remote traceback. The client gets where and what; the log keeps the rest."""
+    from tandem.cluster.runtime.replica import client_message
+
+    ray_text = ("\x1b[36mray::DrafterHost.propose()\x1b[39m (pid=12, actor_id=ab)\n"
+                "  File \"/x/drafter_worker.py\", line 3, in propose\nIndexError: index out of range")
+    assert client_message(RuntimeError(ray_text)) == ("ray::DrafterHost.propose() (pid=12, actor_id=ab): "
+                                                      "IndexError: index out of range")
+    assert client_message(ValueError("bad value")) == "bad value"
+    assert client_message(ValueError("")) == "ValueError"
+    assert len(client_message(RuntimeError("x" * 500))) == 200

@@ -17,7 +17,9 @@ prompt cache's host tier before admitting the sequence, which then restores it i
 prefilling its history again.
 """
 
+import logging
 import os
+import re
 import threading
 from collections import deque
 from concurrent.futures import Future
@@ -37,6 +39,10 @@ from tandem.models.batch_runner import BatchRunner
 from tandem.models.cost import CostModel, CostView
 from tandem.speculation.depth import Auto, Depth
 from tandem.speculation.drafters.registry import build_drafters
+
+log = logging.getLogger(__name__)
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+MAX_ERROR_CHARS = 200
 
 POLL_WAIT_S = 1.0  # a poll with no news returns empty after this long (the router polls again)
 
@@ -257,7 +263,8 @@ class ReplicaEngine:
         try:
             updates, report = self.engine.step()
         except Exception as error:  # a bug or a device failure: fail the batch, keep serving
-            message = f"replica step failed: {error}"
+            log.exception("replica step failed")  # the whole trace, remote ones included, stays in the log
+            message = f"replica step failed: {client_message(error)}"
             seq_ids = [seq.seq_id for seq in [*self.engine.running.values(), *self.engine.waiting]]
             for seq_id in seq_ids:
                 self.engine.cancel(seq_id)
@@ -272,3 +279,11 @@ class ReplicaEngine:
             self._reports += reports
             self._news.notify_all()
 
+
+def client_message(error: Exception) -> str:
+    """What a client is told of a failure: its first and last lines (a remote error's where and
+    what), without a remote worker's terminal colours or the traceback between them (Ray's error
+    text carries both), at most MAX_ERROR_CHARS."""
+    lines = [line.strip() for line in ANSI_ESCAPE.sub("", str(error)).splitlines() if line.strip()]
+    text = (lines[0] if len(lines) == 1 else f"{lines[0]}: {lines[-1]}") if lines else type(error).__name__
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
