@@ -111,10 +111,10 @@ def _looks_like_a_number(value: Any) -> str:
     """YAML reads 1e9 (no dot) and 1e400 as strings: say so where a string looks numeric."""
     if isinstance(value, str):
         try:
-            float(value)
+            finite = math.isfinite(float(value))
         except ValueError:
             return ""
-        return ": YAML reads it as text; write a plain number such as 1000000000 or 1.0e+9"
+        return ": YAML reads it as text; write a plain number such as 1000000000 or 1.0e+9" if finite else ""
     return ""
 
 
