@@ -28,3 +28,11 @@ def make_dir(folder: Path) -> Path:
                           f"profiles and caches under $TANDEM_HOME (now {tandem_home()}): point it at a "
                           "writable folder") from None
     return folder
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `path` whole or not at all: through a temp file of this process's own beside it
+    (two processes may write one path at once), renamed into place."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

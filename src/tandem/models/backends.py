@@ -18,7 +18,7 @@ from tandem.models.checksum import model_version
 from tandem.models.cost import PROFILE_SIZES, CostModel, measure_cost
 from tandem.models.runner import ModelRunner
 from tandem.models.torch_runner import DTYPES
-from tandem.paths import make_dir, profiles_dir
+from tandem.paths import make_dir, profiles_dir, write_text_atomic
 from tandem.progress import ProgressBar
 
 PROFILE_BASE_LENGTH = 64  # cost is measured on top of a cache of this many tokens
@@ -116,9 +116,7 @@ def cached_profile(spec: RunnerSpec, runner: ModelRunner, sizes: tuple[int, ...]
         record |= {"deep_latency_ms": _measure_at(runner, deep_context, sizes, DEEP_REPEATS).to_json(),
                    "deep_context": deep_context}
     runner.reset()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # each process its own: two may profile at once
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(record, indent=1))  # two processes may profile at once
     evict_profiles(path.parent, PROFILE_CACHE_BYTES, keep=path)
     return _cost_from_record(record)
 

@@ -23,12 +23,12 @@ sequence, starting from an empty cache, scoring n prompt tokens with logits at t
 
 import bisect
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tandem.errors import TandemError
 from tandem.models.cost import CostModel
+from tandem.paths import write_text_atomic
 
 SOURCES = ("measured", "public-spec")
 FORMAT = 1  # profile file format version
@@ -176,9 +176,7 @@ def profile_from_json(data: dict) -> DeviceProfile:
 def save_profile(profile: DeviceProfile, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # each process its own
-    tmp.write_text(json.dumps(profile_to_json(profile), indent=1))
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(profile_to_json(profile), indent=1))
     return path
 
 
