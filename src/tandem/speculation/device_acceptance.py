@@ -96,9 +96,7 @@ def accept_positional_on_device(
     """`accept_positional`: every row's token at its uniform at once, then greedy's prefix."""
     k, device = len(draft_tokens), p_target.device
     u = torch.tensor(uniforms, dtype=p_target.dtype, device=device)  # [k + 1]
-    cdf = torch.cumsum(p_target, dim=-1)  # [k + 1, vocab]
-    target_mass = (u * cdf[:, -1])[:, None]  # [k + 1, 1]
-    choices = torch.searchsorted(cdf, target_mass, right=True)[:, 0].clamp(max=p_target.shape[-1] - 1)  # [k + 1]
+    choices = sample_with_uniform(p_target, u)  # [k + 1]
     matches = (choices[:k] == _tokens_to_device(draft_tokens, device)).long()  # [k]
     accepted = matches.cumprod(dim=0).sum()  # []
     next_token = choices.index_select(0, accepted.reshape(1))[0]  # []

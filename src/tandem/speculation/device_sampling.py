@@ -46,9 +46,9 @@ def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def sample_with_uniform(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """One token by inverting the CDF at `uniform`, as `sample` does.
-    probs: [vocab]; uniform: [] in [0, 1) -> token id [] (int64, on the device; no sync)."""
-    cdf = torch.cumsum(probs, dim=-1)  # [vocab]
-    target_mass = (uniform * cdf[-1]).reshape(1)  # [1]
-    index = torch.searchsorted(cdf, target_mass, right=True)[0]  # []
+    """A token per row by inverting the row's CDF at its uniform, as `sample` does.
+    probs: [..., vocab]; uniform: [...] in [0, 1) -> token ids [...] (int64, on the device; no sync)."""
+    cdf = torch.cumsum(probs, dim=-1)  # [..., vocab]
+    target_mass = (uniform * cdf[..., -1])[..., None]  # [..., 1]
+    index = torch.searchsorted(cdf, target_mass, right=True)[..., 0]  # [...]
     return index.clamp(max=probs.shape[-1] - 1)
