@@ -1,8 +1,10 @@
 """The in-process n-gram store against its brute-force reference on random token streams, plus
-its bounds: longest match first, most recent continuation, LRU eviction, thread safety."""
+its bounds: longest match first, most recent continuation, LRU eviction by bytes (the bytes
+Python really holds for it), thread safety."""
 
 import random
 import threading
+import tracemalloc
 
 import pytest
 
@@ -11,6 +13,7 @@ from tandem.speculation.shared_store.index import NgramConfig, ngram_entries, su
 from tandem.speculation.shared_store.store import (
     InProcessNgramStore,
     ReferenceNgramStore,
+    entry_bytes,
     open_ngram_store,
 )
 
@@ -73,11 +76,12 @@ def test_longest_suffix_wins_and_the_most_recent_continuation_is_kept():
 
 def test_least_recently_used_ngrams_are_evicted():
     config = NgramConfig(2, 2)
-    store = InProcessNgramStore(max_entries=3, config=config)
-    store.add([1, 2, 3, 4, 5])  # 2-grams followed by something: 12, 23, 34
-    assert len(store) == 3
+    one_entry = entry_bytes(bytes(8), bytes(4 * 3))  # a 2-gram's key, a continuation of <= 3 tokens
+    store = InProcessNgramStore(max_bytes=3 * one_entry, config=config)
+    store.add([1, 2, 3, 4, 5])  # 2-grams followed by something: 12 (345), 23 (45), 34 (5)
+    assert len(store) == 3 and store.nbytes <= store.max_bytes
     assert store.continuation([1, 2], 1) == (2, [3])  # 12 is now the most recently used
-    store.add([6, 7, 8])  # adds 67, evicts the least recently used: 23
+    store.add([6, 7, 8])  # adds 67 (8), evicts the least recently used: 23
     assert store.continuation([2, 3], 1) == (0, [])
     assert store.continuation([1, 2], 1) == (2, [3])
     assert store.continuation([6, 7], 1) == (2, [8])
@@ -104,8 +108,41 @@ def test_lookup_candidates_are_bounded_by_max_ngram():
     assert [n for n, _ in suffix_keys([1, 2, 3, 4], config)] == [4, 3]
 
 
+def test_the_bound_holds_for_the_memory_python_holds():
+    """The bytes the store charges cover what its n-grams really occupy (tracemalloc), so
+    max_bytes bounds the process's memory for it; and the charge stays within ~2x of it."""
+    rng = random.Random(5)
+    sequences = [[rng.randrange(150_000) for _ in range(3000)] for _ in range(12)]
+    store = InProcessNgramStore(max_bytes=1 << 40)
+    tracemalloc.start()
+    try:
+        for tokens in sequences:
+            store.add(tokens)
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(store) > 100_000
+    assert held <= store.nbytes <= 2 * held, (held, store.nbytes)
+
+
+def test_the_byte_bound_is_kept_and_readding_does_not_count_twice():
+    config = NgramConfig(3, 8)
+    store = InProcessNgramStore(max_bytes=1_000_000, config=config)  # ~1.5 of the sequences
+    rng = random.Random(6)
+    for _ in range(30):
+        tokens = [rng.randrange(1000) for _ in range(400)]
+        store.add(tokens)
+        store.add(tokens)  # the same n-grams again replace, not add
+        assert store.nbytes <= store.max_bytes
+        assert store.nbytes == sum(entry_bytes(k, v) for k, v in store._entries.items())
+    assert store.continuation(tokens[:390], 4) == (8, tokens[390:394])  # the newest survives
+    assert len(store) < 2 * 6 * 400  # older sequences went
+    store.close()
+    assert store.nbytes == 0 and len(store) == 0
+
+
 def test_thread_safety_smoke():
-    store = InProcessNgramStore(max_entries=500, config=NgramConfig(2, 4))
+    store = InProcessNgramStore(max_bytes=500 * entry_bytes(bytes(16), bytes(64)), config=NgramConfig(2, 4))
     errors = []
 
     def work(seed: int):
@@ -124,7 +161,7 @@ def test_thread_safety_smoke():
         thread.start()
     for thread in threads:
         thread.join()
-    assert not errors and len(store) <= 500
+    assert not errors and store.nbytes <= store.max_bytes
 
 
 @pytest.mark.parametrize("kwargs", [
@@ -137,7 +174,10 @@ def test_bad_config_is_a_clear_error(kwargs):
 
 def test_open_memory_store_and_bad_urls():
     assert isinstance(open_ngram_store(None), InProcessNgramStore)
-    assert open_ngram_store("memory", max_entries=7).max_entries == 7
+    assert open_ngram_store("memory", max_bytes=7000).max_bytes == 7000
+    for bad in [0, -1, True, 1.5]:
+        with pytest.raises(TandemError, match="max_bytes"):
+            InProcessNgramStore(max_bytes=bad)
     for url in ["file:///tmp/x", "redis://host:port"]:
         with pytest.raises(TandemError, match="redis://host:port"):
             open_ngram_store(url)

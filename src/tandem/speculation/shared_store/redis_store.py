@@ -1,7 +1,7 @@
 """The n-gram store in Redis, shared by every server process using the same namespace.
 
 Layout: one string key per n-gram, `tandem:ngram:<quoted namespace>:` + the n-gram's bytes (see
-ngram_index.py), holding its continuation's bytes and expiring `ttl_seconds` after its last
+index.py), holding its continuation's bytes and expiring `ttl_seconds` after its last
 write; the most recent writer wins. Redis's own memory policy (maxmemory + an LRU policy)
 bounds the size beyond the TTL.
 

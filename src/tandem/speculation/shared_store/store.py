@@ -2,13 +2,13 @@
 
 Finished sequences (prompt + output token ids) are indexed with `add`: every n-gram, n in
 [min_ngram, max_ngram], maps to the tokens that followed its most recent occurrence (see
-ngram_index.py). `continuation(context, max_tokens)` returns `(n, tokens)` for the longest n
+index.py). `continuation(context, max_tokens)` returns `(n, tokens)` for the longest n
 whose last-n-token suffix of `context` is stored, and `(0, [])` when none is. Both run on the
 engine thread: a lookup costs O(max_ngram) dictionary probes (one Redis round trip), never
 anything proportional to the store's size.
 
-Backends: `InProcessNgramStore` (a bounded LRU per server process) and `RedisNgramStore`
-(shared by server processes, see ngram_store_redis.py). `ReferenceNgramStore` is the slow,
+Backends: `InProcessNgramStore` (an LRU per server process, bounded by bytes) and `RedisNgramStore`
+(shared by server processes, see redis_store.py). `ReferenceNgramStore` is the slow,
 obviously correct definition the fast ones are tested against.
 """
 
@@ -28,7 +28,12 @@ from tandem.speculation.shared_store.index import (
 from tandem.redis_link import is_redis_url, redact
 from tandem.speculation.shared_store.redis_store import DEFAULT_NGRAM_TTL_SECONDS, RedisNgramStore
 
-DEFAULT_MAX_ENTRIES = 500_000  # about 6 entries per indexed token, ~80 MB
+DEFAULT_MAX_BYTES = 96 << 20  # about 6 n-grams per indexed token: ~600k n-grams, ~100k tokens
+# What an n-gram costs beyond its key's and continuation's bytes: two bytes objects' headers and
+# the ordered dict's slot and link (measured with tracemalloc: test_ngram_store.py). Charged per
+# n-gram although the n-grams ending at one position share one continuation, so the bound holds
+# with room to spare.
+ENTRY_OVERHEAD_BYTES = 200
 MEMORY_URL = "memory"
 NO_CONTINUATION: tuple[int, list[int]] = (0, [])
 
@@ -50,15 +55,22 @@ class NgramStore(Protocol):
     def stats(self) -> CacheStats: ...
 
 
-class InProcessNgramStore:
-    """At most `max_entries` n-grams, least recently added or matched evicted first. Thread-safe;
-    `add` builds its entries outside the lock and inserts them under it."""
+def entry_bytes(key: bytes, follow: bytes) -> int:
+    """What one n-gram is charged against the store's bound."""
+    return len(key) + len(follow) + ENTRY_OVERHEAD_BYTES
 
-    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES, config: NgramConfig = DEFAULT_NGRAM_CONFIG):
-        if not (isinstance(max_entries, int) and max_entries >= 1):
-            raise TandemError(f"the n-gram store needs max_entries >= 1, got {max_entries!r}")
-        self.max_entries = max_entries
+
+class InProcessNgramStore:
+    """At most `max_bytes` of n-grams (`entry_bytes` each), least recently added or matched
+    evicted first. Thread-safe; `add` builds its entries outside the lock and inserts them
+    under it."""
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, config: NgramConfig = DEFAULT_NGRAM_CONFIG):
+        if not (isinstance(max_bytes, int) and not isinstance(max_bytes, bool) and max_bytes >= 1):
+            raise TandemError(f"the n-gram store needs max_bytes >= 1, got {max_bytes!r}")
+        self.max_bytes = max_bytes
         self.config = config
+        self.nbytes = 0  # charged by entry_bytes
         self._lock = threading.Lock()
         self._entries: OrderedDict[bytes, bytes] = OrderedDict()  # n-gram key -> continuation
         self._counter = StatsCounter()
@@ -67,10 +79,15 @@ class InProcessNgramStore:
         entries = ngram_entries(token_ids, self.config)
         with self._lock:
             for key in reversed(entries):  # oldest occurrence first, so the newest ends up last
-                self._entries[key] = entries[key]
-                self._entries.move_to_end(key)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
+                follow = entries[key]
+                replaced = self._entries.pop(key, None)
+                if replaced is not None:
+                    self.nbytes -= entry_bytes(key, replaced)
+                self._entries[key] = follow
+                self.nbytes += entry_bytes(key, follow)
+            while self.nbytes > self.max_bytes:
+                key, follow = self._entries.popitem(last=False)
+                self.nbytes -= entry_bytes(key, follow)
 
     def continuation(self, context: Sequence[int], max_tokens: int) -> tuple[int, list[int]]:
         found = self._longest(context) if max_tokens >= 1 else None
@@ -86,6 +103,7 @@ class InProcessNgramStore:
     def close(self) -> None:
         with self._lock:
             self._entries.clear()
+            self.nbytes = 0
 
     @property
     def stats(self) -> CacheStats:
@@ -132,13 +150,13 @@ class ReferenceNgramStore:
         return NO_CONTINUATION
 
 
-def open_ngram_store(url: str | None, *, namespace: str = "default", max_entries: int = DEFAULT_MAX_ENTRIES,
+def open_ngram_store(url: str | None, *, namespace: str = "default", max_bytes: int = DEFAULT_MAX_BYTES,
                      ttl_seconds: float = DEFAULT_NGRAM_TTL_SECONDS, config: NgramConfig = DEFAULT_NGRAM_CONFIG) -> NgramStore:
-    """None or "memory": in-process (max_entries); redis://host:port[/db]: Redis, shared by every
+    """None or "memory": in-process (max_bytes); redis://host:port[/db]: Redis, shared by every
     server using the same `namespace` (use one per vocabulary: token ids mean nothing across
     tokenizers), entries expiring after ttl_seconds. Anything else raises TandemError."""
     if url is None or url == MEMORY_URL:
-        return InProcessNgramStore(max_entries, config)
+        return InProcessNgramStore(max_bytes, config)
     if is_redis_url(url):
         return RedisNgramStore(url, namespace=namespace, ttl_seconds=ttl_seconds, config=config)
     raise TandemError(f"unsupported n-gram store {redact(url)!r}: use 'memory' or redis://host:port[/db]")
