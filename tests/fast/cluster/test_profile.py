@@ -10,6 +10,7 @@ from profile_doubles import cluster, fused_profile, verifier
 from tandem.cluster.profiles.profile import Curve, DeviceProfile, load_profile, profile_from_json, profile_to_json, save_profile
 from tandem.cluster.profiles.profile_store import cluster_profiles, default_profile_path, worker_profile
 from tandem.cluster.profiles.public_profiles import DEVICE_CLASSES, public_profile, roofline_ms
+from tandem.cluster.config.cluster_spec import WorkerSpec
 from tandem.cluster.config.load import load_cluster
 from tandem.errors import TandemError
 
@@ -90,11 +91,32 @@ def test_worker_profile_sources(tmp_path, monkeypatch):
     spec = cluster(verifier(), profiles={"v": listed})
     assert worker_profile(spec, spec.workers[0], "target") == load_profile(listed[1])
     bare = cluster(verifier(threads=1))
+    with pytest.raises(TandemError, match="neither a catalog model nor a file"):
+        cluster_profiles(bare)  # "target" is no model at all
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "target").write_bytes(b"")
     with pytest.raises(TandemError, match="run `tandem profile"):
         cluster_profiles(bare)
     save_profile(mine, default_profile_path("target", "llamacpp", "cpu", "fp32", 1))
     assert cluster_profiles(bare)[("v", "target")] == load_profile(default_profile_path(
         "target", "llamacpp", "cpu", "fp32", 1))
+
+
+def test_a_model_name_typo_is_named_with_the_nearest_catalog_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
+    spec = cluster(WorkerSpec("v", "verify", "qwen2.5-coder-1.5b-instrct", threads=1))
+    with pytest.raises(TandemError, match=f"did you mean '{QWEN}'"):
+        cluster_profiles(spec)
+
+
+def test_two_model_files_of_one_name_never_share_a_profile(tmp_path, monkeypatch):
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
+    first, second = str(tmp_path / "a" / "m.gguf"), str(tmp_path / "b" / "m.gguf")
+    paths = [default_profile_path(model, "llamacpp", "cpu", "fp32", 1) for model in (first, second)]
+    assert paths[0] != paths[1] and all(path.name.startswith("m.gguf-") for path in paths)
+    assert default_profile_path(first, "llamacpp", "cpu", "fp32", 1) == paths[0]  # stable
+    catalog = default_profile_path("qwen2.5-coder-1.5b-instruct", "llamacpp", "cpu", "fp32", 2)
+    assert catalog.name == "qwen2.5-coder-1.5b-instruct__llamacpp__cpu__gguf__2t.json"
 
 
 def test_public_hardware_gives_profiles_without_measuring(tmp_path, monkeypatch):

@@ -1,7 +1,7 @@
 """Where profiles live and which one a worker uses.
 
 `tandem profile` saves to `$TANDEM_HOME/profiles/devices/<model>__<backend>__<device>__<dtype>__<threads>t.json`
-unless told otherwise. For a worker running a model, `worker_profile` looks, in order, at:
+unless told otherwise (a model given as a path: its name and a digest of its absolute path). For a worker running a model, `worker_profile` looks, in order, at:
 
 1. `profiles:` in the cluster file under the worker's name, then under its hardware class
    (a file, or a list of files of which the one for this model is taken);
@@ -11,14 +11,17 @@ unless told otherwise. For a worker running a model, `worker_profile` looks, in 
 and otherwise says which `tandem profile` command would make one.
 """
 
+import hashlib
 import os
 import re
 from pathlib import Path
 
+from tandem.cluster.config import rules
 from tandem.cluster.config.cluster_spec import ClusterSpec, WorkerSpec
 from tandem.cluster.profiles.profile import DeviceProfile, load_profile
 from tandem.cluster.profiles.public_profiles import DEVICE_CLASSES, public_profile
 from tandem.errors import TandemError
+from tandem.models.catalog import CATALOG
 from tandem.paths import profiles_dir
 from tandem.models.backends import precision_of
 
@@ -31,8 +34,14 @@ def default_profile_path(model: str, backend: str, device: str, dtype: str, thre
 
 
 def _slug(text: str) -> str:
+    """A catalog name as it is; a file or folder by its name plus a digest of its absolute path,
+    so that `/a/m.gguf` and `/b/m.gguf` never share a profile."""
     name = Path(text).name if os.sep in text else text
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "model"
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "model"
+    if os.sep not in text:
+        return slug
+    where = hashlib.sha256(os.path.abspath(os.path.expanduser(text)).encode()).hexdigest()[:8]
+    return f"{slug}-{where}"
 
 
 def worker_models(worker: WorkerSpec) -> tuple[str, ...]:
@@ -52,6 +61,9 @@ def worker_profile(spec: ClusterSpec, worker: WorkerSpec, model: str) -> DeviceP
     path = default_profile_path(model, worker.backend, worker.device, worker.dtype, worker.threads)
     if path.exists():
         return load_profile(path)
+    if model not in CATALOG and not os.path.exists(os.path.expanduser(model)):
+        raise TandemError(f"worker {worker.name!r}: model {model!r} is neither a catalog model nor a file or "
+                          f"folder here{rules.did_you_mean(model, CATALOG)}")
     source = f" --cluster {spec.source}" if spec.source else ""
     raise TandemError(
         f"no profile for worker {worker.name!r} ({model} on {worker.device}, {worker.backend}): "
