@@ -102,6 +102,11 @@ def test_profiles_paths_are_relative_to_the_file(tmp_path):
      "2: workers[0].draft_model: a worker with role both needs a draft_model"),
     ("workers:\n" + VERIFY + "    resources: {CPU: -1}\n",
      "5: workers[0].resources: key 'CPU': must be >= 0 (got -1)"),
+    ("workers:\n" + VERIFY + "    resources: {cpu: 1}\n",
+     "5: workers[0].resources: Ray's resource names are case-sensitive: 'cpu' would be a custom resource "
+     "no node has (did you mean 'CPU'?)"),
+    ("workers:\n" + VERIFY + "    dtype: bf16\n",
+     "5: workers[0].dtype: the llamacpp backend computes in the GGUF file's own types (got 'bf16')"),
     ("workers:\n" + VERIFY + VERIFY,
      "5: workers[1].name: worker name 'verify' is used twice"),
     ("workers:\n  - name: d\n    role: draft\n    model: qwen2.5-coder-0.5b-instruct\n",

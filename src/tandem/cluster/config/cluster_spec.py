@@ -59,6 +59,7 @@ def device_kind(device: str) -> str:
     return device.split(":", 1)[0]
 
 
+RAY_BUILTIN_RESOURCES = {name.lower(): name for name in ("CPU", "GPU", "memory", "object_store_memory")}
 MAX_THREADS = 4096  # bounds that catch a typo (an extra digit) before a planner or Ray meets it
 MAX_REPLICAS = 4096
 MAX_CONTEXT_TOKENS = 1 << 24
@@ -161,6 +162,14 @@ def worker_problems(worker: Mapping[str, Any]) -> list[tuple[str, str]]:
         problems.append(("cache_ram", "sizes a verifier replica's prompt cache; a draft worker has none"))
     if worker["backend"] == "llamacpp" and worker["device"] != "cpu":
         problems.append(("device", f"the llamacpp backend runs on cpu (got {worker['device']!r}); use backend torch"))
+    if worker["backend"] == "llamacpp" and worker["dtype"] != "fp32":
+        problems.append(("dtype", f"the llamacpp backend computes in the GGUF file's own types (got "
+                                  f"{worker['dtype']!r}); dtype is torch's: leave it out"))
+    for name in worker.get("resources") or {}:
+        builtin = RAY_BUILTIN_RESOURCES.get(name.lower())
+        if builtin is not None and name != builtin:
+            problems.append(("resources", f"Ray's resource names are case-sensitive: {name!r} would be a "
+                                          f"custom resource no node has (did you mean {builtin!r}?)"))
     return problems
 
 
