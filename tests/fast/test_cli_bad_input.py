@@ -81,6 +81,7 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["plan", "--cluster", "{exponent}"], "YAML reads it as text"),
     (["serve", "--cluster", MIXED, "--target", "x", "--context-length", "128"],
      "--target, --context-length describe one engine's models"),  # served the file's model, 4096 context
+    (["serve", "--cluster", MIXED, "--draft-ahead"], "drafter 'ngram' drafts in the replica"),  # did nothing
     (["bench-ceiling", "{list}"], "not a bench-serve results.json"),
     (["bench-ceiling", "{binary}"], "cannot read"),
     (["bench-ceiling", "{no_configs}"], "no concurrency or no configs"),  # StopIteration's traceback

@@ -138,6 +138,10 @@ def cluster_engine_config(cluster, args: argparse.Namespace):
     target = cluster.target
     drafter = check_drafter(args.drafter or default_drafter(cluster.has_drafter), cluster.has_drafter,
                             how_to_add="the cluster file has no worker with a draft_model")
+    if cluster.draft_ahead and not USES_MODEL[drafter]:
+        raise TandemError(f"--draft-ahead overlaps draft workers' model drafts with verification; drafter "
+                          f"{drafter!r} drafts in the replica, so it would do nothing: use --drafter "
+                          f"model or hybrid, or leave --draft-ahead out")
     if args.drafter is None:
         print(f"drafter: {drafter} (the default for a cluster {'with' if cluster.has_drafter else 'without'} "
               "a draft model; --drafter chooses another)", file=sys.stderr)
