@@ -2,7 +2,13 @@
 
 A `TandemError` carries one clear sentence for the person at the terminal or HTTP client.
 The CLI prints it without a traceback and exits non-zero; anything else is a bug.
+`client_message` is what a client is told of any other failure.
 """
+
+import re
+
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+MAX_ERROR_CHARS = 200
 
 
 class TandemError(Exception):
@@ -19,3 +25,12 @@ class ChecksumError(TandemError):
 
 class VocabularyMismatchError(TandemError):
     """Draft and target do not share a tokenizer."""
+
+
+def client_message(error: Exception) -> str:
+    """What a client is told of a failure: its first and last lines (a remote error's where and
+    what), without a remote worker's terminal colours or the traceback between them (Ray's error
+    text carries both), at most MAX_ERROR_CHARS."""
+    lines = [line.strip() for line in ANSI_ESCAPE.sub("", str(error)).splitlines() if line.strip()]
+    text = (lines[0] if len(lines) == 1 else f"{lines[0]}: {lines[-1]}") if lines else type(error).__name__
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."

@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Protocol
 
 from tandem.engine.events import SequenceUpdate, SpeculationOptions, StepReport
 from tandem.engine.request import GenerationRequest
-from tandem.errors import TandemError
+from tandem.errors import TandemError, client_message
 from tandem.models.openmp import release_openmp_threads
 
 log = logging.getLogger(__name__)
@@ -241,7 +241,7 @@ class EngineWorker:
             updates, report = self.engine.step()
         except Exception as error:  # a bug or a device failure: fail the batch, keep serving
             log.exception("engine step failed")
-            self._fail_all(f"engine step failed: {error}")
+            self._fail_all(f"engine step failed: {client_message(error)}")  # the trace stays in the log
             return
         self._dispatch(updates)
         if report is None:

@@ -379,7 +379,7 @@ def test_a_placement_counts_the_output_it_resumes_from():
 def test_a_remote_failure_reaches_the_client_as_one_clean_line():
     """A replica's failed step told clients Ray's whole error text: terminal colour codes, actor
     ids and a remote traceback. The client gets where and what; the log keeps the rest."""
-    from tandem.cluster.runtime.replica import client_message
+    from tandem.errors import client_message
 
     ray_text = ("\x1b[36mray::DrafterHost.propose()\x1b[39m (pid=12, actor_id=ab)\n"
                 "  File \"/x/drafter_worker.py\", line 3, in propose\nIndexError: index out of range")

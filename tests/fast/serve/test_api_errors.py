@@ -356,3 +356,17 @@ async def test_engine_failure_is_a_server_error_without_a_traceback():
         error = assert_error(response, 500, type_="server_error", code="error", says="the engine failed")
         assert server.metrics.rejected == [] and server.metrics.finished[0][0] == "error"
         assert "CUDA error" in error["message"]
+
+
+@async_test
+async def test_an_engine_failure_tells_the_client_its_first_and_last_lines_only():
+    """A multi-line error (a traceback folded into its text, a kernel's log) reaches the client as
+    where and what, as a cluster replica's does; the log keeps the whole of it."""
+    with TestServer() as server:
+        server.engine.fail_with = ("\x1b[31mkernel failed\x1b[0m\n  at layer 3\n  at op mul_mat\n"
+                                   "RuntimeError: out of memory")
+        async with server.client() as client:
+            response = await client.post("/v1/completions", json=completion_body())
+        error = assert_error(response, 500, type_="server_error", code="error", says="the engine failed")
+        assert "kernel failed: RuntimeError: out of memory" in error["message"]
+        assert "layer 3" not in error["message"] and "\x1b" not in error["message"]

@@ -19,7 +19,6 @@ prefilling its history again.
 
 import logging
 import os
-import re
 import threading
 from collections import deque
 from concurrent.futures import Future
@@ -34,15 +33,13 @@ from tandem.engine.events import SequenceUpdate, SpeculationOptions, StepReport
 from tandem.engine.prefix_index import BLOCK
 from tandem.engine.host_cache import HostEntry, HostPromptCache
 from tandem.engine.request import GenerationRequest
-from tandem.errors import TandemError
+from tandem.errors import TandemError, client_message
 from tandem.models.batch_runner import BatchRunner
 from tandem.models.cost import CostModel, CostView
 from tandem.speculation.depth import Auto, Depth
 from tandem.speculation.drafters.registry import build_drafters
 
 log = logging.getLogger(__name__)
-ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
-MAX_ERROR_CHARS = 200
 
 POLL_WAIT_S = 1.0  # a poll with no news returns empty after this long (the router polls again)
 
@@ -278,12 +275,3 @@ class ReplicaEngine:
             self._updates += updates
             self._reports += reports
             self._news.notify_all()
-
-
-def client_message(error: Exception) -> str:
-    """What a client is told of a failure: its first and last lines (a remote error's where and
-    what), without a remote worker's terminal colours or the traceback between them (Ray's error
-    text carries both), at most MAX_ERROR_CHARS."""
-    lines = [line.strip() for line in ANSI_ESCAPE.sub("", str(error)).splitlines() if line.strip()]
-    text = (lines[0] if len(lines) == 1 else f"{lines[0]}: {lines[-1]}") if lines else type(error).__name__
-    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
