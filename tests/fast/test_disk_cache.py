@@ -10,7 +10,6 @@ import threading
 
 import pytest
 
-from tandem.engine import disk_cache
 from tandem.engine.disk_cache import SUFFIX, DiskPromptCache
 from tandem.engine.host_cache import HostEntry
 from tandem.engine.prefix_index import BLOCK
@@ -183,12 +182,11 @@ def test_an_unusable_folder_is_a_clear_error(tmp_path):
 
 def test_an_entry_waiting_for_its_write_is_found_at_once_and_the_queue_is_bounded(tmp_path, monkeypatch):
     """With the writer held up, a lookup right after the save finds the entry (from memory); past
-    MAX_QUEUED_BYTES of waiting states a save is refused rather than held."""
+    max_queued_bytes of waiting states a save is refused rather than held."""
     release = threading.Event()
     store = DiskPromptCache._store
     monkeypatch.setattr(DiskPromptCache, "_store", lambda self, *a: (release.wait(10), store(self, *a)))
-    monkeypatch.setattr(disk_cache, "MAX_QUEUED_BYTES", 400)
-    cache = DiskPromptCache(tmp_path, 1 << 20, KEY)
+    cache = DiskPromptCache(tmp_path, 1 << 20, KEY, max_queued_bytes=400)
     saved = entry(range(3, 60), nbytes=200)
     assert cache.put(saved, KEY)
     match = cache.lookup(list(range(3, 70)), KEY)

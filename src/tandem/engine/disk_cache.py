@@ -17,8 +17,9 @@ included (an older llama.cpp build's, another model's: every upgrade would other
 budget's worth behind). Room is made from other keys' files first, oldest first, since this
 server can never read them, then from its own, least recently used first (file times carry
 the order across restarts); an entry larger than the whole budget is not written. An entry
-waiting for its write is found by lookups at once (from memory), and at most MAX_QUEUED_BYTES
-wait; past that a save is dropped. No error of the disk reaches a request: a file that cannot
+waiting for its write is found by lookups at once (from memory), and at most `max_queued_bytes`
+(MAX_QUEUED_BYTES) wait; past that a save is dropped. They are the host tier's own entries until
+it evicts them: beside `--cache-ram`, at most that much more memory is held. No error of the disk reaches a request: a file that cannot
 be read, written or removed is a warning. One server process per folder: the cache holds the
 folder's lock (engine/folder_lock.py) until it is closed, and a second process is refused.
 """
@@ -83,10 +84,12 @@ class DiskMatch:
 
 
 class DiskPromptCache:
-    def __init__(self, directory: str | Path, capacity_bytes: int, model_key: str):
+    def __init__(self, directory: str | Path, capacity_bytes: int, model_key: str,
+                 max_queued_bytes: int = MAX_QUEUED_BYTES):
         if capacity_bytes < 0:
             raise ValueError(f"the disk prompt cache needs a size of 0 bytes or more, got {capacity_bytes}")
         self.capacity_bytes = capacity_bytes
+        self.max_queued_bytes = max_queued_bytes
         self.model_key = model_key
         self.root = Path(directory).expanduser()
         self.folder = self.root / digest(model_key)[:16]
@@ -167,7 +170,7 @@ class DiskPromptCache:
             return False
         path = self._path(entry)
         with self._lock:
-            if self.queued_bytes + entry.nbytes > MAX_QUEUED_BYTES or path in self._queued:
+            if self.queued_bytes + entry.nbytes > self.max_queued_bytes or path in self._queued:
                 return False
             self._queued[path] = entry
             self._queued_index.add(path, entry.tokens)
