@@ -57,6 +57,10 @@ test: install system-deps
 test-fast: install
 	$(BIN)/python -m pytest tests/fast -q
 
+test-real: install system-deps
+	$(BIN)/tandem models pull smollm2-135m-instruct
+	$(BIN)/python -m pytest tests/real -q
+
 bench: models
 	$(BIN)/tandem bench --max-tokens 50 --out bench-out
 
