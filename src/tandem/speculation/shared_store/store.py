@@ -28,7 +28,7 @@ from tandem.speculation.shared_store.index import (
 from tandem.redis_link import is_redis_url, redact
 from tandem.speculation.shared_store.redis_store import DEFAULT_NGRAM_TTL_SECONDS, RedisNgramStore
 
-DEFAULT_MAX_BYTES = 96 << 20  # about 6 n-grams per indexed token: ~600k n-grams, ~100k tokens
+DEFAULT_MAX_BYTES = 128 << 20  # ~470k n-grams (~6 per indexed token), ~80 MB held (charged ~1.7x that)
 # What an n-gram costs beyond its key's and continuation's bytes: two bytes objects' headers and
 # the ordered dict's slot and link (measured with tracemalloc: test_ngram_store.py). Charged per
 # n-gram although the n-grams ending at one position share one continuation, so the bound holds
