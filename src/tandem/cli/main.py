@@ -1,12 +1,12 @@
 """`tandem` command line: one subcommand per module; user errors print one line, exit 2."""
 
 import argparse
+import contextlib
 import os
-import signal
 import sys
-import threading
 
 from tandem.errors import TandemError
+from tandem.sigterm import sigterm_interrupts
 
 
 class OneLineErrors(argparse.ArgumentParser):
@@ -37,12 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # "see tandem generate --help", not "see tandem --help"
         parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
-    # where handlers may be set; `tandem serve` keeps SIGTERM's own meaning (uvicorn drains on it,
-    # and a second one after the drain, `timeout` passing on its own, must not raise mid-teardown)
-    interrupts = threading.current_thread() is threading.main_thread() and getattr(args, "command", None) != "serve"
-    previous = signal.signal(signal.SIGTERM, _interrupt) if interrupts else None  # `timeout`, `kill`: as Ctrl-C
+    # `tandem serve` keeps SIGTERM's own meaning (uvicorn drains on it, and a second one after the
+    # drain, `timeout` passing on its own, must not raise mid-teardown); it interrupts its start only
+    interrupts = sigterm_interrupts() if getattr(args, "command", None) != "serve" else contextlib.nullcontext()
     try:
-        return args.func(args)
+        with interrupts:  # `timeout`, `kill`: as Ctrl-C
+            return args.func(args)
     except TandemError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -52,16 +52,6 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `tandem plan ... | head`: the reader left; nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
         return 141  # 128 + SIGPIPE, as a shell reports a command its pipe closed
-    finally:
-        if interrupts:  # None: a handler set outside Python, which only the default can stand for
-            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-
-
-def _interrupt(signum, frame) -> None:
-    """SIGTERM as a KeyboardInterrupt: the servers a bench started are stopped on the way out (the
-    default action ended the process at once, and a peer server could outlive it). `tandem
-    serve` is left out: SIGTERM drains it."""
-    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ Order: the port is bound first, so that a taken port is an error at once, not af
 loading; then tokenizer, engine (models loaded) and worker; then uvicorn listens on it, so a
 client never reaches a server that cannot answer yet (until then a connection is refused, as if
 nothing were there). `--port 0` binds any free port, and the banner naming the real URL is
-printed once uvicorn accepts connections. Shutdown, on the first SIGINT or
+printed once uvicorn accepts connections. A SIGINT or SIGTERM before then stops the start (exit
+130), a cluster's Ray processes with it. Shutdown, on the first SIGINT or
 SIGTERM: new requests get 503 (and /health says "draining"), in-flight requests get
 `grace_seconds` to finish (then they are cancelled), then uvicorn closes and the process exits 0.
 A second signal cuts the grace short: in-flight requests are cancelled at once (a stream ends
@@ -36,6 +37,7 @@ from tandem.serve.response_cache.cache import open_response_cache, response_cach
 from tandem.serve.response_cache.store import ResponseStore
 from tandem.serve.settings import API_KEY_ENV, CACHE_OFF, ServeSettings
 from tandem.serve.state import ServerState
+from tandem.sigterm import sigterm_interrupts
 from tandem.speculation.drafters.registry import DRAFTER_NAMES
 from tandem.speculation.shared_store.store import open_ngram_store
 from tandem.text.tokenizer import TextTokenizer
@@ -55,7 +57,8 @@ def serve(config: EngineConfig, settings: ServeSettings, cluster=None) -> int:
     ngram_store = open_ngram_store(None if settings.cache_url == CACHE_OFF else settings.cache_url,
                                    namespace=ngram_namespace(config, model_name))
     try:
-        state = build_state(config, settings, model_name, ngram_store, cluster)
+        with sigterm_interrupts():  # until it listens, SIGTERM stops the start as Ctrl-C (Ray's processes too)
+            state = build_state(config, settings, model_name, ngram_store, cluster)
         try:
             server = DrainingServer(state, uvicorn.Config(
                 create_app(state), log_level="warning", access_log=False,

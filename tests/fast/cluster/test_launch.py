@@ -141,3 +141,35 @@ def test_models_of_another_tokenizer_are_refused_before_ray_starts():
         check_one_tokenizer(spec("big", "smollm"), vocabulary)
     with pytest.raises(TandemError, match="must share one tokenizer"):
         check_one_tokenizer(spec("smollm", "small"), vocabulary)  # a second verifier of another family
+
+
+def test_a_failed_start_stops_every_process_it_started_grandchildren_too():
+    """As a SIGTERM inside ray.init: the raylet's agents (grandchildren) outlived Ray's shutdown."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from tandem.cluster.runtime.reap import stopping_what_it_started
+
+    kept = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # started before: not ours
+    spawned = []
+    try:
+        with pytest.raises(SystemExit), stopping_what_it_started():
+            parent = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60"])
+            spawned.append(psutil.Process(parent.pid))
+            while len(spawned[0].children()) < 1:
+                pass
+            spawned += spawned[0].children()
+            raise SystemExit(15)
+        _, alive = psutil.wait_procs(spawned, timeout=5)
+        assert alive == [] and len(spawned) >= 2  # sh and its sleeps
+        assert kept.poll() is None
+        with stopping_what_it_started():  # a block that succeeds leaves its processes be
+            survivor = subprocess.Popen(["sleep", "60"])
+        assert survivor.poll() is None
+        survivor.kill()
+        survivor.wait()
+    finally:
+        kept.kill()
+        kept.wait()

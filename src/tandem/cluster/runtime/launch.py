@@ -21,11 +21,13 @@ from tandem.cluster.config.cluster_spec import ClusterSpec, WorkerSpec
 from tandem.cluster.runtime.health import DEFAULT_PERIOD_S, check_period
 from tandem.cluster.runtime.emulation import Emulation
 from tandem.cluster.runtime.pool import Worker
+from tandem.cluster.runtime.reap import stopping_what_it_started
 from tandem.cluster.runtime.replica import ReplicaSettings
 from tandem.cluster.runtime.router import ClusterRouter
 from tandem.engine.host_cache import default_cache_ram_bytes
 from tandem.errors import TandemError
 from tandem.models.backends import RunnerSpec
+from tandem.sigterm import keeping_sigterm_handler
 from tandem.speculation.drafters.registry import check_drafter
 
 DEFAULT_SLOTS = 8  # sequences per verifier replica
@@ -58,7 +60,8 @@ def start_ray(spec: ClusterSpec, address: str | None = None) -> None:
     if ray.is_initialized():
         return
     if address:
-        ray.init(address=address, log_to_driver=False)
+        with keeping_sigterm_handler():
+            ray.init(address=address, log_to_driver=False)
         return
     need: dict[str, float] = {}
     for worker in spec.workers:
@@ -67,8 +70,9 @@ def start_ray(spec: ClusterSpec, address: str | None = None) -> None:
                 need[name] = need.get(name, 0.0) + amount * worker.replicas
     cpus = max(os.cpu_count() or 1, int(need.pop("CPU", 1) + 0.999))
     gpus = int(need.pop("GPU", 0) + 0.999)
-    ray.init(num_cpus=cpus, num_gpus=gpus or None, resources=need or None, include_dashboard=False,
-             log_to_driver=False)
+    with keeping_sigterm_handler(), stopping_what_it_started():  # a SIGTERM mid-start leaves no Ray agent behind
+        ray.init(num_cpus=cpus, num_gpus=gpus or None, resources=need or None, include_dashboard=False,
+                 log_to_driver=False)
 
 
 def build_workers(spec: ClusterSpec, settings: ReplicaSettings = ReplicaSettings()) -> tuple[list[Worker], list[Worker]]:

@@ -1,0 +1,39 @@
+"""SIGTERM as Ctrl-C: `timeout` and `kill` stop a command the way a KeyboardInterrupt does, so
+that its `finally` blocks and atexit handlers run (the servers a bench started are stopped, a Ray
+cluster's processes are shut down). The default action ends the process at once."""
+
+import contextlib
+import signal
+import threading
+
+
+def interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def sigterm_interrupts():
+    """Within the block SIGTERM raises KeyboardInterrupt; the handler before it is put back after.
+    Only the main thread may set handlers: elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:  # None: a handler set outside Python, which only the default can stand for
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def keeping_sigterm_handler():
+    """Puts SIGTERM's handler back after the block (`ray.init` replaces it with its own, which
+    exits from wherever the main thread is)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
