@@ -388,3 +388,21 @@ def test_a_remote_failure_reaches_the_client_as_one_clean_line():
     assert client_message(ValueError("bad value")) == "bad value"
     assert client_message(ValueError("")) == "ValueError"
     assert len(client_message(RuntimeError("x" * 500))) == 200
+
+
+def test_a_drafter_that_first_sees_a_sequence_mid_output_drafts_at_its_true_positions(tiny_draft):
+    """Seeded drafts are coupled to the target by output position. A drafter that joins late (a
+    restart, a failover, an eviction) gets prompt and output in one delta; it counted positions
+    from that delta's end, so its drafts no longer matched the target's uniforms."""
+    from tandem.cluster.runtime.messages import DraftItem, DraftReply
+    from tandem.speculation.sampling import SamplingParams
+
+    sampling = SamplingParams(temperature=1.0, seed=11)
+    prompt, output = (5, 9, 2, 7, 3, 8), (4, 6, 1)
+    step_by_step = DrafterWorker(serial_runner(tiny_draft, 2))
+    assert step_by_step.propose([DraftItem("s", 0, prompt, 0, sampling, 1, len(prompt))]) == [DraftReply("s", ())]
+    expected = step_by_step.propose([DraftItem("s", len(prompt), output, 8, sampling, 2, len(prompt))])[0]
+    late = DrafterWorker(serial_runner(tiny_draft, 2))
+    joined = late.propose([DraftItem("s", 0, prompt + output, 8, sampling, 2, len(prompt))])[0]
+    assert late._seqs["s"].output_position == len(output) == step_by_step._seqs["s"].output_position
+    assert joined.token_ids == expected.token_ids and len(expected.token_ids) == 8

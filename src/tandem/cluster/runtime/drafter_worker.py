@@ -81,7 +81,9 @@ class DrafterWorker:
         if not self._free:
             oldest = next(iter(self._seqs))
             self.forget([oldest])
-        request = GenerationRequest(tuple(item.delta), 1, item.sampling)
+        # the whole first delta stands as the prompt, output included: its positions count from output_start
+        offset = max(0, len(item.delta) - item.output_start)
+        request = GenerationRequest(tuple(item.delta), 1, item.sampling, output_offset=offset)
         seq = Sequence(item.seq_id, request, "model", Fixed(0), np.random.default_rng(item.seed),
                        slot=self._free.pop(), tokens=list(item.delta))  # a free slot holds no cache (forget)
         self._seqs[item.seq_id] = seq

@@ -145,7 +145,8 @@ class RemoteDraftModel:
     def _item(self, seq: Sequence, k: int, extra: tuple[int, ...] = (), tag: str = "") -> DraftItem:
         base = self.drafter_length.get(seq.seq_id, 0)
         seed = zlib.crc32(f"{seq.request.sampling.seed}/{seq.seq_id}/{len(seq.tokens)}{tag}".encode())
-        return DraftItem(seq.seq_id, base, (*seq.tokens[base:], *extra), k, seq.request.sampling, seed)
+        output_start = len(seq.request.prompt_ids) - seq.request.output_offset
+        return DraftItem(seq.seq_id, base, (*seq.tokens[base:], *extra), k, seq.request.sampling, seed, output_start)
 
     # -- drafting ahead -------------------------------------------------------------------------
 
