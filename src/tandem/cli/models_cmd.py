@@ -1,4 +1,4 @@
-"""`tandem models list | pull NAME | path NAME [--hf]`: the catalog at the terminal.
+"""`tandem models list | pull NAME | path NAME [--hf] | rm NAME|FILE`: the catalog at the terminal.
 
 Each handler takes the parsed args and returns an exit code; TandemError is left to the caller
 (cli/main.py), which prints it. Paths go to stdout, progress bars and notes to stderr, so
@@ -10,10 +10,12 @@ import argparse
 from tandem.errors import TandemError
 from tandem.memory_size import human_size
 from tandem.models.catalog import CATALOG, CatalogEntry
-from tandem.models.pull import is_pulled, pull
+from tandem.models.pull import entry_dir, is_pulled, pull
+from tandem.models.remove import folder_bytes, local_conversions, remove_model
 from tandem.models.resolve import gguf_path, hf_path
+from tandem.paths import models_dir
 
-_COLUMNS = ("NAME", "PARAMS", "QUANT", "SIZE", "PULLED", "ROLE")
+_COLUMNS = ("NAME", "PARAMS", "QUANT", "SIZE", "PULLED", "ON DISK", "ROLE")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,12 +36,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           help="print the converted Hugging Face folder instead (converting once)")
     locating.set_defaults(func=print_path)
 
+    removing = commands.add_parser("rm", help="remove a pulled model, or a local .gguf file's conversions, to free disk")
+    removing.add_argument("name", help="catalog name (its .gguf and conversions go), or a local .gguf file "
+                                       "(only the conversions Tandem made of it go)")
+    removing.set_defaults(func=remove)
+
 
 def list_models(args: argparse.Namespace) -> int:
     rows = [_COLUMNS] + [_row(entry) for entry in CATALOG.values()]
     widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    conversions = local_conversions()
+    if conversions:
+        print("\nconversions of local .gguf files (`tandem models rm FILE` removes them):")
+        for kept in conversions:
+            print(f"  {human_size(kept.nbytes):>9}  {kept.source}")
+    print(f"\nin {models_dir()}")
+    return 0
+
+
+def remove(args: argparse.Namespace) -> int:
+    for kept in remove_model(args.name):
+        print(f"removed {kept.folder} ({human_size(kept.nbytes)})")
     return 0
 
 
@@ -58,5 +77,7 @@ def print_path(args: argparse.Namespace) -> int:
 
 def _row(entry: CatalogEntry) -> tuple[str, ...]:
     pulled = "yes" if is_pulled(entry.name) else "no"
+    folder = entry_dir(entry.name)
+    on_disk = human_size(folder_bytes(folder)) if folder.is_dir() else "-"  # with its conversions
     return (entry.name, entry.parameters, entry.quantization, human_size(entry.size_bytes),
-            pulled, entry.role)
+            pulled, on_disk, entry.role)

@@ -1,0 +1,46 @@
+"""`tandem models list` shows what each model keeps on disk, and `tandem models rm` frees it: a
+catalog model's folder (its .gguf and conversions), or only the conversions of a local .gguf file
+(never the file, never another file's)."""
+
+from tandem.cli.main import main
+from tandem.models.pull import entry_dir
+from tandem.models.resolve import _cache_dir
+
+NAME = "smollm2-135m-instruct"
+
+
+def test_rm_frees_a_catalog_model_and_a_local_files_conversions_only(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
+    pulled = entry_dir(NAME)
+    (pulled / "hf").mkdir(parents=True)
+    (pulled / "model.gguf").write_bytes(b"GGUF" + bytes(3000))
+    (pulled / "hf" / "model.safetensors").write_bytes(bytes(12000))
+    mine, other = tmp_path / "mine.gguf", tmp_path / "other.gguf"
+    mine.write_bytes(b"GGUF mine")
+    other.write_bytes(b"GGUF other")
+    converted, kept = _cache_dir(mine, mine.resolve()), _cache_dir(other, other.resolve())
+    (converted / "hf").mkdir()
+    (converted / "hf" / "weights").write_bytes(bytes(5000))
+
+    assert main(["models", "list"]) == 0
+    listing = capsys.readouterr().out
+    assert "15 KiB" in listing  # the catalog model with its conversion: 3,004 + 12,000 bytes
+    assert str(mine.resolve()) in listing and str(other.resolve()) in listing
+
+    assert main(["models", "rm", str(mine)]) == 0
+    assert not converted.exists() and mine.is_file() and kept.is_dir()
+    assert main(["models", "rm", NAME]) == 0
+    assert not pulled.exists() and "removed" in capsys.readouterr().out
+    assert list((tmp_path / "home" / "models").glob(".*old-*")) == []  # nothing left aside
+
+
+def test_rm_of_nothing_kept_is_one_error_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
+    file = tmp_path / "never-converted.gguf"
+    file.write_bytes(b"GGUF")
+    for argv, says in [([NAME], "is not pulled"), ([str(file)], "no conversions of"),
+                       (["smollm2-135m-instrct"], f"did you mean '{NAME}'")]:
+        assert main(["models", "rm", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and says in err and err.count("\n") == 1, err
+    assert file.is_file()
