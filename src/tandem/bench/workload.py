@@ -20,6 +20,14 @@ NAMED_WORKLOADS = {"default": DEFAULT_WORKLOAD, "long": LONG_WORKLOAD, "edits": 
 DEFAULT_CATEGORY = "uncategorised"
 
 
+# warm-up requests, in no workload: a warm-up on a timed prompt left its answer in the engine's
+# cross-request drafters (suffix index, n-gram store), which then copied it when that prompt ran
+WARMUP_PROMPTS = (
+    "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.",
+    "Say hello in five words.",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class BenchPrompt:
     id: str

@@ -21,7 +21,7 @@ from tandem.bench.serve.client import RequestRecord, build_record
 from tandem.bench.serve.launcher import ServerProcess, free_port
 from tandem.bench.serve.loadgen import LoadItem, LoadResult, run_load
 from tandem.bench.serve.metrics import compare, summarize
-from tandem.bench.serve.requests import (REPEAT_MARK, chat_payload, interleave_categories, level_requests,
+from tandem.bench.serve.requests import (REPEAT_MARK, chat_payload, interleave_categories, level_requests, repeats,
                                          load_items)
 from tandem.bench.serve.results import build_results
 from tandem.bench.serve.server_kinds import SERVER_KINDS, ServerLaunch
@@ -207,7 +207,7 @@ def test_compare_orients_every_ratio_so_above_one_means_better():
 # --- request planning and options ------------------------------------------------------------
 
 
-def test_levels_interleave_categories_and_mark_repeats():
+def test_levels_interleave_categories_and_mark_repeats(capsys):
     prompts = [BenchPrompt(f"{c}{i}", c, prompt=f"{c}{i}") for c in "ab" for i in range(2)]
     assert [p.id for p in interleave_categories(prompts)] == ["a0", "b0", "a1", "b1"]
     requests = level_requests(prompts, 3, 3)
@@ -217,6 +217,15 @@ def test_levels_interleave_categories_and_mark_repeats():
     plans = plan_levels(settings, prompts)
     contents = [r.messages[-1]["content"] for plan in plans for r in plan.requests]
     assert len(set(contents)) == len(contents) == 6  # no request is ever sent twice
+    assert [repeats(plan.requests) for plan in plans] == [0, 2]  # the second level wraps: said, and recorded
+    assert "at C=2, 2 of 3 requests take a prompt again" in capsys.readouterr().err
+    from tandem.bench.serve.session import header
+
+    class Launch:
+        def __getattr__(self, name):
+            return None
+
+    assert header(settings, Launch(), plans)["settings"]["repeats_per_level"] == {"1": 0, "2": 2}
 
 
 def test_default_workload_window_has_every_category():

@@ -345,3 +345,15 @@ def test_a_bench_interrupted_keeps_the_prompts_every_config_finished(capsys):
         assert "bench: stopped after" in capsys.readouterr().err
         with pytest.raises(KeyboardInterrupt):
             run_benchmark([Config("a", 1), Config("b", 99)], items, 4, memory)
+
+
+def test_warm_up_prompts_are_in_no_workload():
+    """A warm-up on the first timed prompt left its answer in the cross-request drafters, which
+    then copied it whole when that prompt was timed (39 of 39 drafts kept)."""
+    from tandem.bench.single.session import warmup_prompts
+    from tandem.bench.workload import NAMED_WORKLOADS, load_prompts
+
+    warm = warmup_prompts(3)
+    assert len(warm) == 3 and {p.category for p in warm} == {"warm-up"}
+    timed = [str(p.prompt or p.messages) for path in NAMED_WORKLOADS.values() for p in load_prompts(path)]
+    assert not any(w.prompt in text for w in warm for text in timed)

@@ -118,6 +118,11 @@ def render_report(results: dict) -> str:
         lines += ["", f"## Concurrency {level['concurrency']}", "",
                   f"Servers took turns request by request, the order rotating each request from: {order}."
                   if level["concurrency"] == 1 else f"Run order: {order}.", ""]
+        repeated = settings.get("repeats_per_level", {}).get(str(level["concurrency"]), 0)
+        if repeated:
+            lines += [f"**{repeated} of the level's requests take a prompt again** (marked, so no cache answers "
+                      "them; their greedy answers are the earlier ones, which a server drafting from its "
+                      "earlier answers copies).", ""]
         lines += level_table(results, level) + ratio_table(level) + source_table(level) + step_table(level)
     lines += error_lines(results)
     lines += ["", "## Machine", ""] + [f"- {key}: {value}" for key, value in results["machine"].items()]

@@ -5,11 +5,14 @@ with raw `prompt` text is sent as one user message (the serving API is chat-only
 are interleaved across categories (one of each in turn), so any window of the list has the
 workload's category mix; each concurrency level takes the next `count` of that list, wrapping
 around. A prompt taken again on the n-th wrap (n >= 1) gets REPEAT_MARK.format(n) put in front
-of its last message, so no server ever sees the same request twice, nor the same prompt
-body: Tandem's response cache answers a repeated greedy request without decoding, and
-llama-server's prompt cache (kept in host memory) restores a repeated prompt up to where it
-changes (a mark at the end let it evaluate 8 tokens of a 200-token repeat), either of which
-would make repeats look free. Every server sees the same requests at a level.
+of its last message, so no server sees the same request twice, nor the same prompt body:
+Tandem's response cache answers a repeated greedy request without decoding, and llama-server's
+prompt cache (kept in host memory) restores a repeated prompt up to where it changes (a mark at
+the end let it evaluate 8 tokens of a 200-token repeat), either of which would make repeats look
+free. The mark cannot hide the answer, though: a repeat's greedy answer is the earlier one, and
+a server that drafts from its earlier answers (Tandem's shared n-gram store and suffix index)
+copies it. So a wrap is said, at the start and in the report (`repeats`). Every server sees the
+same requests at a level.
 
 With a spread S, request i of a level may produce max_tokens + an offset in [-S, S] fixed by i
 (`length_offset`): a closed loop whose answers all stop at one cap starts and ends them in the
@@ -21,10 +24,10 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from tandem.bench.serve.loadgen import LoadItem
-from tandem.bench.workload import BenchPrompt
+from tandem.bench.workload import WARMUP_PROMPTS, BenchPrompt
 from tandem.errors import TandemError
 
-WARMUP_MESSAGES = ({"role": "user", "content": "Say hello in five words."},)  # not in any workload
+WARMUP_MESSAGES = ({"role": "user", "content": WARMUP_PROMPTS[-1]},)  # not in any workload
 REPEAT_MARK = "({}) "
 GOLDEN_FRACTION = 0.6180339887498949  # spreads request i's token cap (`length_offset`)
 
@@ -35,6 +38,7 @@ class BenchRequest:
     category: str
     messages: tuple[dict, ...]
     max_tokens_offset: int = 0  # added to the run's max_tokens (`length_offset`)
+    wrap: int = 0  # 0: the prompt's first use in the sweep; n: its n-th repeat (marked)
 
 
 def length_offset(index: int, spread: int) -> int:
@@ -80,8 +84,13 @@ def level_requests(prompts: Sequence[BenchPrompt], count: int, offset: int, spre
         prompt = ordered[index]
         request_id = prompt.id if wrap == 0 else f"{prompt.id}~{wrap}"
         requests.append(BenchRequest(request_id, prompt.category, marked(prompt_messages(prompt), wrap),
-                                     length_offset(position - offset, spread)))
+                                     length_offset(position - offset, spread), wrap))
     return requests
+
+
+def repeats(requests: Sequence[BenchRequest]) -> int:
+    """How many of the requests take a prompt the sweep used before."""
+    return sum(1 for request in requests if request.wrap > 0)
 
 
 def warmup_request() -> BenchRequest:

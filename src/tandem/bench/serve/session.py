@@ -14,7 +14,7 @@ from pathlib import Path
 from tandem.bench.machine import machine_info
 from tandem.bench.serve.plots import write_plots
 from tandem.bench.serve.report import render_report
-from tandem.bench.serve.requests import level_requests
+from tandem.bench.serve.requests import level_requests, repeats
 from tandem.bench.serve.results import build_results
 from tandem.bench.serve.server_kinds import SERVER_KINDS, ServerLaunch
 from tandem.bench.serve.settings import ServeBenchSettings
@@ -34,6 +34,13 @@ def plan_levels(settings: ServeBenchSettings, prompts: list) -> list[LevelPlan]:
         count = settings.requests_at(concurrency)
         plans.append(LevelPlan(concurrency, tuple(level_requests(prompts, count, offset, settings.max_tokens_spread))))
         offset += count
+    for plan in plans:
+        if repeats(plan.requests):
+            print(f"note: at C={plan.concurrency}, {repeats(plan.requests)} of {len(plan.requests)} requests take "
+                  f"a prompt again (the workload has {len(prompts)}, the sweep takes {offset}). Each is marked, "
+                  "so no cache answers it, but its greedy answer is the earlier one, which Tandem's shared "
+                  "n-gram store and suffix index draft from: for figures without that, take fewer requests "
+                  "(--num-prompts, fewer levels) or a larger workload", file=sys.stderr)
     return plans
 
 
@@ -89,6 +96,7 @@ def header(settings: ServeBenchSettings, launch: ServerLaunch, plans: list[Level
             "concurrency": list(settings.concurrency),
             "prompts_file": str(settings.prompts_file),
             "requests_per_level": {str(plan.concurrency): len(plan.requests) for plan in plans},
+            "repeats_per_level": {str(plan.concurrency): repeats(plan.requests) for plan in plans},
             "max_tokens": settings.max_tokens,
             "max_tokens_spread": settings.max_tokens_spread,
             "threads": launch.threads,

@@ -19,7 +19,7 @@ from tandem.bench.single.plots import write_plots
 from tandem.bench.single.registry import build_configs, parse_config_names, setup_all
 from tandem.bench.single.report import render_report
 from tandem.bench.single.results import build_results
-from tandem.bench.workload import format_prompt, load_prompts, select_prompts
+from tandem.bench.workload import WARMUP_PROMPTS, BenchPrompt, format_prompt, load_prompts, select_prompts
 from tandem.errors import TandemError
 
 
@@ -49,10 +49,11 @@ def run_session(settings: BenchSettings) -> dict:
     models = BenchModels(settings.models)
     configs = build_configs(specs, models)
     items = [FormattedPrompt(p, format_prompt(models.tokenizer, p)) for p in prompts]
+    warmups = [FormattedPrompt(p, format_prompt(models.tokenizer, p)) for p in warmup_prompts(settings.warmup)]
     print(f"loading models for {len(configs)} configs...", file=sys.stderr)
     setup_all(configs)
     with PeakMemory() as memory:
-        warm_up(configs, items[: settings.warmup], settings.max_tokens)
+        warm_up(configs, warmups, settings.max_tokens)
         records, interrupted = run_benchmark(configs, items, settings.max_tokens, memory)
     header = {**_header(settings, len(items)), "cost_curves_ms": models.cost_curves()}
     if interrupted:
@@ -60,6 +61,12 @@ def run_session(settings: BenchSettings) -> dict:
     results = build_results(configs, records, memory, header)
     write_outputs(results, settings.out_dir)
     return results
+
+
+def warmup_prompts(count: int) -> list[BenchPrompt]:
+    """`count` warm-up prompts, none of them in a workload (WARMUP_PROMPTS in turn)."""
+    return [BenchPrompt(f"warm-up-{i}", "warm-up", prompt=WARMUP_PROMPTS[i % len(WARMUP_PROMPTS)])
+            for i in range(count)]
 
 
 def _header(settings: BenchSettings, prompt_count: int) -> dict:
