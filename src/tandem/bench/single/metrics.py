@@ -61,7 +61,8 @@ def acceptance_by_position(records: Sequence[RunRecord]) -> list[dict] | None:
 
 def time_split(records: Sequence[RunRecord]) -> dict | None:
     """Prefill, draft, verify and overhead time summed over prompts, as fractions of the wall
-    time; `decode_ms_per_token` is the time after prefill per new token."""
+    time; `decode_ms_per_token` is the time after prefill per token decoded after it (a prompt's
+    first new token comes of its prefill)."""
     if not _has_engine_stats(records):
         return None
     wall = sum(r.seconds for r in records)
@@ -69,12 +70,12 @@ def time_split(records: Sequence[RunRecord]) -> dict | None:
     verify = sum(r.stats["verify_s"] for r in records)
     prefill = sum(r.stats.get("prefill_s", 0.0) for r in records)
     overhead = max(0.0, wall - prefill - draft - verify)
-    tokens = sum(r.new_tokens for r in records)
+    decoded = sum(max(0, r.new_tokens - 1) for r in records)
     if not wall:
         return None
     return {"prefill": prefill / wall, "draft": draft / wall, "verify": verify / wall,
             "overhead": overhead / wall, "wall_s": wall,
-            "decode_ms_per_token": (wall - prefill) * 1000 / tokens if tokens else None}
+            "decode_ms_per_token": (wall - prefill) * 1000 / decoded if decoded else None}
 
 
 def latency(records: Sequence[RunRecord]) -> dict:

@@ -17,7 +17,7 @@ def main_table(results: dict) -> list[str]:
     refs = ["none"] + results["peers"]
     gpu = any(s["peak_gpu_mb"] is not None for s in results["configs"].values())
     header = ["config", "ms/token", "p50", "p90", "p99", "tok/s", "acceptance", "mean acc. len"]
-    header += [f"vs {ref}" for ref in refs] + ["process peak RSS MB"] + (["peak GPU MB"] if gpu else [])
+    header += [f"vs {ref}" for ref in refs] + ["process peak RSS MiB"] + (["peak GPU MB"] if gpu else [])
     rows = []
     for label, s in results["configs"].items():
         row = [label, number_cell(s["ms_per_token"]), number_cell(s["p50_ms_per_token"]),
