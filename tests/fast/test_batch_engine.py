@@ -157,3 +157,20 @@ def test_prompts_arriving_together_prefill_their_shared_prefix_once(tiny_target,
     assert sum(scored) <= len(shared) + 4 * len(prompts) + decoding  # not 3 x 178 prompt tokens
     for name, prompt in prompts.items():
         assert outputs[name] == naive_greedy(tiny_target, prompt, MAX_TOKENS)
+
+
+def test_forget_answers_empties_the_cross_request_drafting_memory(tiny_target, tiny_draft):
+    """A benchmark's runs on one engine start cold: after forget_answers no drafter can copy an
+    earlier run's answer (the suffix index and the in-process n-gram store held them)."""
+    from tandem.speculation.shared_store.store import InProcessNgramStore
+
+    store = InProcessNgramStore()
+    engine = make_engine(tiny_target, tiny_draft, "suffix", slots=2, ngram_store=store)
+    engine.add("a", GenerationRequest(PROMPTS[0], max_tokens=MAX_TOKENS))
+    while engine.has_work:
+        engine.step()
+    index = engine.drafters["suffix"].shared
+    assert index.tokens > 0 and len(store) > 0
+    engine.forget_answers()
+    assert index.tokens == 0 and len(store) == 0 and store.nbytes == 0
+    assert index.lookup(list(PROMPTS[0]), 8) is None

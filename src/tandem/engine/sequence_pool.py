@@ -82,6 +82,18 @@ class SequencePool:
             self.ngram_store.add(seq.tokens)
         self._forget_drafts(seq)
 
+    def forget_answers(self) -> None:
+        """What earlier requests answered leaves the drafters' cross-request memory: the suffix
+        index and an in-process n-gram store (one in Redis is other servers' too, and stays). A
+        benchmark's runs on one engine start cold: none copies an earlier run's answers."""
+        for drafter in self.drafters.values():
+            forget_answers = getattr(drafter, "forget_answers", None)
+            if forget_answers is not None:
+                forget_answers()
+        clear = getattr(self.ngram_store, "clear", None)
+        if clear is not None:
+            clear()
+
     def _forget_drafts(self, seq: Sequence) -> None:
         """Per-sequence drafter state (alignments, suffix indexes, a drafter worker's cache) goes."""
         for drafter in self.drafters.values():

@@ -147,6 +147,11 @@ class SuffixIndex:
     def lookup(self, context: Sequence[int], limit: int) -> SuffixProposal | None:
         return lookup(self.root, context, limit)
 
+    def clear(self) -> None:
+        self.root = Node()
+        self.held.clear()
+        self.tokens = 0
+
 
 class GrowingSuffixIndex:
     """One sequence's runs, extended token by token as the sequence grows: O(depth) a token.

@@ -406,3 +406,18 @@ def test_a_drafter_that_first_sees_a_sequence_mid_output_drafts_at_its_true_posi
     joined = late.propose([DraftItem("s", 0, prompt + output, 8, sampling, 2, len(prompt))])[0]
     assert late._seqs["s"].output_position == len(output) == step_by_step._seqs["s"].output_position
     assert joined.token_ids == expected.token_ids and len(expected.token_ids) == 8
+
+
+def test_clearing_the_cluster_forgets_earlier_answers_too(tiny_target, tiny_draft):
+    """bench-cluster runs its configurations on the same replicas: without this a later run's
+    copy drafters copied an earlier run's answers to the same prompts."""
+    from tandem.speculation.shared_store.store import InProcessNgramStore
+
+    store = InProcessNgramStore()
+    router, endpoints = make_cluster(tiny_target, tiny_draft, verifiers=1, drafters=0, ngram_store=store,
+                                     drafter="ngram")
+    run(router, PROMPTS[:2])
+    assert len(store) > 0
+    router.clear_caches()
+    assert len(store) == 0
+    assert endpoints[0].worker.engine.drafters["suffix"].shared.tokens == 0

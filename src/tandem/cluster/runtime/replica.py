@@ -160,7 +160,7 @@ class ReplicaEngine:
             self._command("drafters", None, links, draft_ahead).result()
 
     def clear_caches(self) -> None:
-        """Forget every retained prompt cache (a benchmark starts each run cold)."""
+        """Forget every retained prompt cache and earlier answers (a benchmark starts each run cold)."""
         with self.emulation.travel():
             self._command("clear", None).result()
 
@@ -235,6 +235,7 @@ class ReplicaEngine:
             self.remote.draft_ahead = args[1]
         elif kind == "clear":
             self.engine.clear_caches()
+            self.engine.forget_answers()
         return None
 
     def _state_of(self, seq) -> HostEntry | None:

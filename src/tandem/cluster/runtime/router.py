@@ -142,8 +142,8 @@ class ClusterRouter:
             return updates, self._reports.popleft() if self._reports else None
 
     def clear_caches(self) -> None:
-        """Every replica forgets its retained prompt caches, the router what they held (a
-        benchmark starts each run cold)."""
+        """Every replica forgets its retained prompt caches and the answers its drafters would
+        copy, the router what they held (a benchmark starts each run cold)."""
         with self.lock:
             calls = [w.endpoint.call("clear_caches") for w in self.verifiers if w.alive]
             self._prefixes = {w.name: PrefixMemory() for w in self.verifiers}

@@ -49,6 +49,10 @@ class SuffixDrafter:
     def propose_batch(self, jobs: list[DraftJob], keep_drafting=None) -> list[SequenceDraft]:
         return copy_drafts(jobs)
 
+    def forget_answers(self) -> None:
+        """Earlier requests' outputs leave the shared index (a benchmark's next run starts cold)."""
+        self.shared.clear()
+
     def forget(self, seq) -> None:
         """seq left the batch: its output (led in by its prompt's tail) joins the shared index."""
         self.own.pop(seq.seq_id, None)

@@ -101,6 +101,9 @@ class InProcessNgramStore:
         return True  # adds are visible as soon as they return
 
     def close(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
         with self._lock:
             self._entries.clear()
             self.nbytes = 0
