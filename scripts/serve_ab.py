@@ -95,6 +95,11 @@ def main() -> int:
         kinds = [SERVER_KINDS[name]() for name in configs]
         launch = server_launch(settings, kinds)
         prompts = load_prompts(DEFAULT_WORKLOAD)
+        if args.requests * args.repeats > len(prompts):  # a later pair would repeat an earlier one's prompts
+            print(f"note: {args.repeats} repeats of {args.requests} requests take {args.requests * args.repeats} "
+                  f"of the workload's {len(prompts)} prompts: later pairs repeat earlier prompts (marked, but "
+                  "their greedy answers are the earlier ones, which Tandem's shared n-gram store and suffix "
+                  "index, kept between pairs, copy)", file=sys.stderr)
     except TandemError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -118,12 +123,16 @@ def main() -> int:
     summary = {}
     first_rate = pooled_rate(runs[configs[0]])
     for label in configs[1:]:
-        pairs = [(a["tok_s"], b["tok_s"]) for a, b in zip(runs[configs[0]], runs[label])]
-        each = [a / b for a, b in pairs if b]  # a repeat whose every request failed has no ratio
+        pairs = [(a, b) for a, b in zip(runs[configs[0]], runs[label])]
+        # a pair where either side had an error has no ratio (failed requests count no tokens,
+        # which would favour the other side), whichever side failed
+        each = [a["tok_s"] / b["tok_s"] for a, b in pairs if b["tok_s"] and not a["errors"] and not b["errors"]]
         rate = pooled_rate(runs[label])
         if not each or not rate:
-            print(f"  {configs[0]} / {label}: no ratio, {label} produced no tokens")
+            print(f"  {configs[0]} / {label}: no ratio: every pair had an error, or {label} produced no tokens")
             continue
+        if len(each) < len(pairs):
+            print(f"  {configs[0]} / {label}: {len(pairs) - len(each)} of {len(pairs)} pairs left out (errors)")
         pooled = first_rate / rate
         summary[label] = {"ratios": each, "median": median(each), "pooled": pooled}
         print(f"  {configs[0]} / {label}: median {median(each):.3f}x, pooled {pooled:.3f}x, "
