@@ -53,7 +53,7 @@ def main() -> None:
             disk = DiskPromptCache(folder, 1 << 34, key)
             write = _timed(lambda: (disk.put(HostEntry(tokens, state), key), disk.close()))[0]
             expected = runner.forward_batch([BatchItem(0, (7,), length)])[0]
-            del runner
+            runner = None  # the model freed before the restart
             if args.drop_caches:
                 os.system("sync; echo 3 > /proc/sys/vm/drop_caches")
             scan, restarted = _timed(lambda: DiskPromptCache(folder, 1 << 34, key))

@@ -12,13 +12,14 @@ def interrupt(signum, frame) -> None:
 
 
 @contextlib.contextmanager
-def sigterm_interrupts():
-    """Within the block SIGTERM raises KeyboardInterrupt; the handler before it is put back after.
-    Only the main thread may set handlers: elsewhere nothing changes."""
+def keeping_sigterm_handler():
+    """Puts SIGTERM's handler back after the block (`ray.init` replaces it with its own, which
+    exits from wherever the main thread is). Only the main thread may set handlers: elsewhere
+    nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = signal.getsignal(signal.SIGTERM)
     try:
         yield
     finally:  # None: a handler set outside Python, which only the default can stand for
@@ -26,14 +27,9 @@ def sigterm_interrupts():
 
 
 @contextlib.contextmanager
-def keeping_sigterm_handler():
-    """Puts SIGTERM's handler back after the block (`ray.init` replaces it with its own, which
-    exits from wherever the main thread is)."""
-    if threading.current_thread() is not threading.main_thread():
+def sigterm_interrupts():
+    """Within the block SIGTERM raises KeyboardInterrupt; the handler before it is put back after."""
+    with keeping_sigterm_handler():
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, interrupt)
         yield
-        return
-    previous = signal.getsignal(signal.SIGTERM)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)

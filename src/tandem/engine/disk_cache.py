@@ -15,13 +15,14 @@ removed. Writes go to a temporary file renamed into place, so a crash never leav
 that looks whole. Bounded by bytes: the files of the whole directory, other keys' folders
 included (an older llama.cpp build's, another model's: every upgrade would otherwise leave a
 budget's worth behind). Room is made from other keys' files first, oldest first, since this
-server can never read them, then from its own, least recently used first (file times carry
-the order across restarts); an entry larger than the whole budget is not written. An entry
-waiting for its write is found by lookups at once (from memory), and at most `max_queued_bytes`
+server can never read them, then from its own, least recently used first (file times carry the
+order across restarts); an entry larger than the whole budget is not written. An entry waiting
+for its write is found by lookups at once (from memory), and at most `max_queued_bytes`
 (MAX_QUEUED_BYTES) wait; past that a save is dropped. They are the host tier's own entries until
-it evicts them: beside `--cache-ram`, at most that much more memory is held. No error of the disk reaches a request: a file that cannot
-be read, written or removed is a warning. One server process per folder: the cache holds the
-folder's lock (engine/folder_lock.py) until it is closed, and a second process is refused.
+it evicts them: beside `--cache-ram`, at most that much more memory is held. No error of the
+disk reaches a request: a file that cannot be read, written or removed is a warning. One server
+process per folder: the cache holds the folder's lock (engine/folder_lock.py) until it is
+closed, and a second process is refused.
 """
 
 import contextlib

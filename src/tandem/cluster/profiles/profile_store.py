@@ -1,7 +1,9 @@
 """Where profiles live and which one a worker uses.
 
-`tandem profile` saves to `$TANDEM_HOME/profiles/devices/<model>__<backend>__<device>__<dtype>__<threads>t.json`
-unless told otherwise (a model given as a path: its name and a digest of its absolute path). For a worker running a model, `worker_profile` looks, in order, at:
+`tandem profile` saves to
+`$TANDEM_HOME/profiles/devices/<model>__<backend>__<device>__<dtype>__<threads>t.json` unless
+told otherwise (a model given as a path: its name and a digest of its absolute path). For a
+worker running a model, `worker_profile` looks, in order, at:
 
 1. `profiles:` in the cluster file under the worker's name, then under its hardware class
    (a file, or a list of files of which the one for this model is taken);
