@@ -64,7 +64,7 @@ def main() -> None:
             file_mb = len(state) / 2**20
             print(f"| {length} | {prefill:.2f} s | {save * 1000:.0f} ms | {file_mb:.0f} MiB | {write * 1000:.0f} ms | "
                   f"{scan * 1000:.1f} ms | {read * 1000:.0f} ms | {restore * 1000:.0f} ms | {equal} |")
-            del fresh
+            fresh = None
 
 
 def _timed(fn):
