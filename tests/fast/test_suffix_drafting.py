@@ -167,3 +167,23 @@ def test_hybrid_follows_whichever_copy_has_been_accepted_more():
         planner.record(suffix_source_name, 2, 0)
     chosen = best_alternative(offer, planner)
     assert chosen.candidate.source == ngram_source and chosen.alternatives == ()
+
+
+def test_the_shared_index_stays_within_its_bytes_per_token():
+    """Bounded by tokens, the index is bounded in bytes too: text that never repeats (every run a
+    new branch, the most nodes a token can add) stays within MAX_BYTES_PER_TOKEN a token held."""
+    import tracemalloc
+
+    from tandem.speculation.suffix_index import DEFAULT_DEPTH, MAX_BYTES_PER_TOKEN
+
+    rng = random.Random(0)
+    index = SuffixIndex(max_tokens=4096, depth=DEFAULT_DEPTH)
+    tracemalloc.start()
+    try:
+        for _ in range(12):
+            index.add([rng.randrange(150_000) for _ in range(500)])
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert index.tokens <= 4096
+    assert held <= MAX_BYTES_PER_TOKEN * index.tokens, held / index.tokens
