@@ -6,6 +6,8 @@ The CLI prints it without a traceback and exits non-zero; anything else is a bug
 """
 
 import re
+from difflib import get_close_matches
+from typing import Iterable
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 MAX_ERROR_CHARS = 200
@@ -25,6 +27,12 @@ class ChecksumError(TandemError):
 
 class VocabularyMismatchError(TandemError):
     """Draft and target do not share a tokenizer."""
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """' (did you mean 'role'?)' when `word` is close to one of `choices`, else ''."""
+    close = get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def client_message(error: Exception) -> str:

@@ -123,12 +123,18 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
         raise
 
 
+def aside_path(dest: Path) -> Path:
+    """Where `dest` is renamed before it is deleted (a process reading it keeps its files); a
+    leftover one goes with atomic_dir's stale temp folders."""
+    return dest.with_name(f".{dest.name}.old-{os.getpid()}-{time.monotonic_ns()}")
+
+
 def _move_into_place(work: Path, dest: Path) -> None:
     """Rename `work` to `dest`. A `dest` already there (an incomplete leftover, or another
     process's result finished meanwhile) is first renamed aside, never deleted in place: a
     process reading it keeps its open files, and a name it opens next is found in the new one.
     Where another process puts its result there between the two renames, that one stays."""
-    aside = dest.with_name(f".{dest.name}.old-{os.getpid()}-{time.monotonic_ns()}")
+    aside = aside_path(dest)
     with contextlib.suppress(FileNotFoundError):
         os.rename(dest, aside)
     try:

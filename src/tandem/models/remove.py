@@ -10,14 +10,12 @@ pulls or converts again.
 
 import os
 import shutil
-import time
 from dataclasses import dataclass
-from difflib import get_close_matches
 from pathlib import Path
 
-from tandem.errors import TandemError
+from tandem.errors import TandemError, did_you_mean
 from tandem.models.catalog import CATALOG
-from tandem.models.pull import entry_dir
+from tandem.models.pull import aside_path, entry_dir
 from tandem.models.resolve import LOCAL_SOURCE
 from tandem.paths import models_dir
 
@@ -63,16 +61,15 @@ def remove_model(name_or_path: str) -> list[KeptFolder]:
     else:
         path = Path(name_or_path).expanduser()
         if not path.is_file():
-            close = get_close_matches(name_or_path, list(CATALOG), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise TandemError(f"{name_or_path!r} is neither a catalog model nor a .gguf file{hint}")
+            raise TandemError(f"{name_or_path!r} is neither a catalog model nor a .gguf file"
+                              f"{did_you_mean(name_or_path, CATALOG)}")
         resolved = str(path.resolve())
         found = [kept for kept in local_conversions() if kept.source == resolved]
         if not found:
             raise TandemError(f"no conversions of {resolved} are kept: nothing to remove (the file itself "
                               f"is yours and stays)")
     for kept in found:
-        aside = kept.folder.with_name(f".{kept.folder.name}.old-{os.getpid()}-{time.monotonic_ns()}")
+        aside = aside_path(kept.folder)
         try:
             os.rename(kept.folder, aside)
         except FileNotFoundError:  # another process removed it first

@@ -8,20 +8,15 @@ dataclasses prefix the worker's name. One set of rules, two callers, no drift.
 
 import math
 import re
-from difflib import get_close_matches
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
+
+from tandem.errors import did_you_mean
 
 Rule = Callable[[Any], Any]
 
 
 class RuleError(ValueError):
     """A value that breaks a field rule; the message omits the field's name."""
-
-
-def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """' (did you mean 'role'?)' when `word` is close to one of `choices`, else ''."""
-    close = get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def one_of(*choices: str) -> Rule:

@@ -18,11 +18,10 @@ import os
 import re
 from pathlib import Path
 
-from tandem.cluster.config import rules
 from tandem.cluster.config.cluster_spec import ClusterSpec, WorkerSpec
 from tandem.cluster.profiles.profile import DeviceProfile, load_profile
 from tandem.cluster.profiles.public_profiles import DEVICE_CLASSES, public_profile
-from tandem.errors import TandemError
+from tandem.errors import TandemError, did_you_mean
 from tandem.models.catalog import CATALOG
 from tandem.paths import profiles_dir
 from tandem.models.backends import precision_of
@@ -65,7 +64,7 @@ def worker_profile(spec: ClusterSpec, worker: WorkerSpec, model: str) -> DeviceP
         return load_profile(path)
     if model not in CATALOG and not os.path.exists(os.path.expanduser(model)):
         raise TandemError(f"worker {worker.name!r}: model {model!r} is neither a catalog model nor a file or "
-                          f"folder here{rules.did_you_mean(model, CATALOG)}")
+                          f"folder here{did_you_mean(model, CATALOG)}")
     source = f" --cluster {spec.source}" if spec.source else ""
     raise TandemError(
         f"no profile for worker {worker.name!r} ({model} on {worker.device}, {worker.backend}): "
