@@ -171,6 +171,7 @@ def test_forget_answers_empties_the_cross_request_drafting_memory(tiny_target, t
         engine.step()
     index = engine.drafters["suffix"].shared
     assert index.tokens > 0 and len(store) > 0
+    assert engine.answers_bytes == index.charged_bytes + store.nbytes > store.nbytes  # what /metrics reports
     engine.forget_answers()
-    assert index.tokens == 0 and len(store) == 0 and store.nbytes == 0
+    assert index.tokens == 0 and len(store) == 0 and store.nbytes == 0 and engine.answers_bytes == 0
     assert index.lookup(list(PROMPTS[0]), 8) is None

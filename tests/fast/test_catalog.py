@@ -62,6 +62,12 @@ def test_unknown_name_lists_known_names():
     assert "no-such-model" in message
     assert all(name in message for name in CATALOG)
     assert ".gguf" in message and "folder" in message
+    assert "did you mean" not in message
+
+
+def test_a_name_short_of_a_catalog_name_says_which_it_may_mean():
+    with pytest.raises(ModelNotFoundError, match="did you mean 'smollm2-135m-instruct'"):
+        lookup("smollm2-135m")
 
 
 def test_invalid_entries_are_rejected():

@@ -23,6 +23,7 @@ import uvicorn
 from dashboard_page import CHART_IDS, open_dashboard
 from fastapi import FastAPI
 
+from tandem.bench.soak.samples import read_metrics
 from tandem.engine.events import RoundReport, StepReport
 from tandem.serve.observability.dashboard import dashboard_router
 from tandem.serve.observability.metrics import ServingMetrics
@@ -189,6 +190,8 @@ def test_dashboard_follows_a_real_tandem_serve(tandem_server):
     metrics = httpx.get(f"{tandem_server}/metrics").text
     assert 'tandem:request_success_total{finished_reason="stop",model_name="smollm2-135m-instruct"}' in metrics \
         or 'tandem:request_success_total{finished_reason="length",model_name="smollm2-135m-instruct"}' in metrics
+    drafting = read_metrics(metrics)["drafting_memory_bytes"]  # answers joined the suffix index and n-gram store
+    assert drafting is not None and drafting > 0
 
 
 def _chat(client, question: str) -> None:

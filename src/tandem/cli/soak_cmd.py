@@ -106,8 +106,13 @@ def run(args: argparse.Namespace) -> int:
 def _show(sample) -> None:
     rss = "-" if sample.rss_bytes is None else f"{sample.rss_bytes / 2**20:.0f} MiB"
     print(f"[{sample.elapsed_s / 60:5.1f} min] {sample.phase}: {sample.requests_done} requests, {sample.errors} "
-          f"errors, RSS {rss}, fds {_n(sample.open_fds)}, threads {_n(sample.threads)}, "
-          f"KV slots {_n(sample.kv_slots_in_use)}", file=sys.stderr, flush=True)
+          f"errors, RSS {rss} (caches {_mib(sample.prompt_cache_bytes)} + {_mib(sample.drafting_memory_bytes)}), "
+          f"fds {_n(sample.open_fds)}, threads {_n(sample.threads)}, KV slots {_n(sample.kv_slots_in_use)}",
+          file=sys.stderr, flush=True)
+
+
+def _mib(value) -> str:
+    return "-" if value is None else f"{value / 2**20:.0f}"
 
 
 def _n(value) -> str:

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from tandem.errors import ModelNotFoundError
+from tandem.errors import ModelNotFoundError, did_you_mean
 
 _REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!-]+$")
 
@@ -109,6 +109,6 @@ def lookup(name: str) -> CatalogEntry:
     except KeyError:
         known = ", ".join(sorted(CATALOG))
         raise ModelNotFoundError(
-            f"unknown model {name!r}; known models: {known}. "
+            f"unknown model {name!r}{did_you_mean(name, CATALOG)}; known models: {known}. "
             "A path to a local .gguf file or a Hugging Face model folder is also accepted."
         ) from None

@@ -88,6 +88,7 @@ def build_state(config: EngineConfig, settings: ServeSettings, model_name: str, 
         print(engine.prompt_cache.describe(), file=sys.stderr)
     metrics.watch_prompt_cache(lambda: getattr(engine, "host_cache_bytes", 0),
                                lambda: getattr(engine, "disk_cache_bytes", 0))
+    metrics.watch_drafting_memory(lambda: getattr(engine, "answers_bytes", 0))  # a cluster's replicas keep theirs
     health = getattr(engine, "health", None)  # a cluster: workers' states between steps too
     if health is not None:
         health.listeners.append(metrics.observe_workers)

@@ -152,6 +152,12 @@ class SuffixIndex:
     def lookup(self, context: Sequence[int], limit: int) -> SuffixProposal | None:
         return lookup(self.root, context, limit)
 
+    @property
+    def charged_bytes(self) -> int:
+        """What the tokens held are charged against the bound: MAX_BYTES_PER_TOKEN each, at or
+        above what they hold (text that repeats adds fewer nodes)."""
+        return self.tokens * MAX_BYTES_PER_TOKEN
+
     def clear(self) -> None:
         self.root = Node()
         self.held.clear()

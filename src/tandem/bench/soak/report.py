@@ -35,11 +35,11 @@ def report_markdown(results: dict) -> str:
              f"{t['completion_tokens']} completion tokens, {results['completion_tok_s']} tok/s.", "",
              "| check | passed | figure |", "|---|---|---|"]
     lines += [f"| {c['name']} | {'yes' if c['passed'] else '**no**'} | {c['figure']} |" for c in results["checks"]]
-    lines += ["", "| minute | phase | requests | errors | RSS MiB | fds | threads | KV slots | running |",
-              "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += ["", "| minute | phase | requests | errors | RSS MiB | prompt cache MiB | drafting memory MiB "
+              "| fds | threads | KV slots | running |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for x in results["samples"]:
-        rss = "" if x["rss_bytes"] is None else f"{x['rss_bytes'] / 2**20:.0f}"
-        cells = [f"{x['elapsed_s'] / 60:.1f}", x["phase"], x["requests_done"], x["errors"], rss,
+        mib = [_mib(x.get(k)) for k in ("rss_bytes", "prompt_cache_bytes", "drafting_memory_bytes")]
+        cells = [f"{x['elapsed_s'] / 60:.1f}", x["phase"], x["requests_done"], x["errors"], *mib,
                  *(_count(x[k]) for k in ("open_fds", "threads", "kv_slots_in_use", "running"))]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
@@ -75,3 +75,7 @@ def _plot(results: dict, path: Path) -> None:
 
 def _count(value) -> str:
     return "" if value is None else f"{value:.0f}"
+
+
+def _mib(value) -> str:
+    return "" if value is None else f"{value / 2**20:.0f}"

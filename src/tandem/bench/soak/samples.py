@@ -14,6 +14,7 @@ WATCHED = {  # sample field -> metric sample name
     "running": "tandem:num_requests_running",
     "waiting": "tandem:num_requests_waiting",
     "prompt_cache_bytes": "tandem:prefix_cache_host_bytes",
+    "drafting_memory_bytes": "tandem:drafting_memory_bytes",
 }
 
 
@@ -30,11 +31,15 @@ class ServerSample:
     running: float | None = None
     waiting: float | None = None
     prompt_cache_bytes: float | None = None  # the prompt cache's host tier: bounded by --cache-ram
+    drafting_memory_bytes: float | None = None  # suffix index and n-gram store, as charged: bounded
 
     @property
     def unbounded_bytes(self) -> float | None:
-        """Resident memory beyond the prompt cache's host tier (which fills up to its budget by design)."""
-        return None if self.rss_bytes is None else self.rss_bytes - (self.prompt_cache_bytes or 0.0)
+        """Resident memory beyond what fills up to a bound by design: the prompt cache's host tier
+        and the drafters' memory of earlier answers (as charged, at or above what it holds)."""
+        if self.rss_bytes is None:
+            return None
+        return self.rss_bytes - (self.prompt_cache_bytes or 0.0) - (self.drafting_memory_bytes or 0.0)
 
     def to_json(self) -> dict:
         return asdict(self)

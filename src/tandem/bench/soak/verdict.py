@@ -1,8 +1,10 @@
 """Did the server hold up? Checks on a soak's samples, each with its figure:
 - no failed request;
-- resident memory after warm-up, less the prompt cache's host tier (it fills up to its
-  `--cache-ram` budget by design), grows by less than `max_rss_growth` (the largest later sample
-  over the first sample at or after the warm-up);
+- resident memory after warm-up, less what fills up to a bound by design (the prompt cache's
+  host tier, to its `--cache-ram` budget; the drafters' memory of earlier answers, the suffix
+  index and n-gram store, as charged against their bounds, which is at or above what they hold),
+  grows by less than `max_rss_growth` (the largest later sample over the first sample at or
+  after the warm-up);
 - once idle, no KV slot is held, and there are no more open file descriptors or threads than at
   the warm-up sample (a leak grows them with every request; a pool that fills once does not).
 """
@@ -34,10 +36,11 @@ def judge(samples: list[ServerSample], warmup_s: float, max_rss_growth: float = 
         peak = max(s.unbounded_bytes for s in later if s.unbounded_bytes is not None)
         growth = peak / warm.unbounded_bytes - 1
         cache = max((s.prompt_cache_bytes or 0.0) for s in later)
+        drafting = max((s.drafting_memory_bytes or 0.0) for s in later)
         checks.append(Check("rss growth after warm-up", growth < max_rss_growth,
                             f"{growth:+.1%} ({warm.unbounded_bytes / 2**20:.0f} -> peak {peak / 2**20:.0f} MiB "
-                            f"besides the prompt cache's host tier, peak {cache / 2**20:.0f} MiB; "
-                            f"limit {max_rss_growth:.0%})"))
+                            f"besides the prompt cache's host tier, peak {cache / 2**20:.0f} MiB, and the "
+                            f"drafting memory, peak {drafting / 2**20:.0f} MiB charged; limit {max_rss_growth:.0%})"))
     if end.kv_slots_in_use is not None:
         checks.append(Check("kv slots when idle", end.kv_slots_in_use == 0, f"{end.kv_slots_in_use:.0f} held"))
     for name, field in (("open fds", "open_fds"), ("threads", "threads")):

@@ -82,6 +82,10 @@ class Instruments:
                                              "Bytes of KV states in the prompt cache's host tier.")
         self.prefix_cache_disk_bytes = gauge("prefix_cache_disk_bytes",
                                              "Bytes of KV state files in the prompt cache's disk tier.")
+        # drafters' memory of earlier answers
+        self.drafting_memory_bytes = gauge("drafting_memory_bytes",
+                                           "Bytes the suffix index and the in-process n-gram store are "
+                                           "charged against their bounds (at or above what they hold).")
         # response cache
         self.cache_hits = counter("response_cache_hits", "Response-cache lookups that hit.")
         self.cache_misses = counter("response_cache_misses", "Response-cache lookups that missed.")

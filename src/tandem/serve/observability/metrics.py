@@ -84,6 +84,10 @@ class ServingMetrics:
         self._m.prefix_cache_host_bytes.set_function(host_cache_bytes)
         self._m.prefix_cache_disk_bytes.set_function(disk_cache_bytes)
 
+    def watch_drafting_memory(self, answers_bytes: Callable[[], int]) -> None:
+        """Read the drafters' memory of earlier answers (bytes charged) from this callable on scrapes."""
+        self._m.drafting_memory_bytes.set_function(answers_bytes)
+
     def request_rejected(self, http_status: int) -> None:
         """A request refused before it reached the engine (4xx, 429, 503)."""
         self._m.request_rejected.labels(self.model_name, str(http_status)).inc()

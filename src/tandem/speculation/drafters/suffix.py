@@ -49,6 +49,11 @@ class SuffixDrafter:
     def propose_batch(self, jobs: list[DraftJob], keep_drafting=None) -> list[SequenceDraft]:
         return copy_drafts(jobs)
 
+    @property
+    def answers_bytes(self) -> int:
+        """Bytes charged by the shared index of earlier outputs (what forget_answers frees)."""
+        return self.shared.charged_bytes
+
     def forget_answers(self) -> None:
         """Earlier requests' outputs leave the shared index (a benchmark's next run starts cold)."""
         self.shared.clear()
