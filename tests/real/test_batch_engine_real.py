@@ -124,9 +124,15 @@ def test_llamacpp_logits_buffer_is_sized_at_start_and_big_calls_are_split(small_
     split = small.forward_batch([BatchItem(0, tokens, 70)])[0]  # 70 positions: two calls
     whole = big.forward_batch([BatchItem(0, tokens, 70)])[0]
     assert split.shape == whole.shape == (70, small.vocab_size)
-    # the same positions; batch shapes differ (Q4 kernels), and a call of 64 positions or more takes
-    # the flash-attention tile path, summing in another order
-    np.testing.assert_allclose(split, whole, atol=1.0)
+    # the split is the two calls it stands for, made by hand: tokens 0-73 (the last 64 scored), then 74-79
+    by_hand = LlamaCppBatchRunner(str(small_gguf), max_slots=1, context_length=512, threads=2)
+    first = by_hand.forward_batch([BatchItem(0, tokens[:74], 64)])[0]
+    second = by_hand.forward_batch([BatchItem(0, tokens[74:], 6)])[0]
+    np.testing.assert_allclose(split, np.concatenate([first, second]), atol=1e-3)
+    # and the same positions as one call: batch shapes differ (Q4 kernels), and a call of 64 positions
+    # or more takes the flash-attention tile path, summing in another order (0.65 apart on AMD EPYC;
+    # up to ~1.1 between tile paths, design.md)
+    np.testing.assert_allclose(split, whole, atol=2.0)
     assert (split.argmax(-1) == whole.argmax(-1)).mean() > 0.9
     big.rollback(0, 0)
 

@@ -38,21 +38,26 @@ def redis_server(tmp_path):
 
 
 def test_hits_misses_and_expiry(redis_server):
-    cache = open_response_cache(redis_server.url, ttl_seconds=0.3)
+    """Shared between two servers and expiring: the sharing on a 10 s TTL (a slow VM cannot
+    expire it mid-check), the expiry on a 0.3 s one."""
+    cache = open_response_cache(redis_server.url, ttl_seconds=10)
     assert isinstance(cache, RedisResponseCache)
     assert cache.get("k") is None
     cache.put("k", {"text": "hello", "ids": [1, 2]})
     assert cache.get("k") == {"text": "hello", "ids": [1, 2]}
-    other = open_response_cache(redis_server.url, ttl_seconds=0.3)  # a second server process
+    other = open_response_cache(redis_server.url, ttl_seconds=10)  # a second server process
     assert other.get("k") == {"text": "hello", "ids": [1, 2]}
-    assert until(lambda: cache.get("k") is None, timeout_s=2.0)
-    stats = cache.stats
-    assert stats.hits >= 1 and stats.misses >= 2 and stats.errors == 0
     raw = redis.Redis(port=redis_server.port)
-    cache.put("k2", {"v": 1})
-    assert raw.exists("tandem:response:k2") and 0 < raw.pttl("tandem:response:k2") <= 300
-    cache.close()
-    other.close()
+    assert raw.exists("tandem:response:k") and 0 < raw.pttl("tandem:response:k") <= 10_000
+    short = open_response_cache(redis_server.url, ttl_seconds=0.3)
+    short.put("k2", {"v": 1})
+    assert 0 < raw.pttl("tandem:response:k2") <= 300 or short.get("k2") is None  # expired already: fine
+    assert until(lambda: short.get("k2") is None, timeout_s=2.0)
+    stats = cache.stats
+    assert stats.hits >= 1 and stats.misses >= 1 and stats.errors == 0
+    assert short.stats.misses >= 1 and short.stats.errors == 0
+    for opened in (cache, other, short):
+        opened.close()
 
 
 def test_ngram_store_is_shared_between_two_servers(redis_server):
@@ -101,7 +106,8 @@ def test_redis_killed_mid_run_degrades_then_reconnects(redis_server, caplog):
         assert store.flush(FLUSH_SECONDS)  # queued writes are given up on, not stuck
         assert time.monotonic() - started < 5.0
     assert cache.stats.errors > 0 and store.stats.errors > 0
-    assert 1 <= len(caplog.records) <= 3  # rate-limited: a warning per link, not per call
+    down = [r for r in caplog.records if "unavailable" in r.getMessage()]  # not the maxmemory advice
+    assert 1 <= len(down) <= 2  # rate-limited: a warning per link, not per call
 
     redis_server.start()  # same port, empty
     assert until(lambda: cache.put("back", {"v": 1}) or cache.get("back") == {"v": 1}, timeout_s=5.0)

@@ -203,8 +203,9 @@ def test_sigterm_finishes_in_flight_requests_then_exits_0(server):
     result: dict = {}
 
     def long_request():
-        try:  # no drafts: a steady token a step, done well within the grace period even on a busy machine
-            stream = chat(client, "Count from 1 to 100.", max_tokens=64, stop=["<sigterm>"], stream=True,
+        try:  # no drafts: a steady token a step; seconds long (so still running when the 503s are read,
+            # ~1 s per 64 tokens on AMX) yet well within the 60 s grace period even on a busy machine
+            stream = chat(client, "Count from 1 to 100.", max_tokens=400, stop=["<sigterm>"], stream=True,
                           extra_body={"tandem": {"drafter": "none"}})
             result["chunks"] = list(stream)
         except Exception as error:

@@ -83,8 +83,11 @@ async def test_health_reports_engine_counts():
             engine.step_seconds = 0.01
             tasks = [asyncio.create_task(client.post("/v1/completions", json=completion_body(
                 prompt=f"p{i}", max_tokens=30))) for i in range(2)]
-            await server.wait_until(lambda: engine.num_running == 1 and engine.num_waiting == 1)
+            # paused as soon as one runs and one waits, so /health is read before the first finishes
+            await server.wait_until(lambda: engine.num_running == 1 and engine.num_waiting == 1
+                                    and (engine.gate.clear() or True))
             health = (await client.get("/health")).json()
+            engine.gate.set()
             assert (health["running"], health["waiting"], health["in_flight"]) == (1, 1, 2)
             await asyncio.gather(*tasks)
 
