@@ -2,9 +2,10 @@
 
 On a terminal a tqdm bar. Where stderr is not one (a log file, a service, `2>log`), a bar
 rewritten in place would write every update into one endless line, so there it says one line
-when the work starts and one when it ends ("done", or "stopped" when an exception left the
-`with` block). `disable=True` is silence either way. Use it as a context manager, so that the
-end line comes when the work ends.
+when the work starts, one every PLAIN_EVERY_SECONDS with the count so far and the time left,
+and one when it ends ("done", or "stopped" when an exception left the `with` block).
+`disable=True` is silence either way. Use it as a context manager, so that the end line comes
+when the work ends.
 """
 
 import sys
@@ -12,17 +13,35 @@ import time
 
 from tqdm import tqdm
 
+PLAIN_EVERY_SECONDS = 30.0  # plain lines: how often one says how far the work is
+
 
 class ProgressBar(tqdm):
     def __init__(self, *args, disable: bool = False, **kwargs):
         kwargs.setdefault("file", sys.stderr)
         self.plain_desc: str | None = None  # set where the bar is plain lines, until the end line
         self.plain_file = kwargs["file"]
-        self.plain_started = time.monotonic()
+        self.plain_bytes = kwargs.get("unit") == "B"  # counts bytes: said in MiB
+        self.plain_started = self.plain_said = time.monotonic()
         super().__init__(*args, disable=True if disable else None, **kwargs)
         if self.disable and not disable:  # not a terminal: plain lines instead
             self.plain_desc = kwargs.get("desc") or "working"
             print(f"{self.plain_desc} ...", file=self.plain_file, flush=True)
+
+    def update(self, n: float = 1):
+        if self.plain_desc is not None:
+            self.n += n  # a disabled tqdm counts nothing itself
+            self._say_how_far()
+        return super().update(n)
+
+    def __iter__(self):
+        if self.plain_desc is None:
+            yield from super().__iter__()
+            return
+        for item in self.iterable:
+            yield item
+            self.n += 1
+            self._say_how_far()
 
     def __exit__(self, exc_type, exc_value, traceback):
         self._end_line("stopped after" if exc_type is not None else "done in")
@@ -31,6 +50,21 @@ class ProgressBar(tqdm):
     def close(self) -> None:
         self._end_line("done in")
         super().close()
+
+    def _say_how_far(self) -> None:
+        now = time.monotonic()
+        if now - self.plain_said < PLAIN_EVERY_SECONDS:
+            return
+        self.plain_said = now
+        elapsed = now - self.plain_started
+        line = f"{self.plain_desc}: {self._amount(self.n)}" + (f"/{self._amount(self.total)}" if self.total else "")
+        line += f" after {elapsed:.0f} s"
+        if self.total and 0 < self.n < self.total:
+            line += f", ~{elapsed * (self.total - self.n) / self.n:.0f} s left"
+        print(line, file=self.plain_file, flush=True)
+
+    def _amount(self, count: float) -> str:
+        return f"{count / 2**20:.0f} MiB" if self.plain_bytes else f"{count:.0f}"
 
     def _end_line(self, how: str) -> None:
         desc = getattr(self, "plain_desc", None)

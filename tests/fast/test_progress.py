@@ -1,11 +1,13 @@
 """Progress bars (progress.py): where stderr is not a terminal (a log, a service) a bar says one
-line when it starts and one when it ends ("done", or "stopped" after an exception), not an
-endless line of in-place updates; disabled, nothing; the items pass through either way."""
+line when it starts, one every PLAIN_EVERY_SECONDS with how far it is, and one when it ends
+("done", or "stopped" after an exception), not an endless line of in-place updates; disabled,
+nothing; the items pass through either way."""
 
 import io
 
 import pytest
 
+from tandem import progress
 from tandem.progress import ProgressBar
 
 
@@ -29,3 +31,24 @@ def test_a_bar_left_by_an_exception_says_it_stopped_and_a_disabled_one_is_silent
     with ProgressBar(range(3), desc="warm-up", file=quiet, disable=True) as items:
         assert list(items) == [0, 1, 2]
     assert quiet.getvalue() == ""
+
+
+@pytest.mark.parametrize("iterated", [False, True])
+def test_off_a_terminal_long_work_says_how_far_it_is(monkeypatch, iterated):
+    """`tandem bench 2>log` was silent between its first and last line for the whole run."""
+    clock = iter(range(0, 10_000, 10))  # every read 10 s later
+    monkeypatch.setattr(progress.time, "monotonic", lambda: float(next(clock)))
+    log = io.StringIO()
+    if iterated:
+        with ProgressBar(range(8), desc="bench", file=log) as items:
+            assert list(items) == list(range(8))
+    else:
+        with ProgressBar(total=8, desc="bench", file=log) as bar:
+            for _ in range(8):
+                bar.update()
+    lines = log.getvalue().splitlines()
+    middle = lines[1:-1]
+    assert lines[0] == "bench ..." and lines[-1].startswith("bench: done in ")
+    assert middle and all(line.startswith("bench: ") and "/8 after " in line for line in middle)
+    assert "s left" in middle[0]
+    assert len(middle) < 8  # not a line per update
