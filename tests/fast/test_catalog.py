@@ -126,6 +126,24 @@ def test_a_truncated_gguf_leaves_no_conversions_folder(home, tmp_path):
         assert list((home / "models").glob("local-*")) == []
 
 
+def test_a_disk_filling_during_conversion_is_a_clear_error_and_keeps_nothing(home, tmp_path, monkeypatch, capsys):
+    """The float32 copy is 5-7x the .gguf: a full disk says so in a line, not a traceback."""
+    import errno
+
+    from tandem.models import resolve as resolve_module
+
+    def disk_fills(gguf, dest):  # as convert_to_hf's atomic_dir leaves it: no dest
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF v1")
+    monkeypatch.setattr(resolve_module, "convert_to_hf", disk_fills)
+    with pytest.raises(TandemError, match="no space left on the device .* while converting model.gguf"):
+        hf_path(model)
+    assert "about 5-7x the .gguf's" in capsys.readouterr().err
+    assert list((home / "models").glob("local-*")) == []
+
+
 def test_missing_file_and_unknown_name(home, tmp_path):
     with pytest.raises(ModelNotFoundError, match="no such model file"):
         gguf_path(tmp_path / "missing.gguf")

@@ -20,7 +20,8 @@ def tandem(*args, timeout=300):
 def test_generate_json_output():
     result = tandem(*BASE, "--prompt", "The three primary colours are", "--max-tokens", "16", "--json")
     assert result.returncode == 0, result.stderr
-    data = json.loads(result.stdout)
+    data = json.loads(result.stdout)  # stdout holds the JSON alone; what it is doing goes to stderr
+    assert f"loading {SMALL} and {SMALL}" in result.stderr
     assert data["text"] and len(data["token_ids"]) == data["stats"]["new_tokens"] <= 16
     for key in ("new_tokens", "seconds", "tokens_per_s", "acceptance_rate", "mean_accepted_len",
                 "target_forwards", "draft_forwards"):

@@ -10,12 +10,13 @@ converted again, even one copied in with its times kept).
 import hashlib
 import shutil
 import sys
+import time
 from pathlib import Path
 
 from tandem.errors import ModelNotFoundError, TandemError
 from tandem.models import catalog
 from tandem.models.convert import convert_to_hf, convert_tokenizer
-from tandem.models.pull import MANIFEST_FILENAME, entry_dir, pull
+from tandem.models.pull import DISK_FULL, MANIFEST_FILENAME, entry_dir, pull
 from tandem.paths import make_dir, models_dir
 
 GGUF_MAGIC = b"GGUF"
@@ -49,8 +50,11 @@ def hf_path(name_or_path: str | Path, progress: bool = True) -> Path:
     gguf = gguf_path(name_or_path, progress)
     dest = _cache_dir(name_or_path, gguf) / "hf"
     if not (dest / "config.json").is_file():
-        print(f"converting {name_or_path} to a Hugging Face folder at {dest} (once)...", file=sys.stderr)
+        print(f"converting {name_or_path} to a float32 Hugging Face folder at {dest} (once; about 5-7x the "
+              f".gguf's {gguf.stat().st_size / 2**20:.0f} MiB on disk) ...", file=sys.stderr, flush=True)
+        started = time.monotonic()
         _convert(convert_to_hf, gguf, dest)
+        print(f"converted in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     return dest
 
 
@@ -119,10 +123,15 @@ def _convert(convert, gguf: Path, dest: Path) -> None:
     conversions folder that holds nothing else goes too, leaving no trace of the failed try."""
     try:
         convert(gguf, dest)
-    except BaseException:
+    except BaseException as error:
         folder = dest.parent
         if folder.name.startswith("local-") and [p.name for p in folder.iterdir()] == [LOCAL_SOURCE]:
             shutil.rmtree(folder, ignore_errors=True)
+        if isinstance(error, OSError) and error.errno in DISK_FULL:
+            free = shutil.disk_usage(models_dir()).free
+            raise TandemError(f"no space left on the device holding {models_dir()} while converting {gguf.name} "
+                              f"({free / 2**30:.2f} GiB free): nothing was kept; free some space (`tandem models "
+                              "list` shows what each model keeps) or set TANDEM_HOME to a larger disk") from None
         raise
 
 
