@@ -56,15 +56,21 @@ def run(args: argparse.Namespace) -> int:
         raise TandemError(f"--context {args.context} plus {max(tokens)} tokens is beyond the {limit} tokens a "
                           f"sequence of this model may hold (what it was trained on)")
     timings = []
-    with ProgressBar(total=len(batches) * len(tokens) * len(runners), desc="steps", file=sys.stderr) as bar:
-        for batch in batches:
-            for runner in runners.values():
-                fill_slots(runner, batch, args.context)
-            for count in tokens:
-                for label, runner in runners.items():
-                    timings.append(time_step(runner, label, batch, count, args.repeats))
-                    bar.update()
-    figures: dict = {"command": sys.argv}
+    interrupted = False
+    try:
+        with ProgressBar(total=len(batches) * len(tokens) * len(runners), desc="steps", file=sys.stderr) as bar:
+            for batch in batches:
+                for runner in runners.values():
+                    fill_slots(runner, batch, args.context)
+                for count in tokens:
+                    for label, runner in runners.items():
+                        timings.append(time_step(runner, label, batch, count, args.repeats))
+                        bar.update()
+    except KeyboardInterrupt:  # Ctrl-C: the points timed so far are shown and written, then exit 130
+        if not timings:
+            raise
+        interrupted = True
+    figures: dict = {"command": sys.argv, **({"interrupted": True} if interrupted else {})}
     if "fused" in runners:
         fused = runners["fused"]
         bandwidth = memory_bandwidth(fused.device)
@@ -80,4 +86,7 @@ def run(args: argparse.Namespace) -> int:
               f"{t.step_ms / (t.batch * t.tokens_per_slot):9.1f}")
     if args.out:
         Path(args.out).write_text(json.dumps({**figures, "timings": [t.as_dict() for t in timings]}, indent=1))
+    if interrupted:
+        print(f"interrupted: {len(timings)} points timed", file=sys.stderr)
+        return 130
     return 0

@@ -68,3 +68,33 @@ def test_the_measured_figures_a_simulation_is_held_to_are_the_means_of_the_passe
     assert measured["ttft_ms_p50"] == 0.5 and measured["acceptance"] is None
     assert measured["passes"] == 2
     assert measured_figures({"cluster": run(36.0)}, "cluster")["throughput_tok_s"] == 36.0
+
+
+def test_ctrl_c_writes_the_runs_finished_and_closes_the_cluster(tmp_path, monkeypatch):
+    """An hour-long bench-cluster interrupted after its first configuration kept nothing, and left
+    the cluster's router running; now the finished runs are written, marked, and the cluster closed."""
+    import json
+    from types import SimpleNamespace
+
+    from tandem.bench.cluster import run as bench_run
+
+    closed = []
+    engine = SimpleNamespace(clear_caches=lambda: None, close=lambda: closed.append(True))
+    calls = iter([run(36.0), KeyboardInterrupt()])
+
+    def cluster_run(*args):
+        figures = next(calls)
+        if isinstance(figures, BaseException):
+            raise figures
+        return figures
+
+    monkeypatch.setattr(bench_run, "launch_cluster", lambda *args: engine)
+    monkeypatch.setattr(bench_run, "requests_for", lambda *args: [])
+    monkeypatch.setattr(bench_run, "_cluster_run", cluster_run)
+    cluster = SimpleNamespace(target=SimpleNamespace(model="m"), spec=SimpleNamespace(source="c.yaml"), ray_address=None)
+    with pytest.raises(KeyboardInterrupt):
+        bench_run.run_cluster_bench(cluster, "none", 0, 8, 32, 50, ("cluster", "cluster-verify-only"), tmp_path,
+                                    progress=lambda message: None)
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert report["interrupted"] and list(report["results"]) == ["cluster"] and closed
+    assert (tmp_path / "measured.json").exists() and "Interrupted" in (tmp_path / "report.md").read_text()

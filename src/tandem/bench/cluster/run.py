@@ -63,33 +63,43 @@ def run_cluster_bench(cluster: ClusterOptions, drafter: str, k, concurrency: int
         progress("starting the cluster ...")
         engine = launch_cluster(cluster.spec, drafter, k, cluster.ray_address, concurrency)
     results: dict[str, dict] = {}
-    for index in range(1, repeats + 1):
-        suffix = "" if index == 1 else f" #{index}"
-        for name in configs:
-            progress(f"{name}{suffix} ...")
-            for cold in (single, engine):  # every run starts cold: no prompt cached by an earlier one
-                if cold is not None:
-                    cold.clear_caches()
-            if name == "single":
-                runs = {"single": drive(single, requests, concurrency, "single").to_json()}
-            elif name == "solo":
-                runs = _solo_runs(engine, requests, concurrency, drafter, k, progress)
-            else:
-                runs = {name: _cluster_run(engine, name, requests, concurrency, drafter, k)}
-            results.update({key + suffix: figures for key, figures in runs.items()})
-    if engine is not None:
-        engine.close()
+    interrupted = False
+    try:
+        for index in range(1, repeats + 1):
+            suffix = "" if index == 1 else f" #{index}"
+            for name in configs:
+                progress(f"{name}{suffix} ...")
+                for cold in (single, engine):  # every run starts cold: no prompt cached by an earlier one
+                    if cold is not None:
+                        cold.clear_caches()
+                if name == "single":
+                    runs = {"single": drive(single, requests, concurrency, "single").to_json()}
+                elif name == "solo":
+                    runs = _solo_runs(engine, requests, concurrency, drafter, k, progress)
+                else:
+                    runs = {name: _cluster_run(engine, name, requests, concurrency, drafter, k)}
+                results.update({key + suffix: figures for key, figures in runs.items()})
+    except KeyboardInterrupt:  # Ctrl-C: the runs finished so far are written, then the interrupt goes on
+        interrupted = True
+        if not results:
+            raise
+    finally:
+        if engine is not None:
+            engine.close()
     report = {"cluster_file": cluster.spec.source, "drafter": drafter, "k": str(k), "concurrency": concurrency,
               "requests": count, "max_tokens": max_tokens, "repeats": repeats, "results": results,
-              "summary": summarize(results)}
+              "summary": summarize(results), **({"interrupted": True} if interrupted else {})}
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(report, indent=1))
     for name in configs:  # each cluster run, in the form `tandem simulate --measured` reads
-        if name.startswith("cluster"):
+        if name.startswith("cluster") and name in results:
             measured = {**measured_figures(results, name), "prompt_tokens": [len(r.prompt_ids) for r in requests],
                         "note": f"tandem bench-cluster, {name}"}
             (out / measured_file(name)).write_text(json.dumps(measured))
     (out / "report.md").write_text(markdown(report))
+    if interrupted:
+        progress(f"interrupted: wrote the {len(results)} runs finished to {out}")
+        raise KeyboardInterrupt
     return report
 
 
@@ -174,6 +184,8 @@ def markdown(report: dict) -> str:
     head = (f"# Cluster benchmark\n\n{report['cluster_file']}: drafter {report['drafter']}, k {report['k']}, "
             f"{report['requests']} requests of {report['max_tokens']} tokens at concurrency {report['concurrency']}"
             f"{_passes(report)}.\n\n")
+    if report.get("interrupted"):
+        head += "**Interrupted**: only the runs below finished.\n\n"
     return head + _runs_table(report) + _summary_table(report)
 
 
