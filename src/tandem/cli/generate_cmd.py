@@ -37,9 +37,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prompt is not None and not args.prompt:
         raise TandemError("--prompt is empty")  # before the models load, not after
     config = engine_config(args)
-    draft = f" and {config.draft.model}" if config.draft is not None else ""
-    print(f"loading {config.target.model}{draft} (a first run also pulls and profiles them: minutes) ...",
-          file=sys.stderr, flush=True)
+    print(config.loading_note, file=sys.stderr, flush=True)
     generator = TextGenerator(config)
     prompt_ids = generator.prompt_ids(args.prompt, messages)
     request = generator.request(prompt_ids, args.max_tokens, sampling, args.stop)

@@ -52,6 +52,12 @@ class EngineConfig:
     def uses_draft_model(self) -> bool:
         return USES_MODEL[self.drafter]
 
+    @property
+    def loading_note(self) -> str:
+        """What a command says on stderr before it loads these models."""
+        draft = f" and {self.draft.model}" if self.draft is not None else ""
+        return f"loading {self.target.model}{draft} (a first start also pulls and profiles them: minutes) ..."
+
 
 def build_engine(config: EngineConfig, max_running: int = DEFAULT_MAX_RUNNING, ngram_store=None,
                  cache_ram_bytes: int | None = None, cache_dir: str | None = None,

@@ -97,10 +97,9 @@ class SequencePool:
     @property
     def answers_bytes(self) -> int:
         """What the memory forget_answers empties is charged against its bounds (at or above what
-        it holds): the suffix index's and an in-process n-gram store's bytes. A drafter listed
-        under two names (hybrid's suffix drafter) counts once."""
-        drafters = {id(d): d for d in self.drafters.values()}.values()
-        held = sum(getattr(drafter, "answers_bytes", 0) for drafter in drafters)
+        it holds): the suffix index's and an in-process n-gram store's bytes (hybrid wraps the one
+        suffix drafter and reports nothing itself)."""
+        held = sum(getattr(drafter, "answers_bytes", 0) for drafter in self.drafters.values())
         return held + getattr(self.ngram_store, "nbytes", 0)  # Redis holds its own, elsewhere
 
     def _forget_drafts(self, seq: Sequence) -> None:

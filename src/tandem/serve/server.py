@@ -51,9 +51,7 @@ def serve(config: EngineConfig, settings: ServeSettings, cluster=None) -> int:
     model_name = settings.served_model_name or default_model_name(config.target.model)
     sock = bind_socket(settings.host, settings.port)  # bound, not listening: refused until uvicorn runs
     if cluster is None:
-        draft = f" and {config.draft.model}" if config.draft is not None else ""
-        print(f"loading {config.target.model}{draft} (a first start also pulls and profiles them: minutes) ...",
-              file=sys.stderr, flush=True)
+        print(config.loading_note, file=sys.stderr, flush=True)
     ngram_store = open_ngram_store(None if settings.cache_url == CACHE_OFF else settings.cache_url,
                                    namespace=ngram_namespace(config, model_name))
     try:
