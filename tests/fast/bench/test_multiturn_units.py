@@ -79,3 +79,35 @@ def test_conversations_resend_their_history():
         thread.join(timeout=10)
     assert len(run.turns) == 9 and all(t.record.ok for t in run.turns), [t.record.error for t in run.turns]
     assert summarize_scenario(run)["cached_share"] == round(30 / 60, 3)  # (0 + 10 + 20) x 3 of 60 x 3
+
+
+def test_an_interrupted_multiturn_run_keeps_its_finished_scenarios(tmp_path, monkeypatch):
+    """Ctrl-C during the second scenario after the first finished on every server: results.json
+    and report.md hold the first, marked interrupted, and the interrupt goes on (exit 130)."""
+    import pytest
+
+    from tandem.bench.serve import multiturn
+    from tandem.bench.serve.server_kinds import ServerLaunch
+    from tandem.bench.serve.settings import ServeBenchSettings
+    from tandem.bench.workload import DEFAULT_WORKLOAD
+
+    record = RequestRecord("c/1", "chat", True, ttft_s=0.2, e2e_s=1.0, completion_tokens=4)
+    finished = ScenarioRun("chat", 10, (Turn("c", 1, record),), 1.0)
+
+    def run_scenario(url, scenario, conversations, model, max_tokens, extras, concurrency):
+        if scenario != "chat":
+            raise KeyboardInterrupt
+        return finished
+
+    monkeypatch.setattr(multiturn, "server_launch", lambda settings, kinds: ServerLaunch(
+        "t", "d", "/nonexistent/t.gguf", threads=1, max_running=4, context_length=512))
+    monkeypatch.setattr(multiturn, "start_servers", lambda servers, kinds, launch, max_tokens, log_dir: (
+        {"tandem-spec": type("E", (), {"chat_url": "http://x", "model": "m"})()},
+        {"tandem-spec": {"notes": "a stand-in"}}))
+    monkeypatch.setattr(multiturn, "run_scenario", run_scenario)
+    settings = ServeBenchSettings("t", "d", ("tandem-spec",), (1,), DEFAULT_WORKLOAD, tmp_path / "out")
+    with pytest.raises(KeyboardInterrupt):
+        multiturn.run_multiturn_bench(settings)
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["interrupted"] and [entry["scenario"] for entry in results["scenarios"]] == ["chat"]
+    assert "**Interrupted**" in (tmp_path / "out" / "report.md").read_text()

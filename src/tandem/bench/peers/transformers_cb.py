@@ -246,7 +246,14 @@ def run_peer_sweep(settings: CbPeerSettings, progress: bool = True) -> dict:
                 runs[concurrency] = peer.run_level(requests, concurrency, on_done=lambda _record: bar.update())
             print(f"C={concurrency} {LABEL}: {len(requests)} requests in {runs[concurrency].result.wall_s:.1f} s",
                   file=sys.stderr)
-        info = peer.info()
+        info = peer.info()  # read while the manager runs
+    except KeyboardInterrupt:  # Ctrl-C: the levels finished so far are kept, then the interrupt goes on
+        if runs:
+            write_outputs(build_results(settings, peer.device, peer.info(), runs) | {"interrupted": True},
+                          settings.out_dir)
+            print(f"\ninterrupted: wrote the finished levels (C={', '.join(map(str, sorted(runs)))}) "
+                  f"to {settings.out_dir}", file=sys.stderr)
+        raise
     finally:
         peer.stop()
     results = build_results(settings, peer.device, info, runs)
@@ -272,10 +279,12 @@ def build_results(settings: CbPeerSettings, device: str, info: dict, runs: dict[
 
 def render_report(results: dict) -> str:
     s, info = results["settings"], results["servers"][LABEL]
-    lines = [f"# {LABEL} serving peer", "", f"`{results['command']}`", "",
-             f"Model `{s['target']}` ({s['hf_folder']}) on {s['device']} in {s['dtype']}, threads {s['threads']}, "
-             f"attention {info['attn_implementation']}; up to {s['max_tokens']} greedy tokens per request.", "",
-             f"{NOTES}. Cache: {json.dumps(info['cb_config'])}.", "", "## Throughput (completion tokens/s)", ""]
+    lines = [f"# {LABEL} serving peer", "", f"`{results['command']}`", ""]
+    if results.get("interrupted"):
+        lines += ["**Interrupted**: only the levels finished are here.", ""]
+    lines += [f"Model `{s['target']}` ({s['hf_folder']}) on {s['device']} in {s['dtype']}, threads {s['threads']}, "
+              f"attention {info['attn_implementation']}; up to {s['max_tokens']} greedy tokens per request.", "",
+              f"{NOTES}. Cache: {json.dumps(info['cb_config'])}.", "", "## Throughput (completion tokens/s)", ""]
     lines += throughput_table(results)
     for level in results["levels"]:
         lines += ["", f"## Concurrency {level['concurrency']}", ""] + level_table(results, level)

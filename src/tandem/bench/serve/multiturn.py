@@ -8,6 +8,7 @@ import json
 import sys
 from contextlib import ExitStack
 from dataclasses import replace
+from pathlib import Path
 
 from tandem.bench.machine import machine_info
 from tandem.bench.serve.conversations import CONCURRENCY, SCENARIOS, load_scenarios, run_scenario, summarize_scenario
@@ -31,30 +32,49 @@ def run_multiturn_bench(settings: ServeBenchSettings) -> dict:
                             "max_tokens": settings.max_tokens, "threads": launch.threads,
                             "tandem_max_running": launch.max_running, "context_length": launch.context_length},
                "machine": machine_info(), "scenarios": []}
-    with ExitStack() as servers:
-        endpoints, results["servers"] = start_servers(servers, kinds, launch, settings.max_tokens,
-                                                      settings.out_dir / LOG_FOLDER)
-        for index, scenario in enumerate(SCENARIOS):
-            order = config_order(kinds, index)
-            entry = {"scenario": scenario, "order": [kind.label for kind in order], "configs": {}}
-            for kind in order:
-                endpoint = endpoints[kind.label]
-                run = run_scenario(endpoint.chat_url, scenario, scenarios[scenario], endpoint.model,
-                                   settings.max_tokens, dict(kind.request_extras), CONCURRENCY[scenario])
-                summary = summarize_scenario(run)
-                print(f"{scenario} {kind.label}: {summary['requests']} requests in {summary['wall_s']:.1f} s, "
-                      f"TTFT p50 by turn {summary['ttft_p50_ms_by_turn']} ms"
-                      + (f", {summary['errors']} errors" if summary["errors"] else ""), file=sys.stderr)
-                entry["configs"][kind.label] = {**summary, "turns": [
-                    {"conversation": t.conversation_id, "turn": t.turn, "ok": t.record.ok, "error": t.record.error,
-                     "ttft_ms": None if t.record.ttft_s is None else round(1000 * t.record.ttft_s, 1),
-                     "e2e_ms": None if t.record.e2e_s is None else round(1000 * t.record.e2e_s, 1),
-                     "prompt_tokens": t.record.prompt_tokens, "cached_tokens": t.record.cached_tokens,
-                     "completion_tokens": t.record.completion_tokens} for t in run.turns]}
-            results["scenarios"].append(entry)
-    (settings.out_dir / "results.json").write_text(json.dumps(results, indent=1))
-    (settings.out_dir / "report.md").write_text("\n".join(multiturn_report(results)) + "\n")
+    try:
+        with ExitStack() as servers:
+            endpoints, results["servers"] = start_servers(servers, kinds, launch, settings.max_tokens,
+                                                          settings.out_dir / LOG_FOLDER)
+            for index, scenario in enumerate(SCENARIOS):
+                results["scenarios"].append(run_scenario_on_all(scenario, scenarios[scenario], index, kinds,
+                                                                endpoints, settings))
+    except KeyboardInterrupt:  # Ctrl-C: the scenarios every server finished are kept, then the interrupt goes on
+        if results["scenarios"]:
+            write_multiturn_outputs(results | {"interrupted": True}, settings.out_dir)
+            print(f"\ninterrupted: wrote the finished scenarios "
+                  f"({', '.join(entry['scenario'] for entry in results['scenarios'])}) to {settings.out_dir}",
+                  file=sys.stderr)
+        raise
+    write_multiturn_outputs(results, settings.out_dir)
     return results
+
+
+def run_scenario_on_all(scenario: str, conversations, index: int, kinds: list, endpoints: dict,
+                        settings: ServeBenchSettings) -> dict:
+    """One scenario against every server in turn (the order alternating with `index`)."""
+    order = config_order(kinds, index)
+    entry = {"scenario": scenario, "order": [kind.label for kind in order], "configs": {}}
+    for kind in order:
+        endpoint = endpoints[kind.label]
+        run = run_scenario(endpoint.chat_url, scenario, conversations, endpoint.model, settings.max_tokens,
+                           dict(kind.request_extras), CONCURRENCY[scenario])
+        summary = summarize_scenario(run)
+        print(f"{scenario} {kind.label}: {summary['requests']} requests in {summary['wall_s']:.1f} s, "
+              f"TTFT p50 by turn {summary['ttft_p50_ms_by_turn']} ms"
+              + (f", {summary['errors']} errors" if summary["errors"] else ""), file=sys.stderr)
+        entry["configs"][kind.label] = {**summary, "turns": [
+            {"conversation": t.conversation_id, "turn": t.turn, "ok": t.record.ok, "error": t.record.error,
+             "ttft_ms": None if t.record.ttft_s is None else round(1000 * t.record.ttft_s, 1),
+             "e2e_ms": None if t.record.e2e_s is None else round(1000 * t.record.e2e_s, 1),
+             "prompt_tokens": t.record.prompt_tokens, "cached_tokens": t.record.cached_tokens,
+             "completion_tokens": t.record.completion_tokens} for t in run.turns]}
+    return entry
+
+
+def write_multiturn_outputs(results: dict, out_dir: Path) -> None:
+    (out_dir / "results.json").write_text(json.dumps(results, indent=1))
+    (out_dir / "report.md").write_text("\n".join(multiturn_report(results)) + "\n")
 
 
 def multiturn_table(results: dict) -> list[str]:
@@ -83,6 +103,9 @@ def multiturn_report(results: dict) -> list[str]:
              f"per server; Tandem runs {results['settings']['tandem_max_running']} sequences at once. Scenarios: "
              "chat (10 users x 3 turns, at once), agent (4 loops x 4 turns), shared_system (16 users, 4 at a "
              "time, one ~1,900-token system prompt). vs peer: the peer's wall time over this server's "
-             "(above 1: faster).", "", *multiturn_table(results), "", "## Servers", ""]
+             "(above 1: faster).", ""]
+    if results.get("interrupted"):
+        lines += ["**Interrupted**: only the scenarios every server finished are here.", ""]
+    lines += [*multiturn_table(results), "", "## Servers", ""]
     lines += [f"- `{label}`: {info['notes']}" for label, info in results["servers"].items()]
     return lines
