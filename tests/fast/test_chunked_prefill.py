@@ -143,6 +143,9 @@ def test_chunked_greedy_equals_target_only(tiny_target, tiny_draft, references, 
 def test_the_draft_model_catches_up_in_chunks_beside_other_streams(tiny_target, tiny_draft, references,
                                                                   long_references, monkeypatch, runner):
     monkeypatch.setattr(batch_engine, "CATCH_UP_SHARE", 0.0)  # every catch-up: MIN_CATCH_UP a step
+    # the tiny draft's curve is learned from the clock: where it reads flat, catching up would price
+    # at 0 ms and pass a 0 ms share; a fixed rising price keeps the test on MIN_CATCH_UP
+    monkeypatch.setattr(batch_engine, "catch_up_ms", lambda cost, unseen: float(unseen))
     expected = references | long_references
     engine = make_engine(tiny_target, tiny_draft, "model", 3, slots=3, runner=runner)
     fed, forward = [], engine.draft.forward_batch

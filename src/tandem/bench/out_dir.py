@@ -1,13 +1,22 @@
 """Every bench's output folder (or file), checked up front: one that cannot be written is a
-clear error before any model loads, not a traceback after the run."""
+clear error before any model loads, not a traceback after the run. An earlier run's files there
+are named before they are replaced, never replaced without a word."""
 
 import os
+import sys
 from pathlib import Path
 
 from tandem.errors import TandemError
 
 
 def prepare_out_dir(out_dir: Path) -> None:
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        print(f"note: the output folder {out_dir} is not empty; files of the same name are replaced (give --out "
+              "another folder to keep them)", file=sys.stderr)
+    _make_folder(out_dir)
+
+
+def _make_folder(out_dir: Path) -> None:
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -19,6 +28,8 @@ def check_out_file(path: Path) -> None:
     here where missing)."""
     if path.is_dir():
         raise TandemError(f"{path} is a folder; give a file name to write")
-    prepare_out_dir(path.parent)
+    if path.exists():
+        print(f"note: {path} exists; this run replaces it (give --out another name to keep it)", file=sys.stderr)
+    _make_folder(path.parent)
     if not os.access(path.parent, os.W_OK):
         raise TandemError(f"cannot write {path}: its folder is not writable")

@@ -1,0 +1,21 @@
+"""Output folders and files: an earlier run's files are named before this run replaces them."""
+
+from tandem.bench.out_dir import check_out_file, prepare_out_dir
+
+
+def test_a_folder_holding_files_is_named_before_it_is_written(tmp_path, capsys):
+    fresh = tmp_path / "fresh"
+    prepare_out_dir(fresh)
+    assert fresh.is_dir() and capsys.readouterr().err == ""
+    (fresh / "results.json").write_text("{}")
+    prepare_out_dir(fresh)
+    assert "fresh is not empty; files of the same name are replaced" in capsys.readouterr().err
+
+
+def test_a_file_that_exists_is_named_but_not_its_folder(tmp_path, capsys):
+    (tmp_path / "other.txt").write_text("x")  # the folder holds files: no note for it
+    check_out_file(tmp_path / "steps.json")
+    assert capsys.readouterr().err == ""
+    (tmp_path / "steps.json").write_text("{}")
+    check_out_file(tmp_path / "steps.json")
+    assert "steps.json exists; this run replaces it" in capsys.readouterr().err
