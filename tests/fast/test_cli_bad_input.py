@@ -102,6 +102,7 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["soak", "--duration", "1m", "--sample-every", "10s", "--prompts", "{binary}"], "cannot read the prompts file"),
     (["soak", "--duration", "1m", "--sample-every", "10s", "--out", "{not_a_folder}"], "cannot create the output folder"),
     (["bench-serve", "--prompts", "multiturn", "--num-prompts", "1"], "do not apply to --prompts multiturn"),
+    (["bench-serve", "--prompts", "multiturn", "--concurrency", "1,2,4,8,16"], "do not apply to --prompts multiturn"),
     (["bench-serve", "--backend", "torch", "--dtype", "fp64"], "--dtype must be one of"),  # after loading, before
     (["serve", "--cache-dir", "{not_a_folder}"], "cannot create the folder"),
     (["generate", "--prompt", ""], "--prompt is empty"),

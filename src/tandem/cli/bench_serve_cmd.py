@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model for tandem-spec")
     parser.add_argument("--configs", default=DEFAULT_CONFIGS,
                         help=f"comma-separated; known: {', '.join(SERVER_KINDS)} (default {DEFAULT_CONFIGS})")
-    parser.add_argument("--concurrency", default=DEFAULT_CONCURRENCY,
+    parser.add_argument("--concurrency", default=None,  # None: not given (multiturn refuses any value)
                         help=f"comma-separated client counts (default {DEFAULT_CONCURRENCY})")
     parser.add_argument("--prompts", default=str(DEFAULT_WORKLOAD),
                         help="JSONL workload: a file, or default (the 100 prompts) | long (long answers) | edits (whole-file "
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.prompts == MULTITURN:
         given = [option for option, value in (("--num-prompts", args.num_prompts is not None),
-                                               ("--concurrency", args.concurrency != DEFAULT_CONCURRENCY)) if value]
+                                               ("--concurrency", args.concurrency is not None)) if value]
         if given:
             raise TandemError(f"{' and '.join(given)} do not apply to --prompts multiturn: its scenarios set their "
                               "own users and turns")
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         target=args.target,
         draft=args.draft,
         configs=parse_configs(args.configs),
-        concurrency=parse_concurrency(args.concurrency),
+        concurrency=parse_concurrency(DEFAULT_CONCURRENCY if args.concurrency is None else args.concurrency),
         prompts_file=Path(args.prompts),
         out_dir=Path(args.out),
         num_prompts=args.num_prompts,

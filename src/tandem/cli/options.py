@@ -1,4 +1,4 @@
-"""Command-line options shared by `generate` and `bench`: models, backends, devices, drafting."""
+"""Command-line options shared by `generate`, `bench` and `serve`: models, backends, devices, drafting."""
 
 import argparse
 

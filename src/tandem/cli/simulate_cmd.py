@@ -6,7 +6,8 @@
 
 The first simulates one cluster file under one workload (the planner's placement, or the roles
 as written); the second sweeps the number of devices of a mix and writes scaling.json,
-scaling.md and scaling.png. Results go to stdout; notes to stderr.
+scaling.md and scaling.png. Results go to stdout; notes to stderr. The main options only:
+`--help` and docs/cli.md list them all.
 """
 
 import argparse
