@@ -2,6 +2,7 @@
 machine record and by the cost-profile cache key (a profile measured on another CPU, or with
 another build, is not this one's)."""
 
+import os
 import platform
 from pathlib import Path
 
@@ -25,3 +26,18 @@ def llama_cpp_features() -> str | None:
     except Exception:  # noqa: BLE001  (a missing or broken build is simply not reported)
         return None
     return " ".join(part.split("=")[0].split(":")[-1].strip() for part in text.split("|") if part.strip().endswith("= 1")) or text
+
+
+def llama_cpp_version() -> str:
+    """llama-cpp-python's version, and the library it loads where LLAMA_CPP_LIB_PATH names another:
+    the bindings then run another llama.cpp, whose speed and saved states may differ (0.3.36's
+    LLAMA_STATE_SEQ_VERSION is 3, a newer build's 4, with the same llama.h otherwise)."""
+    import llama_cpp
+
+    return llama_cpp.__version__ + other_llama_library()
+
+
+def other_llama_library() -> str:
+    """" lib PATH" where LLAMA_CPP_LIB_PATH makes llama-cpp-python load another llama.cpp, else ""."""
+    path = os.environ.get("LLAMA_CPP_LIB_PATH")
+    return f" lib {path}" if path else ""

@@ -265,3 +265,15 @@ def test_a_second_process_is_refused_the_folder_until_the_first_closes_it(tmp_pa
     cache.close()
     cache.close()  # a second close does nothing
     assert second().returncode == 0
+
+
+def test_the_key_names_another_llama_library(monkeypatch):
+    """LLAMA_CPP_LIB_PATH makes llama-cpp-python's bindings load another llama.cpp (whose saved
+    state format may differ, as 0.3.36's and a newer build's LLAMA_STATE_SEQ_VERSION 3 and 4 do):
+    the build part of a key names it, so its states never meet the bundled library's."""
+    from tandem.hardware import llama_cpp_version
+
+    monkeypatch.delenv("LLAMA_CPP_LIB_PATH", raising=False)
+    bundled = llama_cpp_version()
+    monkeypatch.setenv("LLAMA_CPP_LIB_PATH", "/opt/llama.cpp/build/bin")
+    assert llama_cpp_version() == bundled + " lib /opt/llama.cpp/build/bin"

@@ -6,7 +6,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from tandem.hardware import cpu_model, llama_cpp_features
+from tandem.hardware import cpu_model, llama_cpp_features, other_llama_library
 
 LIBRARIES = ("torch", "transformers", "llama-cpp-python", "numpy")
 
@@ -22,6 +22,8 @@ def machine_info() -> dict:
     }
     info.update({name: _version(name) for name in LIBRARIES})
     info["llama_cpp_cpu"] = llama_cpp_features()
+    if other_llama_library():  # llama-cpp-python's bindings over another llama.cpp (LLAMA_CPP_LIB_PATH)
+        info["llama_cpp_lib"] = other_llama_library().removeprefix(" lib ")
     return info
 
 

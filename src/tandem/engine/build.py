@@ -12,7 +12,7 @@ from tandem.engine.batch_engine import STEP_TOKEN_BUDGET, BatchEngine, check_pre
 from tandem.engine.disk_cache import TORCH_STATE_LAYOUT, DiskPromptCache, default_cache_disk_bytes
 from tandem.engine.host_cache import HostPromptCache, default_cache_ram_bytes
 from tandem.errors import TandemError
-from tandem.hardware import llama_cpp_features
+from tandem.hardware import llama_cpp_features, llama_cpp_version
 from tandem.models.backends import RunnerSpec, precision_of
 from tandem.models.batch_backends import load_batch_runner
 from tandem.models.checksum import model_checksum
@@ -118,12 +118,6 @@ def _tandem_version() -> str:
         return version("tandem")
     except PackageNotFoundError:
         return "unknown"
-
-
-def llama_cpp_version() -> str:
-    import llama_cpp
-
-    return llama_cpp.__version__
 
 
 def host_cache_for(target, draft, cache_ram_bytes: int | None = None) -> HostPromptCache | None:

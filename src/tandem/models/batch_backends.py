@@ -24,8 +24,7 @@ BATCH_PROFILE_SIZES = PROFILE_SIZES + (24, 32, 48, 63, 64)
 
 
 def _load_llamacpp(spec: RunnerSpec, slots: int, cache_slots: int | None = None) -> BatchRunner:
-    import llama_cpp
-
+    from tandem.hardware import llama_cpp_version
     from tandem.models.llamacpp_batch_runner import LlamaCppBatchRunner
     from tandem.models.resolve import gguf_path
 
@@ -35,7 +34,7 @@ def _load_llamacpp(spec: RunnerSpec, slots: int, cache_slots: int | None = None)
     # what its saved states mean (not how many slots): the model's version (a catalog model's
     # checksum; a file's path, size and time) and the llama.cpp that wrote them, so that a state a
     # cluster moves between nodes is never restored into another file at the same path
-    runner.state_format = f"{model_version(spec.model)} [llamacpp/gguf/{llama_cpp.__version__}]"
+    runner.state_format = f"{model_version(spec.model)} [llamacpp/gguf/{llama_cpp_version()}]"
     runner.cost = cached_profile(spec, SlotView(runner), BATCH_PROFILE_SIZES, variant="-batch", deep=True)
     runner.rollback(0, 0)
     return runner
