@@ -33,3 +33,22 @@ def sigterm_interrupts():
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, interrupt)
         yield
+
+
+@contextlib.contextmanager
+def deferring_ctrl_c():
+    """Ctrl-C within the block is held until it ends, then raised there. For a call an interrupt
+    must not cut in two: one inside Ray's core-worker constructor (`ray.init`) leaves a driver
+    that crashes the process at exit (SIGSEGV, after `interrupted` was said). Main thread only:
+    elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+    if held:
+        raise KeyboardInterrupt

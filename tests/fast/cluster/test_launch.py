@@ -173,3 +173,44 @@ def test_a_failed_start_stops_every_process_it_started_grandchildren_too():
     finally:
         kept.kill()
         kept.wait()
+
+
+def test_a_failed_start_shuts_down_first_while_its_processes_live(caplog):
+    """Ray's shutdown runs before the reaping (a driver whose GCS was killed under it crashed the
+    process at exit); what it stopped is not counted again, and what outlived it is stopped."""
+    import subprocess
+
+    from tandem.cluster.runtime.reap import stopping_what_it_started
+
+    children, seen_alive = [], []
+
+    def shutdown():  # as ray.shutdown: stops the first process it started, not the second
+        seen_alive.extend(child.poll() is None for child in children)
+        children[0].kill()
+        children[0].wait()
+
+    with pytest.raises(KeyboardInterrupt), stopping_what_it_started(shutdown):
+        children += [subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sleep", "60"])]
+        raise KeyboardInterrupt
+    assert seen_alive == [True, True]
+    assert children[1].wait(timeout=5) is not None  # stopped after the shutdown
+    assert "stopping 1 processes a failed start left" in caplog.text
+
+
+def test_ctrl_c_within_ray_start_is_held_until_the_start_ends():
+    """A Ctrl-C inside ray.init's core-worker constructor left a driver that crashed the process
+    at exit (SIGSEGV after `interrupted`); it is now raised once the block ends."""
+    import os
+    import signal
+
+    from tandem.sigterm import deferring_ctrl_c
+
+    before = signal.getsignal(signal.SIGINT)
+    finished = []
+    with pytest.raises(KeyboardInterrupt):
+        with deferring_ctrl_c():
+            os.kill(os.getpid(), signal.SIGINT)
+            finished.append("the block ran to its end")
+    assert finished and signal.getsignal(signal.SIGINT) is before
+    with deferring_ctrl_c():  # no Ctrl-C: nothing raised
+        pass

@@ -27,7 +27,7 @@ from tandem.cluster.runtime.router import ClusterRouter
 from tandem.engine.host_cache import default_cache_ram_bytes
 from tandem.errors import TandemError
 from tandem.models.backends import RunnerSpec
-from tandem.sigterm import keeping_sigterm_handler
+from tandem.sigterm import deferring_ctrl_c, keeping_sigterm_handler
 from tandem.speculation.drafters.registry import check_drafter
 
 DEFAULT_SLOTS = 8  # sequences per verifier replica
@@ -60,7 +60,7 @@ def start_ray(spec: ClusterSpec, address: str | None = None) -> None:
     if ray.is_initialized():
         return
     if address:
-        with keeping_sigterm_handler():
+        with keeping_sigterm_handler(), deferring_ctrl_c():
             ray.init(address=address, log_to_driver=False)
         return
     need: dict[str, float] = {}
@@ -70,9 +70,12 @@ def start_ray(spec: ClusterSpec, address: str | None = None) -> None:
                 need[name] = need.get(name, 0.0) + amount * worker.replicas
     cpus = max(os.cpu_count() or 1, int(need.pop("CPU", 1) + 0.999))
     gpus = int(need.pop("GPU", 0) + 0.999)
-    with keeping_sigterm_handler(), stopping_what_it_started():  # a SIGTERM mid-start leaves no Ray agent behind
-        ray.init(num_cpus=cpus, num_gpus=gpus or None, resources=need or None, include_dashboard=False,
-                 log_to_driver=False)
+    # a Ctrl-C waits for the start (a few seconds), then shuts Ray down; a SIGTERM mid-start (Ray's
+    # own handler ends the process there) leaves no Ray agent behind
+    with keeping_sigterm_handler(), stopping_what_it_started(ray.shutdown):
+        with deferring_ctrl_c():
+            ray.init(num_cpus=cpus, num_gpus=gpus or None, resources=need or None, include_dashboard=False,
+                     log_to_driver=False)
 
 
 def build_workers(spec: ClusterSpec, settings: ReplicaSettings = ReplicaSettings()) -> tuple[list[Worker], list[Worker]]:
