@@ -34,10 +34,19 @@ def llama_cpp_version() -> str:
     LLAMA_STATE_SEQ_VERSION is 3, a newer build's 4, with the same llama.h otherwise)."""
     import llama_cpp
 
-    return llama_cpp.__version__ + other_llama_library()
+    return llama_cpp.__version__ + _library_suffix()
 
 
-def other_llama_library() -> str:
-    """" lib PATH" where LLAMA_CPP_LIB_PATH makes llama-cpp-python load another llama.cpp, else ""."""
-    path = os.environ.get("LLAMA_CPP_LIB_PATH")
-    return f" lib {path}" if path else ""
+def llama_cpp_build() -> str:
+    """What a cost profile's key names of llama.cpp: its build's CPU features, and another library."""
+    return f"{llama_cpp_features()}{_library_suffix()}"
+
+
+def other_llama_library() -> str | None:
+    """The llama.cpp library LLAMA_CPP_LIB_PATH makes llama-cpp-python load instead of its own."""
+    return os.environ.get("LLAMA_CPP_LIB_PATH") or None
+
+
+def _library_suffix() -> str:
+    library = other_llama_library()
+    return f" lib {library}" if library else ""
