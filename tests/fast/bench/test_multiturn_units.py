@@ -7,6 +7,7 @@ import json
 import threading
 import time
 
+import pytest
 import uvicorn
 from starlette.applications import Starlette
 from starlette.responses import StreamingResponse
@@ -84,8 +85,6 @@ def test_conversations_resend_their_history():
 def test_an_interrupted_multiturn_run_keeps_its_finished_scenarios(tmp_path, monkeypatch):
     """Ctrl-C during the second scenario after the first finished on every server: results.json
     and report.md hold the first, marked interrupted, and the interrupt goes on (exit 130)."""
-    import pytest
-
     from tandem.bench.serve import multiturn
     from tandem.bench.serve.server_kinds import ServerLaunch
     from tandem.bench.serve.settings import ServeBenchSettings
