@@ -22,8 +22,8 @@ def machine_info() -> dict:
     }
     info.update({name: _version(name) for name in LIBRARIES})
     info["llama_cpp_cpu"] = llama_cpp_features()
-    if other_llama_library():  # llama-cpp-python's bindings over another llama.cpp (LLAMA_CPP_LIB_PATH)
-        info["llama_cpp_lib"] = other_llama_library()
+    if library := other_llama_library():  # llama-cpp-python's bindings over another llama.cpp
+        info["llama_cpp_lib"] = library
     return info
 
 
