@@ -16,6 +16,9 @@ median ratio and the pooled one (all tokens over all wall time).
 
 import argparse
 import json
+import shutil
+import signal
+import subprocess
 import sys
 from contextlib import ExitStack
 from pathlib import Path
@@ -33,6 +36,8 @@ from tandem.bench.workload import DEFAULT_WORKLOAD, load_prompts
 from tandem.errors import TandemError
 from tandem.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 
+PERF_HZ = 499  # samples a second per CPU with --perf: ~1,000 a second on two busy cores
+
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process and its living children so far."""
@@ -44,9 +49,22 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
-def run_repeat(endpoint, plan: LevelPlan, max_tokens: int) -> dict:
+def perf_record(pid: int, out: Path) -> subprocess.Popen:
+    """`perf record` sampling process `pid` (all its threads) with call graphs into `out`, until
+    stopped with SIGINT."""
+    return subprocess.Popen(["perf", "record", "-F", str(PERF_HZ), "-g", "-p", str(pid), "-o", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def run_repeat(endpoint, plan: LevelPlan, max_tokens: int, perf_out: Path | None = None) -> dict:
     before = cpu_seconds(endpoint.pid)
-    result = run_level(endpoint, plan, max_tokens, progress=False)
+    sampler = perf_record(endpoint.pid, perf_out) if perf_out else None
+    try:
+        result = run_level(endpoint, plan, max_tokens, progress=False)
+    finally:
+        if sampler:
+            sampler.send_signal(signal.SIGINT)
+            sampler.wait()
     cpu = cpu_seconds(endpoint.pid) - before
     summary = summarize(result)
     tokens = sum(record.completion_tokens or 0 for record in result.records)
@@ -82,6 +100,9 @@ def main() -> int:
     parser.add_argument("--max-tokens-spread", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", default="serve-ab-results", help="folder for server logs and results.json")
+    parser.add_argument("--perf", action="store_true",
+                        help="sample each server with `perf record -g` during its levels: OUT/perf/<config>-<repeat>.data "
+                             "(scripts/perf_breakdown.py sums them by kind of work)")
     args = parser.parse_args()
     try:
         configs = parse_configs(args.configs)
@@ -89,6 +110,8 @@ def main() -> int:
             raise TandemError("--configs needs at least two servers to compare")
         if args.repeats < 1 or args.requests < args.concurrency:
             raise TandemError("--repeats must be at least 1 and --requests at least --concurrency")
+        if args.perf and not shutil.which("perf"):
+            raise TandemError("--perf needs Linux perf on the PATH (Debian: apt install linux-perf)")
         settings = ServeBenchSettings(args.target, args.draft, configs, (args.concurrency,), DEFAULT_WORKLOAD,
                                       Path(args.out), num_prompts=args.requests, max_tokens=args.max_tokens,
                                       max_tokens_spread=args.max_tokens_spread, threads=args.threads)
@@ -111,7 +134,10 @@ def main() -> int:
                                                                     args.max_tokens_spread)))
             order = list(configs) if repeat % 2 == 0 else list(reversed(configs))
             for label in order:
-                runs[label].append(run_repeat(endpoints[label], plan, args.max_tokens))
+                perf_out = settings.out_dir / "perf" / f"{label}-{repeat}.data" if args.perf else None
+                if perf_out:
+                    perf_out.parent.mkdir(parents=True, exist_ok=True)
+                runs[label].append(run_repeat(endpoints[label], plan, args.max_tokens, perf_out))
             first = runs[configs[0]][-1]
             print(f"repeat {repeat} (order {', '.join(order)}):", flush=True)
             for label in configs:
