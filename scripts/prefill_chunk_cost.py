@@ -9,6 +9,9 @@ size, the prompt's total time, its cost a prompt token and a step's time; the be
 Beside D streams a step also commits D stream tokens: subtract D streams' decode step (the
 `--chunks 1` row is one prompt token plus the streams) times the steps to read the prompt's own
 cost.
+
+`--splits 125+58,92+91` times given pieces instead (each list summing to the prompt's tokens):
+full chunks and a tail against equal shares, as the engine's `split_chunk` chooses between them.
 """
 
 import argparse
@@ -21,16 +24,21 @@ from tandem.models.resolve import gguf_path
 STREAM_CONTEXT = 200  # cached tokens of each decoding stream before the prompt joins
 
 
-def prompt_time_ms(runner: LlamaCppBatchRunner, prompt: tuple[int, ...], chunk: int, streams: int) -> tuple[float, int]:
-    """(ms to score prompt in chunks beside `streams` one-token rounds, steps taken)."""
+def prompt_time_ms(runner: LlamaCppBatchRunner, prompt: tuple[int, ...], chunk: int | list[int],
+                   streams: int) -> tuple[float, int]:
+    """(ms to score prompt in chunks beside `streams` one-token rounds, steps taken). `chunk`: a
+    size for every step, or each step's size."""
+    pieces = chunk if isinstance(chunk, list) else [chunk] * -(-len(prompt) // chunk)
     runner.rollback(0, 0)
     for slot in range(1, streams + 1):
         runner.rollback(slot, 0)
         runner.forward_batch([BatchItem(slot, prompt[:STREAM_CONTEXT], 1)])
     start, steps = time.perf_counter(), 0
-    for offset in range(0, len(prompt), chunk):
-        last = offset + chunk >= len(prompt)
-        items = [BatchItem(0, prompt[offset:offset + chunk], 1 if last else 0)]
+    offset = 0
+    for size in pieces:
+        last = offset + size >= len(prompt)
+        items = [BatchItem(0, prompt[offset:offset + size], 1 if last else 0)]
+        offset += size
         items += [BatchItem(slot, (500,), 1) for slot in range(1, streams + 1)]
         runner.forward_batch(items)
         steps += 1
@@ -44,14 +52,20 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=192)
     parser.add_argument("--streams", type=int, default=0, help="decoding streams beside the prompt")
     parser.add_argument("--chunks", default="1,16,32,48,64,96,128,192,256")
+    parser.add_argument("--splits", default=None,
+                        help="comma-separated lists of '+'-joined chunk sizes, each summing to --prompt-tokens")
     args = parser.parse_args()
+    splits = [[int(size) for size in text.split("+")] for text in args.splits.split(",")] if args.splits else []
+    if any(sum(split) != args.prompt_tokens or min(split) < 1 for split in splits):
+        parser.error("each of --splits must be positive sizes summing to --prompt-tokens")
     runner = LlamaCppBatchRunner(str(gguf_path(args.model)), max_slots=args.streams + 1, threads=args.threads)
     prompt = tuple((j * 104729 + 13) % 30000 + 1000 for j in range(max(args.prompt_tokens, STREAM_CONTEXT)))
     prompt_only = prompt[:args.prompt_tokens]
-    for chunk in (int(text) for text in args.chunks.split(",")):
+    for chunk in splits or [int(text) for text in args.chunks.split(",")]:
         runs = [prompt_time_ms(runner, prompt_only, chunk, args.streams) for _ in range(2)]
         total_ms, steps = min(runs)
-        print(f"{args.model} {args.prompt_tokens} prompt tokens beside {args.streams} streams, chunks of {chunk:4d}: "
+        shape = "+".join(map(str, chunk)) if isinstance(chunk, list) else f"of {chunk:4d}"
+        print(f"{args.model} {args.prompt_tokens} prompt tokens beside {args.streams} streams, chunks {shape}: "
               f"{total_ms:7.0f} ms, {total_ms / args.prompt_tokens:5.2f} ms a prompt token, {steps:3d} steps of "
               f"{total_ms / steps:6.0f} ms", flush=True)
 
