@@ -10,8 +10,8 @@ Beside D streams a step also commits D stream tokens: subtract D streams' decode
 `--chunks 1` row is one prompt token plus the streams) times the steps to read the prompt's own
 cost.
 
-`--splits 125+58,92+91` times given pieces instead (each list summing to the prompt's tokens):
-full chunks and a tail against equal shares, as the engine's `split_chunk` chooses between them.
+`--prompt-tokens 182 --splits 125+57,91+91,182` times given pieces instead (each list summing
+to the prompt's tokens): the floor's full chunk and its tail, equal shares, the whole prompt.
 """
 
 import argparse
