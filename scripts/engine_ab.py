@@ -95,8 +95,10 @@ def main() -> None:
             runs.append(run)
             print(f"repeat {repeat} {drafter:8s} {run['throughput_tok_s']:6.2f} tok/s  TTFT p50 {run['ttft_ms_p50']:6.0f} ms  "
                   f"ms/token p50 {run['ms_per_token_p50']:5.0f}  ITL p50/p99 {run['itl_ms_p50'] or 0:5.0f}/"
-                  f"{run['itl_ms_p99'] or 0:5.0f} ms  ({run['completion_tokens']} tokens in {run['seconds']:.1f} s)",
-                  flush=True)
+                  f"{run['itl_ms_p99'] or 0:5.0f} ms  ({run['completion_tokens']} tokens in {run['seconds']:.1f} s; "
+                  f"calls {run['call_seconds']:.1f} s, of them drafting {run['draft_seconds']:.2f} s; "
+                  f"{run['steps']} steps, {run['step_overhead_ms_mean']:.2f} ms each outside calls; "
+                  f"{run['scored_tokens']} tokens scored)", flush=True)
     tok_s = {(run["repeat"], run["drafter"]): run["throughput_tok_s"] for run in runs}
     base = drafters[0]
     for drafter in drafters[1:]:

@@ -7,7 +7,8 @@ then repeat r sends every server the same requests (the workload's interleaved l
 r x requests: no request repeats, so no response or prompt cache answers one), first server first
 on even repeats, last first on odd ones. Per repeat it prints each server's tok/s, TPOT p50,
 ITL p99 and its CPU time per completion token (the server process and its children, user +
-system, read before and after), and every server's ratio to the first one named; at the end the
+system, read before and after), the CPU seconds of each of its busy threads and of this client
+process over the level, and every server's ratio to the first one named; at the end the
 median ratio and the pooled one (all tokens over all wall time).
 
     .venv/bin/python scripts/serve_ab.py --configs tandem-spec,llama-server --concurrency 4 \
@@ -49,6 +50,27 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
+def thread_cpu_seconds(pid: int) -> dict[tuple[int, int], float]:
+    """User + system CPU seconds of every thread of a process and its living children so far, by
+    (process id, thread id)."""
+    process = psutil.Process(pid)
+    return {(one.pid, thread.id): thread.user_time + thread.system_time
+            for one in [process, *process.children(recursive=True)] for thread in one.threads()}
+
+
+def busy_threads(before: dict, after: dict, at_least_s: float = 0.05) -> list[dict]:
+    """The threads that ran at least `at_least_s` CPU seconds between two readings, busiest
+    first; `main`: a process's first thread (Tandem's event loop, llama-server's compute)."""
+    spent = [(after[key] - before.get(key, 0.0), key) for key in after]
+    return [{"cpu_s": round(seconds, 2), "main": key[0] == key[1]}
+            for seconds, key in sorted(spent, reverse=True) if seconds >= at_least_s]
+
+
+def own_cpu_seconds() -> float:
+    times = psutil.Process().cpu_times()
+    return times.user + times.system
+
+
 def perf_record(pid: int, out: Path) -> subprocess.Popen:
     """`perf record` sampling process `pid` (all its threads) with call graphs into `out`, until
     stopped with SIGINT."""
@@ -58,6 +80,7 @@ def perf_record(pid: int, out: Path) -> subprocess.Popen:
 
 def run_repeat(endpoint, plan: LevelPlan, max_tokens: int, perf_out: Path | None = None) -> dict:
     before = cpu_seconds(endpoint.pid)
+    threads_before, client_before = thread_cpu_seconds(endpoint.pid), own_cpu_seconds()
     sampler = perf_record(endpoint.pid, perf_out) if perf_out else None
     try:
         result = run_level(endpoint, plan, max_tokens, progress=False)
@@ -66,11 +89,14 @@ def run_repeat(endpoint, plan: LevelPlan, max_tokens: int, perf_out: Path | None
             sampler.send_signal(signal.SIGINT)
             sampler.wait()
     cpu = cpu_seconds(endpoint.pid) - before
+    threads = busy_threads(threads_before, thread_cpu_seconds(endpoint.pid))
+    client_cpu = own_cpu_seconds() - client_before
     summary = summarize(result)
     tokens = sum(record.completion_tokens or 0 for record in result.records)
     return {"tok_s": summary["throughput_tok_s"], "tokens": tokens, "wall_s": result.wall_s,
             "errors": summary["errors"], "tpot_ms_p50": summary["tpot_ms_p50"], "itl_ms_p99": summary["itl_ms_p99"],
-            "cpu_ms_per_token": 1000 * cpu / tokens if tokens else None}
+            "cpu_ms_per_token": 1000 * cpu / tokens if tokens else None,
+            "threads_cpu_s": threads, "client_cpu_s": round(client_cpu, 2)}
 
 
 def pooled_rate(runs: list[dict]) -> float:
@@ -145,6 +171,8 @@ def main() -> int:
                 print(f"  {label:<18} {run['tok_s']:6.2f} tok/s  TPOT p50 {_ms(run['tpot_ms_p50'])} ms  "
                       f"ITL p99 {_ms(run['itl_ms_p99'])} ms  CPU {_ms(run['cpu_ms_per_token'])} ms/token  "
                       f"errors {run['errors']}  {configs[0]} / this {_ratio(first['tok_s'], run['tok_s'])}", flush=True)
+                threads = ", ".join(f"{one['cpu_s']:.2f}{' (main)' if one['main'] else ''}" for one in run["threads_cpu_s"])
+                print(f"  {'':<18} CPU s by thread: {threads}; this client's: {run['client_cpu_s']:.2f}", flush=True)
     print(f"C={args.concurrency}, {args.repeats} repeats of {args.requests} requests:")
     summary = {}
     first_rate = pooled_rate(runs[configs[0]])

@@ -16,6 +16,10 @@ def test_drive_serves_every_request_and_counts_tokens(tiny_target, tiny_draft):
     assert figures.throughput_tok_s > 0 and figures.latency_ms_p50 <= figures.latency_ms_p99
     assert 0 <= figures.acceptance <= 1 and not engine.has_work
     assert 0 < figures.itl_ms_p50 <= figures.itl_ms_p99 <= figures.latency_ms_p99  # gaps within requests
+    # every committed token was scored as a round's last token or an accepted draft; drafting's
+    # time is part of the calls' time
+    assert figures.scored_tokens >= figures.completion_tokens
+    assert 0 < figures.draft_seconds <= figures.call_seconds
 
 
 def test_a_join_delay_holds_each_replacement_back_like_a_clients_round_trip(tiny_target, tiny_draft):

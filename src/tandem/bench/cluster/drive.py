@@ -28,6 +28,8 @@ class RunFigures:
     call_seconds: float = 0.0  # summed over steps: the wall time of their prefill, draft and verify calls
     itl_ms_p50: float | None = None  # gaps between a request's successive token-bearing updates
     itl_ms_p99: float | None = None
+    draft_seconds: float = 0.0  # summed over steps: planning and drafting (within call_seconds)
+    scored_tokens: int = 0  # tokens the target scored: rounds (last token + drafts) and prompt chunks
 
     def to_json(self) -> dict:
         return {key: (round(value, 3) if isinstance(value, float) else value) for key, value in asdict(self).items()}
@@ -42,7 +44,8 @@ def drive(engine, requests: list[GenerationRequest], concurrency: int, tag: str,
     freed: deque[float] = deque()  # when each client slot freed by a finished request may send again
     gaps_ms = []
     drafted = accepted = steps = 0
-    overhead_s = calls_s = 0.0
+    overhead_s = calls_s = draft_s = 0.0
+    scored = 0
     begin = time.perf_counter()
     while pending or engine.has_work:
         while freed and freed[0] <= time.perf_counter():  # those clients may send again
@@ -60,6 +63,8 @@ def drive(engine, requests: list[GenerationRequest], concurrency: int, tag: str,
             steps += 1
             step_calls_s = report.prefill_seconds + report.draft_seconds + report.verify_seconds
             calls_s += step_calls_s
+            draft_s += report.draft_seconds
+            scored += report.batch_tokens + report.prefill_tokens
             overhead_s += max(0.0, report.step_seconds - step_calls_s)
         for update in updates:
             index = int(update.seq_id.rsplit("-", 1)[1])
@@ -84,4 +89,4 @@ def drive(engine, requests: list[GenerationRequest], concurrency: int, tag: str,
                       percentile([(first[i] - started[i]) * 1000 for i in first], 50),
                       percentile(per_token, 50), accepted / drafted if drafted else None,
                       steps, 1000 * overhead_s / steps if steps else 0.0, calls_s,
-                      percentile(gaps_ms, 50), percentile(gaps_ms, 99))
+                      percentile(gaps_ms, 50), percentile(gaps_ms, 99), draft_s, scored)
