@@ -40,22 +40,22 @@ from tandem.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
 PERF_HZ = 499  # samples a second per CPU with --perf: ~1,000 a second on two busy cores
 
 
+def process_tree(pid: int) -> list[psutil.Process]:
+    """A process and its living children."""
+    process = psutil.Process(pid)
+    return [process, *process.children(recursive=True)]
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process and its living children so far."""
-    process = psutil.Process(pid)
-    total = 0.0
-    for one in [process, *process.children(recursive=True)]:
-        times = one.cpu_times()
-        total += times.user + times.system
-    return total
+    return sum(times.user + times.system for times in (one.cpu_times() for one in process_tree(pid)))
 
 
 def thread_cpu_seconds(pid: int) -> dict[tuple[int, int], float]:
     """User + system CPU seconds of every thread of a process and its living children so far, by
     (process id, thread id)."""
-    process = psutil.Process(pid)
     return {(one.pid, thread.id): thread.user_time + thread.system_time
-            for one in [process, *process.children(recursive=True)] for thread in one.threads()}
+            for one in process_tree(pid) for thread in one.threads()}
 
 
 def busy_threads(before: dict, after: dict, at_least_s: float = 0.05) -> list[dict]:
