@@ -204,3 +204,17 @@ def test_a_copy_that_rarely_breaks_is_priced_for_full_rounds():
                  63: 591.0, 64: 562.0})
     p.estimates["follow3"] = estimate
     assert plan_ks(p, [DraftCandidate("follow3", 63, False)]) == [63]
+
+
+def test_whether_a_draft_model_would_pay_caught_up_is_asked_per_cap():
+    """A step asks once per source and cap whether its draft model would pay caught up and
+    alone: here 7 drafts would (8 tokens cost little more than 2) and 1 would not, so the
+    sequence that can draft only one token is kept off however the other was answered."""
+    p = planner({1: 30.0, 2: 60.0, 8: 62.0}, {1: 1.0, 16: 2.0})
+    set_acceptance(p, "model", 0.7)
+    deep = DraftCandidate("model", 7, True, setup_ms=5.0, remaining_tokens=4000)
+    shallow = DraftCandidate("model", 1, True, setup_ms=5.0, remaining_tokens=4000)
+    assert p._steady(shallow, 0.7, {}).cap == 0 and p._steady(deep, 0.7, {}).cap == 7
+    for candidates in ([deep, shallow], [shallow, deep]):
+        ks = plan_ks(p, candidates)
+        assert ks[candidates.index(shallow)] == 0 and ks[candidates.index(deep)] > 0

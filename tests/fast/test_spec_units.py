@@ -92,6 +92,22 @@ def test_observe_moves_toward_observations():
     assert CostModel.from_json(curve.to_json()).cost_ms(4) == pytest.approx(curve.cost_ms(4), rel=0.02)
 
 
+def test_a_read_after_an_observation_sees_it():
+    """Reads are kept for the last context (the planner asks a hundred times a step); an
+    observation, or a read at another context, must not be answered from them."""
+    curve = CostModel({1: 30.0, 4: 90.0}, deep_ms={1: 40.0, 4: 120.0}, base_context=64, deep_context=1024)
+    shallow, deep = curve.cost_ms(4, 64), curve.cost_ms(4, 1024)
+    assert (shallow, deep) == (90.0, 120.0) and curve.cost_ms(4, 1024) == deep
+    curve.observe(4, 240.0, 1024)
+    assert curve.cost_ms(4, 1024) == pytest.approx(120.0 * (1 + OBSERVATION_WEIGHT))
+    assert curve.cost_ms(4, 64) == pytest.approx(90.0 * (1 + OBSERVATION_WEIGHT))
+    unprofiled = CostModel()
+    unprofiled.observe(2, 30.0)
+    assert unprofiled.cost_ms(2) == 30.0
+    unprofiled.observe(2, 40.0)
+    assert unprofiled.cost_ms(2) == pytest.approx(31.0)
+
+
 def test_both_curves_travel_and_scale():
     """A replica's news carries its short and deep curves with what it learned (to_wire); an
     emulated slower device scales both (scaled), so its engine still reads costs at the context."""

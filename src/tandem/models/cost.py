@@ -45,8 +45,9 @@ class CostModel:
     behave (re-profiled, reproducibly: llama.cpp 1.5B Q4 batch 12 tokens 273 ms, 16 tokens
     257 ms; torch fp32 135M 3 tokens 120 ms, 4 tokens 84 ms), so a planner may rightly draft up
     to the cheaper size. (Capping them with a running maximum told it 4 tokens cost 120 ms.)
-    Reads are on the hot path (the depth controller asks dozens of times a round), so the
-    sorted curve is cached."""
+    Reads are on the hot path (the depth planner asks a hundred times a step, mostly at the same
+    sizes and one context), so the sorted curves are cached and so are the last context's reads
+    (`_reads`, cleared whenever what they read changes: an observation)."""
 
     latency_ms: dict[int, float] = field(default_factory=dict)  # on base_context cached tokens
     ratio: dict[int, float] = field(default_factory=dict)  # observed / profiled, by observed size
@@ -57,6 +58,8 @@ class CostModel:
     _ratio_curve: tuple[list[int], list[float]] | None = field(default=None, repr=False, compare=False)
     _deep_curve: tuple[list[int], list[float]] | None = field(default=None, repr=False, compare=False)
     profiled: bool = field(init=False, default=False)  # False: observations themselves are the curve
+    _reads: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)  # at _reads_context
+    _reads_context: float | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.profiled = bool(self.latency_ms)
@@ -65,7 +68,12 @@ class CostModel:
         """Scoring num_tokens in one call on `context` cached tokens (None: the profile's base)."""
         if num_tokens <= 0:
             return 0.0
-        return self.profiled_ms(num_tokens, context) * self.ratio_at(num_tokens)
+        if context != self._reads_context:
+            self._reads, self._reads_context = {}, context
+        found = self._reads.get(num_tokens)
+        if found is None:
+            found = self._reads[num_tokens] = self.profiled_ms(num_tokens, context) * self.ratio_at(num_tokens)
+        return found
 
     def profiled_ms(self, num_tokens: int, context: float | None = None) -> float:
         if not self.latency_ms:
@@ -109,7 +117,7 @@ class CostModel:
             if old is None:
                 old = self.profiled_ms(num_tokens) if self.latency_ms else elapsed_ms
             self.latency_ms[num_tokens] = old + OBSERVATION_WEIGHT * (elapsed_ms - old)
-            self._curve = None
+            self._curve, self._reads = None, {}
             return
         shown = elapsed_ms / self.profiled_ms(num_tokens, context)
         key = _bucket(num_tokens)
@@ -119,7 +127,7 @@ class CostModel:
                 self.ratio[size] += weight * (shown - self.ratio[size])
         old = self.ratio.get(key, self.ratio_at(key))
         self.ratio[key] = old + OBSERVATION_WEIGHT * (shown - old)
-        self._ratio_curve = None
+        self._ratio_curve, self._reads = None, {}
 
     def to_json(self) -> dict[str, float]:
         """The profile as corrected so far, at its measured and observed sizes."""

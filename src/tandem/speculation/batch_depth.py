@@ -133,17 +133,18 @@ class BatchDepthPlanner:
         cached tokens on average, where the cost curves are read."""
         self.context = context
         fallbacks = fallbacks or [None] * len(candidates)
-        ks = self._plan_steady(candidates)
+        steady_pays: dict[tuple[str, int], bool] = {}  # this step's answers of _steady, shared by its sequences
+        ks = self._plan_steady(candidates, steady_pays)
         used = [f is not None and k == 0 and c.fixed_k is None for c, f, k in zip(candidates, fallbacks, ks)]
         if any(used):
             candidates = [f if u else c for c, f, u in zip(candidates, fallbacks, used)]
-            ks = self._plan_steady(candidates)
+            ks = self._plan_steady(candidates, steady_pays)
         self._probe(candidates, ks)  # idle sources, including a draft model not worth starting
         return ks, used
 
-    def _plan_steady(self, candidates: list[DraftCandidate]) -> list[int]:
+    def _plan_steady(self, candidates: list[DraftCandidate], steady_pays: dict[tuple[str, int], bool]) -> list[int]:
         alphas = [self.acceptance(c.source) for c in candidates]
-        return self._best_plan([self._steady(c, a) for c, a in zip(candidates, alphas)], alphas)
+        return self._best_plan([self._steady(c, a, steady_pays) for c, a in zip(candidates, alphas)], alphas)
 
     def keep_drafting(self, source: str, confidences: list[float], others_tokens: int = 0,
                       batch_size: int = 1) -> bool:
@@ -174,11 +175,18 @@ class BatchDepthPlanner:
         step_tokens = tokens * batch_size if self.target.fused else tokens  # serial: this item's own pass
         return gain / max(draft_step + extra_target, 1e-6) > step_tokens / max(elapsed, 1e-6)
 
-    def _steady(self, candidate: DraftCandidate, alpha: float) -> DraftCandidate:
+    def _steady(self, candidate: DraftCandidate, alpha: float,
+                steady_pays: dict[tuple[str, int], bool]) -> DraftCandidate:
+        """The candidate, or, where its draft model would not pay even caught up and alone, the
+        same with nothing to draft. The answer depends on the source and cap alone (alpha is the
+        source's; caught up, nothing else of the candidate is priced), so a step asks it once."""
         if not candidate.uses_model or candidate.fixed_k is not None or candidate.cap == 0 or candidate.setup_ms <= 0:
             return candidate
-        caught_up = DraftCandidate(candidate.source, candidate.cap, True, remaining_tokens=candidate.remaining_tokens)
-        if any(self._best_plan([caught_up], [alpha])):
+        key = (candidate.source, candidate.cap)
+        if key not in steady_pays:
+            caught_up = DraftCandidate(candidate.source, candidate.cap, True)
+            steady_pays[key] = any(self._best_plan([caught_up], [alpha]))
+        if steady_pays[key]:
             return candidate
         return DraftCandidate(candidate.source, 0, True, candidate.setup_ms, remaining_tokens=candidate.remaining_tokens)
 
