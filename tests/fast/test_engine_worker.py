@@ -127,3 +127,42 @@ def test_a_cancel_on_an_idle_engine_reaches_the_queue_observers(tiny_target, tin
     loop_once()
     assert heard == [(0, 1), (0, 0)] and not worker.engine.has_work
     assert collect_sync(handle, timeout=1)[1].finish_reason == "cancelled"
+
+
+def test_a_steps_updates_reach_a_loop_in_one_wake_up(tiny_target, tiny_draft, references):
+    """Every step's updates for the streams of one event loop arrive in one callback (each
+    wake-up is a pipe write and a thread switch), each stream's in order and complete."""
+    wake_ups = []
+
+    class CountingLoop(asyncio.SelectorEventLoop):
+        def call_soon_threadsafe(self, callback, *args, **kwargs):
+            wake_ups.append(len(args[0]) if args and isinstance(args[0], list) else 1)
+            return super().call_soon_threadsafe(callback, *args, **kwargs)
+
+    engine = make_engine(tiny_target, tiny_draft, slots=3)
+    worker = EngineWorker(engine, max_waiting=8)  # started once all three are in: they step together
+
+    async def main():
+        handles = [worker.submit(GenerationRequest(p, max_tokens=MAX_TOKENS), SpeculationOptions("none"))
+                   for p in PROMPTS[:3]]
+        worker.start()
+
+        async def read(handle):
+            tokens = []
+            while True:
+                update = await asyncio.wait_for(handle.next_update(), 30)
+                tokens += update.token_ids
+                if update.finished:
+                    return tokens
+
+        return await asyncio.gather(*(read(handle) for handle in handles))
+
+    loop = CountingLoop()
+    try:
+        outputs = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    worker.shutdown(grace_seconds=1)
+    assert outputs == [references[p] for p in PROMPTS[:3]]
+    assert max(wake_ups) == 3  # the three streams' updates of a step in one wake-up
+    assert len(wake_ups) <= MAX_TOKENS + 2  # a wake-up a step, not one a stream and step

@@ -86,14 +86,6 @@ class RequestHandle:
         self._queue: asyncio.Queue | queue.SimpleQueue = asyncio.Queue() if loop else queue.SimpleQueue()
         self.finished = False
 
-    def _deliver(self, update: SequenceUpdate) -> None:  # engine thread
-        if self._loop is not None:
-            try:
-                self._loop.call_soon_threadsafe(self._queue.put_nowait, update)
-            except RuntimeError:  # the loop is closed: nobody is listening any more
-                pass
-        else:
-            self._queue.put(update)
 
     async def next_update(self) -> SequenceUpdate:
         update = await self._queue.get()
@@ -266,11 +258,23 @@ class EngineWorker:
                 log.exception("queue observer failed")
 
     def _dispatch(self, updates: list[SequenceUpdate]) -> None:
+        """Hand each update to its handle: a thread's queue directly, a loop's in one callback per
+        loop and step (each wake-up of a loop is a write to its pipe, and a thread switch)."""
+        on_loops: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, SequenceUpdate]]] = {}
         for update in updates:
             with self._lock:
                 handle = self._handles.pop(update.seq_id, None) if update.finished else self._handles.get(update.seq_id)
-            if handle is not None:
-                handle._deliver(update)
+            if handle is None:
+                continue
+            if handle._loop is None:
+                handle._queue.put(update)
+            else:
+                on_loops.setdefault(handle._loop, []).append((handle._queue, update))
+        for loop, deliveries in on_loops.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, deliveries)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                pass
 
     def _cancel_all(self) -> None:
         with self._lock:
@@ -285,3 +289,8 @@ class EngineWorker:
         for seq_id in seq_ids:
             self.engine.cancel(seq_id)
             self._dispatch([SequenceUpdate(seq_id, (), finished=True, finish_reason="error", error=message)])
+
+
+def _put_all(deliveries: list[tuple[asyncio.Queue, SequenceUpdate]]) -> None:  # on their loop
+    for updates, update in deliveries:
+        updates.put_nowait(update)

@@ -14,6 +14,7 @@ without waiting for anything.
 """
 
 import asyncio
+import gc
 import logging
 import socket
 import sys
@@ -57,6 +58,7 @@ def serve(config: EngineConfig, settings: ServeSettings, cluster=None) -> int:
     try:
         with sigterm_interrupts():  # until it listens, SIGTERM stops the start as Ctrl-C (Ray's processes too)
             state = build_state(config, settings, model_name, ngram_store, cluster)
+        settle_heap()
         try:
             server = DrainingServer(state, uvicorn.Config(
                 create_app(state), log_level="warning", access_log=False,
@@ -68,6 +70,15 @@ def serve(config: EngineConfig, settings: ServeSettings, cluster=None) -> int:
         ngram_store.close()
         sock.close()
     return 0
+
+
+def settle_heap() -> None:
+    """What loading left (the libraries, the models' objects) lives as long as the server: freed
+    of its garbage once, it is moved out of the collector's reach, so that the full collections
+    serving triggers walk only what serving made (one took 0.11 s of the engine's thread in a
+    ~60 s run of 20 short answers, 2026-11-28, AMD EPYC; none did after this)."""
+    gc.collect()
+    gc.freeze()
 
 
 def build_state(config: EngineConfig, settings: ServeSettings, model_name: str, ngram_store,
