@@ -1,7 +1,8 @@
 """`tandem serve`: load the models, start the engine thread, serve the API until SIGINT/SIGTERM.
 
 Order: the port is bound first, so that a taken port is an error at once, not after minutes of
-loading; then tokenizer, engine (models loaded) and worker; then uvicorn listens on it, so a
+loading; then tokenizer, engine (models loaded) and worker; then what loading left is frozen
+out of the garbage collector's walks (`settle_heap`); then uvicorn listens on it, so a
 client never reaches a server that cannot answer yet (until then a connection is refused, as if
 nothing were there). `--port 0` binds any free port, and the banner naming the real URL is
 printed once uvicorn accepts connections. A SIGINT or SIGTERM before then stops the start (exit
