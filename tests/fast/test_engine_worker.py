@@ -20,6 +20,15 @@ def collect_sync(handle, timeout=30.0):
             return tokens, update
 
 
+async def collect_async(handle, timeout=30.0):
+    tokens = []
+    while True:
+        update = await asyncio.wait_for(handle.next_update(), timeout)
+        tokens += update.token_ids
+        if update.finished:
+            return tokens
+
+
 def test_threads_submit_and_receive_full_outputs(tiny_target, tiny_draft, references):
     worker = EngineWorker(make_engine(tiny_target, tiny_draft, slots=2), max_waiting=8).start()
     handles = [worker.submit(GenerationRequest(p, max_tokens=MAX_TOKENS)) for p in PROMPTS]
@@ -34,12 +43,7 @@ def test_event_loop_side_gets_updates_without_blocking(tiny_target, tiny_draft, 
 
     async def main():
         handle = worker.submit(GenerationRequest(PROMPTS[0], max_tokens=MAX_TOKENS), SpeculationOptions("ngram"))
-        tokens = []
-        while True:
-            update = await asyncio.wait_for(handle.next_update(), 30)
-            tokens += update.token_ids
-            if update.finished:
-                return tokens
+        return await collect_async(handle)
 
     assert asyncio.run(main()) == references[PROMPTS[0]]
     worker.shutdown(grace_seconds=1)
@@ -146,16 +150,7 @@ def test_a_steps_updates_reach_a_loop_in_one_wake_up(tiny_target, tiny_draft, re
         handles = [worker.submit(GenerationRequest(p, max_tokens=MAX_TOKENS), SpeculationOptions("none"))
                    for p in PROMPTS[:3]]
         worker.start()
-
-        async def read(handle):
-            tokens = []
-            while True:
-                update = await asyncio.wait_for(handle.next_update(), 30)
-                tokens += update.token_ids
-                if update.finished:
-                    return tokens
-
-        return await asyncio.gather(*(read(handle) for handle in handles))
+        return await asyncio.gather(*(collect_async(handle) for handle in handles))
 
     loop = CountingLoop()
     try:
