@@ -3,8 +3,9 @@
 `submit` (any thread, usually the event loop) hands a request to the engine thread and returns a
 `RequestHandle` from which the caller reads `SequenceUpdate`s, asynchronously (from the loop it
 was submitted on, each step's updates for that loop in one wake-up) or synchronously. `cancel`
-(a client went away) frees the sequence and its KV cache at the start of the next engine step. Capacity is bounded: past `max_running +
-max_waiting` requests in flight, `submit` raises `QueueFullError`, never queues without limit.
+(a client went away) frees the sequence and its KV cache at the start of the next engine step.
+Capacity is bounded: past `max_running + max_waiting` requests in flight, `submit` raises
+`QueueFullError`, never queues without limit.
 `shutdown` stops admitting, lets in-flight requests finish for a grace period, then cancels the
 rest, so every handle always gets a final update.
 """
