@@ -2,6 +2,7 @@
 capacity, cancellation, shutdown that always ends every request."""
 
 import asyncio
+import threading
 
 import pytest
 
@@ -161,3 +162,54 @@ def test_a_steps_updates_reach_a_loop_in_one_wake_up(tiny_target, tiny_draft, re
     assert outputs == [references[p] for p in PROMPTS[:3]]
     assert max(wake_ups) == 3  # the three streams' updates of a step in one wake-up
     assert len(wake_ups) <= MAX_TOKENS + 2  # a wake-up a step, not one a stream and step
+
+
+def test_loops_are_woken_by_the_handover_thread_not_the_engines(tiny_target, tiny_draft, references):
+    """A wake-up lets go of the interpreter, and the woken loop kept it for its whole turn while
+    the engine waited: the engine's thread never wakes a loop itself."""
+    wakers = []
+
+    class RecordingLoop(asyncio.SelectorEventLoop):
+        def call_soon_threadsafe(self, callback, *args, **kwargs):
+            wakers.append(threading.current_thread().name)
+            return super().call_soon_threadsafe(callback, *args, **kwargs)
+
+    worker = EngineWorker(make_engine(tiny_target, tiny_draft, slots=2), max_waiting=8).start()
+
+    async def main():
+        handles = [worker.submit(GenerationRequest(p, max_tokens=MAX_TOKENS), SpeculationOptions("none"))
+                   for p in PROMPTS[:2]]
+        return await asyncio.gather(*(collect_async(handle) for handle in handles))
+
+    loop = RecordingLoop()
+    try:
+        outputs = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    worker.shutdown(grace_seconds=1)
+    assert outputs == [references[p] for p in PROMPTS[:2]]
+    assert wakers and set(wakers) == {"tandem-handover"}
+
+
+def test_a_steps_updates_are_handed_over_at_the_next_model_call_or_when_idle(tiny_target, tiny_draft, references):
+    """The engine's loop driven by hand: a step's updates wait while the engine has more to do,
+    go as the next step calls the model (before its own updates exist), and the last ones go
+    once the engine has nothing left."""
+    worker = EngineWorker(make_engine(tiny_target, tiny_draft, slots=1))  # not started
+    handle = worker.submit(GenerationRequest(PROMPTS[0], max_tokens=3), SpeculationOptions("none"))
+    calls = []
+    inner = worker.engine.target.forward_batch
+    worker.engine.target.forward_batch = lambda items: (calls.append(handle._queue.qsize()), inner(items))[1]
+
+    worker._take_commands(block=False)
+    worker._step()  # the prompt's step: its first token is held
+    assert handle._queue.qsize() == 0 and worker.engine.has_work
+    worker._step()  # handed over as this step called the model
+    assert calls == [0, 1] and handle._queue.qsize() == 1
+    while worker.engine.has_work:
+        worker._step()
+    assert handle._queue.qsize() == 2  # the finishing step's update is still held ...
+    worker.start()  # ... until the engine's thread finds nothing to do
+    tokens, last = collect_sync(handle, timeout=5)
+    worker.shutdown(grace_seconds=1)
+    assert tokens == references[PROMPTS[0]][:3] and last.finished

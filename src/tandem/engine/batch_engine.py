@@ -33,6 +33,7 @@ differ on near-ties: measured in the tests and docs/design.md).
 """
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from tandem.engine.events import SequenceUpdate, StepReport
@@ -111,6 +112,9 @@ class BatchEngine(SequencePool):
         self.slots = self.prompt_cache.slots
         self.kv_tight = False  # the pool overflowed since a sequence last finished: admit nothing
         self.wave: set[str] = set()  # prompts let through together, still prefilling: nothing held back
+        # called on the engine's thread right before a step's model calls, where it leaves Python
+        # for the kernels (EngineWorker hands the last step's updates to the event loop there)
+        self.on_model_call: Callable[[], None] | None = None
 
     # -- the worker's interface (the rest is SequencePool's) --------------------------------
 
@@ -306,6 +310,8 @@ class BatchEngine(SequencePool):
         start = time.perf_counter()
         forwards = self.draft_model.forwards if self.draft_model else 0
         jobs = self._pace_catch_up(plan_drafts(seqs, self.drafters, self.planner, self.context_length))
+        if any(job.k and job.offer.uses_model for job in jobs):  # draft_all calls the draft model
+            self._model_call()
         drafts = draft_all(jobs, self.drafters, self.planner)
         forwards = (self.draft_model.forwards if self.draft_model else 0) - forwards
         return drafts, time.perf_counter() - start, forwards
@@ -382,6 +388,7 @@ class BatchEngine(SequencePool):
                  for seq, d in zip(rounds, drafts)]
         items += [BatchItem(seq.slot, seq.unprefilled[:n], 0) for seq, n in chunks]
         context = cached_context(self.target, items)
+        self._model_call()
         start = time.perf_counter()
         logits = self.target.forward_batch(items)  # per item [num_logits, vocab]
         for seq in rounds:
@@ -393,6 +400,10 @@ class BatchEngine(SequencePool):
             seq.unprefilled = seq.unprefilled[n:]
             self.slots.cached[seq.slot] = seq.tokens[: len(seq.tokens) - 1 - len(seq.unprefilled)]
         return logits[: len(rounds)]
+
+    def _model_call(self) -> None:
+        if self.on_model_call is not None:
+            self.on_model_call()
 
     def _free_kv(self, seqs: list[Sequence]) -> None:
         """The pool could not hold the step: undo any partial write, then free room for the next

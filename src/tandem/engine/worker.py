@@ -6,6 +6,13 @@ was submitted on, each step's updates for that loop in one wake-up) or synchrono
 (a client went away) frees the sequence and its KV cache at the start of the next engine step.
 Capacity is bounded: past `max_running + max_waiting` requests in flight, `submit` raises
 `QueueFullError`, never queues without limit.
+
+When updates are handed over: an engine with an `on_model_call` hook (BatchEngine) has a step's
+updates handed over as its next step calls a model (where the engine has nothing more to do, at
+once), and a loop is woken by a thread of its own (`tandem-handover`), never by the engine's: a
+wake-up is a write that lets go of the interpreter, and the woken loop kept it for its whole
+turn (detokenizing, writing the streams) while the engine waited to plan its next step. So the
+loop's turn runs while the kernels do.
 `shutdown` stops admitting, lets in-flight requests finish for a grace period, then cancels the
 rest, so every handle always gets a final update.
 """
@@ -126,7 +133,13 @@ class EngineWorker:
         self._drain_deadline: float | None = None
         self._closed = False  # engine.close() called (once, by whichever shutdown gets there first)
         self._thread = threading.Thread(target=self._run, name="tandem-engine", daemon=True)
+        self._wake_ups: queue.SimpleQueue = queue.SimpleQueue()  # (loop, its deliveries); None: stop
+        self._waker = threading.Thread(target=self._wake_loops, name="tandem-handover", daemon=True)
         self.last_report: StepReport | None = None
+        self._held: list[SequenceUpdate] = []  # the last step's updates, until the next step calls a model
+        self._holds = hasattr(engine, "on_model_call")
+        if self._holds:
+            engine.on_model_call = self._hand_over_held
 
     @property
     def in_flight(self) -> int:
@@ -136,6 +149,7 @@ class EngineWorker:
     def start(self) -> "EngineWorker":
         release_openmp_threads()  # the models' work on this thread is done: one OpenMP team left
         self._thread.start()
+        self._waker.start()
         return self
 
     def submit(self, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions(),
@@ -176,6 +190,9 @@ class EngineWorker:
             self._thread.join(timeout=grace_seconds + 30)
         if self._thread.is_alive():
             return  # still inside a step: closing the engine under it would race with it
+        if self._waker.is_alive():  # the last updates reach their loops first
+            self._wake_ups.put(None)
+            self._waker.join(timeout=5)
         with self._lock:
             if self._closed:
                 return  # a second shutdown (a drain, then the server's own close) closes nothing
@@ -193,6 +210,8 @@ class EngineWorker:
 
     def _run(self) -> None:
         while True:
+            if not self.engine.has_work:
+                self._hand_over_held()
             self._take_commands(block=not self.engine.has_work)
             self._tell_queue()
             if self._drain_deadline is not None:
@@ -235,7 +254,11 @@ class EngineWorker:
             log.exception("engine step failed")
             self._fail_all(f"engine step failed: {client_message(error)}")  # the trace stays in the log
             return
-        self._dispatch(updates)
+        if self._holds:
+            self._hand_over_held()  # where the step called no model
+            self._held = updates
+        else:
+            self._dispatch(updates)
         if report is None:
             return
         self.last_report = report
@@ -257,7 +280,17 @@ class EngineWorker:
             except Exception:
                 log.exception("queue observer failed")
 
+    def _hand_over_held(self) -> None:
+        held, self._held = self._held, []
+        if held:
+            self._deliver(held)
+
     def _dispatch(self, updates: list[SequenceUpdate]) -> None:
+        """Hand over the updates now, after any held ones (each stream's stay in order)."""
+        self._hand_over_held()
+        self._deliver(updates)
+
+    def _deliver(self, updates: list[SequenceUpdate]) -> None:
         """Hand each update to its handle: a thread's queue directly, a loop's in one callback per
         loop and step (each wake-up of a loop is a write to its pipe, and a thread switch)."""
         on_loops: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, SequenceUpdate]]] = {}
@@ -271,12 +304,17 @@ class EngineWorker:
             else:
                 on_loops.setdefault(handle._loop, []).append((handle._queue, update))
         for loop, deliveries in on_loops.items():
-            try:
-                loop.call_soon_threadsafe(_put_all, deliveries)
-            except RuntimeError:  # the loop is closed: nobody is listening any more
-                pass
+            if self._waker.is_alive():
+                self._wake_ups.put((loop, deliveries))
+            else:  # not started (a test drives the engine's loop by hand) or stopped
+                _wake(loop, deliveries)
+
+    def _wake_loops(self) -> None:  # the handover thread
+        while (wake_up := self._wake_ups.get()) is not None:
+            _wake(*wake_up)
 
     def _cancel_all(self) -> None:
+        self._hand_over_held()
         with self._lock:
             seq_ids = list(self._handles)
         for seq_id in seq_ids:
@@ -289,6 +327,13 @@ class EngineWorker:
         for seq_id in seq_ids:
             self.engine.cancel(seq_id)
             self._dispatch([SequenceUpdate(seq_id, (), finished=True, finish_reason="error", error=message)])
+
+
+def _wake(loop: asyncio.AbstractEventLoop, deliveries: list[tuple[asyncio.Queue, SequenceUpdate]]) -> None:
+    try:
+        loop.call_soon_threadsafe(_put_all, deliveries)
+    except RuntimeError:  # the loop is closed: nobody is listening any more
+        pass
 
 
 def _put_all(deliveries: list[tuple[asyncio.Queue, SequenceUpdate]]) -> None:  # on their loop
