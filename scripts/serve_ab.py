@@ -8,7 +8,8 @@ r x requests: no request repeats, so no response or prompt cache answers one), f
 on even repeats, last first on odd ones. Per repeat it prints each server's tok/s, TPOT p50,
 ITL p99 and its CPU time per completion token (the server process and its children, user +
 system, read before and after), the CPU seconds of each of its busy threads and of this client
-process over the level, and every server's ratio to the first one named; at the end the
+process over the level, for Tandem its engine's steps and their time outside the verify calls
+(read off its /metrics), and every server's ratio to the first one named; at the end the
 median ratio and the pooled one (all tokens over all wall time).
 
     .venv/bin/python scripts/serve_ab.py --configs tandem-spec,llama-server --concurrency 4 \
@@ -27,6 +28,8 @@ from statistics import median
 
 import psutil
 
+from tandem.bench.serve.draft_sources import read_metrics
+from tandem.bench.serve.engine_steps import parse_steps, step_delta
 from tandem.bench.serve.metrics import summarize
 from tandem.bench.serve.requests import level_requests
 from tandem.bench.serve.server_kinds import SERVER_KINDS
@@ -79,6 +82,7 @@ def perf_record(pid: int, out: Path) -> subprocess.Popen:
 
 
 def run_repeat(endpoint, plan: LevelPlan, max_tokens: int, perf_out: Path | None = None) -> dict:
+    steps_before = read_metrics(endpoint.metrics_url)
     before = cpu_seconds(endpoint.pid)
     threads_before, client_before = thread_cpu_seconds(endpoint.pid), own_cpu_seconds()
     sampler = perf_record(endpoint.pid, perf_out) if perf_out else None
@@ -91,12 +95,24 @@ def run_repeat(endpoint, plan: LevelPlan, max_tokens: int, perf_out: Path | None
     cpu = cpu_seconds(endpoint.pid) - before
     threads = busy_threads(threads_before, thread_cpu_seconds(endpoint.pid))
     client_cpu = own_cpu_seconds() - client_before
+    steps_after = read_metrics(endpoint.metrics_url)
     summary = summarize(result)
     tokens = sum(record.completion_tokens or 0 for record in result.records)
     return {"tok_s": summary["throughput_tok_s"], "tokens": tokens, "wall_s": result.wall_s,
             "errors": summary["errors"], "tpot_ms_p50": summary["tpot_ms_p50"], "itl_ms_p99": summary["itl_ms_p99"],
             "cpu_ms_per_token": 1000 * cpu / tokens if tokens else None,
-            "threads_cpu_s": threads, "client_cpu_s": round(client_cpu, 2)}
+            "threads_cpu_s": threads, "client_cpu_s": round(client_cpu, 2),
+            "engine_steps": (step_delta(parse_steps(steps_before), parse_steps(steps_after))
+                             if steps_before is not None and steps_after is not None else None)}
+
+
+def engine_line(steps: dict) -> str:
+    """Tandem's engine over the level, from its /metrics: the steps, and their time outside the
+    target's verify calls (planning, drafting, admission and its prompt-cache copies, committing)."""
+    outside = steps["step_s"] - steps["verify_s"]
+    per_step = 1000 * outside / steps["steps"] if steps["steps"] else 0.0
+    return (f"engine: {steps['steps']} steps, {steps['step_s']:.2f} s in them, {steps['verify_s']:.2f} s in verify "
+            f"calls, {outside:.2f} s outside them ({per_step:.2f} ms a step)")
 
 
 def pooled_rate(runs: list[dict]) -> float:
@@ -173,6 +189,8 @@ def main() -> int:
                       f"errors {run['errors']}  {configs[0]} / this {_ratio(first['tok_s'], run['tok_s'])}", flush=True)
                 threads = ", ".join(f"{one['cpu_s']:.2f}{' (main)' if one['main'] else ''}" for one in run["threads_cpu_s"])
                 print(f"  {'':<18} CPU s by thread: {threads}; this client's: {run['client_cpu_s']:.2f}", flush=True)
+                if run["engine_steps"]:
+                    print(f"  {'':<18} {engine_line(run['engine_steps'])}", flush=True)
     print(f"C={args.concurrency}, {args.repeats} repeats of {args.requests} requests:")
     summary = {}
     first_rate = pooled_rate(runs[configs[0]])

@@ -1,5 +1,6 @@
 """scripts/serve_ab.py's per-thread CPU reading: the threads that ran between two readings,
-busiest first, a process's first thread marked, idle ones and gone ones left out."""
+busiest first, a process's first thread marked, idle ones and gone ones left out; and its line
+on Tandem's engine steps."""
 
 import importlib.util
 import os
@@ -37,3 +38,10 @@ def test_a_spinning_thread_of_this_process_is_read_as_busy():
     assert (os.getpid(), os.getpid()) in after  # the main thread is keyed (pid, pid)
     busy = serve_ab.busy_threads(before, after)
     assert busy and busy[0]["cpu_s"] >= 0.05
+
+
+def test_the_engine_line_gives_the_steps_time_outside_the_verify_calls():
+    steps = {"steps": 200, "prompt_steps": 20, "step_s": 60.8, "draft_s": 0.0, "verify_s": 60.0}
+    line = serve_ab.engine_line(steps)
+    assert "200 steps" in line and "0.80 s outside them (4.00 ms a step)" in line
+    assert "(0.00 ms a step)" in serve_ab.engine_line({**steps, "steps": 0, "step_s": 0.0, "verify_s": 0.0})
