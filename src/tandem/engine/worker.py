@@ -5,7 +5,8 @@
 was submitted on, each step's updates for that loop in one wake-up) or synchronously. `cancel`
 (a client went away) frees the sequence and its KV cache at the start of the next engine step.
 Capacity is bounded: past `max_running + max_waiting` requests in flight, `submit` raises
-`QueueFullError`, never queues without limit.
+`QueueFullError`, never queues without limit. `shutdown` stops admitting, lets in-flight requests
+finish for a grace period, then cancels the rest, so every handle always gets a final update.
 
 When updates are handed over: an engine with an `on_model_call` hook (BatchEngine) has a step's
 updates handed over as its next step calls a model (where the engine has nothing more to do, at
@@ -13,8 +14,6 @@ once), and a loop is woken by a thread of its own (`tandem-handover`), never by 
 wake-up is a write that lets go of the interpreter, and the woken loop kept it for its whole
 turn (detokenizing, writing the streams) while the engine waited to plan its next step. So the
 loop's turn runs while the kernels do.
-`shutdown` stops admitting, lets in-flight requests finish for a grace period, then cancels the
-rest, so every handle always gets a final update.
 """
 
 import asyncio
@@ -148,8 +147,8 @@ class EngineWorker:
 
     def start(self) -> "EngineWorker":
         release_openmp_threads()  # the models' work on this thread is done: one OpenMP team left
+        self._waker.start()  # first: the engine's first updates already go through it
         self._thread.start()
-        self._waker.start()
         return self
 
     def submit(self, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions(),
