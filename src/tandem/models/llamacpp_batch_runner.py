@@ -160,14 +160,9 @@ class LlamaCppBatchRunner:
         import llama_cpp
 
         size = llama_cpp.llama_state_seq_get_size(self._ctx.ctx, slot)
-        # llama.cpp writes into a bytearray: where freed memory is reused, a zero-filled ctypes
-        # array of 7 MB (250 tokens of the 1.5B) took ~7 ms to make, a bytearray and the copy
-        # into bytes ~0.6 ms; where the memory is new, the first writes' page faults (~4 ms) cost both alike
-        state = bytearray(size)
-        view = (ctypes.c_uint8 * size).from_buffer(state)
-        written = llama_cpp.llama_state_seq_get_data(self._ctx.ctx, view, size, slot)
-        del view  # the export ends before the bytes are taken
-        return bytes(memoryview(state)[:written])
+        buffer = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data(self._ctx.ctx, buffer, size, slot)
+        return ctypes.string_at(buffer, written)  # one copy (slicing the array would build a list of ints)
 
     def restore_state(self, slot: int, state: bytes, length: int) -> bool:
         """Make the slot hold a state `save_state` returned for `length` tokens; False (the slot
