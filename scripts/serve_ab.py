@@ -10,7 +10,8 @@ ITL p99 and its CPU time per completion token (the server process and its childr
 system, read before and after), the CPU seconds of each of its busy threads and of this client
 process over the level, for Tandem its engine's steps and their time outside the verify calls
 (read off its /metrics), and every server's ratio to the first one named; at the end the
-median ratio and the pooled one (all tokens over all wall time).
+median ratio and the pooled one (all tokens over all wall time). `--requests-out` keeps each
+request's TTFT, end-to-end time, token counts and token gaps in results.json.
 
     .venv/bin/python scripts/serve_ab.py --configs tandem-spec,llama-server --concurrency 4 \
         --requests 20 --repeats 4 --max-tokens-spread 25 --threads 2
@@ -81,7 +82,17 @@ def perf_record(pid: int, out: Path) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def run_repeat(endpoint, plan: LevelPlan, max_tokens: int, perf_out: Path | None = None) -> dict:
+def request_timings(records) -> list[dict]:
+    """Each request's own timings, in request-list order (a closed loop's schedule follows from
+    them: the first C start at once, each next one as a client's last one ends)."""
+    return [{"prompt_id": r.prompt_id, "ok": r.ok, "ttft_s": r.ttft_s, "e2e_s": r.e2e_s,
+             "prompt_tokens": r.prompt_tokens, "cached_tokens": r.cached_tokens,
+             "completion_tokens": r.completion_tokens, "itl_s": [round(gap, 5) for gap in r.itl_s]}
+            for r in records]
+
+
+def run_repeat(endpoint, plan: LevelPlan, max_tokens: int, perf_out: Path | None = None,
+               keep_requests: bool = False) -> dict:
     steps_before = read_metrics(endpoint.metrics_url)
     before = cpu_seconds(endpoint.pid)
     threads_before, client_before = thread_cpu_seconds(endpoint.pid), own_cpu_seconds()
@@ -98,7 +109,8 @@ def run_repeat(endpoint, plan: LevelPlan, max_tokens: int, perf_out: Path | None
     steps_after = read_metrics(endpoint.metrics_url)
     summary = summarize(result)
     tokens = sum(record.completion_tokens or 0 for record in result.records)
-    return {"tok_s": summary["throughput_tok_s"], "tokens": tokens, "wall_s": result.wall_s,
+    timings = {"requests": request_timings(result.records)} if keep_requests else {}
+    return {"tok_s": summary["throughput_tok_s"], "tokens": tokens, "wall_s": result.wall_s, **timings,
             "errors": summary["errors"], "tpot_ms_p50": summary["tpot_ms_p50"], "itl_ms_p99": summary["itl_ms_p99"],
             "cpu_ms_per_token": 1000 * cpu / tokens if tokens else None,
             "threads_cpu_s": threads, "client_cpu_s": round(client_cpu, 2),
@@ -145,6 +157,8 @@ def main() -> int:
     parser.add_argument("--perf", action="store_true",
                         help="sample each server with `perf record -g` during its levels: OUT/perf/<config>-<repeat>.data "
                              "(scripts/perf_breakdown.py sums them by kind of work)")
+    parser.add_argument("--requests-out", action="store_true",
+                        help="keep each request's TTFT, end-to-end time, token counts and gaps in results.json")
     args = parser.parse_args()
     try:
         configs = parse_configs(args.configs)
@@ -179,7 +193,8 @@ def main() -> int:
                 perf_out = settings.out_dir / "perf" / f"{label}-{repeat}.data" if args.perf else None
                 if perf_out:
                     perf_out.parent.mkdir(parents=True, exist_ok=True)
-                runs[label].append(run_repeat(endpoints[label], plan, args.max_tokens, perf_out))
+                runs[label].append(run_repeat(endpoints[label], plan, args.max_tokens, perf_out,
+                                                 args.requests_out))
             first = runs[configs[0]][-1]
             print(f"repeat {repeat} (order {', '.join(order)}):", flush=True)
             for label in configs:

@@ -45,3 +45,16 @@ def test_the_engine_line_gives_the_steps_time_outside_the_verify_calls():
     line = serve_ab.engine_line(steps)
     assert "200 steps" in line and "0.80 s outside them (4.00 ms a step)" in line
     assert "(0.00 ms a step)" in serve_ab.engine_line({**steps, "steps": 0, "step_s": 0.0, "verify_s": 0.0})
+
+
+def test_request_timings_keep_each_requests_times_in_list_order():
+    from tandem.bench.serve.client import RequestRecord
+
+    records = [RequestRecord("p1", "chat", ok=True, ttft_s=0.5, e2e_s=2.0, itl_s=(0.1234567, 0.2),
+                             completion_tokens=3, prompt_tokens=40, cached_tokens=20),
+               RequestRecord("p0", "code", ok=False, error="HTTP 500", e2e_s=0.1)]
+    assert serve_ab.request_timings(records) == [
+        {"prompt_id": "p1", "ok": True, "ttft_s": 0.5, "e2e_s": 2.0, "prompt_tokens": 40, "cached_tokens": 20,
+         "completion_tokens": 3, "itl_s": [0.12346, 0.2]},
+        {"prompt_id": "p0", "ok": False, "ttft_s": None, "e2e_s": 0.1, "prompt_tokens": None,
+         "cached_tokens": None, "completion_tokens": 0, "itl_s": []}]
