@@ -31,6 +31,7 @@ def test_a_restored_state_gives_the_logits_of_the_state_saved(small_gguf, chat_p
     prompt = list(chat_prompt_ids[0])
     model.forward_batch([BatchItem(0, tuple(prompt), 0)])
     state = model.save_state(0)
+    assert model.save_state(0) == state  # llama.cpp writes every byte of the unwritten buffer it is given
     next_token = BatchItem(0, (prompt[-1],), 1)
     saved_logits = model.forward_batch([next_token])[0]  # [1, vocab]
     model.rollback(0, 0)
