@@ -32,8 +32,9 @@ and the rest together (`plan_calls`). See docs/vs-llama-server.md for the measur
 A saved state (`save_state`: the prompt cache keeps a slot's KV before the slot takes another
 prompt, 3-15 MB for the 1.5B) lands in new memory, whose pages the kernel faults in one by one
 as they are first written. So llama.cpp writes it straight into the bytes object that is kept,
-made unwritten: a zeroed buffer copied into bytes afterwards touched twice the pages, and one C=4
-serving level's 20 saves took 0.42-0.50 s that way and 0.06 s this way (AMD EPYC VM).
+made unwritten (models/host_bytes.py): a zeroed buffer copied into bytes afterwards touched
+twice the pages, and one C=4 serving level's 20 saves took 0.42-0.50 s that way and 0.06 s this
+way (AMD EPYC VM).
 """
 
 import ctypes
@@ -46,6 +47,7 @@ import numpy as np
 from tandem.errors import TandemError
 from tandem.models.batch_runner import BatchItem, KvPoolFullError
 from tandem.models.cost import CostModel
+from tandem.models.host_bytes import bytes_address, new_bytes
 
 DEFAULT_CONTEXT = 4096  # per sequence
 MAX_POOL_TOKENS = 32768  # KV cells shared by all slots
@@ -58,20 +60,9 @@ FEW_ROWS = 8  # items with fewer positions put more than 8 slots in a tile: scor
 Position = tuple[int, BatchItem, int]  # (item index, item, token index in the item)
 
 
-_bytes_from_size = ctypes.pythonapi.PyBytes_FromStringAndSize
-_bytes_from_size.restype = ctypes.py_object
-_bytes_from_size.argtypes = (ctypes.c_char_p, ctypes.c_ssize_t)
-
-
-def _new_bytes(size: int) -> bytes:
-    """A bytes object of `size` bytes left unwritten (the C API's PyBytes_FromStringAndSize(NULL,
-    size), whose caller fills it before anyone else sees it): no zeroing pass over new memory."""
-    return _bytes_from_size(None, size)
-
-
 def _bytes_pointer(data: bytes):
     """Where a bytes object's own buffer starts, as llama.cpp's state calls take it (no copy)."""
-    return ctypes.cast(ctypes.c_char_p(data), ctypes.POINTER(ctypes.c_uint8))
+    return ctypes.cast(bytes_address(data), ctypes.POINTER(ctypes.c_uint8))
 
 
 def kv_pool_tokens(max_slots: int, context_length: int) -> int:
@@ -183,7 +174,7 @@ class LlamaCppBatchRunner:
         import llama_cpp
 
         size = llama_cpp.llama_state_seq_get_size(self._ctx.ctx, slot)
-        state = _new_bytes(size)
+        state = new_bytes(size)
         written = llama_cpp.llama_state_seq_get_data(self._ctx.ctx, _bytes_pointer(state), size, slot)
         return state if written == size else state[:written]
 

@@ -27,7 +27,15 @@ def test_a_restored_state_scores_like_the_state_saved(tiny_target):
     runner.forward_batch([BatchItem(0, PROMPT, 0)])
     state = runner.save_state(0)
     assert len(state) == len(PROMPT) * runner.row_bytes
+    assert runner.save_state(0) == state  # every byte of the unwritten bytes is written
+    # the slow reference: every layer's pool rows stacked, then copied out
+    rows = torch.tensor(runner.blocks.rows(0, 0, len(PROMPT)))
+    stacked = torch.stack([pool[rows] for pool in (*runner.cache.keys, *runner.cache.values)])
+    assert stacked.contiguous().view(torch.uint8).numpy().tobytes() == state
+    assert runner.save_state(1) == b""  # an empty slot
+    kept = bytes(state)
     assert runner.restore_state(1, state, len(PROMPT)) and runner.num_cached_tokens(1) == len(PROMPT)
+    assert state == kept and runner.save_state(1) == state  # read in place, never written
     # each slot scored in a call of its own: rows of one batched call may round differently
     # (7e-7 apart on an AMD EPYC), while two calls of the same shape compute the same sums
     saved = runner.forward_batch([BatchItem(0, (5, 6), 2)])[0]

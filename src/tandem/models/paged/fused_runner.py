@@ -13,7 +13,8 @@ Prompt cache (engine/prompt_cache.py): the runner has `cache_slots` block tables
 reference counted (a shared prefix is held once), until the engine needs their blocks and evicts
 the least recently used. Unlike llama.cpp's unified pool, a resident cache costs a step nothing:
 attention gathers only the slot's own rows. `save_state`/`restore_state` copy a slot's rows to
-host memory and back (the host tier; on cuda it is the only copy outside the device's pool).
+host memory and back (the host tier; on cuda it is the only copy outside the device's pool):
+gathered straight into the bytes kept, and read back from them in place.
 """
 
 import os
@@ -25,6 +26,7 @@ import torch
 from tandem.errors import TandemError
 from tandem.models.batch_runner import BatchItem
 from tandem.models.cost import CostModel
+from tandem.models.host_bytes import bytes_buffer, new_bytes
 from tandem.models.paged.decoder import PagedDecoder
 from tandem.models.paged.kv_blocks import BlockManager, KvPoolFullError
 from tandem.models.paged.kv_cache import PagedKvCache
@@ -95,10 +97,15 @@ class FusedTorchRunner:
         self.blocks.share_prefix(source, destination, length)
 
     def save_state(self, slot: int) -> bytes:
-        """The slot's cached keys and values, every layer, as bytes in host memory (a layout
-        change must bump engine/disk_cache.py's TORCH_STATE_LAYOUT: files on disk outlive it)."""
-        state = self.cache.read_rows(self._rows(slot, self.blocks.length(slot)))  # [2 * layers, length, heads, dim]
-        return state.cpu().contiguous().view(torch.uint8).numpy().tobytes()
+        """The slot's cached keys and values, every layer, as bytes in host memory, gathered
+        straight into the bytes returned (models/host_bytes.py). A layout change must bump
+        engine/disk_cache.py's TORCH_STATE_LAYOUT: files on disk outlive it."""
+        length = self.blocks.length(slot)
+        if length == 0:
+            return b""
+        state = new_bytes(length * self.row_bytes)
+        self.cache.read_rows(self._rows(slot, length), self._host_view(state, length))
+        return state
 
     def restore_state(self, slot: int, state: bytes, length: int) -> bool:
         """Make the slot hold a state `save_state` returned for `length` tokens; False (the slot
@@ -109,12 +116,16 @@ class FusedTorchRunner:
         if self.blocks.blocks_needed(slot, length) > self.blocks.num_free:
             return False
         self.blocks.prepare_write(slot, length)
-        pool = self.cache.keys[0]  # [rows, kv_heads, head_dim]
-        shape = (2 * len(self.cache.keys), length, *pool.shape[1:])
-        saved = torch.frombuffer(bytearray(state), dtype=torch.uint8).view(pool.dtype).view(shape)
-        self.cache.write_rows(self._rows(slot, length), saved.to(self.device))
+        self.cache.write_rows(self._rows(slot, length), self._host_view(state, length))  # read in place
         self.blocks.advance(slot, length)
         return True
+
+    def _host_view(self, state: bytes, length: int) -> torch.Tensor:
+        """A saved state's bytes seen as [2 * layers, length, kv_heads, head_dim] (no copy; the
+        caller holds `state` while the view is in use)."""
+        pool = self.cache.keys[0]  # [rows, kv_heads, head_dim]
+        shape = (2 * len(self.cache.keys), length, *pool.shape[1:])
+        return torch.frombuffer(bytes_buffer(state), dtype=torch.uint8).view(pool.dtype).view(shape)
 
     def _rows(self, slot: int, length: int) -> torch.Tensor:
         """Pool rows of the slot's positions 0..length-1: [length]."""

@@ -25,14 +25,19 @@ class PagedKvCache:
         """rows [n, context] -> keys, values [n, context, kv_heads, head_dim]."""
         return self.keys[layer][rows], self.values[layer][rows]
 
-    def read_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        """rows [n] -> every layer's keys, then values, at those rows: [2 * layers, n, kv_heads, head_dim]."""
-        return torch.stack([pool[rows] for pool in (*self.keys, *self.values)])
+    def read_rows(self, rows: torch.Tensor, out: torch.Tensor) -> None:
+        """Every layer's keys, then values, at rows [n] into out [2 * layers, n, kv_heads, head_dim],
+        which may live on another device (a host buffer): each layer crosses once."""
+        for pool, pool_out in zip((*self.keys, *self.values), out):
+            if pool_out.device == pool.device:
+                torch.index_select(pool, 0, rows, out=pool_out)
+            else:
+                pool_out.copy_(pool[rows])
 
     def write_rows(self, rows: torch.Tensor, state: torch.Tensor) -> None:
-        """The inverse of read_rows: state [2 * layers, n, kv_heads, head_dim] into rows [n]."""
+        """The inverse of read_rows: state [2 * layers, n, kv_heads, head_dim], on any device, into rows [n]."""
         for pool, pool_state in zip((*self.keys, *self.values), state):
-            pool.index_copy_(0, rows, pool_state)
+            pool.index_copy_(0, rows, pool_state.to(pool.device))
 
     def copy_blocks(self, copies: list[tuple[int, int]], block_size: int) -> None:
         """Copy-on-write: each (source, destination) block's rows, in every layer."""
