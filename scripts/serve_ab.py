@@ -8,7 +8,7 @@ r x requests: no request repeats, so no response or prompt cache answers one), f
 on even repeats, last first on odd ones. Per repeat it prints each server's tok/s, TPOT p50,
 ITL p99 and its CPU time per completion token (the server process and its children, user +
 system, read before and after), the CPU seconds of each of its busy threads and of this client
-process over the level, for Tandem its engine's steps and their time outside the verify calls
+process over the level, the seconds the hypervisor took from this VM meanwhile, for Tandem its engine's steps and their time outside the verify calls
 (read off its /metrics), and every server's ratio to the first one named; at the end the
 median ratio and the pooled one (all tokens over all wall time). `--requests-out` keeps each
 request's TTFT, end-to-end time, token counts and token gaps in results.json.
@@ -70,6 +70,13 @@ def busy_threads(before: dict, after: dict, at_least_s: float = 0.05) -> list[di
             for seconds, key in sorted(spent, reverse=True) if seconds >= at_least_s]
 
 
+def steal_seconds() -> float:
+    """CPU seconds the hypervisor gave to other guests while this VM's CPUs wanted to run, all
+    CPUs together, since boot (0 where the kernel does not count it): a level whose kernels ran
+    slow with steal beside it lost them to the host, not to the server."""
+    return getattr(psutil.cpu_times(), "steal", 0.0)
+
+
 def own_cpu_seconds() -> float:
     times = psutil.Process().cpu_times()
     return times.user + times.system
@@ -95,7 +102,7 @@ def run_repeat(endpoint, plan: LevelPlan, max_tokens: int, perf_out: Path | None
                keep_requests: bool = False) -> dict:
     steps_before = read_metrics(endpoint.metrics_url)
     before = cpu_seconds(endpoint.pid)
-    threads_before, client_before = thread_cpu_seconds(endpoint.pid), own_cpu_seconds()
+    threads_before, client_before, steal_before = thread_cpu_seconds(endpoint.pid), own_cpu_seconds(), steal_seconds()
     sampler = perf_record(endpoint.pid, perf_out) if perf_out else None
     try:
         result = run_level(endpoint, plan, max_tokens, progress=False)
@@ -105,7 +112,7 @@ def run_repeat(endpoint, plan: LevelPlan, max_tokens: int, perf_out: Path | None
             sampler.wait()
     cpu = cpu_seconds(endpoint.pid) - before
     threads = busy_threads(threads_before, thread_cpu_seconds(endpoint.pid))
-    client_cpu = own_cpu_seconds() - client_before
+    client_cpu, steal = own_cpu_seconds() - client_before, steal_seconds() - steal_before
     steps_after = read_metrics(endpoint.metrics_url)
     summary = summarize(result)
     tokens = sum(record.completion_tokens or 0 for record in result.records)
@@ -113,7 +120,7 @@ def run_repeat(endpoint, plan: LevelPlan, max_tokens: int, perf_out: Path | None
     return {"tok_s": summary["throughput_tok_s"], "tokens": tokens, "wall_s": result.wall_s, **timings,
             "errors": summary["errors"], "tpot_ms_p50": summary["tpot_ms_p50"], "itl_ms_p99": summary["itl_ms_p99"],
             "cpu_ms_per_token": 1000 * cpu / tokens if tokens else None,
-            "threads_cpu_s": threads, "client_cpu_s": round(client_cpu, 2),
+            "threads_cpu_s": threads, "client_cpu_s": round(client_cpu, 2), "steal_s": round(steal, 2),
             "engine_steps": (step_delta(parse_steps(steps_before), parse_steps(steps_after))
                              if steps_before is not None and steps_after is not None else None)}
 
@@ -203,7 +210,8 @@ def main() -> int:
                       f"ITL p99 {_ms(run['itl_ms_p99'])} ms  CPU {_ms(run['cpu_ms_per_token'])} ms/token  "
                       f"errors {run['errors']}  {configs[0]} / this {_ratio(first['tok_s'], run['tok_s'])}", flush=True)
                 threads = ", ".join(f"{one['cpu_s']:.2f}{' (main)' if one['main'] else ''}" for one in run["threads_cpu_s"])
-                print(f"  {'':<18} CPU s by thread: {threads}; this client's: {run['client_cpu_s']:.2f}", flush=True)
+                print(f"  {'':<18} CPU s by thread: {threads}; this client's: {run['client_cpu_s']:.2f}; "
+                      f"stolen by the host: {run['steal_s']:.2f}", flush=True)
                 if run["engine_steps"]:
                     print(f"  {'':<18} {engine_line(run['engine_steps'])}", flush=True)
     print(f"C={args.concurrency}, {args.repeats} repeats of {args.requests} requests:")

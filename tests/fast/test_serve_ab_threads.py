@@ -58,3 +58,12 @@ def test_request_timings_keep_each_requests_times_in_list_order():
          "completion_tokens": 3, "itl_s": [0.12346, 0.2]},
         {"prompt_id": "p0", "ok": False, "ttft_s": None, "e2e_s": 0.1, "prompt_tokens": None,
          "cached_tokens": None, "completion_tokens": 0, "itl_s": []}]
+
+
+def test_steal_is_read_from_the_kernels_count_and_never_runs_backwards():
+    first = serve_ab.steal_seconds()
+    with open("/proc/stat") as stat:  # "cpu user nice system idle iowait irq softirq steal ...", in ticks
+        ticks = int(stat.readline().split()[8])
+    second = serve_ab.steal_seconds()
+    hz = os.sysconf("SC_CLK_TCK")
+    assert 0 <= first <= second and first - 1 <= ticks / hz <= second + 1
