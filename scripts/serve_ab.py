@@ -8,10 +8,11 @@ r x requests: no request repeats, so no response or prompt cache answers one), f
 on even repeats, last first on odd ones. Per repeat it prints each server's tok/s, TPOT p50,
 ITL p99 and its CPU time per completion token (the server process and its children, user +
 system, read before and after), the CPU seconds of each of its busy threads and of this client
-process over the level, the seconds the hypervisor took from this VM meanwhile, for Tandem its engine's steps and their time outside the verify calls
-(read off its /metrics), and every server's ratio to the first one named; at the end the
-median ratio and the pooled one (all tokens over all wall time). `--requests-out` keeps each
-request's TTFT, end-to-end time, token counts and token gaps in results.json.
+process over the level, the seconds the hypervisor took from this VM meanwhile (steal), for
+Tandem its engine's steps and their time outside the verify calls (read off its /metrics), and
+every server's ratio to the first one named; at the end the median ratio and the pooled one (all
+tokens over all wall time). `--requests-out` keeps each request's TTFT, end-to-end time, token
+counts and token gaps in results.json.
 
     .venv/bin/python scripts/serve_ab.py --configs tandem-spec,llama-server --concurrency 4 \
         --requests 20 --repeats 4 --max-tokens-spread 25 --threads 2
