@@ -1,12 +1,16 @@
 """The host tier of the prompt cache (engine/host_cache.py): the longest cached prefix found
 through the block-hash index equals a brute-force scan's, the byte budget is never exceeded
-(least recently used entries go first), and another model's key never hits."""
+(least recently used entries go first), dropped entries' memory is handed back to the system
+every RELEASE_EVERY_BYTES, and another model's key never hits."""
 
 import random
 
 import pytest
 
+from tandem.engine import host_cache
 from tandem.engine.host_cache import BLOCK, HostEntry, HostPromptCache, parse_cache_ram
+from tandem import heap
+from tandem.heap import release_freed
 from tandem.errors import TandemError
 from tandem.token_ids import common_prefix
 
@@ -58,6 +62,28 @@ def test_the_byte_budget_is_never_exceeded_and_the_least_recently_used_go_first(
     assert cache.lookup([7] * 40, KEY) is not None and cache.lookup([9] * 40, KEY) is not None
     assert not cache.put(entry([5] * 40, nbytes=1001), KEY)  # larger than the whole budget
     assert cache.nbytes <= cache.capacity_bytes
+
+
+def test_dropped_entries_memory_is_handed_back_every_release_every_bytes(monkeypatch):
+    releases = []
+    monkeypatch.setattr(host_cache, "release_freed", lambda: releases.append(1) or True)
+    monkeypatch.setattr(host_cache, "RELEASE_EVERY_BYTES", 250)
+    cache = HostPromptCache(300, KEY)
+    for i in range(3):  # 300 bytes fit: nothing dropped
+        assert cache.put(entry(range(i * 100, i * 100 + BLOCK)), KEY)
+    assert releases == [] and cache.dropped_bytes == 0
+    for i in range(3, 5):  # two entries dropped, 200 bytes: not yet
+        cache.put(entry(range(i * 100, i * 100 + BLOCK)), KEY)
+    assert releases == [] and cache.dropped_bytes == 200
+    cache.put(entry(range(500, 500 + BLOCK)), KEY)  # the third: 300 >= 250
+    assert releases == [1] and cache.dropped_bytes == 0
+    cache.clear()  # whatever was dropped goes back at once
+    assert releases == [1, 1] and cache.dropped_bytes == 0 and cache.nbytes == 0
+
+
+def test_freed_memory_can_be_handed_back_on_this_machines_c_library():
+    assert heap._malloc_trim() is not None  # glibc's malloc_trim, found and callable
+    assert release_freed() in (True, False)  # True where it gave pages back
 
 
 def test_a_longer_history_replaces_the_entry_it_extends():

@@ -11,7 +11,9 @@ prefix with the new prompt where that beats what the slots hold.
 Entries are found through a block-hash chain (engine/prefix_index.py). Bounded by bytes, evicted least recently used
 first; an entry larger than the whole budget is not kept. Every entry carries the model key of
 the runners that saved it, and a cache answers only lookups made with its own key: a state is
-never restored into another model (or another tokenizer's token ids).
+never restored into another model (or another tokenizer's token ids). Every RELEASE_EVERY_BYTES
+of entries dropped, the freed memory is handed back to the system (tandem/heap.py), so that the
+process's memory follows the budget instead of creeping past it.
 """
 
 import os
@@ -20,9 +22,11 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from tandem.engine.prefix_index import BLOCK, PrefixIndex
+from tandem.heap import release_freed
 from tandem.memory_size import parse_memory
 
 DEFAULT_MAX_BYTES = 8 << 30  # llama-server's --cache-ram default (8 GiB), or a quarter of the RAM if less
+RELEASE_EVERY_BYTES = 64 << 20  # entries dropped between two hand-backs of freed memory
 
 
 def default_cache_ram_bytes() -> int:
@@ -70,6 +74,7 @@ class HostPromptCache:
         self.nbytes = 0
         self.saved = 0  # entries ever stored
         self.evicted = 0  # entries dropped for room
+        self.dropped_bytes = 0  # bytes of entries dropped since freed memory was last handed back
         self._entries: OrderedDict[int, HostEntry] = OrderedDict()  # least recently used first
         self._index: PrefixIndex[int] = PrefixIndex()
         self._next_id = 0
@@ -103,6 +108,7 @@ class HostPromptCache:
         while self.nbytes + entry.nbytes > self.capacity_bytes:
             self._remove(next(iter(self._entries)))
             self.evicted += 1
+        self._release_dropped()
         entry_id, self._next_id = self._next_id, self._next_id + 1
         self._entries[entry_id] = entry
         self.nbytes += entry.nbytes
@@ -113,7 +119,18 @@ class HostPromptCache:
     def clear(self) -> None:
         for entry_id in list(self._entries):
             self._remove(entry_id)
+        self._release_dropped(at_least=1)
 
     def _remove(self, entry_id: int) -> None:
-        self.nbytes -= self._entries.pop(entry_id).nbytes
+        dropped = self._entries.pop(entry_id).nbytes
+        self.nbytes -= dropped
+        self.dropped_bytes += dropped
         self._index.remove(entry_id)
+
+    def _release_dropped(self, at_least: int | None = None) -> None:
+        """Hand freed memory back once at_least (RELEASE_EVERY_BYTES) bytes of entries were dropped
+        since the last time (an entry a disk writer still holds is freed later, and handed back
+        the next time)."""
+        if self.dropped_bytes >= (RELEASE_EVERY_BYTES if at_least is None else at_least):
+            release_freed()
+            self.dropped_bytes = 0
