@@ -20,14 +20,14 @@ from tandem.engine import host_cache
 from tandem.engine.host_cache import HostEntry, HostPromptCache, parse_cache_ram
 from tandem.engine.prefix_index import BLOCK
 from tandem.hardware import cpu_model
+from tandem.heap import resident_bytes
 from tandem.models.host_bytes import bytes_address, new_bytes
 
 VOCAB = 151936  # Qwen2.5's logits row
 
 
 def resident_mib() -> float:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * 4096 / 2**20
+    return resident_bytes() / 2**20
 
 
 def main() -> None:

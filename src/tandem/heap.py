@@ -1,4 +1,4 @@
-"""Handing memory the process has freed back to the system.
+"""The process's memory: how much is resident, and handing what it has freed back to the system.
 
 glibc's malloc keeps freed chunks in its arenas for reuse and returns to the system only what is
 free at the top of an arena. The prompt cache's host tier frees megabytes at a time wherever an
@@ -12,6 +12,19 @@ again when reused: ~1 ms for each 4-5 MiB entry evicted, measured in the same sc
 import ctypes
 import ctypes.util
 import functools
+import os
+import resource
+import sys
+
+
+def resident_bytes() -> int:
+    """This process's resident memory now (its peak where /proc is missing: not Linux)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
 
 
 @functools.cache

@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 
 from tandem.cluster.profiles.profile import Curve, DeviceProfile, MemoryUse
 from tandem.errors import TandemError
+from tandem.heap import resident_bytes
 from tandem.models.backends import RunnerSpec, precision_of
 from tandem.models.batch_backends import load_batch_runner
 from tandem.models.batch_runner import BatchItem, BatchRunner
@@ -58,12 +59,12 @@ def measure_profile(spec: RunnerSpec, grid: ProfileGrid = ProfileGrid(), progres
     needed = max(grid.contexts[-1] + grid.sizes[-1], *PROMPT_SIZES) + 1
     spec = RunnerSpec(spec.model, spec.backend, spec.device, spec.dtype, spec.threads,
                       max(spec.context_length, needed)).resolved()
-    before = _rss_bytes()
+    before = resident_bytes()
     runner = load_batch_runner(spec, grid.batches[-1])
     if runner.context_length < needed - 1:  # past what the model was trained on: not a profile of it
         raise TandemError(f"profiling {spec.model} needs {needed - 1} tokens of context (--contexts up to "
                           f"{grid.contexts[-1]} plus --sizes up to {grid.sizes[-1]}); it holds {runner.context_length}")
-    loaded = _rss_bytes() - before
+    loaded = resident_bytes() - before
     samples: dict[tuple[int, int, int], float] = {}
     prompt_sizes = sorted(set(grid.sizes) | set(PROMPT_SIZES))
     prompt_samples: dict[int, float] = {}
@@ -88,7 +89,7 @@ def measure_profile(spec: RunnerSpec, grid: ProfileGrid = ProfileGrid(), progres
         dtype=precision_of(spec.backend, spec.dtype),
         threads=spec.threads or os.cpu_count(), source="measured", curves=curves,
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        memory=MemoryUse(loaded, _peak_rss_bytes(), _device_bytes(spec.device)), prompt_ms=prompt,
+        memory=MemoryUse(loaded, _peakresident_bytes(), _device_bytes(spec.device)), prompt_ms=prompt,
     )
 
 
@@ -148,15 +149,7 @@ def _cap_by_more_work(samples: dict[tuple[int, int, int], float]) -> dict[tuple[
             for key in samples}
 
 
-def _rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def _peak_rss_bytes() -> int:
+def _peakresident_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 

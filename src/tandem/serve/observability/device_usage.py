@@ -8,10 +8,10 @@ each visible CUDA device `cuda:i` - only when torch is already imported (this mo
 imports torch) and CUDA is available.
 """
 
-import os
-import resource
 import sys
 from collections import deque
+
+from tandem.heap import resident_bytes
 
 DEFAULT_UTILIZATION_WINDOW_SECONDS = 10.0
 MAX_STEPS_REMEMBERED = 20_000  # bounds memory; past 2,000 steps/s the 10 s window reads low
@@ -60,7 +60,7 @@ def _fraction(value: float) -> float:
 
 def device_memory_bytes() -> dict[str, int]:
     """{"cpu": resident bytes, "cuda:0": allocated bytes, ...}."""
-    memory = {"cpu": _resident_bytes()}
+    memory = {"cpu": resident_bytes()}
     torch = sys.modules.get("torch")  # only if someone else imported it
     if torch is not None and torch.cuda.is_available():
         for index in range(torch.cuda.device_count()):
@@ -68,10 +68,3 @@ def device_memory_bytes() -> dict[str, int]:
     return memory
 
 
-def _resident_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):  # not Linux: the peak RSS is the best we have
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return peak if sys.platform == "darwin" else peak * 1024
