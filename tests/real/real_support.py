@@ -4,6 +4,8 @@ where a quantized backend may differ."""
 
 import numpy as np
 
+from tandem.token_ids import first_divergence
+
 MAX_TOKENS = 32
 # A near-tie: the two candidate tokens' target logits differ by less than this. Batched and
 # one-token forwards in llama.cpp use different kernels; their logits differ by up to ~0.5.
@@ -25,13 +27,17 @@ def greedy_alone(forward, reset, prompt, max_tokens: int, stop_ids) -> list[int]
     return output
 
 
-def first_divergence(output: list[int], reference: list[int]) -> int:
-    """Where two outputs first differ (one being a prefix of the other: where the shorter ends)."""
-    i = next((i for i, (a, b) in enumerate(zip(output, reference)) if a != b), None)
-    return min(len(output), len(reference)) - 1 if i is None else i
+def parting_gap(forward, reset, prompt, output: list[int], reference: list[int], stop_ids) -> tuple[int, float]:
+    """Where two greedy outputs of one prompt part (i), and the spread of the target's logits
+    there, scored alone on the prompt and the tokens they share, over what each chose at i: its
+    token, or, where it ended at i, its best stop token. (Both outputs are capped alike, so the
+    shorter one stopped.)"""
+    i = first_divergence(output, reference)
+    assert i is not None, "the outputs are equal"
+    reset()
+    logits = forward(list(prompt) + list(reference[:i]), 1)[0]  # [vocab]
 
+    def chose(tokens: list[int]) -> int:
+        return tokens[i] if i < len(tokens) else max(stop_ids, key=lambda t: float(logits[t]))
 
-def logit_gap(logits, tokens: list[int]) -> float:
-    """The spread of the target's logits [vocab] over the tokens the two outputs chose."""
-    values = [float(logits[t]) for t in tokens]
-    return max(values) - min(values)
+    return i, abs(float(logits[chose(output)]) - float(logits[chose(reference)]))

@@ -5,7 +5,7 @@ from collections import defaultdict
 
 import pytest
 
-from real_support import MAX_TOKENS, NEAR_TIE_LOGITS, first_divergence, greedy_alone, logit_gap
+from real_support import MAX_TOKENS, NEAR_TIE_LOGITS, greedy_alone, parting_gap
 from tandem.engine.batch_engine import BatchEngine
 from tandem.engine.request import GenerationRequest
 from tandem.models.backends import RunnerSpec
@@ -59,11 +59,9 @@ def test_llamacpp_fused_batches_diverge_only_on_near_ties(requests, small_gguf):
         if output == reference:
             matches += 1
             continue
-        i = first_divergence(output, reference)
-        single.reset()
-        logits = single.forward(list(request.prompt_ids) + reference[:i], num_logits=1)[0]  # [vocab]
-        gap = logit_gap(logits, output[i:i + 1] + reference[i:i + 1])
-        assert gap < NEAR_TIE_LOGITS, (i, output[:i + 2], reference[:i + 2])
+        i, gap = parting_gap(single.forward, single.reset, request.prompt_ids, output, reference,
+                             request.stop_token_ids)
+        assert gap < NEAR_TIE_LOGITS, (i, gap, output[:i + 2], reference[:i + 2])
     print(f"llama.cpp batched vs alone: {matches}/{len(requests)} identical")
 
 

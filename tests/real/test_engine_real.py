@@ -5,7 +5,7 @@ llama.cpp as the target."""
 import numpy as np
 import pytest
 
-from real_support import MAX_TOKENS, NEAR_TIE_LOGITS, first_divergence, greedy_alone, logit_gap
+from real_support import MAX_TOKENS, NEAR_TIE_LOGITS, greedy_alone, parting_gap
 from tandem.engine.batch_engine import BatchEngine
 from tandem.engine.request import GenerationRequest
 from tandem.engine.run_request import generate
@@ -58,10 +58,8 @@ def test_llamacpp_target_divergences_are_near_ties(small_gguf, chat_prompt_ids, 
         assert stats.accepted > 0
         if output == reference:
             continue
-        i = first_divergence(output, reference)
-        alone.reset()
-        logits = alone.forward(list(prompt) + reference[:i], num_logits=1)[0]  # [vocab]
-        assert logit_gap(logits, output[i:i + 1] + reference[i:i + 1]) < NEAR_TIE_LOGITS, i
+        i, gap = parting_gap(alone.forward, alone.reset, prompt, output, reference, stops)
+        assert gap < NEAR_TIE_LOGITS, (i, gap)
 
 
 def test_llamacpp_rollback_gives_identical_logits(small_gguf):

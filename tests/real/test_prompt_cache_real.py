@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from real_support import MAX_TOKENS, NEAR_TIE_LOGITS, first_divergence, greedy_alone, logit_gap
+from real_support import MAX_TOKENS, NEAR_TIE_LOGITS, greedy_alone, parting_gap
 from tandem.engine.batch_engine import BatchEngine
 from tandem.engine.build import EngineConfig, disk_model_key
 from tandem.engine.disk_cache import DiskPromptCache
@@ -153,10 +153,9 @@ def _compare_with_cold(small_gguf, requests, outputs) -> int:
         if outputs[seq_id] == reference:
             identical += 1
             continue
-        i = first_divergence(outputs[seq_id], reference)
-        single.reset()
-        logits = single.forward(list(request.prompt_ids) + reference[:i], num_logits=1)[0]  # [vocab]
-        assert logit_gap(logits, outputs[seq_id][i:i + 1] + reference[i:i + 1]) < NEAR_TIE_LOGITS, (seq_id, i)
+        i, gap = parting_gap(single.forward, single.reset, request.prompt_ids, outputs[seq_id], reference,
+                             request.stop_token_ids)
+        assert gap < NEAR_TIE_LOGITS, (seq_id, i, gap, outputs[seq_id][:i + 2], reference[:i + 2])
     return identical
 
 
