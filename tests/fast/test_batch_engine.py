@@ -94,7 +94,7 @@ def _first_call_tokens(engine, seq_id, prompt):
     """Run one request; the tokens its first target call scored for it, and its output."""
     calls = []
     forward = engine.target.forward_batch
-    engine.target.forward_batch = lambda items: calls.append(list(items)) or forward(items)
+    engine.target.forward_batch = lambda items, views=False: calls.append(list(items)) or forward(items, views)
     outputs, _ = run_all(engine, {0: [(seq_id, prompt, SpeculationOptions())]})
     engine.target.forward_batch = forward
     return calls[0][0].token_ids, outputs[seq_id]
@@ -151,7 +151,8 @@ def test_prompts_arriving_together_prefill_their_shared_prefix_once(tiny_target,
     engine = make_engine(tiny_target, tiny_draft, "none", 0, slots=3, runner=runner, step_token_budget=64)
     scored = []
     forward = engine.target.forward_batch
-    engine.target.forward_batch = lambda items: scored.append(sum(len(i.token_ids) for i in items)) or forward(items)
+    engine.target.forward_batch = lambda items, views=False: (scored.append(sum(len(i.token_ids) for i in items))
+                                                        or forward(items, views))
     outputs, _ = run_all(engine, {0: [(name, prompt, SpeculationOptions()) for name, prompt in prompts.items()]})
     decoding = len(prompts) * MAX_TOKENS
     assert sum(scored) <= len(shared) + 4 * len(prompts) + decoding  # not 3 x 178 prompt tokens

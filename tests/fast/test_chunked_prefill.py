@@ -34,9 +34,9 @@ def count_forward_tokens(engine: BatchEngine) -> list[int]:
     scored = []
     forward = engine.target.forward_batch
 
-    def counted(items):
+    def counted(items, views=False):
         scored.append(sum(len(item.token_ids) for item in items))
-        return forward(items)
+        return forward(items, views)
 
     engine.target.forward_batch = counted
     return scored
@@ -149,7 +149,7 @@ def test_the_draft_model_catches_up_in_chunks_beside_other_streams(tiny_target, 
     expected = references | long_references
     engine = make_engine(tiny_target, tiny_draft, "model", 3, slots=3, runner=runner)
     fed, forward = [], engine.draft.forward_batch
-    engine.draft.forward_batch = lambda items: fed.append(list(items)) or forward(items)
+    engine.draft.forward_batch = lambda items, views=False: fed.append(list(items)) or forward(items, views)
     outputs, _ = run_all(engine, arrivals(MIXED_PROMPTS))
     for i, prompt in enumerate(MIXED_PROMPTS):
         assert outputs[f"r{i}"] == expected[prompt], (runner, i)

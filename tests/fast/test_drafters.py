@@ -185,7 +185,7 @@ class CountingRunner:
         self.cost = CostModel()
         self.fed: list[list[BatchItem]] = []  # the items of every forward, in order
 
-    def forward_batch(self, items: list[BatchItem]) -> list[np.ndarray]:
+    def forward_batch(self, items: list[BatchItem], views: bool = False) -> list[np.ndarray]:
         self.fed.append(list(items))
         eye = np.eye(VOCAB, dtype=np.float32) * 10
         return [eye[[(item.token_ids[-1] + 1) % VOCAB] * item.num_logits] for item in items]

@@ -199,7 +199,7 @@ def test_a_steps_updates_are_handed_over_at_the_next_model_call_or_when_idle(tin
     handle = worker.submit(GenerationRequest(PROMPTS[0], max_tokens=3), SpeculationOptions("none"))
     calls = []
     inner = worker.engine.target.forward_batch
-    worker.engine.target.forward_batch = lambda items: (calls.append(handle._queue.qsize()), inner(items))[1]
+    worker.engine.target.forward_batch = lambda items, views=False: (calls.append(handle._queue.qsize()), inner(items, views))[1]
 
     worker._take_commands(block=False)
     worker._step()  # the prompt's step: its first token is held

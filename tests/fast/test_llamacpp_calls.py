@@ -7,7 +7,7 @@ import random
 import pytest
 
 from tandem.models.batch_runner import BatchItem
-from tandem.models.llamacpp_batch_runner import FEW_ROWS, FLASH_TILE_ROWS, plan_calls
+from tandem.models.llamacpp_batch_runner import FEW_ROWS, FLASH_TILE_ROWS, _runs, plan_calls
 
 
 def slots_per_call(calls) -> list[set[int]]:
@@ -69,3 +69,10 @@ def test_an_item_asking_more_logits_than_it_has_tokens_is_refused():
     with pytest.raises(ValueError):
         BatchItem(0, (5,), -1)
     assert BatchItem(0, (5, 6), 2).num_logits == 2
+
+
+def test_rows_are_grouped_into_each_items_runs():
+    """A call's flagged rows, by owner: the views handed over are these runs' slices."""
+    assert _runs([]) == []
+    assert _runs([0, 0, 0, 1, 2, 2]) == [(0, 0, 3), (1, 3, 1), (2, 4, 2)]
+    assert _runs([3, 1, 3]) == [(3, 0, 1), (1, 1, 1), (3, 2, 1)]

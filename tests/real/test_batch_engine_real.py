@@ -171,3 +171,39 @@ def test_llamacpp_short_rounds_scored_apart_give_what_each_alone_gives(small_ggu
     together = np.stack(score(rounds))  # [16, 4, vocab]
     alone = np.stack([score([item])[0] for item in rounds])
     np.testing.assert_allclose(together, alone, atol=1e-3)
+
+
+def test_llamacpp_views_hold_the_rows_copies_hold(small_gguf):
+    """`views=True` hands over llama.cpp's own buffer for the rows of a forward's last call and
+    copies those of earlier calls; either way every item's rows equal the copies a plain call
+    returns. Here sixteen short rounds and one deep one go in two calls (`plan_calls`)."""
+    import numpy as np
+
+    from tandem.models.batch_runner import BatchItem
+    from tandem.models.llamacpp_batch_runner import BATCH_TOKENS, plan_calls
+
+    runner = LlamaCppBatchRunner(str(small_gguf), max_slots=16, context_length=512, threads=2)
+    for slot in range(16):
+        runner.forward_batch([BatchItem(slot, [(31 * slot + 7 * i) % 900 + 10 for i in range(20)], 0)])
+    items = [BatchItem(slot, [(13 * slot + i) % 900 + 10 for i in range(4)], 4) for slot in range(15)]
+    items.append(BatchItem(15, [(5 * i) % 900 + 10 for i in range(40)], 40))
+    assert len(plan_calls(items, BATCH_TOKENS, runner.max_outputs)) == 2
+
+    def score(views: bool) -> list[np.ndarray]:
+        logits = runner.forward_batch(items, views=views)
+        for item in items:
+            runner.rollback(item.slot, 20)
+        return logits
+
+    copies = score(False)
+    views = score(True)
+    assert [rows.shape for rows in views] == [(item.num_logits, runner.vocab_size) for item in items]
+    for rows, copy in zip(views, copies):
+        np.testing.assert_allclose(rows, copy, atol=1e-3)
+    assert all(rows.flags.owndata for rows in copies)
+    assert not views[-1].flags.owndata  # the deep round came last: llama.cpp's buffer
+    assert all(rows.flags.owndata for rows in views[:-1])  # the short rounds' call came first: copied
+    kept = views[-1].copy()
+    runner.forward_batch([BatchItem(15, [11, 12], 2)], views=True)  # the next call writes the buffer
+    runner.rollback(15, 20)
+    assert not np.array_equal(views[-1], kept)

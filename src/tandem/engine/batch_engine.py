@@ -390,7 +390,7 @@ class BatchEngine(SequencePool):
         context = cached_context(self.target, items)
         self._model_call()
         start = time.perf_counter()
-        logits = self.target.forward_batch(items)  # per item [num_logits, vocab]
+        logits = self.target.forward_batch(items, views=True)  # per item [num_logits, vocab], read before the next call
         for seq in rounds:
             seq.unprefilled = ()
         if self.target.fused:

@@ -64,10 +64,12 @@ class BatchRunner(Protocol):
 
     def num_cached_tokens(self, slot: int) -> int: ...
 
-    def forward_batch(self, items: Sequence[BatchItem]) -> list[np.ndarray]:
+    def forward_batch(self, items: Sequence[BatchItem], views: bool = False) -> list[np.ndarray]:
         """Per item, logits [num_logits, vocab] float32, in the order of `items`: numpy arrays,
         or torch tensors left on the device by runners with `device_logits = True` (the fused
-        torch runner; speculation/acceptance.py takes either)."""
+        torch runner; speculation/acceptance.py takes either). With `views` the caller reads
+        every row before its next call to this runner, so a runner may hand over its own
+        buffer (llama.cpp's) instead of copies; without, the rows are the caller's to keep."""
         ...
 
     def rollback(self, slot: int, length: int) -> None: ...
@@ -95,8 +97,9 @@ class SerialBatchRunner:
     def num_cached_tokens(self, slot: int) -> int:
         return self.views[slot].num_cached_tokens
 
-    def forward_batch(self, items: Sequence[BatchItem]) -> list[np.ndarray]:
-        """Each item in turn; each item's time refines the (per-item) cost curve."""
+    def forward_batch(self, items: Sequence[BatchItem], views: bool = False) -> list[np.ndarray]:
+        """Each item in turn; each item's time refines the (per-item) cost curve. Every item's
+        rows are its own (`views` asks nothing of a serial runner)."""
         return [self._timed_forward(item) for item in items]
 
     def _timed_forward(self, item: BatchItem) -> np.ndarray:

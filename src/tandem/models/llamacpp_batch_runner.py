@@ -29,6 +29,13 @@ goes position by position, slower per cell, so the tile pays while it holds a fe
 that reaches a tile scores its items of fewer than FEW_ROWS positions in calls below the tile
 and the rest together (`plan_calls`). See docs/vs-llama-server.md for the measurements.
 
+Logits rows are copied out of llama.cpp's buffer into arrays the caller keeps, unless the caller
+asks for `views` (the engine's verify call and the draft model's rounds, which read every row
+before the next call): then the rows of the last llama_decode are handed over in place. A deep
+copy round's 64 rows are 39 MB, which numpy takes from fresh pages every call (above glibc's
+32 MB mmap threshold), and faulting them in cost ~95 ms of a 2.2 s round on a 2-core AMD EPYC
+(Zen 3) VM; the views cost nothing.
+
 A saved state (`save_state`: the prompt cache keeps a slot's KV before the slot takes another
 prompt, 3-15 MB for the 1.5B) lands in new memory, whose pages the kernel faults in one by one
 as they are first written. So llama.cpp writes it straight into the bytes object that is kept,
@@ -100,6 +107,17 @@ def plan_calls(items: Sequence[BatchItem], max_tokens: int, max_outputs: int,
         if call:
             calls.append(call)
     return calls
+
+
+def _runs(owners: list[int]) -> list[tuple[int, int, int]]:
+    """(item index, first row, rows) for each run of consecutive rows one item owns."""
+    runs: list[tuple[int, int, int]] = []
+    for row, index in enumerate(owners):
+        if runs and runs[-1][0] == index and runs[-1][1] + runs[-1][2] == row:
+            runs[-1] = (index, runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((index, row, 1))
+    return runs
 
 
 class LlamaCppBatchRunner:
@@ -190,12 +208,15 @@ class LlamaCppBatchRunner:
         self._lengths[slot] = length
         return True
 
-    def forward_batch(self, items: Sequence[BatchItem]) -> list[np.ndarray]:
-        """Score the items' tokens in the llama_decode calls `plan_calls` lays out."""
-        outputs = [np.empty((item.num_logits, self.vocab_size), np.float32) for item in items]  # [num_logits, vocab]
+    def forward_batch(self, items: Sequence[BatchItem], views: bool = False) -> list[np.ndarray]:
+        """Score the items' tokens in the llama_decode calls `plan_calls` lays out. With `views`,
+        an item whose rows all come from the last call gets a view of llama.cpp's logits buffer
+        instead of a copy, valid only until this runner's next call (module notes)."""
+        calls = plan_calls(items, BATCH_TOKENS, self.max_outputs, self.tile_rows)
+        outputs: list[np.ndarray | None] = [None] * len(items)
         filled = [0] * len(items)
         self.last_model_ms = 0.0
-        for chunk in plan_calls(items, BATCH_TOKENS, self.max_outputs, self.tile_rows):
+        for number, chunk in enumerate(calls):
             owners = self._fill_batch(chunk)
             start = time.perf_counter()
             try:
@@ -203,15 +224,22 @@ class LlamaCppBatchRunner:
             except RuntimeError as error:
                 raise KvPoolFullError(f"llama.cpp decode failed ({error}); the KV pool may be full") from None
             self.last_model_ms += (time.perf_counter() - start) * 1000
-            if owners:
-                logits = np.ctypeslib.as_array(self._ctx.get_logits(), shape=(len(owners) * self.vocab_size,))
-                rows = logits.reshape(len(owners), self.vocab_size)  # [flagged, vocab]: llama.cpp's buffer
-                for row, index in zip(rows, owners):  # copied once, straight into the item's array
-                    outputs[index][filled[index]] = row
-                    filled[index] += 1
             for _, item, _ in chunk:
                 self._lengths[item.slot] += 1
-        return outputs
+            if not owners:
+                continue
+            logits = np.ctypeslib.as_array(self._ctx.get_logits(), shape=(len(owners) * self.vocab_size,))
+            rows = logits.reshape(len(owners), self.vocab_size)  # [flagged, vocab]: llama.cpp's buffer
+            last = views and number == len(calls) - 1
+            for index, first, count in _runs(owners):
+                if last and filled[index] == 0 and count == items[index].num_logits:
+                    outputs[index] = rows[first:first + count]  # [num_logits, vocab], no copy
+                    continue
+                if outputs[index] is None:
+                    outputs[index] = np.empty((items[index].num_logits, self.vocab_size), np.float32)
+                outputs[index][filled[index]:filled[index] + count] = rows[first:first + count]
+                filled[index] += count
+        return [np.empty((0, self.vocab_size), np.float32) if rows is None else rows for rows in outputs]
 
     def _fill_batch(self, chunk) -> list[int]:
         """Write a chunk into the llama batch; return, per flagged position, the item index."""

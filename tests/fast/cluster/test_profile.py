@@ -140,7 +140,7 @@ class SleepyRunner:
         self.lengths = [0] * self.max_slots
         self.calls = 0
 
-    def forward_batch(self, items):
+    def forward_batch(self, items, views: bool = False):
         import time
 
         self.calls += 1

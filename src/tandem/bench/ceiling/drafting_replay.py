@@ -68,7 +68,7 @@ class AnswerTarget:
     def num_cached_tokens(self, slot: int) -> int:
         return len(self.cache)
 
-    def forward_batch(self, items: Sequence[BatchItem]) -> list[np.ndarray]:
+    def forward_batch(self, items: Sequence[BatchItem], views: bool = False) -> list[np.ndarray]:
         out = []
         for item in items:
             before = len(self.cache)

@@ -62,9 +62,9 @@ class SlowedRunner:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._runner, name)
 
-    def forward_batch(self, items):
+    def forward_batch(self, items, views: bool = False):
         start = time.perf_counter()
-        logits = self._runner.forward_batch(items)
+        logits = self._runner.forward_batch(items, views=views)
         _sleep_ms((self._slowdown - 1.0) * (time.perf_counter() - start) * 1000)
         return logits
 

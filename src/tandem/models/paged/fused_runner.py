@@ -131,8 +131,9 @@ class FusedTorchRunner:
         """Pool rows of the slot's positions 0..length-1: [length]."""
         return torch.tensor(self.blocks.rows(slot, 0, length), dtype=torch.long, device=self.device)
 
-    def forward_batch(self, items: Sequence[BatchItem]) -> list[torch.Tensor]:
-        """Per item, float32 logits [num_logits, vocab] on the device, in the order of `items`."""
+    def forward_batch(self, items: Sequence[BatchItem], views: bool = False) -> list[torch.Tensor]:
+        """Per item, float32 logits [num_logits, vocab] on the device, in the order of `items`
+        (new tensors whether or not the caller asks for `views`)."""
         live = [item for item in items if item.token_ids]
         if len({item.slot for item in live}) != len(live):
             raise ValueError("a fused step takes each slot at most once")

@@ -48,7 +48,7 @@ class LocalDraftModel:
         while items:
             context = cached_context(self.runner, items) if self.runner.fused else None
             start = time.perf_counter()
-            logits = self.runner.forward_batch(items)  # per item [1, vocab] ([0, vocab]: catch-up only)
+            logits = self.runner.forward_batch(items, views=True)  # per item [1, vocab] ([0, vocab]: catch-up only), read here
             self._observe(items, start, context)
             still, items = [], []
             for index, rows in zip(owners, logits):
