@@ -89,7 +89,7 @@ def measure_profile(spec: RunnerSpec, grid: ProfileGrid = ProfileGrid(), progres
         dtype=precision_of(spec.backend, spec.dtype),
         threads=spec.threads or os.cpu_count(), source="measured", curves=curves,
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        memory=MemoryUse(loaded, _peakresident_bytes(), _device_bytes(spec.device)), prompt_ms=prompt,
+        memory=MemoryUse(loaded, _peak_resident_bytes(), _device_bytes(spec.device)), prompt_ms=prompt,
     )
 
 
@@ -149,7 +149,7 @@ def _cap_by_more_work(samples: dict[tuple[int, int, int], float]) -> dict[tuple[
             for key in samples}
 
 
-def _peakresident_bytes() -> int:
+def _peak_resident_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
