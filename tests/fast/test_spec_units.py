@@ -203,6 +203,20 @@ def test_profiles_sweep_every_size_in_each_repeat():
     assert order == [1, "tick", 1, "tick", 2, "tick", 4, "tick", 1, "tick", 2, "tick", 4, "tick"]  # warm-up, sweeps
 
 
+def test_costs_are_the_fastest_sample_unless_a_statistic_is_asked(monkeypatch):
+    from statistics import median
+
+    import tandem.models.cost as cost
+
+    def measured(**kwargs):
+        ticks = iter([0.0, 0.010, 0.0, 0.030, 0.0, 0.020])  # three timed calls: 10, 30 and 20 ms
+        monkeypatch.setattr(cost.time, "perf_counter", lambda: next(ticks))
+        return measure_cost(lambda tokens: None, lambda length: None, 0, sizes=(4,), repeats=3, **kwargs)
+
+    assert measured().cost_ms(4) == pytest.approx(10.0)
+    assert measured(statistic=median).cost_ms(4) == pytest.approx(20.0)
+
+
 # --- validation -------------------------------------------------------------------------------
 
 

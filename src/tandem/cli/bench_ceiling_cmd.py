@@ -14,6 +14,7 @@ from tandem.cli.int_list import int_list, whole_number
 DEFAULT_CONTEXTS = "512,1024,2048"
 _contexts = int_list(1, 32768, sort=True)  # cached tokens a curve is measured at
 PREFILL_CHUNK = 512  # tokens per call while filling the cache up to a context
+CURVE_REPEATS = 5  # samples per size at each context; a size is priced at their median
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -93,7 +94,13 @@ def _read_text(path: str) -> str:
 
 def measure_verify_curves(target: str, contexts: tuple[int, ...], threads: int | None) -> dict:
     """The llama.cpp target's time to score n tokens (all their logits) on each of `contexts`
-    cached ones (one cache, grown from one context to the next)."""
+    cached ones (one cache, grown from one context to the next): the median of CURVE_REPEATS
+    calls, what a round typically costs. The fastest (a profile's planning figure) priced the
+    ceiling below what any run could hold: on the Zen 3 EPYC VM, where calls of 64 tokens vary
+    by 10-30% from one minute to the next, an edits run's own calls took 8% longer than the
+    fastest-of-3 curve priced them (scripts/round_trace.py, docs/copy-ceiling.md)."""
+    from statistics import median
+
     from tandem.bench.ceiling.report import CURVE_SIZES
     from tandem.models.batch_runner import SlotView
     from tandem.models.cost import measure_cost
@@ -105,11 +112,12 @@ def measure_verify_curves(target: str, contexts: tuple[int, ...], threads: int |
     view = SlotView(runner)
     filler = [100 + (i * 7) % 5000 for i in range(max(contexts))]
     curves, cached = {}, 0
-    with ProgressBar(total=len(contexts) * (1 + 3 * len(CURVE_SIZES)), desc="measuring the verify curves", unit="call",
-              file=sys.stderr, leave=False) as bar:
+    with ProgressBar(total=len(contexts) * (1 + CURVE_REPEATS * len(CURVE_SIZES)), desc="measuring the verify curves",
+                     unit="call", file=sys.stderr, leave=False) as bar:
         for context in sorted(contexts):
             for start in range(cached, context, PREFILL_CHUNK):
                 view.forward(filler[start:min(start + PREFILL_CHUNK, context)], num_logits=0)
             cached = context
-            curves[context] = measure_cost(view.forward, view.rollback, context, CURVE_SIZES, 3, bar.update)
+            curves[context] = measure_cost(view.forward, view.rollback, context, CURVE_SIZES, CURVE_REPEATS,
+                                           bar.update, statistic=median)
     return curves

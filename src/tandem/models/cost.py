@@ -223,9 +223,11 @@ def measure_cost(
     sizes: tuple[int, ...] = PROFILE_SIZES,
     repeats: int = 5,
     after_each: Callable[[], object] = lambda: None,
+    statistic: Callable[[list[float]], float] = min,
 ) -> CostModel:
-    """Time forward passes of n tokens on top of a cache of `base_length`; the fastest of the
-    repeats, since interference from other work only ever adds time. Each repeat sweeps every
+    """Time forward passes of n tokens on top of a cache of `base_length`; by default the fastest
+    of the repeats, since interference from other work only ever adds time (a planner compares
+    sizes; `statistic=median` prices what a call typically costs). Each repeat sweeps every
     size, so a burst of interference costs each size one sample, not one size all of its samples.
     `after_each` is called after every forward, outside its timing (a progress bar)."""
     filler = [1] * max(sizes)
@@ -240,4 +242,4 @@ def measure_cost(
             samples[n].append((time.perf_counter() - start) * 1000)
             rollback(base_length)
             after_each()
-    return CostModel({n: float(min(times)) for n, times in samples.items()})
+    return CostModel({n: float(statistic(times)) for n, times in samples.items()})
