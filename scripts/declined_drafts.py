@@ -1,0 +1,135 @@
+"""Which copies Tandem's planner declined, and what they would have given: Tandem's drafting
+replayed on a bench-serve run's answers (bench/ceiling/drafting_replay.py), priced on a
+bench-ceiling's curves, every round of the replay sorted by what it did against what the oracle
+could copy there (the longest verbatim run of the rest of the answer in the prompt and the answer
+so far), and every round the planner gave a copy nothing (k = 0) checked against the answer:
+how many of the copy's tokens the target would have accepted.
+
+    .venv/bin/python scripts/declined_drafts.py docs/serve/long-zen3/results.json \
+        --curves docs/serve/long-zen3/ceiling.txt
+
+Replay only (a target double, no model is run): it takes a minute and measures nothing.
+"""
+
+import argparse
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+LONG_RUN = 8  # an oracle run this long is one a copy drafter could follow (bench/ceiling/oracle.py's LONG_RUN)
+MANY = 9  # would-accept counts at or above this are counted together
+
+
+def kind_of(k: int, accepted: int, run: int) -> str:
+    """A round against the oracle's run at its position."""
+    if k == 0:
+        return f"no draft, oracle run >= {LONG_RUN}" if run >= LONG_RUN else (
+            f"no draft, oracle run 1-{LONG_RUN - 1}" if run else "no draft, no run")
+    if accepted < k:
+        return f"draft rejected, oracle run >= {LONG_RUN}" if run >= LONG_RUN else "draft rejected, oracle run short"
+    return "draft accepted, shorter than oracle's" if k < run else "draft accepted, oracle's or longer"
+
+
+def agreeing(copy, answer, position: int) -> int:
+    """How many of the copy's tokens agree with the answer from `position`."""
+    n = 0
+    while n < len(copy) and position + n < len(answer) and copy[n] == answer[position + n]:
+        n += 1
+    return n
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", help="a bench-serve results.json")
+    parser.add_argument("--curves", required=True, help="a bench-ceiling output holding its 'verify curve at' lines")
+    parser.add_argument("--categories", default=None, help="comma-separated (default: all)")
+    args = parser.parse_args()
+
+    from tandem.bench.ceiling.drafting_replay import DraftingReplay, planner_curve
+    from tandem.bench.ceiling.oracle import ContextCurves, longest_copy_run
+    from tandem.bench.ceiling.report import CURVE_SIZES, answers_of, format_prompt, load_level, read_curves
+    from tandem.bench.workload import load_prompts
+    from tandem.engine.request import GenerationRequest
+    from tandem.models.resolve import tokenizer_path
+    from tandem.speculation.drafters.ngram import FOLLOW_BUCKETS
+    from tandem.text.tokenizer import TextTokenizer
+
+    curves = read_curves(Path(args.curves).read_text())
+    priced = ContextCurves({context: curve.cost_ms for context, curve in curves.items()})
+    results, level = load_level(Path(args.results), None)
+    _, texts = answers_of(level, None)
+    prompts = {p.id: p for p in load_prompts(results["settings"]["prompts_file"])}
+    tokenizer = TextTokenizer(str(tokenizer_path(results["settings"]["target"])))
+    wanted = set(args.categories.split(",")) if args.categories else None
+
+    replay = DraftingReplay(priced.cost_ms, planner_curve(priced.cost_ms, CURVE_SIZES, min(curves), max(curves)))
+    engine, hybrid = replay.engine, replay.engine.drafters["hybrid"]
+    offered: dict = {}  # this step's copies (the offer and its alternatives) and the alignment's run
+    plain_offer = hybrid.offer
+
+    def recording_offer(seq, limit):
+        offer = plain_offer(seq, limit)
+        follow = hybrid.ngram.follows.get(seq.seq_id)
+        offered.update(copies=[offer.copy, *(a.copy for a in offer.alternatives)], run=follow.run if follow else None)
+        return offer
+
+    hybrid.offer = recording_offer
+    kinds: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])  # rounds, priced ms
+    declined: dict[str, Counter] = defaultdict(Counter)  # source -> would-accept counts
+    follow0_by_run: dict[str, list[tuple[int, int]]] = defaultdict(list)  # band -> (would accept, context) a round
+    for prompt_id, text in texts.items():
+        bench_prompt = prompts.get(prompt_id)
+        if bench_prompt is None or not text or (wanted and bench_prompt.category not in wanted):
+            continue
+        prompt, answer = format_prompt(tokenizer, bench_prompt), tokenizer.encode(text)
+        expected = list(prompt) + list(answer)
+        replay.target.expected = expected
+        replay.target.vocab_size = max(replay.target.vocab_size, max(expected) + 1)
+        replay.answers += 1
+        engine.add(f"replay-{replay.answers}", GenerationRequest(tuple(prompt), max_tokens=len(answer)))
+        emitted: list[int] = []
+        while engine.has_work:
+            before = len(emitted)
+            offered.clear()
+            updates, report = engine.step()
+            for update in updates:
+                emitted.extend(update.token_ids)
+            if before == 0 or before >= len(answer) or report is None:
+                continue  # the prompt's step, or past the answer
+            source_tokens = list(prompt) + list(answer[:before])
+            positions: dict[int, list[int]] = defaultdict(list)
+            for i, token in enumerate(source_tokens):
+                positions[token].append(i)
+            run = longest_copy_run(source_tokens, positions, answer[before:], 63)
+            for round_ in report.rounds:
+                kind = kind_of(round_.k, round_.accepted, run)
+                kinds[kind][0] += 1
+                kinds[kind][1] += priced.cost_ms(round_.k + 1, len(prompt) + before)
+                if round_.k == 0 and round_.source != "none":
+                    best = max((agreeing(copy, answer, before) for copy in offered.get("copies", [])), default=0)
+                    declined[round_.source][min(best, MANY)] += 1
+                    if round_.source == "follow0" and offered.get("run"):
+                        held = offered["run"]
+                        band = "1" if held == 1 else "2-3" if held < 4 else f"4-{FOLLOW_BUCKETS[0] - 1}"
+                        follow0_by_run[band].append((min(best, MANY), len(prompt) + before))
+        print(f"{prompt_id} ({bench_prompt.category}): {len(answer)} tokens replayed", file=sys.stderr)
+
+    total_ms = sum(ms for _, ms in kinds.values())
+    print("| round | rounds | priced s | share |\n|---|---:|---:|---:|")
+    for kind, (rounds, ms) in sorted(kinds.items(), key=lambda item: -item[1][1]):
+        print(f"| {kind} | {rounds} | {ms / 1000:.1f} | {ms / total_ms:.0%} |")
+    print(f"\ncopies given k = 0, by source: how many of their tokens the target would have accepted ({MANY}: {MANY} or more)")
+    for source, counts in sorted(declined.items(), key=lambda item: -sum(item[1].values())):
+        print(f"  {source}: {sum(counts.values())} rounds; " + ", ".join(f"{n}: {c}" for n, c in sorted(counts.items())))
+    print("\nfollow0 copies given k = 0, by the tokens their alignment had held; time per token emitted had each "
+          "drafted j tokens (priced at its context), against decoding one token (j = 0):")
+    for band, rounds in sorted(follow0_by_run.items()):
+        counts = Counter(best for best, _ in rounds)
+        per_token = {j: sum(priced.cost_ms(j + 1, context) for _, context in rounds)
+                     / sum(min(best, j) + 1 for best, _ in rounds) for j in range(MANY)}
+        print(f"  {band} held: {len(rounds)} rounds; would accept 0: {counts[0] / len(rounds):.0%}, >= 4: "
+              f"{sum(c for n, c in counts.items() if n >= 4) / len(rounds):.0%}, >= {MANY}: {counts[MANY] / len(rounds):.0%}; "
+              "ms a token: " + ", ".join(f"j={j} {ms:.0f}" for j, ms in per_token.items()))
+
+if __name__ == "__main__":
+    main()
