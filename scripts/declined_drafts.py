@@ -47,8 +47,8 @@ def main() -> None:
 
     from tandem.bench.ceiling.drafting_replay import DraftingReplay, planner_curve
     from tandem.bench.ceiling.oracle import ContextCurves, longest_copy_run
-    from tandem.bench.ceiling.report import CURVE_SIZES, answers_of, format_prompt, load_level, read_curves
-    from tandem.bench.workload import load_prompts
+    from tandem.bench.ceiling.report import CURVE_SIZES, answers_of, load_level, read_curves
+    from tandem.bench.workload import format_prompt, load_prompts
     from tandem.engine.request import GenerationRequest
     from tandem.models.resolve import tokenizer_path
     from tandem.speculation.drafters.ngram import FOLLOW_BUCKETS

@@ -49,7 +49,7 @@ class TimedCalls:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", default="edits")
-    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--num-prompts", type=int, default=8, help="the workload's first N, in its file's order")
     parser.add_argument("--max-tokens", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--curves", required=True, help="a bench-ceiling output holding its 'verify curve at' lines")
@@ -59,7 +59,7 @@ def main() -> None:
     from tandem.bench.ceiling.drafting_replay import DraftingReplay, planner_curve
     from tandem.bench.ceiling.oracle import ContextCurves
     from tandem.bench.ceiling.report import CURVE_SIZES, read_curves
-    from tandem.bench.workload import load_prompts
+    from tandem.bench.workload import format_prompt, load_prompts
     from tandem.engine.batch_engine import THROUGHPUT_PREFILL_FLOOR
     from tandem.engine.build import EngineConfig, build_engine
     from tandem.engine.request import GenerationRequest
@@ -83,7 +83,7 @@ def main() -> None:
     rows, every_call = [], []
     totals: dict[str, float] = defaultdict(float)
     for prompt in load_prompts(args.prompts)[:args.num_prompts]:
-        prompt_ids = tokenizer.chat_prompt_ids(list(prompt.messages))
+        prompt_ids = format_prompt(tokenizer, prompt)
         target_calls.calls.clear()
         if draft_calls:
             draft_calls.calls.clear()
