@@ -16,26 +16,19 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-LONG_RUN = 8  # an oracle run this long is one a copy drafter could follow (bench/ceiling/oracle.py's LONG_RUN)
 MANY = 9  # would-accept counts at or above this are counted together
 
 
 def kind_of(k: int, accepted: int, run: int) -> str:
-    """A round against the oracle's run at its position."""
+    """A round against the oracle's run at its position (LONG_RUN: the long-run ceiling's shortest)."""
+    from tandem.bench.ceiling.oracle import LONG_RUN
+
     if k == 0:
         return f"no draft, oracle run >= {LONG_RUN}" if run >= LONG_RUN else (
             f"no draft, oracle run 1-{LONG_RUN - 1}" if run else "no draft, no run")
     if accepted < k:
         return f"draft rejected, oracle run >= {LONG_RUN}" if run >= LONG_RUN else "draft rejected, oracle run short"
     return "draft accepted, shorter than oracle's" if k < run else "draft accepted, oracle's or longer"
-
-
-def agreeing(copy, answer, position: int) -> int:
-    """How many of the copy's tokens agree with the answer from `position`."""
-    n = 0
-    while n < len(copy) and position + n < len(answer) and copy[n] == answer[position + n]:
-        n += 1
-    return n
 
 
 def main() -> None:
@@ -46,13 +39,13 @@ def main() -> None:
     args = parser.parse_args()
 
     from tandem.bench.ceiling.drafting_replay import DraftingReplay, planner_curve
-    from tandem.bench.ceiling.oracle import ContextCurves, longest_copy_run
+    from tandem.bench.ceiling.oracle import MAX_DRAFT, ContextCurves, longest_copy_run
     from tandem.bench.ceiling.report import CURVE_SIZES, answers_of, load_level, read_curves
     from tandem.bench.workload import format_prompt, load_prompts
-    from tandem.engine.request import GenerationRequest
     from tandem.models.resolve import tokenizer_path
     from tandem.speculation.drafters.ngram import FOLLOW_BUCKETS
     from tandem.text.tokenizer import TextTokenizer
+    from tandem.token_ids import common_prefix
 
     curves = read_curves(Path(args.curves).read_text())
     priced = ContextCurves({context: curve.cost_ms for context, curve in curves.items()})
@@ -63,7 +56,7 @@ def main() -> None:
     wanted = set(args.categories.split(",")) if args.categories else None
 
     replay = DraftingReplay(priced.cost_ms, planner_curve(priced.cost_ms, CURVE_SIZES, min(curves), max(curves)))
-    engine, hybrid = replay.engine, replay.engine.drafters["hybrid"]
+    hybrid = replay.engine.drafters["hybrid"]
     offered: dict = {}  # this step's copies (the offer and its alternatives) and the alignment's run
     plain_offer = hybrid.offer
 
@@ -82,36 +75,29 @@ def main() -> None:
         if bench_prompt is None or not text or (wanted and bench_prompt.category not in wanted):
             continue
         prompt, answer = format_prompt(tokenizer, bench_prompt), tokenizer.encode(text)
-        expected = list(prompt) + list(answer)
-        replay.target.expected = expected
-        replay.target.vocab_size = max(replay.target.vocab_size, max(expected) + 1)
-        replay.answers += 1
-        engine.add(f"replay-{replay.answers}", GenerationRequest(tuple(prompt), max_tokens=len(answer)))
-        emitted: list[int] = []
-        while engine.has_work:
-            before = len(emitted)
-            offered.clear()
-            updates, report = engine.step()
-            for update in updates:
-                emitted.extend(update.token_ids)
+        source: list[int] = []  # the prompt and the answer so far, grown as the replay moves on
+        positions: dict[int, list[int]] = defaultdict(list)
+
+        def study(before: int, report) -> None:
+            copies, held = offered.pop("copies", []), offered.pop("run", None)  # what this step offered
             if before == 0 or before >= len(answer) or report is None:
-                continue  # the prompt's step, or past the answer
-            source_tokens = list(prompt) + list(answer[:before])
-            positions: dict[int, list[int]] = defaultdict(list)
-            for i, token in enumerate(source_tokens):
-                positions[token].append(i)
-            run = longest_copy_run(source_tokens, positions, answer[before:], 63)
+                return  # the prompt's step, or past the answer
+            for token in (list(prompt) + list(answer[:before]))[len(source):]:
+                positions[token].append(len(source))
+                source.append(token)
+            run = longest_copy_run(source, positions, answer[before:], MAX_DRAFT)
             for round_ in report.rounds:
                 kind = kind_of(round_.k, round_.accepted, run)
                 kinds[kind][0] += 1
-                kinds[kind][1] += priced.cost_ms(round_.k + 1, len(prompt) + before)
+                kinds[kind][1] += priced.cost_ms(round_.k + 1, len(source))
                 if round_.k == 0 and round_.source != "none":
-                    best = max((agreeing(copy, answer, before) for copy in offered.get("copies", [])), default=0)
+                    best = max((common_prefix(copy, answer[before:]) for copy in copies), default=0)
                     declined[round_.source][min(best, MANY)] += 1
-                    if round_.source == "follow0" and offered.get("run"):
-                        held = offered["run"]
+                    if round_.source == "follow0" and held:
                         band = "1" if held == 1 else "2-3" if held < 4 else f"4-{FOLLOW_BUCKETS[0] - 1}"
-                        follow0_by_run[band].append((min(best, MANY), len(prompt) + before))
+                        follow0_by_run[band].append((min(best, MANY), len(source)))
+
+        replay.replay_ms(prompt, answer, on_step=study)
         print(f"{prompt_id} ({bench_prompt.category}): {len(answer)} tokens replayed", file=sys.stderr)
 
     total_ms = sum(ms for _, ms in kinds.values())

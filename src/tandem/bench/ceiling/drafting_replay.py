@@ -15,12 +15,13 @@ the replay's prices are what a step costs there.
 """
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from tandem.bench.ceiling.oracle import CostMs
 from tandem.engine.batch_engine import THROUGHPUT_PREFILL_FLOOR, BatchEngine
+from tandem.engine.events import StepReport
 from tandem.engine.request import GenerationRequest
 from tandem.errors import TandemError
 from tandem.models.batch_runner import BatchItem
@@ -108,10 +109,12 @@ class DraftingReplay:
         self.engine.planner.learns_overhead = False
         self.answers = 0
 
-    def replay_ms(self, prompt: Sequence[int], answer: Sequence[int]) -> float:
+    def replay_ms(self, prompt: Sequence[int], answer: Sequence[int],
+                  on_step: Callable[[int, StepReport | None], object] | None = None) -> float:
         """Priced time of the answer's decode (every call after the prompt's prefill; the
         answer's first token comes from the prefill, as in the ceiling) with Tandem's copy
-        drafting."""
+        drafting. `on_step(emitted, report)`, if given, sees each step's report with the answer
+        tokens emitted before that step (a study of the rounds, scripts/declined_drafts.py)."""
         if not answer:
             return 0.0
         expected = list(prompt) + list(answer)
@@ -124,9 +127,12 @@ class DraftingReplay:
         self.engine.add(f"replay-{self.answers}", GenerationRequest(tuple(prompt), max_tokens=len(answer)))
         emitted: list[int] = []
         while self.engine.has_work:
-            updates, _ = self.engine.step()
+            before = len(emitted)
+            updates, report = self.engine.step()
             for update in updates:
                 emitted.extend(update.token_ids)
+            if on_step is not None:
+                on_step(before, report)
         if emitted != list(answer):
             raise TandemError(f"the replay emitted {len(emitted)} tokens that differ from the {len(answer)} recorded")
         return sum(self.cost_ms(n, before) for n, before in self.target.calls if before >= len(prompt))
