@@ -1,0 +1,131 @@
+"""How much of drafting's shortfall its depth rule could win back: Tandem's copy drafting replayed on a
+bench-serve run's answers (bench/ceiling/drafting_replay.py), priced on one or more bench-ceiling
+outputs' curves (another machine's curves price the same answers at that machine's costs), beside
+two bounds on the same proposals with another depth rule:
+
+- per source: every round's k is the one that would have paid best for its source over the whole
+  run (each source's accepted counts taken from a first replay: in sample, so an upper bound for
+  any rule that sees a round's source alone);
+- hindsight: every round drafts exactly the tokens of its copy the target accepts, where that pays
+  at all (no rule can know this; it bounds what a better predictor of where copies break could give).
+
+The proposals (which copy, from where) are Tandem's in all three; the ceiling's oracle also chooses
+its copies. Each is given / ceiling per category, as bench-ceiling gives its replay.
+
+    .venv/bin/python scripts/depth_bounds.py docs/serve/long-zen3/results.json \\
+        --curves docs/serve/long-zen3/ceiling.txt docs/serve/long-amd/ceiling.txt
+
+Replay only (a target double, no model is run): about 20 seconds a curve file and workload.
+"""
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from tandem.speculation.depth import COPY_K_MAX
+from tandem.token_ids import common_prefix
+
+RULES = ("replayed", "per source", "hindsight")
+
+
+class DepthRule:
+    """A replay's planner with its k replaced: the step's copy (the one the planner chose among the
+    offered) is compared with the rest of the answer; `rule` says what k it gets."""
+
+    def __init__(self, replay, cost_ms, rule: str, by_source: dict[str, list[int]]):
+        self.replay, self.cost_ms, self.rule = replay, cost_ms, rule
+        # source -> how many of its copies' tokens the target accepted, a round each: recorded while
+        # the rule is "replayed", read by "per source"
+        self.by_source = by_source
+        self.tables: dict[str, list[float]] = {}  # source -> expected tokens of a round at each k
+        self.copies: dict[str, tuple[int, ...]] = {}  # this step's offered copies by source
+        self.length = 0  # tokens before this step
+        hybrid = replay.engine.drafters["hybrid"]
+        planner = replay.engine.planner
+        self.plain_offer, self.plain_plan = hybrid.offer, planner.plan
+        hybrid.offer, planner.plan = self.offer, self.plan
+
+    def offer(self, seq, limit):
+        offer = self.plain_offer(seq, limit)
+        self.copies = {o.candidate.source: o.copy for o in (offer, *offer.alternatives)}
+        self.length = len(seq.tokens)
+        return offer
+
+    def plan(self, candidates, fallbacks=None, context=None):
+        ks, used = self.plain_plan(candidates, fallbacks, context)
+        candidate = candidates[0]
+        copy = self.copies.get(candidate.source)
+        if not copy or candidate.fixed_k is not None:
+            return ks, used
+        rest = self.replay.target.expected[self.length:]  # the rest of the answer
+        accepted = common_prefix(copy, rest)
+        if self.rule == "replayed":
+            self.by_source.setdefault(candidate.source, []).append(accepted)
+            return ks, used
+        limit = min(self.replay.engine.planner.depth_limit(candidate), max(0, len(rest) - 1))
+        if self.rule == "hindsight":
+            k = min(accepted, limit)
+            pays = k and (k + 1) / self.cost_ms(k + 1, self.length) > 1 / self.cost_ms(1, self.length)
+            return [k if pays else 0], [False]
+        return [self._best_for_source(candidate.source, limit)], [False]
+
+    def _best_for_source(self, source: str, limit: int) -> int:
+        counts = self.by_source.get(source)
+        if not counts:
+            return 0
+        if source not in self.tables:
+            self.tables[source] = [1 + sum(min(n, k) for n in counts) / len(counts) for k in range(COPY_K_MAX + 1)]
+        table = self.tables[source]
+        rates = [table[k] / self.cost_ms(k + 1, self.length) for k in range(limit + 1)]
+        return max(range(limit + 1), key=lambda k: (rates[k], -k))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", help="a bench-serve results.json")
+    parser.add_argument("--curves", nargs="+", required=True, help="bench-ceiling outputs holding 'verify curve at' lines")
+    args = parser.parse_args()
+
+    from tandem.bench.ceiling.drafting_replay import DraftingReplay, planner_curve
+    from tandem.bench.ceiling.oracle import MAX_DRAFT, ContextCurves, oracle_rounds, rounds_ms
+    from tandem.bench.ceiling.report import CURVE_SIZES, answers_of, load_level, read_curves
+    from tandem.bench.workload import format_prompt, load_prompts
+    from tandem.models.resolve import tokenizer_path
+    from tandem.text.tokenizer import TextTokenizer
+
+    results, level = load_level(Path(args.results), None)
+    label, texts = answers_of(level, None)
+    prompts = {p.id: p for p in load_prompts(results["settings"]["prompts_file"])}
+    tokenizer = TextTokenizer(str(tokenizer_path(results["settings"]["target"])))
+    work = [(prompts[i].category, format_prompt(tokenizer, prompts[i]), tokenizer.encode(text))
+            for i, text in texts.items() if i in prompts and text]
+    print(f"# {args.results}: {label}'s answers, {len(work)} requests; replay only")
+    for curves_file in args.curves:
+        curves = read_curves(Path(curves_file).read_text())
+        priced = ContextCurves({context: curve.cost_ms for context, curve in curves.items()})
+        planner = planner_curve(priced.cost_ms, CURVE_SIZES, min(curves), max(curves))
+        ceiling: dict[str, float] = defaultdict(float)
+        for category, prompt, answer in work:
+            ceiling[category] += rounds_ms(oracle_rounds(prompt, answer, MAX_DRAFT), priced.cost_ms)
+        spent: dict[str, dict[str, float]] = {}
+        by_source: dict[str, list[int]] = {}
+        for rule in RULES:  # "replayed" first: it records what "per source" reads
+            replay = DraftingReplay(priced.cost_ms, planner)
+            DepthRule(replay, priced.cost_ms, rule, by_source)
+            spent[rule] = defaultdict(float)
+            for category, prompt, answer in work:
+                spent[rule][category] += replay.replay_ms(prompt, answer)
+            print(f"{curves_file}: {rule} replayed", file=sys.stderr)
+        machine = next((line for line in Path(curves_file).read_text().splitlines() if "machine:" in line), "")
+        print(f"\n## priced on {curves_file}" + (f" ({machine.split('machine:')[1].split(';')[0].strip()})"
+                                                 if machine else ""))
+        print("| category | " + " | ".join(f"{rule} / ceiling" for rule in RULES) + " |")
+        print("|---|" + "---:|" * len(RULES))
+        for category in sorted(ceiling) + ["all"]:
+            pick = (lambda d: sum(d.values())) if category == "all" else (lambda d: d[category])  # noqa: E731
+            print(f"| {category} | " + " | ".join(f"{pick(ceiling) / pick(spent[rule]):.2f}" for rule in RULES) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""scripts/depth_bounds.py's depth rules on a replay: in hindsight no round drafts a token the
+target rejects and the answer costs no more than Tandem's own rule; per source, a source whose
+copies were all rejected is not drafted, while one whose copies held is."""
+
+import importlib.util
+from pathlib import Path
+
+from tandem.bench.ceiling.drafting_replay import DraftingReplay, planner_curve
+from tandem.bench.ceiling.oracle import oracle_rounds, rounds_ms
+
+SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "depth_bounds.py"
+spec = importlib.util.spec_from_file_location("depth_bounds", SCRIPT)
+depth_bounds = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(depth_bounds)
+
+CHEAP = lambda n, c: 10.0 + 0.5 * n  # noqa: E731  verification nearly free
+SIZES = (1, 2, 4, 8, 16, 32, 64)
+PROMPT = list(range(100, 400))
+# copies of the prompt broken by tokens of its own: each break rejects whatever was drafted past it
+ANSWER = [7, 8] + PROMPT[:60] + [9, 10, 11] + PROMPT[70:130] + [12] + PROMPT[140:200] + [13]
+
+
+def replayed(rule: str, by_source: dict) -> tuple[float, list[tuple[int, int]]]:
+    replay = DraftingReplay(CHEAP, planner_curve(CHEAP, SIZES, 64, 1024))
+    depth_bounds.DepthRule(replay, CHEAP, rule, by_source)
+    rounds = []
+    spent = replay.replay_ms(PROMPT, ANSWER, on_step=lambda _, report: rounds.extend(
+        (r.k, r.accepted) for r in (report.rounds if report else ())))
+    return spent, rounds
+
+
+def test_hindsight_drafts_only_what_is_accepted_and_costs_no_more():
+    by_source: dict = {}
+    tandem, tandem_rounds = replayed("replayed", by_source)
+    hindsight, rounds = replayed("hindsight", {})
+    assert any(k > accepted for k, accepted in tandem_rounds)  # Tandem's own rule drafted past a break
+    assert all(k == accepted for k, accepted in rounds) and any(k for k, _ in rounds)
+    assert rounds_ms(oracle_rounds(PROMPT, ANSWER), CHEAP) <= hindsight <= tandem
+    assert by_source and all(isinstance(n, int) for counts in by_source.values() for n in counts)
+
+
+def test_per_source_drafts_the_sources_that_held_and_not_the_others():
+    replay = DraftingReplay(CHEAP, planner_curve(CHEAP, SIZES, 64, 1024))
+    rule = depth_bounds.DepthRule(replay, CHEAP, "per source", {"good": [40] * 10, "bad": [0] * 10})
+    assert rule._best_for_source("bad", 63) == 0
+    assert rule._best_for_source("good", 63) == 40  # deeper would only pay for rejected tokens
+    assert rule._best_for_source("never seen", 63) == 0
