@@ -9,13 +9,22 @@ two bounds on the same proposals with another depth rule:
 - hindsight: every round drafts exactly the tokens of its copy the target accepts, where that pays
   at all (no rule can know this; it bounds what a better predictor of where copies break could give).
 
-The proposals (which copy, from where) are Tandem's in all three; the ceiling's oracle also chooses
+With `--draft-model`, that model's greedy predictions over each prompt and answer (teacher
+forced: one pass with every position's logits, minutes) give two more rules, a predictor that
+could run: *draft checks* cuts the planner's k at the first copied token the draft model would
+not have written, *draft decides* drafts as many copied tokens as it agrees with (where that pays
+if all are accepted). The check is a draft-model call on the tokens examined; it is priced at
+each `--check-shares` share of the target's call on as many tokens (the draft model's prompt
+catch-up is not priced).
+
+The proposals (which copy, from where) are Tandem's in all of them; the ceiling's oracle also chooses
 its copies. Each is given / ceiling per category, as bench-ceiling gives its replay.
 
     .venv/bin/python scripts/depth_bounds.py docs/serve/long-zen3/results.json \\
         --curves docs/serve/long-zen3/ceiling.txt docs/serve/long-amd/ceiling.txt
 
-Replay only (a target double, no model is run): about 20 seconds a curve file and workload.
+Replay only (a target double, no model is run) unless `--draft-model`: about 20 seconds a curve
+file and workload.
 """
 
 import argparse
@@ -27,6 +36,7 @@ from tandem.speculation.depth import COPY_K_MAX
 from tandem.token_ids import common_prefix
 
 RULES = ("replayed", "per source", "hindsight")
+DRAFT_RULES = ("draft checks", "draft decides")
 
 
 class DepthRule:
@@ -41,6 +51,9 @@ class DepthRule:
         self.tables: dict[str, list[float]] = {}  # source -> expected tokens of a round at each k
         self.copies: dict[str, tuple[int, ...]] = {}  # this step's offered copies by source
         self.length = 0  # tokens before this step
+        # the draft model's greedy token after prompt + answer[:i + 1 - len(prompt)], at i; set per answer
+        self.draft_next: list[int] = []
+        self.check_ms = 0.0  # the draft rules' checks, priced as target calls on as many tokens
         hybrid = replay.engine.drafters["hybrid"]
         planner = replay.engine.planner
         self.plain_offer, self.plain_plan = hybrid.offer, planner.plan
@@ -65,10 +78,19 @@ class DepthRule:
             return ks, used
         limit = min(self.replay.engine.planner.depth_limit(candidate), max(0, len(rest) - 1))
         if self.rule == "hindsight":
-            k = min(accepted, limit)
-            pays = k and (k + 1) / self.cost_ms(k + 1, self.length) > 1 / self.cost_ms(1, self.length)
-            return [k if pays else 0], [False]
-        return [self._best_for_source(candidate.source, limit)], [False]
+            return [self._if_it_pays(min(accepted, limit))], [False]
+        if self.rule == "per source":
+            return [self._best_for_source(candidate.source, limit)], [False]
+        examined = min(ks[0], limit) if self.rule == "draft checks" else limit
+        if examined == 0:
+            return ks, used
+        self.check_ms += self.cost_ms(examined + 1, self.length)
+        agreed = common_prefix(copy[:examined], self.draft_next[self.length - 1:])
+        return [min(ks[0], agreed) if self.rule == "draft checks" else self._if_it_pays(agreed)], [False]
+
+    def _if_it_pays(self, k: int) -> int:
+        """k, where a round of k drafts all accepted beats decoding one token; else 0."""
+        return k if k and (k + 1) / self.cost_ms(k + 1, self.length) > 1 / self.cost_ms(1, self.length) else 0
 
     def _best_for_source(self, source: str, limit: int) -> int:
         counts = self.by_source.get(source)
@@ -85,7 +107,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", help="a bench-serve results.json")
     parser.add_argument("--curves", nargs="+", required=True, help="bench-ceiling outputs holding 'verify curve at' lines")
+    parser.add_argument("--draft-model", default=None, help="a model sharing the target's tokenizer (catalog name or .gguf)")
+    parser.add_argument("--check-shares", default="0,0.05,0.45",
+                        help="comma-separated: a draft check's price as a share of the target's call")
+    parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
+    try:
+        shares = [float(share) for share in args.check_shares.split(",")]
+    except ValueError:
+        parser.error(f"--check-shares takes numbers separated by commas, got {args.check_shares!r}")
 
     from tandem.bench.ceiling.drafting_replay import DraftingReplay, planner_curve
     from tandem.bench.ceiling.oracle import MAX_DRAFT, ContextCurves, oracle_rounds, rounds_ms
@@ -101,6 +131,9 @@ def main() -> None:
     work = [(prompts[i].category, format_prompt(tokenizer, prompts[i]), tokenizer.encode(text))
             for i, text in texts.items() if i in prompts and text]
     print(f"# {args.results}: {label}'s answers, {len(work)} requests; replay only")
+    sequences = [list(prompt) + list(answer) for _, prompt, answer in work]
+    draft_next = greedy_predictions(args.draft_model, sequences, args.threads) if args.draft_model else None
+    rules = RULES + (DRAFT_RULES if draft_next else ())
     for curves_file in args.curves:
         curves = read_curves(Path(curves_file).read_text())
         priced = ContextCurves({context: curve.cost_ms for context, curve in curves.items()})
@@ -109,22 +142,49 @@ def main() -> None:
         for category, prompt, answer in work:
             ceiling[category] += rounds_ms(oracle_rounds(prompt, answer, MAX_DRAFT), priced.cost_ms)
         spent: dict[str, dict[str, float]] = {}
+        checks: dict[str, dict[str, float]] = {}
         by_source: dict[str, list[int]] = {}
-        for rule in RULES:  # "replayed" first: it records what "per source" reads
+        for rule in rules:  # "replayed" first: it records what "per source" reads
             replay = DraftingReplay(priced.cost_ms, planner)
-            DepthRule(replay, priced.cost_ms, rule, by_source)
-            spent[rule] = defaultdict(float)
-            for category, prompt, answer in work:
+            depth = DepthRule(replay, priced.cost_ms, rule, by_source)
+            spent[rule], checks[rule] = defaultdict(float), defaultdict(float)
+            for index, (category, prompt, answer) in enumerate(work):
+                depth.draft_next, depth.check_ms = (draft_next[index] if draft_next else []), 0.0
                 spent[rule][category] += replay.replay_ms(prompt, answer)
+                checks[rule][category] += depth.check_ms
             print(f"{curves_file}: {rule} replayed", file=sys.stderr)
         machine = next((line for line in Path(curves_file).read_text().splitlines() if "machine:" in line), "")
         print(f"\n## priced on {curves_file}" + (f" ({machine.split('machine:')[1].split(';')[0].strip()})"
                                                  if machine else ""))
-        print("| category | " + " | ".join(f"{rule} / ceiling" for rule in RULES) + " |")
-        print("|---|" + "---:|" * len(RULES))
+        columns = [(rule, 0.0) for rule in RULES] + [(rule, share) for rule in rules[len(RULES):] for share in shares]
+        print("| category | " + " | ".join(f"{rule} / ceiling" + (f", checks at {share:g}" if rule in DRAFT_RULES else "")
+                                             for rule, share in columns) + " |")
+        print("|---|" + "---:|" * len(columns))
         for category in sorted(ceiling) + ["all"]:
             pick = (lambda d: sum(d.values())) if category == "all" else (lambda d: d[category])  # noqa: E731
-            print(f"| {category} | " + " | ".join(f"{pick(ceiling) / pick(spent[rule]):.2f}" for rule in RULES) + " |")
+            print(f"| {category} | " + " | ".join(
+                f"{pick(ceiling) / (pick(spent[rule]) + share * pick(checks[rule])):.2f}" for rule, share in columns) + " |")
+
+
+def greedy_predictions(model: str, sequences: list[list[int]], threads: int) -> list[list[int]]:
+    """The model's greedy token after each prefix of each sequence: one pass a sequence with every
+    position's logits (llama.cpp through llama-cpp-python)."""
+    import numpy as np
+    from llama_cpp import Llama
+
+    from tandem.models.resolve import gguf_path
+    from tandem.progress import ProgressBar
+
+    longest = max(len(sequence) for sequence in sequences)
+    llm = Llama(model_path=str(gguf_path(model)), n_ctx=longest + 16, n_batch=512, logits_all=True,
+                n_threads=threads, flash_attn=True, verbose=False)
+    predictions = []
+    with ProgressBar(sequences, desc=f"{model}: greedy tokens", unit="sequence", file=sys.stderr) as bar:
+        for sequence in bar:
+            llm.reset()
+            llm.eval(sequence)
+            predictions.append(np.asarray(llm.scores[:len(sequence)]).argmax(axis=1).tolist())  # [tokens]
+    return predictions
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """scripts/depth_bounds.py's depth rules on a replay: in hindsight no round drafts a token the
 target rejects and the answer costs no more than Tandem's own rule; per source, a source whose
-copies were all rejected is not drafted, while one whose copies held is."""
+copies were all rejected is not drafted, while one whose copies held is; a draft model that
+writes the answer decides as hindsight does, one that never agrees cuts every draft."""
 
 import importlib.util
 from pathlib import Path
@@ -45,3 +46,24 @@ def test_per_source_drafts_the_sources_that_held_and_not_the_others():
     assert rule._best_for_source("bad", 63) == 0
     assert rule._best_for_source("good", 63) == 40  # deeper would only pay for rejected tokens
     assert rule._best_for_source("never seen", 63) == 0
+
+
+def test_a_draft_model_that_writes_the_answer_decides_as_hindsight_and_one_that_never_agrees_cuts_every_draft():
+    expected = PROMPT + ANSWER
+    perfect = expected[1:] + [0]  # after expected[:i + 1]: expected[i + 1]
+    replay = DraftingReplay(CHEAP, planner_curve(CHEAP, SIZES, 64, 1024))
+    rule = depth_bounds.DepthRule(replay, CHEAP, "draft decides", {})
+    rule.draft_next = perfect
+    rounds = []
+    decided = replay.replay_ms(PROMPT, ANSWER, on_step=lambda _, report: rounds.extend(
+        (r.k, r.accepted) for r in (report.rounds if report else ())))
+    assert all(k == accepted for k, accepted in rounds) and rule.check_ms > 0
+    assert decided == replayed("hindsight", {})[0]
+
+    replay = DraftingReplay(CHEAP, planner_curve(CHEAP, SIZES, 64, 1024))
+    rule = depth_bounds.DepthRule(replay, CHEAP, "draft checks", {})
+    rule.draft_next = [-1] * len(expected)  # never a token of the answer
+    rounds = []
+    replay.replay_ms(PROMPT, ANSWER, on_step=lambda _, report: rounds.extend(
+        r.k for r in (report.rounds if report else ())))
+    assert not any(rounds) and rule.check_ms > 0  # the planner drafted, the checks cut it to nothing
