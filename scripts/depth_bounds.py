@@ -51,7 +51,7 @@ class DepthRule:
         self.tables: dict[str, list[float]] = {}  # source -> expected tokens of a round at each k
         self.copies: dict[str, tuple[int, ...]] = {}  # this step's offered copies by source
         self.length = 0  # tokens before this step
-        # the draft model's greedy token after prompt + answer[:i + 1 - len(prompt)], at i; set per answer
+        # at i: the draft model's greedy token after the first i + 1 tokens of prompt + answer; set per answer
         self.draft_next: list[int] = []
         self.check_ms = 0.0  # the draft rules' checks, priced as target calls on as many tokens
         hybrid = replay.engine.drafters["hybrid"]
