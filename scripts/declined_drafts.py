@@ -38,24 +38,20 @@ def main() -> None:
     parser.add_argument("--categories", default=None, help="comma-separated (default: all)")
     args = parser.parse_args()
 
-    from tandem.bench.ceiling.drafting_replay import DraftingReplay, planner_curve
-    from tandem.bench.ceiling.oracle import MAX_DRAFT, ContextCurves, longest_copy_run
-    from tandem.bench.ceiling.report import CURVE_SIZES, answers_of, load_level, read_curves
-    from tandem.bench.workload import format_prompt, load_prompts
+    from tandem.bench.ceiling.drafting_replay import DraftingReplay, replay_pricing
+    from tandem.bench.ceiling.oracle import MAX_DRAFT, longest_copy_run
+    from tandem.bench.ceiling.report import load_level, read_curves, recorded_answers
     from tandem.models.resolve import tokenizer_path
     from tandem.speculation.drafters.ngram import FOLLOW_BUCKETS
     from tandem.text.tokenizer import TextTokenizer
     from tandem.token_ids import common_prefix
 
-    curves = read_curves(Path(args.curves).read_text())
-    priced = ContextCurves({context: curve.cost_ms for context, curve in curves.items()})
+    cost_ms, planner = replay_pricing(read_curves(Path(args.curves).read_text()))
     results, level = load_level(Path(args.results), None)
-    _, texts = answers_of(level, None)
-    prompts = {p.id: p for p in load_prompts(results["settings"]["prompts_file"])}
     tokenizer = TextTokenizer(str(tokenizer_path(results["settings"]["target"])))
     wanted = set(args.categories.split(",")) if args.categories else None
 
-    replay = DraftingReplay(priced.cost_ms, planner_curve(priced.cost_ms, CURVE_SIZES, min(curves), max(curves)))
+    replay = DraftingReplay(cost_ms, planner)
     hybrid = replay.engine.drafters["hybrid"]
     offered: dict = {}  # this step's copies (the offer and its alternatives) and the alignment's run
     plain_offer = hybrid.offer
@@ -70,11 +66,10 @@ def main() -> None:
     kinds: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])  # rounds, priced ms
     declined: dict[str, Counter] = defaultdict(Counter)  # source -> would-accept counts
     follow0_by_run: dict[str, list[tuple[int, int]]] = defaultdict(list)  # band -> (would accept, context) a round
-    for prompt_id, text in texts.items():
-        bench_prompt = prompts.get(prompt_id)
-        if bench_prompt is None or not text or (wanted and bench_prompt.category not in wanted):
+    for recorded in recorded_answers(results, level, tokenizer)[1]:
+        if wanted and recorded.category not in wanted:
             continue
-        prompt, answer = format_prompt(tokenizer, bench_prompt), tokenizer.encode(text)
+        prompt, answer = recorded.prompt, recorded.answer
         source: list[int] = []  # the prompt and the answer so far, grown as the replay moves on
         positions: dict[int, list[int]] = defaultdict(list)
 
@@ -89,7 +84,7 @@ def main() -> None:
             for round_ in report.rounds:
                 kind = kind_of(round_.k, round_.accepted, run)
                 kinds[kind][0] += 1
-                kinds[kind][1] += priced.cost_ms(round_.k + 1, len(source))
+                kinds[kind][1] += cost_ms(round_.k + 1, len(source))
                 if round_.k == 0 and round_.source != "none":
                     best = max((common_prefix(copy, answer[before:]) for copy in copies), default=0)
                     declined[round_.source][min(best, MANY)] += 1
@@ -98,7 +93,7 @@ def main() -> None:
                         follow0_by_run[band].append((min(best, MANY), len(source)))
 
         replay.replay_ms(prompt, answer, on_step=study)
-        print(f"{prompt_id} ({bench_prompt.category}): {len(answer)} tokens replayed", file=sys.stderr)
+        print(f"{recorded.prompt_id} ({recorded.category}): {len(answer)} tokens replayed", file=sys.stderr)
 
     total_ms = sum(ms for _, ms in kinds.values())
     print("| round | rounds | priced s | share |\n|---|---:|---:|---:|")
@@ -111,7 +106,7 @@ def main() -> None:
           "drafted j tokens (priced at its context), against decoding one token (j = 0):")
     for band, rounds in sorted(follow0_by_run.items()):
         counts = Counter(best for best, _ in rounds)
-        per_token = {j: sum(priced.cost_ms(j + 1, context) for _, context in rounds)
+        per_token = {j: sum(cost_ms(j + 1, context) for _, context in rounds)
                      / sum(min(best, j) + 1 for best, _ in rounds) for j in range(MANY)}
         print(f"  {band} held: {len(rounds)} rounds; would accept 0: {counts[0] / len(rounds):.0%}, >= 4: "
               f"{sum(c for n, c in counts.items() if n >= 4) / len(rounds):.0%}, >= {MANY}: {counts[MANY] / len(rounds):.0%}; "

@@ -43,8 +43,8 @@ class DepthRule:
     """A replay's planner with its k replaced: the step's copy (the one the planner chose among the
     offered) is compared with the rest of the answer; `rule` says what k it gets."""
 
-    def __init__(self, replay, cost_ms, rule: str, by_source: dict[str, list[int]]):
-        self.replay, self.cost_ms, self.rule = replay, cost_ms, rule
+    def __init__(self, replay, rule: str, by_source: dict[str, list[int]]):
+        self.replay, self.cost_ms, self.rule = replay, replay.cost_ms, rule
         # source -> how many of its copies' tokens the target accepted, a round each: recorded while
         # the rule is "replayed", read by "per source"
         self.by_source = by_source
@@ -117,36 +117,31 @@ def main() -> None:
     except ValueError:
         parser.error(f"--check-shares takes numbers separated by commas, got {args.check_shares!r}")
 
-    from tandem.bench.ceiling.drafting_replay import DraftingReplay, planner_curve
-    from tandem.bench.ceiling.oracle import MAX_DRAFT, ContextCurves, oracle_rounds, rounds_ms
-    from tandem.bench.ceiling.report import CURVE_SIZES, answers_of, load_level, read_curves
-    from tandem.bench.workload import format_prompt, load_prompts
+    from tandem.bench.ceiling.drafting_replay import DraftingReplay, replay_pricing
+    from tandem.bench.ceiling.oracle import MAX_DRAFT, oracle_rounds, rounds_ms
+    from tandem.bench.ceiling.report import load_level, read_curves, recorded_answers
     from tandem.models.resolve import tokenizer_path
     from tandem.text.tokenizer import TextTokenizer
 
     results, level = load_level(Path(args.results), None)
-    label, texts = answers_of(level, None)
-    prompts = {p.id: p for p in load_prompts(results["settings"]["prompts_file"])}
     tokenizer = TextTokenizer(str(tokenizer_path(results["settings"]["target"])))
-    work = [(prompts[i].category, format_prompt(tokenizer, prompts[i]), tokenizer.encode(text))
-            for i, text in texts.items() if i in prompts and text]
+    label, answers = recorded_answers(results, level, tokenizer)
+    work = [(recorded.category, recorded.prompt, recorded.answer) for recorded in answers]
     print(f"# {args.results}: {label}'s answers, {len(work)} requests; replay only")
     sequences = [list(prompt) + list(answer) for _, prompt, answer in work]
     draft_next = greedy_predictions(args.draft_model, sequences, args.threads) if args.draft_model else None
     rules = RULES + (DRAFT_RULES if draft_next else ())
     for curves_file in args.curves:
-        curves = read_curves(Path(curves_file).read_text())
-        priced = ContextCurves({context: curve.cost_ms for context, curve in curves.items()})
-        planner = planner_curve(priced.cost_ms, CURVE_SIZES, min(curves), max(curves))
+        cost_ms, planner = replay_pricing(read_curves(Path(curves_file).read_text()))
         ceiling: dict[str, float] = defaultdict(float)
         for category, prompt, answer in work:
-            ceiling[category] += rounds_ms(oracle_rounds(prompt, answer, MAX_DRAFT), priced.cost_ms)
+            ceiling[category] += rounds_ms(oracle_rounds(prompt, answer, MAX_DRAFT), cost_ms)
         spent: dict[str, dict[str, float]] = {}
         checks: dict[str, dict[str, float]] = {}
         by_source: dict[str, list[int]] = {}
         for rule in rules:  # "replayed" first: it records what "per source" reads
-            replay = DraftingReplay(priced.cost_ms, planner)
-            depth = DepthRule(replay, priced.cost_ms, rule, by_source)
+            replay = DraftingReplay(cost_ms, planner)
+            depth = DepthRule(replay, rule, by_source)
             spent[rule], checks[rule] = defaultdict(float), defaultdict(float)
             for index, (category, prompt, answer) in enumerate(work):
                 depth.draft_next, depth.check_ms = (draft_next[index] if draft_next else []), 0.0

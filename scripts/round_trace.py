@@ -56,9 +56,8 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="also write every call as JSON here")
     args = parser.parse_args()
 
-    from tandem.bench.ceiling.drafting_replay import DraftingReplay, planner_curve
-    from tandem.bench.ceiling.oracle import ContextCurves
-    from tandem.bench.ceiling.report import CURVE_SIZES, read_curves
+    from tandem.bench.ceiling.drafting_replay import DraftingReplay, replay_pricing
+    from tandem.bench.ceiling.report import read_curves
     from tandem.bench.workload import format_prompt, load_prompts
     from tandem.engine.batch_engine import THROUGHPUT_PREFILL_FLOOR
     from tandem.engine.build import EngineConfig, build_engine
@@ -68,9 +67,8 @@ def main() -> None:
     from tandem.speculation.shared_store.store import open_ngram_store
     from tandem.text.tokenizer import TextTokenizer
 
-    curves = read_curves(Path(args.curves).read_text())
-    priced = ContextCurves({context: curve.cost_ms for context, curve in curves.items()})
-    replay = DraftingReplay(priced.cost_ms, planner_curve(priced.cost_ms, CURVE_SIZES, min(curves), max(curves)))
+    cost_ms, planner = replay_pricing(read_curves(Path(args.curves).read_text()))
+    replay = DraftingReplay(cost_ms, planner)
 
     config = EngineConfig(RunnerSpec(TARGET, "llamacpp", dtype="fp32", threads=args.threads),
                           RunnerSpec(DRAFT, "llamacpp", dtype="fp32", threads=args.threads),
@@ -109,7 +107,7 @@ def main() -> None:
             "id": prompt.id, "category": prompt.category, "prompt": len(prompt_ids), "answer": len(answer),
             "decode_ms": decode_ms,
             "calls": len(decode), "calls_ms": sum(ms for _, _, ms in decode),
-            "calls_priced_ms": sum(priced.cost_ms(n, before) for n, before, _ in decode),
+            "calls_priced_ms": sum(cost_ms(n, before) for n, before, _ in decode),
             "draft_ms": draft_ms,
             "draft_calls": len(draft_calls.calls) - first_draft_calls if draft_calls else 0,
             "replay_ms": replay.replay_ms(prompt_ids, answer),

@@ -46,9 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tandem.bench.ceiling.oracle import ContextCurves
-    from tandem.bench.ceiling.report import CURVE_SIZES, ceilings, check_inputs, curve_lines, load_level, read_curves, render
-    from tandem.bench.ceiling.drafting_replay import DraftingReplay, planner_curve
+    from tandem.bench.ceiling.report import ceilings, check_inputs, curve_lines, load_level, read_curves, render
+    from tandem.bench.ceiling.drafting_replay import DraftingReplay, replay_pricing
     from tandem.bench.out_dir import check_out_file
     from tandem.models.resolve import tokenizer_path
     from tandem.text.tokenizer import TextTokenizer
@@ -67,12 +66,9 @@ def run(args: argparse.Namespace) -> int:
         curves = measure_verify_curves(target, args.contexts, args.threads or settings.get("threads"))
         source = "curves measured here"
     print("\n".join(curve_lines(curves)), file=sys.stderr)
-    priced = ContextCurves({context: curve.cost_ms for context, curve in curves.items()})
-    replay = None
-    if not args.no_replay:  # the planner reads the curves at the lowest and highest context measured
-        curve = planner_curve(priced.cost_ms, CURVE_SIZES, min(curves), max(curves))
-        replay = DraftingReplay(priced.cost_ms, curve).replay_ms
-    label, table = ceilings(results, level, tokenizer, priced.cost_ms, args.reference, args.max_draft, replay)
+    cost_ms, planner = replay_pricing(curves)
+    replay = None if args.no_replay else DraftingReplay(cost_ms, planner).replay_ms
+    label, table = ceilings(results, level, tokenizer, cost_ms, args.reference, args.max_draft, replay)
     contexts = ", ".join(str(c) for c in sorted(curves))
     lines = [f"answers: {label}'s at C={level['concurrency']}; machine: {(results.get('machine') or {}).get('cpu_model', 'not recorded')}; "
              f"rounds priced at their context between curves at {contexts} cached tokens ({source})", "",

@@ -23,7 +23,7 @@ ANSWER = [7, 8] + PROMPT[:60] + [9, 10, 11] + PROMPT[70:130] + [12] + PROMPT[140
 
 def replayed(rule: str, by_source: dict) -> tuple[float, list[tuple[int, int]]]:
     replay = DraftingReplay(CHEAP, planner_curve(CHEAP, SIZES, 64, 1024))
-    depth_bounds.DepthRule(replay, CHEAP, rule, by_source)
+    depth_bounds.DepthRule(replay, rule, by_source)
     rounds = []
     spent = replay.replay_ms(PROMPT, ANSWER, on_step=lambda _, report: rounds.extend(
         (r.k, r.accepted) for r in (report.rounds if report else ())))
@@ -42,7 +42,7 @@ def test_hindsight_drafts_only_what_is_accepted_and_costs_no_more():
 
 def test_per_source_drafts_the_sources_that_held_and_not_the_others():
     replay = DraftingReplay(CHEAP, planner_curve(CHEAP, SIZES, 64, 1024))
-    rule = depth_bounds.DepthRule(replay, CHEAP, "per source", {"good": [40] * 10, "bad": [0] * 10})
+    rule = depth_bounds.DepthRule(replay, "per source", {"good": [40] * 10, "bad": [0] * 10})
     assert rule._best_for_source("bad", 63) == 0
     assert rule._best_for_source("good", 63) == 40  # deeper would only pay for rejected tokens
     assert rule._best_for_source("never seen", 63) == 0
@@ -52,7 +52,7 @@ def test_a_draft_model_that_writes_the_answer_decides_as_hindsight_and_one_that_
     expected = PROMPT + ANSWER
     perfect = expected[1:] + [0]  # after expected[:i + 1]: expected[i + 1]
     replay = DraftingReplay(CHEAP, planner_curve(CHEAP, SIZES, 64, 1024))
-    rule = depth_bounds.DepthRule(replay, CHEAP, "draft decides", {})
+    rule = depth_bounds.DepthRule(replay, "draft decides", {})
     rule.draft_next = perfect
     rounds = []
     decided = replay.replay_ms(PROMPT, ANSWER, on_step=lambda _, report: rounds.extend(
@@ -61,7 +61,7 @@ def test_a_draft_model_that_writes_the_answer_decides_as_hindsight_and_one_that_
     assert decided == replayed("hindsight", {})[0]
 
     replay = DraftingReplay(CHEAP, planner_curve(CHEAP, SIZES, 64, 1024))
-    rule = depth_bounds.DepthRule(replay, CHEAP, "draft checks", {})
+    rule = depth_bounds.DepthRule(replay, "draft checks", {})
     rule.draft_next = [-1] * len(expected)  # never a token of the answer
     rounds = []
     replay.replay_ms(PROMPT, ANSWER, on_step=lambda _, report: rounds.extend(

@@ -15,11 +15,12 @@ the replay's prices are what a step costs there.
 """
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from tandem.bench.ceiling.oracle import CostMs
+from tandem.bench.ceiling.oracle import ContextCurves, CostMs
+from tandem.bench.ceiling.report import CURVE_SIZES
 from tandem.engine.batch_engine import THROUGHPUT_PREFILL_FLOOR, BatchEngine
 from tandem.engine.events import StepReport
 from tandem.engine.request import GenerationRequest
@@ -39,6 +40,14 @@ class FrozenCostModel(CostModel):
 
     def observe(self, num_tokens: int, elapsed_ms: float, context: float | None = None) -> None:
         pass
+
+
+def replay_pricing(curves: Mapping[int, CostModel]) -> tuple[CostMs, FrozenCostModel]:
+    """From verify curves by context (bench-ceiling's): the price of n tokens on c cached ones
+    (between the curves, oracle.ContextCurves), and the planner's curve read off it at the lowest
+    and highest context."""
+    cost_ms = ContextCurves({context: curve.cost_ms for context, curve in curves.items()}).cost_ms
+    return cost_ms, planner_curve(cost_ms, CURVE_SIZES, min(curves), max(curves))
 
 
 def planner_curve(cost_ms: CostMs, sizes: Sequence[int], base_context: int, deep_context: int) -> FrozenCostModel:

@@ -129,20 +129,36 @@ def answers_of(level: dict, reference: str | None) -> tuple[str, dict[str, str]]
     return label, texts
 
 
-def ceilings(results: dict, level: dict, tokenizer, cost_ms: CostMs, reference: str | None,
-             max_draft: int = MAX_DRAFT, replay: Replay | None = None) -> tuple[str, dict[str, CategoryCeiling]]:
+@dataclass(frozen=True, slots=True)
+class RecordedAnswer:
+    """A first-pass answer of a run with its prompt, as the target's token ids."""
+
+    prompt_id: str
+    category: str
+    prompt: tuple[int, ...]
+    answer: list[int]
+
+
+def recorded_answers(results: dict, level: dict, tokenizer, reference: str | None = None) -> tuple[str, list[RecordedAnswer]]:
+    """The reference config's answers (`answers_of`) in the run's order, with their prompts as the
+    bench formatted them; answers that are empty or whose prompt the file no longer has are left out."""
     prompts = {p.id: p for p in load_prompts(results["settings"]["prompts_file"])}
     label, texts = answers_of(level, reference)
+    return label, [RecordedAnswer(prompt_id, prompts[prompt_id].category, format_prompt(tokenizer, prompts[prompt_id]),
+                                  tokenizer.encode(text))
+                   for prompt_id, text in texts.items() if prompt_id in prompts and text]
+
+
+def ceilings(results: dict, level: dict, tokenizer, cost_ms: CostMs, reference: str | None,
+             max_draft: int = MAX_DRAFT, replay: Replay | None = None) -> tuple[str, dict[str, CategoryCeiling]]:
+    label, answers = recorded_answers(results, level, tokenizer, reference)
     table: dict[str, CategoryCeiling] = defaultdict(CategoryCeiling)
-    pricing = ProgressBar(texts.items(), desc="pricing the answers" + (" and replaying" if replay else ""),
+    pricing = ProgressBar(answers, desc="pricing the answers" + (" and replaying" if replay else ""),
                           unit="answer", file=sys.stderr, leave=False)
     with pricing:
-        for prompt_id, text in pricing:
-            if prompt_id not in prompts or not text:
-                continue
-            prompt = format_prompt(tokenizer, prompts[prompt_id])
-            answer = tokenizer.encode(text)
-            row = table[prompts[prompt_id].category]
+        for recorded in pricing:
+            prompt, answer = recorded.prompt, recorded.answer
+            row = table[recorded.category]
             row.requests += 1
             row.tokens += max(0, len(answer) - 1)
             row.plain_ms += plain_ms(len(prompt), len(answer), cost_ms)
