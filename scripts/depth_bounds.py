@@ -7,7 +7,11 @@ two bounds on the same proposals with another depth rule:
   run (each source's accepted counts taken from a first replay: in sample, so an upper bound for
   any rule that sees a round's source alone);
 - hindsight: every round drafts exactly the tokens of its copy the target accepts, where that pays
-  at all (no rule can know this; it bounds what a better predictor of where copies break could give).
+  at all (no rule can know this; it bounds what a better predictor of where copies break could give);
+- token history: a rule that could run, with no model: each copied token's acceptance is what the
+  target did with that token id when it was drafted earlier in the same answer (starting from its
+  source's acceptance), and a round drafts the k whose expected tokens per millisecond are best
+  (a copy that broke at a closing quote, a name or a number is expected to break there again).
 
 With `--draft-model`, that model's greedy predictions over each prompt and answer (teacher
 forced: one pass with every position's logits, minutes) give two more rules, a predictor that
@@ -32,10 +36,12 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from tandem.speculation.depth import COPY_K_MAX
+from tandem.speculation.batch_depth import MIN_GAIN
+from tandem.speculation.depth import COPY_K_MAX, MAX_ACCEPTANCE
 from tandem.token_ids import common_prefix
 
-RULES = ("replayed", "per source", "hindsight")
+RULES = ("replayed", "per source", "hindsight", "token history")
+TOKEN_PRIOR_WEIGHT = 4.0  # pseudo-rounds of the source's acceptance behind each token's own record
 DRAFT_RULES = ("draft checks", "draft decides")
 
 
@@ -54,6 +60,8 @@ class DepthRule:
         # at i: the draft model's greedy token after the first i + 1 tokens of prompt + answer; set per answer
         self.draft_next: list[int] = []
         self.check_ms = 0.0  # the draft rules' checks, priced as target calls on as many tokens
+        # token history: token id -> [times accepted, times drafted and reached] in this answer
+        self.token_record: dict[int, list[int]] = defaultdict(lambda: [0, 0])
         hybrid = replay.engine.drafters["hybrid"]
         planner = replay.engine.planner
         self.plain_offer, self.plain_plan = hybrid.offer, planner.plan
@@ -81,12 +89,45 @@ class DepthRule:
             return [self._if_it_pays(min(accepted, limit))], [False]
         if self.rule == "per source":
             return [self._best_for_source(candidate.source, limit)], [False]
+        if self.rule == "token history":
+            k = self._by_token_history(copy, limit, self.replay.engine.planner.acceptance(candidate.source))
+            k = ks[0] if k == 0 and ks[0] == 1 else k  # the planner's probes go on
+            self._record_tokens(copy[:k], accepted)
+            return [k], [False]
         examined = min(ks[0], limit) if self.rule == "draft checks" else limit
         if examined == 0:
             return ks, used
         self.check_ms += self.cost_ms(examined + 1, self.length)
         agreed = common_prefix(copy[:examined], self.draft_next[self.length - 1:])
         return [min(ks[0], agreed) if self.rule == "draft checks" else self._if_it_pays(agreed)], [False]
+
+    def new_answer(self, draft_next: list[int]) -> None:
+        self.draft_next, self.check_ms = draft_next, 0.0
+        self.token_record.clear()
+
+    def _by_token_history(self, copy: tuple[int, ...], limit: int, source_rate: float) -> int:
+        """The k with the most expected tokens per millisecond (beating decoding by MIN_GAIN), each
+        copied token surviving at its own acceptance in this answer so far."""
+        overhead = self.replay.engine.planner.overhead_ms
+        best_rate = (1 + MIN_GAIN) / (self.cost_ms(1, self.length) + overhead)
+        best_k, tokens, survive = 0, 1.0, 1.0
+        for j in range(1, limit + 1):
+            accepted, reached = self.token_record[copy[j - 1]]
+            survive *= min((accepted + source_rate * TOKEN_PRIOR_WEIGHT) / (reached + TOKEN_PRIOR_WEIGHT),
+                           MAX_ACCEPTANCE)
+            tokens += survive
+            rate = tokens / (self.cost_ms(j + 1, self.length) + overhead)
+            if rate > best_rate:
+                best_rate, best_k = rate, j
+        return best_k
+
+    def _record_tokens(self, drafted: tuple[int, ...], accepted: int) -> None:
+        """What verification tells: the drafted tokens up to the first rejected one were reached,
+        all but that one accepted."""
+        for position, token in enumerate(drafted[:accepted + 1]):
+            record = self.token_record[token]
+            record[0] += position < accepted
+            record[1] += 1
 
     def _if_it_pays(self, k: int) -> int:
         """k, where a round of k drafts all accepted beats decoding one token; else 0."""
@@ -144,7 +185,7 @@ def main() -> None:
             depth = DepthRule(replay, rule, by_source)
             spent[rule], checks[rule] = defaultdict(float), defaultdict(float)
             for index, (category, prompt, answer) in enumerate(work):
-                depth.draft_next, depth.check_ms = (draft_next[index] if draft_next else []), 0.0
+                depth.new_answer(draft_next[index] if draft_next else [])
                 spent[rule][category] += replay.replay_ms(prompt, answer)
                 checks[rule][category] += depth.check_ms
             print(f"{curves_file}: {rule} replayed", file=sys.stderr)

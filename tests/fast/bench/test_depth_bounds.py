@@ -1,7 +1,8 @@
 """scripts/depth_bounds.py's depth rules on a replay: in hindsight no round drafts a token the
 target rejects and the answer costs no more than Tandem's own rule; per source, a source whose
 copies were all rejected is not drafted, while one whose copies held is; a draft model that
-writes the answer decides as hindsight does, one that never agrees cuts every draft."""
+writes the answer decides as hindsight does, one that never agrees cuts every draft; by token
+history, a round stops before a token the target kept rejecting in this answer."""
 
 import importlib.util
 from pathlib import Path
@@ -67,3 +68,22 @@ def test_a_draft_model_that_writes_the_answer_decides_as_hindsight_and_one_that_
     replay.replay_ms(PROMPT, ANSWER, on_step=lambda _, report: rounds.extend(
         r.k for r in (report.rounds if report else ())))
     assert not any(rounds) and rule.check_ms > 0  # the planner drafted, the checks cut it to nothing
+
+
+def test_token_history_stops_before_a_token_the_target_keeps_rejecting():
+    replay = DraftingReplay(CHEAP, planner_curve(CHEAP, SIZES, 64, 1024))
+    rule = depth_bounds.DepthRule(replay, "token history", {})
+    copy = tuple(range(1000, 1040))
+    assert rule._by_token_history(copy, 39, 0.9) > 3  # nothing known: as deep as the source's rate pays
+    for _ in range(20):
+        rule._record_tokens(copy[:6], 3)  # drafted six, the fourth (1003) rejected each time
+    assert rule.token_record[1003] == [0, 20] and rule.token_record[1000] == [20, 20]
+    assert rule.token_record[1004] == [0, 0]  # never reached: nothing learned
+    assert rule._by_token_history(copy, 39, 0.9) == 3
+    rule.new_answer([])
+    assert rule._by_token_history(copy, 39, 0.9) > 3  # another answer starts from its source again
+
+
+def test_token_history_replays_the_answer():
+    spent, rounds = replayed("token history", {})
+    assert spent > 0 and any(k for k, _ in rounds)
