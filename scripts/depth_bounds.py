@@ -1,7 +1,7 @@
 """How much of drafting's shortfall its depth rule could win back: Tandem's copy drafting replayed on a
 bench-serve run's answers (bench/ceiling/drafting_replay.py), priced on one or more bench-ceiling
 outputs' curves (another machine's curves price the same answers at that machine's costs), beside
-two bounds on the same proposals with another depth rule:
+other depth rules on the same proposals (two bounds and a rule that could run):
 
 - per source: every round's k is the one that would have paid best for its source over the whole
   run (each source's accepted counts taken from a first replay: in sample, so an upper bound for
