@@ -128,7 +128,7 @@ def test_simulator_predicts_a_real_local_cluster_run(ray_cluster, chat_prompt_id
     from tandem.cluster.sim import FixedLength, Network, Simulation, Verifier, Workload, simulate
     from tandem.cluster.sim.from_profile import device_from_profile
     from tandem.cluster.sim.lengths import RecordedLengths
-    from tandem.cluster.sim.validation import compare_with_measurement
+    from tandem.cluster.sim.validation import compare_with_measurement, run_speed
 
     spec = RunnerSpec(SMALL, "llamacpp", threads=1)
     profile = measure_profile(spec, ProfileGrid(sizes=(1, 2, 4, 8, 16, 32, 64), contexts=(64,), batches=(1, 2, 4),
@@ -162,9 +162,7 @@ def test_simulator_predicts_a_real_local_cluster_run(ray_cluster, chat_prompt_id
                          step_overhead_ms=run.step_overhead_ms_mean)
         return simulate(sim)
 
-    as_profiled = simulated(1.0)
-    computing_s = as_profiled.utilisation["v"] * as_profiled.duration_s
-    speed = run.call_seconds / computing_s  # the replica's own calls: no round trip inside a step
+    speed = run_speed(simulated(1.0), run.call_seconds)  # the replica's own calls: no round trip inside a step
     comparison = compare_with_measurement(simulated(speed), measured)
     assert 0.75 < speed < 1.35, f"the device ran {speed:.2f}x its profiled time: beyond this machine's drift"
     assert comparison["within_tolerance"], (speed, comparison)

@@ -13,6 +13,7 @@ scaling.md and scaling.png. Results go to stdout; notes to stderr. The main opti
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from tandem.cli.int_list import int_list, real_number, whole_number
@@ -59,7 +60,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the cluster's CPU workers share one machine with this many cores (a local "
                         "cluster): calls that overlap there slow each other down (default: each worker "
                         "has its own cores)")
-    parser.add_argument("--measured", help="a measured run (JSON) to compare the prediction with")
+    parser.add_argument("--measured", help="a measured run (JSON) to compare the prediction with; where it gives "
+                        "call_seconds (bench-cluster's measured.json), also simulated again with every device "
+                        "at the speed the run found it")
     parser.add_argument("--sizes", type=int_list(), default=None, help="--scaling: comma-separated device counts (default 1,2,...,64)")
     parser.add_argument("--waves", type=whole_number(1), default=None, help=f"--scaling: requests per planned batch slot (default {DEFAULT_WAVES})")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -88,7 +91,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from tandem.cluster.sim.adapter import SimOptions, simulation_from_cluster
     from tandem.cluster.sim.simulator import simulate
     from tandem.cluster.sim.summary import comparison_lines, summary_lines
-    from tandem.cluster.sim.validation import MeasuredRun, compare_with_measurement
+    from tandem.cluster.sim.validation import MeasuredRun, compare_with_measurement, run_speed
     from tandem.cluster.config.load import load_cluster
 
     spec = load_cluster(args.cluster)
@@ -101,6 +104,11 @@ def _simulate(args: argparse.Namespace) -> int:
     workload = _workload(args, _recorded_prompts(args, measured))
     result = simulate(_checked(lambda: simulation_from_cluster(spec, workload, options, plan)))
     comparison = compare_with_measurement(result, measured) if measured else None
+    if measured and measured.call_seconds:  # again, every device at the speed the run found it
+        speed = run_speed(result, measured.call_seconds)
+        at_speed = replace(options, device_speed=speed)
+        again = simulate(simulation_from_cluster(spec, workload, at_speed, plan))
+        comparison["at_run_speed"] = {"device_speed": round(speed, 4), **compare_with_measurement(again, measured)}
     report = {"cluster": args.cluster, "roles": args.roles, "plan": plan.chosen.label() if plan else None,
               "options": vars(args) | {"func": None}, "result": result.to_json(), "comparison": comparison}
     if args.json:

@@ -136,3 +136,54 @@ def test_tandem_simulate_replays_a_measured_runs_prompts_with_a_fixed_k(tmp_path
     assert long["ttft_ms"]["p50"] > 2 * short["ttft_ms"]["p50"]  # the recorded prompts were prefilled
     measured.write_text(json.dumps({"throughput_tok_s": 1.0, "latency_ms_p50": 1.0, "prompt_tokens": ["x"]}))
     assert main(["simulate", "--cluster", str(cluster), "--measured", str(measured)]) == 2
+
+
+def test_device_speed_slows_every_device_and_run_speed_finds_it():
+    from tandem.cluster.sim.validation import run_speed
+
+    spec = mixed_cluster(drafter="model")
+    as_profiled = simulation_from_cluster(spec, WORKLOAD, SimOptions(fused=True))
+    slower = simulation_from_cluster(spec, WORKLOAD, SimOptions(fused=True, device_speed=1.5))
+    for sim in (as_profiled, slower):
+        assert [v.device.name for v in sim.verifiers] == ["gpu/0", "gpu/1", "npu/0"]
+    for fast, slow in zip(as_profiled.verifiers, slower.verifiers):
+        assert slow.device.forward_ms([4] * 8) == pytest.approx(1.5 * fast.device.forward_ms([4] * 8))
+        assert slow.device.prompt_ms([300]) == pytest.approx(1.5 * fast.device.prompt_ms([300]))
+    drafters = {d.name: d for d in slower.drafters}
+    for d in as_profiled.drafters:  # the drafters' devices too
+        assert drafters[d.name].device.forward_ms([1]) == pytest.approx(1.5 * d.device.forward_ms([1]))
+    result = simulate(as_profiled)
+    computing_s = sum(u * result.duration_s for u in result.utilisation.values())
+    assert run_speed(result, 1.2 * computing_s) == pytest.approx(1.2)
+    with pytest.raises(ValueError, match="device_speed must be > 0"):
+        SimOptions(device_speed=0.0)
+
+
+def test_tandem_simulate_compares_again_at_the_runs_device_speed(tmp_path, capsys):
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(f"workers:\n  - {{name: g, role: verify, model: {TARGET}, backend: torch, device: cuda,"
+                       " dtype: bf16, hardware: l4}\ndrafter: none\n")
+    measured = tmp_path / "measured.json"
+    args = ["simulate", "--cluster", str(cluster), "--concurrency", "2", "--requests", "4", "--max-tokens", "16",
+            "--prompt-tokens", "8", "--measured", str(measured)]
+    measured.write_text(json.dumps({"throughput_tok_s": 1000.0, "latency_ms_p50": 100.0}))
+    assert main(args + ["--json"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert "at_run_speed" not in first["comparison"]  # no call_seconds: nothing to rescale by
+    result = first["result"]
+    computing_s = sum(u * result["duration_s"] for u in result["utilisation"].values())
+    measured.write_text(json.dumps({"throughput_tok_s": result["throughput_tok_s"] / 2,
+                                    "latency_ms_p50": result["latency_ms"]["p50"] * 2,
+                                    "call_seconds": 2 * computing_s}))  # a run on a device half as fast
+    assert main(args + ["--json"]) == 0
+    comparison = json.loads(capsys.readouterr().out)["comparison"]
+    assert comparison["figures"]["throughput_tok_s"]["relative_error"] == pytest.approx(1.0, abs=0.01)
+    again = comparison["at_run_speed"]
+    assert again["device_speed"] == pytest.approx(2.0, rel=0.01)
+    assert abs(again["figures"]["throughput_tok_s"]["relative_error"]) < 0.05  # the steps' 1 ms bookkeeping stays
+    assert again["within_tolerance"]
+    assert main(args) == 0
+    assert "at the run's device speed (its calls took 2.00x" in capsys.readouterr().out
+    measured.write_text(json.dumps({"throughput_tok_s": 1.0, "latency_ms_p50": 1.0, "call_seconds": -3}))
+    assert main(args) == 2
+    assert "call_seconds must be positive" in capsys.readouterr().err

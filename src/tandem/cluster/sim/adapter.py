@@ -4,7 +4,8 @@ roles as the file writes them or with a placement chosen by the planner (cluster
 Each replica of a worker is one device, named `worker/i`. Costs are the worker's profile for the
 model in question (cluster/profiles/profile_store.py: listed files, else the public-spec roofline of its
 hardware class, else the default profile path), priced at the file's `context_tokens` and
-scaled by slowdown / (1 - utilization), as the planner prices them. Roles as written:
+scaled by slowdown / (1 - utilization), as the planner prices them (and by `device_speed`, the
+speed a measured run found its devices at; validation.py). Roles as written:
 - `verify` replicas verify; `draft` replicas draft for them, dealt out in turn, same network
   group first; `both` replicas verify with their own `draft_model` beside them (one device);
 - the file's `drafter`: `none` decodes plainly, the copy drafters use the free n-gram drafter,
@@ -55,6 +56,7 @@ class SimOptions:
     step_overhead_ms: float = STEP_OVERHEAD_MS  # per step, besides the calls (Ray, bookkeeping)
     host_cores: int | None = None  # the CPU workers share one machine with this many cores
     fixed_k: int | None = None  # every round drafts this many (over the file's k and the plan's)
+    device_speed: float = 1.0  # every device's time times this (a measured run's, validation.run_speed)
     seed: int = 0
 
     def __post_init__(self):
@@ -62,6 +64,8 @@ class SimOptions:
             value = getattr(self, name)
             if value is not None and not 0.0 <= value < 1.0:
                 raise ValueError(f"per-token {name.replace('_', ' ')} must be in [0, 1), got {value}")
+        if not self.device_speed > 0:
+            raise ValueError(f"device_speed must be > 0, got {self.device_speed}")
 
 
 
@@ -126,7 +130,7 @@ class _DrafterChoice:
 
 def cluster_device(spec: ClusterSpec, worker: WorkerSpec, model: str, index: int, options: SimOptions) -> Device:
     fused = True if options.fused is None else options.fused
-    slowdown = worker.slowdown / (1.0 - worker.utilization)
+    slowdown = worker.slowdown / (1.0 - worker.utilization) * options.device_speed
     device = device_from_profile(f"{worker.name}/{index}", worker_profile(spec, worker, model),
                                  group=worker.group, context=spec.context_tokens, slowdown=slowdown, fused=fused)
     if options.host_cores is None or worker.device != "cpu":

@@ -22,10 +22,18 @@ def summary_lines(result: SimResult, heading: str) -> list[str]:
 
 
 def comparison_lines(comparison: dict) -> list[str]:
-    lines = ["against the measurement:"]
-    for name, figure in comparison["figures"].items():
-        lines.append(f"  {name:18s} predicted {figure['predicted']:,.1f}  measured {figure['measured']:,.1f}  "
-                     f"error {figure['relative_error']:+.1%}")
+    lines = ["against the measurement:", *_figure_lines(comparison)]
+    at_speed = comparison.get("at_run_speed")
+    if at_speed:
+        lines.append(f"at the run's device speed (its calls took {at_speed['device_speed']:.2f}x the time "
+                     "simulated above):")
+        lines.extend(_figure_lines(at_speed))
+    return lines
+
+
+def _figure_lines(comparison: dict) -> list[str]:
+    lines = [f"  {name:18s} predicted {figure['predicted']:,.1f}  measured {figure['measured']:,.1f}  "
+             f"error {figure['relative_error']:+.1%}" for name, figure in comparison["figures"].items()]
     verdict = "within" if comparison["within_tolerance"] else "NOT within"
     lines.append(f"  throughput and p50 latency {verdict} {comparison['tolerance']:.0%}")
     return lines

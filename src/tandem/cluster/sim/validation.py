@@ -6,6 +6,7 @@ A measured run is a JSON object. Either Tandem's own form:
      "latency_ms_p50": 3120.0,        # request latency, send to last token, p50   (required)
      "ttft_ms_p50": 410.0,            # optional
      "itl_ms_p50": 95.0,              # optional
+     "call_seconds": 126.4,           # optional: the workers' calls' wall time, summed
      "concurrency": 4, "requests": 32, "max_tokens": 128,   # optional: what was run
      "note": "2 verifiers + 1 drafter, Ray on one machine"}  # optional
 
@@ -13,6 +14,12 @@ or one concurrency level's figures from `tandem bench-serve` results.json (the s
 except that request latency is `e2e_s_p50` in seconds, which is converted). The run's setup
 (cluster file, concurrency, requests, max tokens, acceptance) should be simulated as it ran;
 `compare_with_measurement` then says whether the prediction is within TOLERANCE.
+
+A profile is measured at another time than the run, and a VM's speed drifts between the two
+(the 2-core VMs here: 10-20% over minutes). Where the run gives `call_seconds` (`tandem
+bench-cluster` writes it), `run_speed` says how much longer its workers' calls took than the
+simulation had them take; simulated again with every device that much slower, what is left of
+the error is the simulator's model of the step, the router and the network, not the drift.
 """
 
 import json
@@ -32,10 +39,13 @@ class MeasuredRun:
     ttft_ms_p50: float | None = None
     itl_ms_p50: float | None = None
     prompt_tokens: tuple[int, ...] = ()  # each request's prompt length in the order sent (bench-cluster)
+    call_seconds: float | None = None  # the workers' calls' wall time, summed over the run (bench-cluster)
 
     def __post_init__(self):
         if self.throughput_tok_s <= 0 or self.latency_ms_p50 <= 0:
             raise TandemError("a measured run needs a positive throughput_tok_s and latency_ms_p50")
+        if self.call_seconds is not None and self.call_seconds <= 0:
+            raise TandemError("a measured run's call_seconds must be positive")
 
     @classmethod
     def from_json(cls, data: dict) -> "MeasuredRun":
@@ -53,7 +63,8 @@ class MeasuredRun:
             latency = 1000.0 * float(data["e2e_s_p50"])
         if data.get("throughput_tok_s") is None or latency is None:
             raise TandemError("a measured run needs throughput_tok_s and latency_ms_p50 (or e2e_s_p50)")
-        optional = {key: float(data[key]) for key in ("ttft_ms_p50", "itl_ms_p50") if data.get(key) is not None}
+        optional = {key: float(data[key]) for key in ("ttft_ms_p50", "itl_ms_p50", "call_seconds")
+                    if data.get(key) is not None}
         try:
             prompts = tuple(int(n) for n in data.get("prompt_tokens") or ())
         except (TypeError, ValueError):
@@ -66,6 +77,15 @@ class MeasuredRun:
             return cls.from_json(json.loads(Path(path).read_text()))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
             raise TandemError(f"cannot read the measured run {path}: {error}") from None
+
+
+def run_speed(predicted: SimResult, call_seconds: float) -> float:
+    """How many times the simulated devices' computing time the run's calls took: the factor that
+    makes every device of a second simulation run at the run's speed."""
+    computing_s = sum(u * predicted.duration_s for u in predicted.utilisation.values())
+    if computing_s <= 0:
+        raise TandemError("the simulation computed nothing: there is no device speed to compare")
+    return call_seconds / computing_s
 
 
 def compare_with_measurement(predicted: SimResult, measured: MeasuredRun | dict) -> dict:
