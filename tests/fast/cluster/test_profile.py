@@ -52,6 +52,26 @@ def test_the_prompt_curve_round_trips_and_older_files_load_without_one(tmp_path)
     assert profile_from_json(older).prompt_cost() is None
 
 
+def test_the_typical_speed_round_trips_prices_the_simulators_device_and_older_files_read_as_fastest(tmp_path):
+    from tandem.cluster.profiles.measure import typical_over_fastest
+    from tandem.cluster.sim.from_profile import device_from_profile
+
+    assert typical_over_fastest([[10.0, 30.0, 20.0], [5.0, 5.0, 5.0], [4.0, 8.0, 6.0]]) == 1.5  # 2.0, 1.0, 1.5
+    assert typical_over_fastest([[7.0], [9.0]]) == 1.0  # one sample a point: nothing to tell
+    p = dataclasses.replace(two_context_profile(), typical_over_fastest=1.25)
+    assert load_profile(save_profile(p, tmp_path / "p.json")) == p
+    older = profile_to_json(two_context_profile())
+    assert older["typical_over_fastest"] is None and profile_from_json(older).typical_over_fastest is None
+    del older["typical_over_fastest"]
+    assert profile_from_json(older) == two_context_profile()
+    fastest = device_from_profile("d", two_context_profile(), context=64)
+    typical = device_from_profile("d", p, context=64)
+    assert typical.forward_ms([4] * 4) == pytest.approx(1.25 * fastest.forward_ms([4] * 4))
+    assert device_from_profile("d", p, context=64, typical=False).forward_ms([4] * 4) == fastest.forward_ms([4] * 4)
+    with pytest.raises(TandemError, match="typical_over_fastest must be >= 1"):
+        dataclasses.replace(p, typical_over_fastest=0.9)
+
+
 def test_invalid_profiles_are_refused(tmp_path):
     curves = (Curve(1, 64, ((1, 1.0),)),)
     with pytest.raises(TandemError, match="must cite"):
@@ -173,6 +193,7 @@ def test_measure_sweeps_the_grid_and_caps_noise(monkeypatch):
         costs = [ms for _, ms in curve.latency_ms]
         assert costs == sorted(costs)
     assert profile.step_ms(1, 1, 0) < 10  # capped by the faster samples that did more work
+    assert profile.typical_over_fastest >= 1.0  # recorded: each point's median sample over its fastest
     assert [n for n, _ in profile.prompt_ms] == [1, 4, 16, 128, 256]  # the grid's sizes and PROMPT_SIZES
     costs = [ms for _, ms in profile.prompt_ms]
     assert costs == sorted(costs)

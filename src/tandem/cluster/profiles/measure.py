@@ -12,10 +12,16 @@ Other work on the machine only ever adds time, and it comes in bursts, so the gr
 each point keeps its fastest sample. Then each point is capped by every point that does at
 least as much work (no smaller context, batch or n): doing more never costs less, so any such
 measurement is also an upper bound on this one.
+
+The fastest sample is what a planner compares sizes by; a run of many calls meets the device at
+its typical speed. On a shared VM the two differ: so the profile also records
+`typical_over_fastest`, the median over its points of (median sample / fastest sample), which
+the simulator prices calls at (cluster/sim/from_profile.py).
 """
 
 import os
 import resource
+import statistics
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -65,9 +71,9 @@ def measure_profile(spec: RunnerSpec, grid: ProfileGrid = ProfileGrid(), progres
         raise TandemError(f"profiling {spec.model} needs {needed - 1} tokens of context (--contexts up to "
                           f"{grid.contexts[-1]} plus --sizes up to {grid.sizes[-1]}); it holds {runner.context_length}")
     loaded = resident_bytes() - before
-    samples: dict[tuple[int, int, int], float] = {}
+    samples: dict[tuple[int, int, int], list[float]] = {}
     prompt_sizes = sorted(set(grid.sizes) | set(PROMPT_SIZES))
-    prompt_samples: dict[int, float] = {}
+    prompt_samples: dict[int, list[float]] = {}
     with ProgressBar(total=(grid.points + len(prompt_sizes)) * grid.repeats, desc=f"profiling {spec.model}", unit="call",
               disable=not progress) as bar:
         for context in grid.contexts:
@@ -77,11 +83,10 @@ def measure_profile(spec: RunnerSpec, grid: ProfileGrid = ProfileGrid(), progres
         _fill(runner, 0, grid.batches[-1])
         for _ in range(grid.repeats):
             for n in prompt_sizes:
-                ms = _time_prompt(runner, n)
-                prompt_samples[n] = min(ms, prompt_samples.get(n, ms))
+                prompt_samples.setdefault(n, []).append(_time_prompt(runner, n))
                 bar.update()
-    capped = _cap_by_more_work(samples)
-    prompt = tuple((n, min(prompt_samples[m] for m in prompt_sizes if m >= n)) for n in prompt_sizes)
+    capped = _cap_by_more_work({key: min(times) for key, times in samples.items()})
+    prompt = tuple((n, min(min(prompt_samples[m]) for m in prompt_sizes if m >= n)) for n in prompt_sizes)
     curves = tuple(Curve(batch, context, tuple((n, capped[(context, batch, n)]) for n in grid.sizes))
                    for context in grid.contexts for batch in grid.batches)
     return DeviceProfile(
@@ -90,7 +95,14 @@ def measure_profile(spec: RunnerSpec, grid: ProfileGrid = ProfileGrid(), progres
         threads=spec.threads or os.cpu_count(), source="measured", curves=curves,
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         memory=MemoryUse(loaded, _peak_resident_bytes(), _device_bytes(spec.device)), prompt_ms=prompt,
+        typical_over_fastest=typical_over_fastest([*samples.values(), *prompt_samples.values()]),
     )
+
+
+def typical_over_fastest(samples: list[list[float]]) -> float:
+    """The median over points of (the point's median sample / its fastest): how much slower than
+    its best a device typically ran while profiled (1.0 with one sample a point)."""
+    return round(statistics.median(statistics.median(times) / min(times) for times in samples), 4)
 
 
 def _filler(count: int) -> tuple[int, ...]:
@@ -114,12 +126,10 @@ def _fill(runner: BatchRunner, context: int, slots: int) -> None:
 
 
 def _sweep(runner: BatchRunner, context: int, grid: ProfileGrid, samples: dict, tick) -> None:
-    """Time every (batch, n) once at this context, keeping each point's fastest sample."""
+    """Time every (batch, n) once at this context, adding each sample to its point's."""
     for batch in grid.batches:
         for n in grid.sizes:
-            ms = _time_call(runner, batch, n, context)
-            key = (context, batch, n)
-            samples[key] = min(ms, samples.get(key, ms))
+            samples.setdefault((context, batch, n), []).append(_time_call(runner, batch, n, context))
             tick()
 
 

@@ -19,6 +19,9 @@ its copy): one llama.cpp thread on the 0.5B scored 64 tokens with 64 rows in 1,4
 one row in 755 ms. So a measured profile also holds `prompt_ms`: one
 sequence, starting from an empty cache, scoring n prompt tokens with logits at the last one only
 (`prompt_cost()`; empty in older and public-spec profiles, where the curves stand in for it).
+
+Every point is its fastest sample (measure.py); `typical_over_fastest` says how much slower the
+device typically ran while profiled (None in older and public-spec profiles: read as 1).
 """
 
 import bisect
@@ -84,8 +87,12 @@ class DeviceProfile:
     peak_tflops: float | None = None  # public-spec: the peak the roofline used
     bandwidth_gbs: float | None = None  # public-spec: the bandwidth the roofline used
     prompt_ms: tuple[tuple[int, float], ...] = ()  # (n prompt tokens, ms), logits at the last only
+    typical_over_fastest: float | None = None  # measured: median sample / fastest, the median over points
 
     def __post_init__(self):
+        if self.typical_over_fastest is not None and not self.typical_over_fastest >= 1.0:
+            raise TandemError(f"profile of {self.model}: typical_over_fastest must be >= 1 "
+                              f"(got {self.typical_over_fastest})")
         if self.source not in SOURCES:
             raise TandemError(f"profile source must be one of {', '.join(SOURCES)} (got {self.source!r})")
         if self.source == "public-spec" and not self.citation:

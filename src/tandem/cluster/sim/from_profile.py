@@ -9,7 +9,12 @@ profile priced at one context it takes
   step_ms(B, total / B) - (B - 1) per_sequence_ms.
 The profile's prompt curve (one sequence's prompt, logits at its last token) prices prefill and
 a draft model's catch-up where the profile has one. `slowdown` multiplies every time (a worker
-made slower, or shared with other work).
+made slower, or shared with other work, or a run's devices at the speed it found them).
+
+A profile keeps each point's fastest sample, and a run of many calls meets the device at its
+typical speed, so every time is also multiplied by the profile's `typical_over_fastest` (the
+2-core VMs here: calls shaped like a chat run's took a median 1.0-1.4x their fastest);
+`typical=False` prices at the fastest.
 """
 
 from tandem.cluster.profiles.profile import DeviceProfile
@@ -20,8 +25,10 @@ LARGE_TOTALS = (128, 256, 512, 1024, 2048, 4096, 8192)  # totals priced from the
 
 
 def device_from_profile(name: str, profile: DeviceProfile, *, group: str = "local", context: int | None = None,
-                        slowdown: float = 1.0, fused: bool = True) -> Device:
+                        slowdown: float = 1.0, fused: bool = True, typical: bool = True) -> Device:
     context = profile.contexts[0] if context is None else context
+    if typical:
+        slowdown *= profile.typical_over_fastest or 1.0
     sizes = profile.sizes(1)
     points = {n: profile.step_ms(1, n, context) for n in sizes}
     per_sequence = _per_sequence_ms(profile, context) if fused else 0.0
