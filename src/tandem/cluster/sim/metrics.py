@@ -12,6 +12,7 @@ Definitions, as `tandem bench-serve` measures a real server (bench/serve/client.
 - utilisation: the share of the run a device spent computing (queued, discarded drafts included
   while the run lasted).
 - mean k: draft tokens per round; acceptance: accepted / drafted tokens.
+- moves: streams the router moved from one replica to another (moves.py).
 """
 
 from dataclasses import asdict, dataclass, field
@@ -32,6 +33,7 @@ class Recorder:
     drafted: int = 0
     accepted: int = 0
     finished: int = 0
+    moves: int = 0
     latency_ms: list[float] = field(default_factory=list)
     ttft_ms: list[float] = field(default_factory=list)
     itl_ms: list[float] = field(default_factory=list)
@@ -84,6 +86,7 @@ class Recorder:
             mean_k=round(self.drafted / self.rounds, 3) if self.rounds else 0.0,
             acceptance=round(self.accepted / self.drafted, 4) if self.drafted else 0.0,
             events=events,
+            moves=self.moves,
         )
 
 
@@ -108,6 +111,7 @@ class SimResult:
     mean_k: float
     acceptance: float
     events: int
+    moves: int = 0  # streams the router moved to another replica
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -9,7 +9,7 @@ any; on compute-bound curves sequences spread until their steps cost the same, a
 replica gets a stream where one stream there serves more requests per second than one more
 adds to the cheapest. When every replica is full the sequence waits in the cluster's queue and
 is placed as soon as a slot frees. Ties go to the replica listed first. (The router's prefix
-affinity and moves are not modelled.)
+affinity is not modelled; its moves are, in moves.py.)
 """
 
 from tandem.cluster.planning.stream_placement import Candidate, choose

@@ -3,14 +3,16 @@
 Requests arrive (Poisson, or closed-loop clients that send the next request when one finishes),
 are placed by the router on a verifier replica with a free batch slot (routing.py; while all are
 full they wait in the router's queue) and are stepped by their replica's engine (step.py) until
-they have emitted their output length. Time is simulated in milliseconds.
+they have emitted their output length. While none waits, the router moves a stream to a replica
+holding fewer where it finishes sooner (moves.py), as after every step it hears of. Time is
+simulated in milliseconds.
 
 Two random streams come from the seed: one draws the workload (arrival times, prompt and output
 lengths, all drawn up front), one draws acceptance. So two clusters simulated with one seed see
 the same requests, and a run is a pure function of its Simulation.
 Not modelled: context-length-dependent cost (curves are read at one context), KV-cache
 limits beyond max_batch, stop tokens (every request runs to its output length), failures,
-prefix affinity and moves.
+prefix affinity.
 """
 
 from collections import deque
@@ -20,6 +22,7 @@ import numpy as np
 from tandem.cluster.sim.config import Simulation, Workload
 from tandem.cluster.sim.events import EventQueue
 from tandem.cluster.sim.metrics import Recorder, SimResult
+from tandem.cluster.sim.moves import choose_moves
 from tandem.cluster.sim.planning import make_planner
 from tandem.cluster.sim.routing import route
 from tandem.cluster.sim.state import Replica, SimSequence
@@ -50,7 +53,8 @@ class Simulator:
         self.recorder = Recorder()
         self.timelines = self._timelines()
         self.replicas = [self._replica(i) for i in range(len(sim.verifiers))]
-        ctx = StepContext(sim, self.events, np.random.default_rng([sim.seed, 1]), self.recorder, self._finished)
+        ctx = StepContext(sim, self.events, np.random.default_rng([sim.seed, 1]), self.recorder, self._finished,
+                          self._detached, self._rebalance)
         self.steps = {id(r): self._steps(ctx, r) for r in self.replicas}
         self.requests = draw_requests(sim.workload, sim.seed)
         self.sent = 0
@@ -117,8 +121,33 @@ class Simulator:
             seq.ready_ms = now + steps.relay_ms
             replica.waiting.append(seq)
             steps.kick(now)
+        self._rebalance(now)
+
+    def _rebalance(self, now: float) -> None:
+        """While no request waits, mark the streams to move (each leaves at its replica's next
+        step boundary: `_detached`)."""
+        if self.backlog:
+            return
+        for seq, target in choose_moves(self.replicas):
+            seq.moving_to = target
+            target.incoming.append(seq)
+
+    def _detached(self, seq: SimSequence, source: Replica, now: float) -> None:
+        """The stream left `source`: it reaches its target after the router's relay both ways,
+        with its KV state."""
+        target, seq.moving_to = seq.moving_to, None
+        target.incoming.remove(seq)
+        seq.moved, seq.drafter_seen = True, 0
+        steps = self.steps[id(target)]
+        seq.ready_ms = now + self.steps[id(source)].relay_ms + steps.relay_ms
+        target.waiting.append(seq)
+        self.recorder.moves += 1
+        steps.kick(now)
 
     def _finished(self, seq: SimSequence, now: float) -> None:
+        if seq.moving_to is not None:  # it finished before it could leave
+            seq.moving_to.incoming.remove(seq)
+            seq.moving_to = None
         self.recorder.finish(seq, now)
         self._place(now)
         if self.sim.workload.concurrency is not None and self.sent < len(self.requests):

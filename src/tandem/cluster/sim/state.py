@@ -20,6 +20,8 @@ class SimSequence:
     last_token_ms: float | None = None
     ready_ms: float = 0.0  # when it reaches its replica (placed, plus the router's half round trip)
     unprefilled: int = 0  # prompt tokens its replica has not scored yet
+    moving_to: "Replica | None" = None  # the router moves it there at its replica's next step boundary
+    moved: bool = False  # arrives with its KV state (a move): decodes on admission
 
     @property
     def context(self) -> int:
@@ -46,10 +48,16 @@ class Replica:
     drafter_device: Timeline | None = None
     waiting: deque[SimSequence] = field(default_factory=deque)
     running: list[SimSequence] = field(default_factory=list)
+    incoming: list[SimSequence] = field(default_factory=list)  # moving here: each holds a slot already
 
     @property
     def load(self) -> int:
-        return len(self.waiting) + len(self.running)
+        return len(self.waiting) + len(self.running) + len(self.incoming)
+
+    @property
+    def sequences(self) -> list[SimSequence]:
+        """Those it holds or will: running, waiting, and moving here."""
+        return [*self.running, *self.waiting, *self.incoming]
 
     @property
     def has_work(self) -> bool:

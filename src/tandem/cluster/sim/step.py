@@ -13,11 +13,12 @@ A step:
    the round trip between the replica and the drafter (n-gram drafts are free),
 5. verify: ONE call scores every round (its rest of prompt, last token and drafts) and every
    chunk,
-6. commit: acceptance is drawn per round, tokens are emitted, finished sequences leave; the
-   next step starts after the step overhead.
+6. commit: acceptance is drawn per round, tokens are emitted, finished sequences leave, and so
+   do those the router is moving (detached with their KV state, as a replica does between
+   steps); the next step starts after the step overhead.
 The router relays: a request reaches its replica half a router round trip after it is placed,
 and each round's tokens reach the client half a round trip after they are committed. Not
-modelled: prefix reuse, moves.
+modelled: prefix reuse.
 """
 
 from collections.abc import Callable
@@ -43,6 +44,8 @@ class StepContext:
     rng: np.random.Generator  # acceptance draws
     recorder: Recorder
     on_finish: Callable[[SimSequence, float], None]
+    on_detach: Callable[[SimSequence, Replica, float], None]  # a moving stream left its replica
+    on_step: Callable[[float], None]  # a replica committed a step (the router looks at moves)
 
 
 class ReplicaSteps:
@@ -73,7 +76,7 @@ class ReplicaSteps:
         replica, budget = self.replica, self.ctx.sim.step_token_budget
         while replica.waiting and replica.waiting[0].ready_ms <= now and len(replica.running) < replica.spec.max_batch:
             seq = replica.waiting.popleft()
-            seq.unprefilled = seq.prompt_tokens - 1
+            seq.unprefilled = 0 if seq.moved else seq.prompt_tokens - 1
             replica.running.append(seq)
         decoding = [seq for seq in replica.running if not seq.unprefilled]
         prefilling = [seq for seq in replica.running if seq.unprefilled]
@@ -141,8 +144,12 @@ class ReplicaSteps:
             if seq.remaining == 0:
                 replica.running.remove(seq)
                 self.ctx.events.push(client_at, lambda at, seq=seq: self.ctx.on_finish(seq, at))
+        for seq in [s for s in replica.running if s.moving_to is not None]:  # detached at the step's end
+            replica.running.remove(seq)
+            self.ctx.on_detach(seq, replica, now)
         self._rounds, self._chunks = [], []
         self.ctx.events.push(now + self.ctx.sim.step_overhead_ms, self._next)
+        self.ctx.on_step(now)
 
     def _next(self, now: float) -> None:
         self.busy = False
