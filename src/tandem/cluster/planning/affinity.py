@@ -21,6 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from tandem.engine.prefix_index import BLOCK, PrefixIndex
+from tandem.models.cost import CostModel
 
 PREFIX_MEMORY = 256  # token sequences remembered per replica
 PREFIX_MEMORY_TOKENS = 1 << 20  # and their tokens at most (a few long histories weigh as much as many chats)
@@ -70,6 +71,13 @@ def prefer_prefix(chosen: int, held: list[int], streams: list[int], prefill_ms: 
         return prefill_ms[i] + room * step_costs[i](streams[i] + 1)
 
     return best if expected_ms(best) <= expected_ms(chosen) else None
+
+
+def step_at_lengths(cost: CostModel, lengths: Sequence[int]) -> CostMs:
+    """A replica's call over n tokens, read at the mean of `lengths` (the streams it would hold),
+    as its engine reads a step (`BatchDepthPlanner.plan`'s context)."""
+    context = sum(lengths) / len(lengths) if lengths else 0.0
+    return lambda n: cost.cost_ms(n, context)
 
 
 def move_gain_ms(room: int, refill_ms: float, stay_step_ms: float, move_step_ms: float) -> float:

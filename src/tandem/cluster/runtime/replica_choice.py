@@ -13,7 +13,7 @@ CPU).
 
 from collections.abc import Callable, Iterable
 
-from tandem.cluster.planning.affinity import AFFINITY_SHARE, PrefixMemory, move_gain_ms, prefer_prefix
+from tandem.cluster.planning.affinity import AFFINITY_SHARE, PrefixMemory, move_gain_ms, prefer_prefix, step_at_lengths
 from tandem.cluster.planning.stream_placement import Candidate, choose
 from tandem.cluster.runtime.pool import Worker
 from tandem.cluster.runtime.routed import Routed
@@ -87,8 +87,7 @@ def lengths_by_replica(streams: Iterable[Routed]) -> dict[str, list[int]]:
 def step_cost(worker: Worker, lengths: list[int]) -> Callable[[int], float]:
     """The replica's call over n tokens, read at the mean of `lengths` (the streams it would
     hold), as its engine reads a step."""
-    cost, context = worker.cost.cost, sum(lengths) / len(lengths) if lengths else 0.0
-    return lambda n: cost.cost_ms(n, context)
+    return step_at_lengths(worker.cost.cost, lengths)
 
 
 def prefill_ms(worker: Worker, new_tokens: int, cached: int) -> float:

@@ -10,9 +10,7 @@ depth, and the simulator lets it decode on arrival. It leaves its replica at tha
 step boundary and reaches the target after the router's relay both ways (simulator.py).
 """
 
-from collections.abc import Callable
-
-from tandem.cluster.planning.affinity import move_gain_ms
+from tandem.cluster.planning.affinity import move_gain_ms, step_at_lengths
 from tandem.cluster.sim.routing import has_room
 from tandem.cluster.sim.state import Replica, SimSequence
 
@@ -25,11 +23,12 @@ def choose_moves(replicas: list[Replica]) -> list[tuple[SimSequence, Replica]]:
         for source in replicas:
             if source is target or source.load <= target.load:
                 continue
-            stay_ms = step_cost(source, [s.context for s in source.sequences])(source.load)
+            stay_ms = step_at_lengths(source.spec.device.cost, [s.context for s in source.sequences])(source.load)
             for seq in source.running:
                 if seq.moving_to is not None or id(seq) in taken or seq.unprefilled or seq.remaining <= 1:
                     continue
-                move_ms = step_cost(target, [s.context for s in target.sequences] + [seq.context])(target.load + 1)
+                held = [s.context for s in target.sequences] + [seq.context]
+                move_ms = step_at_lengths(target.spec.device.cost, held)(target.load + 1)
                 refill_ms = target.spec.device.cost.cost_ms(1, seq.context)
                 gains[id(seq)] = (move_gain_ms(seq.remaining, refill_ms, stay_ms, move_ms), seq)
         best = max((g for g in gains.values() if g[0] > 0), default=None, key=lambda g: g[0])
@@ -37,9 +36,3 @@ def choose_moves(replicas: list[Replica]) -> list[tuple[SimSequence, Replica]]:
             taken.add(id(best[1]))
             moves.append((best[1], target))
     return moves
-
-
-def step_cost(replica: Replica, lengths: list[int]) -> Callable[[int], float]:
-    """The replica's call over n tokens, read at the mean of `lengths` (the streams it would hold)."""
-    cost, context = replica.spec.device.cost, sum(lengths) / len(lengths) if lengths else 0.0
-    return lambda n: cost.cost_ms(n, context)
