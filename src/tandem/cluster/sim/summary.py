@@ -15,7 +15,8 @@ def summary_lines(result: SimResult, heading: str) -> list[str]:
         "  latency ms    " + _percentiles(result.latency_ms),
         "  TTFT ms       " + _percentiles(result.ttft_ms),
         "  ITL ms        " + _percentiles(result.itl_ms),
-        f"  mean k {result.mean_k:.2f}   acceptance {result.acceptance:.3f} (accepted / drafted)",
+        f"  mean k {result.mean_k:.2f}   acceptance {result.acceptance:.3f} (accepted / drafted)   "
+        f"moves {result.moves}",
         "  utilisation   " + "  ".join(f"{name} {u:.0%}" for name, u in _utilisation(result).items()),
     ]
     return lines
