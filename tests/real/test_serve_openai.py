@@ -32,6 +32,7 @@ QUESTIONS = [
     "Say hello in Spanish.",
 ]
 MAX_TOKENS = 24
+GENERIC_OPENING = 16  # characters two answers to different prompts may share ("The answer is ")
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +113,11 @@ def test_concurrent_requests_each_get_their_own_answer(server):
     batches round differently and a 135M Q4 model has many near-ties, so answers may part ways
     after a shared prefix (measured: about half of 8 concurrent 32-token answers differ somewhere,
     while one-at-a-time answers repeat exactly). So the exact-match rate is reported, and what is
-    asserted is that every concurrent answer is complete and closest to its own one-at-a-time
-    answer: a sequence reading another's cache would look like another prompt's answer."""
+    asserted is that every concurrent answer is complete and no closer to another prompt's
+    one-at-a-time answer than to its own, beyond a few opening words: a sequence reading another's
+    cache would look like another prompt's answer. (Where the near-tie falls on the first token,
+    "The capital of France is Paris." against its own "L'Étoile, ...", the answer shares nothing
+    with its own and "The " with others; that is not another prompt's answer.)"""
     client = server.client()
     alone = [chat(client, q, stop=["<alone>"]).choices[0].message.content for q in QUESTIONS]
     started = time.perf_counter()
@@ -131,7 +135,8 @@ def test_concurrent_requests_each_get_their_own_answer(server):
         if text != alone[i]:
             print(f"  #{i} parts after {shared[i]} chars: alone {alone[i][shared[i]:][:30]!r}, "
                   f"together {text[shared[i]:][:30]!r}")
-        assert shared[i] == max(shared), f"answer {i} is closer to another prompt's answer: {text!r}"
+        others = max(n for j, n in enumerate(shared) if j != i)
+        assert shared[i] >= others or others < GENERIC_OPENING, f"answer {i} reads like another prompt's: {text!r}"
 
 
 BAD_REQUESTS = [
