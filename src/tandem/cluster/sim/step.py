@@ -45,7 +45,6 @@ class StepContext:
     recorder: Recorder
     on_finish: Callable[[SimSequence, float], None]
     on_detach: Callable[[SimSequence, Replica, float], None]  # a moving stream left its replica
-    on_step: Callable[[float], None]  # a replica committed a step (the router looks at moves)
 
 
 class ReplicaSteps:
@@ -149,7 +148,6 @@ class ReplicaSteps:
             self.ctx.on_detach(seq, replica, now)
         self._rounds, self._chunks = [], []
         self.ctx.events.push(now + self.ctx.sim.step_overhead_ms, self._next)
-        self.ctx.on_step(now)
 
     def _next(self, now: float) -> None:
         self.busy = False
