@@ -43,6 +43,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help=f"output tokens per request (default {DEFAULT_MAX_TOKENS})")
     parser.add_argument("--prompt-tokens", type=whole_number(1), default=None,
                         help="prompt tokens per request (default: estimated from the default bench workload)")
+    parser.add_argument("--shared-prefix-tokens", type=whole_number(0), default=None,
+                        help="every prompt opens with these same tokens (a system prompt), which a replica scores "
+                        "once and then reuses (default: the openings the --measured run's prompts share, where "
+                        "they are replayed; else none)")
     parser.add_argument("--acceptance", type=real_number(0, 1), default=None, help="per-token acceptance of draft models")
     parser.add_argument("--seed", type=int, default=0, help="the simulation's random seed (default 0)")
     parser.add_argument("--roles", choices=("plan", "as-written"), default="plan",
@@ -78,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         raise TandemError(f"{' and '.join(only_scaling)} {'apply' if len(only_scaling) > 1 else 'applies'} only with --scaling")
     if args.scaling and args.measured:
         raise TandemError("--measured applies only with --cluster (a sweep has no one measured run)")
+    if args.scaling and args.shared_prefix_tokens is not None:
+        raise TandemError("--shared-prefix-tokens applies only with --cluster")
     if args.out:
         prepare_out_dir(Path(args.out))  # before the work, not after it
     if args.scaling:
@@ -101,7 +107,7 @@ def _simulate(args: argparse.Namespace) -> int:
                                           fused=_fused(args.batching, default=None), host_cores=args.host_cores,
                                           fixed_k=args.k, **overhead))
     measured = MeasuredRun.load(args.measured) if args.measured else None
-    workload = _workload(args, _recorded_prompts(args, measured))
+    workload = _workload(args, _recorded_prompts(args, measured), _shared_prefixes(args, measured))
     result = simulate(_checked(lambda: simulation_from_cluster(spec, workload, options, plan)))
     comparison = compare_with_measurement(result, measured) if measured else None
     if measured and measured.call_seconds:  # again, every device at the speed the run found it
@@ -161,7 +167,17 @@ def _recorded_prompts(args: argparse.Namespace, measured):
     return _checked(lambda: RecordedLengths(measured.prompt_tokens))
 
 
-def _workload(args: argparse.Namespace, recorded=None):
+def _shared_prefixes(args: argparse.Namespace, measured) -> tuple:
+    """--shared-prefix-tokens N: every prompt opens with the same N tokens; else the measured
+    run's openings where its prompts are replayed; else none."""
+    if args.shared_prefix_tokens is not None:
+        return ((0, args.shared_prefix_tokens),) if args.shared_prefix_tokens else ()
+    if measured is None or args.prompt_tokens or not measured.prompt_tokens:
+        return ()
+    return measured.prompt_prefixes
+
+
+def _workload(args: argparse.Namespace, recorded=None, prefixes: tuple = ()):
     from tandem.bench.workload import DEFAULT_WORKLOAD
     from tandem.cluster.sim.config import Workload
     from tandem.cluster.sim.lengths import FixedLength, workload_prompt_lengths
@@ -173,7 +189,8 @@ def _workload(args: argparse.Namespace, recorded=None):
     else:
         prompts = workload_prompt_lengths(DEFAULT_WORKLOAD)
     concurrency = None if args.rate is not None else (args.concurrency or DEFAULT_CONCURRENCY)
-    return _checked(lambda: Workload(args.requests, prompts, FixedLength(args.max_tokens), args.rate, concurrency))
+    return _checked(lambda: Workload(args.requests, prompts, FixedLength(args.max_tokens), args.rate, concurrency,
+                                     prefixes))
 
 
 def _fused(batching: str | None, default: bool | None) -> bool | None:

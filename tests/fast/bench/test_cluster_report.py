@@ -3,7 +3,7 @@ and the summary folds the passes of a configuration together."""
 
 import pytest
 
-from tandem.bench.cluster.run import markdown, measured_figures, measured_file, summarize
+from tandem.bench.cluster.run import markdown, measured_figures, measured_file, prompt_prefixes, summarize
 from tandem.cli.main import main
 
 
@@ -98,3 +98,12 @@ def test_ctrl_c_writes_the_runs_finished_and_closes_the_cluster(tmp_path, monkey
     report = json.loads((tmp_path / "results.json").read_text())
     assert report["interrupted"] and list(report["results"]) == ["cluster"] and closed
     assert (tmp_path / "measured.json").exists() and "Interrupted" in (tmp_path / "report.md").read_text()
+
+
+def test_each_prompt_records_the_opening_it_shares_grouped_by_its_first_tokens():
+    system = list(range(100, 124))  # a 24-token system turn
+    other = list(range(500, 540))
+    prompts = [system + [1, 2, 3], system + [1, 2, 9], other, system + [7], other[:20] + [0], other[:10] + [5]]
+    assert prompt_prefixes(prompts) == [[0, 26], [0, 26], [2, 20], [0, 24], [2, 20], None]  # 10 shared: too few
+    assert prompt_prefixes([system]) == [None]  # alone, it shares nothing
+    assert prompt_prefixes([]) == []

@@ -20,6 +20,7 @@ from tandem.cluster.sim import (
     simulate,
 )
 from tandem.cluster.sim.events import EventQueue
+from tandem.cluster.sim.lengths import RecordedLengths
 from tandem.cluster.sim.planning import make_planner
 from tandem.cluster.sim.reference import OneSequenceCase, closed_form_tokens_per_s, reference_tokens_per_s
 from tandem.cluster.sim.timeline import Host, Timeline
@@ -58,6 +59,18 @@ def test_a_prompt_curve_prices_prefill_and_catch_up_and_one_token_steps_stay_on_
     assert Device("v", TARGET).prompt_ms([512]) == Device("v", TARGET).forward_ms([512])  # no prompt curve
     serial = Device("s", TARGET, fused=False, prompt_cost=prompts)
     assert serial.prompt_ms([64, 64]) == pytest.approx(2 * (TARGET.cost_ms(1) + 40.0 - 20.0))
+
+
+def test_prompt_tokens_beside_rounds_cost_what_the_whole_call_costs():
+    from tandem.cluster.sim.planning import verify_ms
+
+    prompts = CostModel({1: 20.0, 64: 40.0, 512: 150.0})
+    fused = Device("v", TARGET, per_sequence_ms=2.0, prompt_cost=prompts)
+    assert verify_ms(fused, [0, 3], [16]) == pytest.approx(fused.forward_ms([1, 4, 16]))  # one forward
+    assert verify_ms(fused, [], [16, 40]) == pytest.approx(fused.prompt_ms([16, 40]))  # prompts alone
+    assert verify_ms(fused, [2], []) == fused.forward_ms([3])
+    serial = Device("s", TARGET, fused=False, prompt_cost=prompts)
+    assert verify_ms(serial, [0], [16]) == pytest.approx(serial.forward_ms([1]) + serial.prompt_ms([16]))
 
 
 def test_a_cheaper_prompt_curve_brings_first_tokens_sooner():
@@ -286,10 +299,64 @@ def test_compare_with_measurement_gives_relative_errors():
 
 
 def test_recorded_prompt_lengths_replay_a_measured_run_in_order():
-    from tandem.cluster.sim.lengths import RecordedLengths
     from tandem.cluster.sim.simulator import draw_requests
 
     workload = Workload(5, RecordedLengths((100, 7, 300)), FixedLength(20), concurrency=2)
     assert [prompt for _, prompt, _ in draw_requests(workload, seed=3)] == [100, 7, 300, 100, 7]
     with pytest.raises(ValueError):
         RecordedLengths(())
+
+
+# -- prompt caches and chunks --------------------------------------------------------------------
+
+
+def prefix_cluster(replicas=1, prefixes=((0, 40),), requests=6, concurrency=1, relay_ms=0.0) -> Simulation:
+    verifiers = tuple(Verifier(Device(f"v{i}", TARGET), max_batch=4) for i in range(replicas))
+    return Simulation(verifiers, Workload(requests, FixedLength(100), FixedLength(8), concurrency=concurrency,
+                                          prompt_prefixes=prefixes), network=Network(same_group_ms=2 * relay_ms))
+
+
+def test_a_shared_opening_is_scored_once_per_replica_then_reused():
+    alone = simulate(prefix_cluster(prefixes=()))
+    shared = simulate(prefix_cluster())
+    assert alone.reused_tokens == 0
+    assert shared.reused_tokens == 5 * 40  # all but the first request find it
+    assert shared.scored_tokens == alone.scored_tokens - 5 * 40
+    assert shared.ttft_ms["p50"] < alone.ttft_ms["p50"]
+    two = simulate(prefix_cluster(replicas=2, concurrency=2))
+    assert two.reused_tokens == 4 * 40  # each replica scores it once
+    # one opening per group: two alternating groups, each scored once
+    assert simulate(prefix_cluster(prefixes=((0, 40), (1, 40)))).reused_tokens == 4 * 40
+    # a prompt's own opening shared with none (None), or shorter than the engine would reuse
+    assert simulate(prefix_cluster(prefixes=((0, 40), None))).reused_tokens == 2 * 40
+    assert simulate(prefix_cluster(prefixes=((0, 10),))).reused_tokens == 0
+    with pytest.raises(ValueError, match="prefix"):
+        Workload(1, FixedLength(4), FixedLength(4), concurrency=1, prompt_prefixes=((0, -1),))
+
+
+def test_prompts_arriving_together_wait_for_the_one_prefilling_their_opening():
+    """As the engine's admission: users arriving together behind one system prompt prefill it
+    once; one whose opening nobody is prefilling goes ahead."""
+    sim = prefix_cluster(prefixes=((0, 60), (0, 60), (1, 60)), requests=3, concurrency=3, relay_ms=5.0)
+    result = simulate(sim)  # all three reach the replica at once, 5 ms after they are sent
+    assert result.reused_tokens == 60  # the second request waited and reused; the third had its own
+
+
+def test_the_devices_floor_chunk_sizes_prompt_chunks_beside_streams():
+    """The engine holds a step's prompt chunks beside decoding streams down to its floor chunk;
+    a simulated device with a larger floor scores larger chunks there: longer gaps."""
+    curve = CostModel({n: 10.0 * n for n in (1, 2, 4, 8, 16, 32, 64, 512)})  # CPU-like: proportional
+
+    outputs = RecordedLengths((200,) * 7 + (10,))  # one client's short answers join seven long streams
+
+    def run(floor):
+        device = Device("v", curve, prefill_floor=floor)
+        return simulate(Simulation((Verifier(device, max_batch=8),),
+                                   Workload(24, FixedLength(300), outputs, concurrency=8)))
+
+    small, large = run(8), run(64)
+    assert large.itl_ms["p99"] > 1.5 * small.itl_ms["p99"]  # the streams wait on larger chunks
+    assert large.ttft_ms["p50"] < small.ttft_ms["p50"]  # and prompts go in sooner
+    assert large.scored_tokens == small.scored_tokens  # the same work, chunked differently
+    with pytest.raises(ValueError, match="prefill_floor"):
+        Device("v", curve, prefill_floor=0)

@@ -187,3 +187,45 @@ def test_tandem_simulate_compares_again_at_the_runs_device_speed(tmp_path, capsy
     measured.write_text(json.dumps({"throughput_tok_s": 1.0, "latency_ms_p50": 1.0, "call_seconds": -3}))
     assert main(args) == 2
     assert "call_seconds must be positive" in capsys.readouterr().err
+
+
+def test_the_engines_floor_chunk_is_read_at_the_profiles_shortest_context():
+    from tandem.cluster.profiles.profile import Curve, DeviceProfile
+    from tandem.engine.batch_engine import floor_chunk
+    from tandem.models.cost import CostModel
+
+    short = {1: 10.0, 2: 12.0, 4: 16.0, 8: 24.0, 16: 40.0, 32: 72.0, 64: 136.0}  # a fixed cost per call
+    deep = {n: 10.0 * n for n in short}  # proportional: any chunk runs at full speed
+    profile = DeviceProfile("m", "llamacpp", "cpu", "gguf", 1, "measured", (
+        Curve(1, 64, tuple(short.items())), Curve(1, 512, tuple(deep.items()))))
+    device = device_from_profile("v", profile, context=512)  # calls priced at 512 cached tokens
+    assert device.prefill_floor == floor_chunk(CostModel(short).cost_ms) == 18
+    assert floor_chunk(CostModel(deep).cost_ms) == 1
+
+
+def test_tandem_simulate_reuses_the_openings_a_measured_run_shares(tmp_path, capsys):
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(f"workers:\n  - {{name: g, role: verify, model: {TARGET}, backend: torch, device: cuda,"
+                       " dtype: bf16, hardware: l4}\ndrafter: none\n")
+    measured = tmp_path / "measured.json"
+    figures = {"throughput_tok_s": 1000.0, "latency_ms_p50": 100.0, "prompt_tokens": [300, 300, 300]}
+    args = ["simulate", "--cluster", str(cluster), "--concurrency", "1", "--requests", "3", "--max-tokens", "8",
+            "--measured", str(measured), "--json"]
+
+    def result(extra=(), **more) -> dict:
+        measured.write_text(json.dumps(figures | more))
+        assert main(args + list(extra)) == 0
+        return json.loads(capsys.readouterr().out)
+
+    assert result()["result"]["reused_tokens"] == 0
+    shared = result(prompt_prefixes=[[0, 200], [0, 200], None], scored_tokens=500)
+    assert shared["result"]["reused_tokens"] == 200  # the second found the first's opening; the third has none
+    assert shared["comparison"]["figures"]["scored_tokens"]["measured"] == 500
+    assert result(["--shared-prefix-tokens", "100"])["result"]["reused_tokens"] == 200
+    measured.write_text(json.dumps(figures | {"prompt_prefixes": [[0, 200]]}))  # one entry for three prompts
+    assert main(args) == 2
+    assert "one entry per prompt_tokens entry" in capsys.readouterr().err
+    measured.write_text(json.dumps(figures | {"prompt_prefixes": [[0], None, None]}))
+    assert main(args) == 2
+    assert "[group, tokens]" in capsys.readouterr().err
+    assert main(["simulate", "--scaling", str(cluster), "--out", str(tmp_path / "o"), "--shared-prefix-tokens", "5"]) == 2

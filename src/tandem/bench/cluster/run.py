@@ -12,8 +12,9 @@
 Configurations run one after another on the same requests (`repeats` times over); each run's
 figures are in results.json, and every cluster configuration's figures, averaged over the
 passes, also in the form `tandem simulate --measured` reads (measured.json,
-measured-verify-only.json), with the prompt length of every request in the order sent, so the
-simulation can replay them. Workers free a
+measured-verify-only.json), with the prompt length of every request in the order sent and the
+opening it shares with others (which a replica's prompt cache scores once), so the simulation
+can replay them. Workers free a
 sequence's cache when it leaves, so every run starts on an empty KV pool.
 """
 
@@ -31,6 +32,8 @@ from tandem.models.resolve import tokenizer_path
 from tandem.engine.build import EngineConfig, build_engine
 from tandem.speculation.depth import parse_depth
 from tandem.text.tokenizer import TextTokenizer
+from tandem.engine.slots import MIN_COPY_TOKENS
+from tandem.token_ids import common_prefix
 
 CONFIGS = ("single", "solo", "cluster", "cluster+draft-ahead", "cluster-verify-only")
 
@@ -94,6 +97,7 @@ def run_cluster_bench(cluster: ClusterOptions, drafter: str, k, concurrency: int
     for name in configs:  # each cluster run, in the form `tandem simulate --measured` reads
         if name.startswith("cluster") and name in results:
             measured = {**measured_figures(results, name), "prompt_tokens": [len(r.prompt_ids) for r in requests],
+                        "prompt_prefixes": prompt_prefixes([r.prompt_ids for r in requests]),
                         "note": f"tandem bench-cluster, {name}"}
             (out / measured_file(name)).write_text(json.dumps(measured))
     (out / "report.md").write_text(markdown(report))
@@ -101,6 +105,21 @@ def run_cluster_bench(cluster: ClusterOptions, drafter: str, k, concurrency: int
         progress(f"interrupted: wrote the {len(results)} runs finished to {out}")
         raise KeyboardInterrupt
     return report
+
+
+def prompt_prefixes(prompts: list) -> list:
+    """Per prompt, the opening it shares with another (a system prompt): [group, tokens], the
+    group being the first prompt that opens with the same MIN_COPY_TOKENS tokens; None where it
+    shares fewer than MIN_COPY_TOKENS with every other prompt (the engine would not reuse them)."""
+    groups: dict[tuple, int] = {}
+    prefixes = []
+    for i, prompt in enumerate(prompts):
+        shared = max((common_prefix(prompt, other) for j, other in enumerate(prompts) if j != i), default=0)
+        if shared < MIN_COPY_TOKENS:
+            prefixes.append(None)
+            continue
+        prefixes.append([groups.setdefault(tuple(prompt[:MIN_COPY_TOKENS]), i), shared])
+    return prefixes
 
 
 def measured_file(config: str) -> str:

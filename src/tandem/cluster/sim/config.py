@@ -10,6 +10,8 @@ cluster file (adapter.py) or from public device classes (device_classes.py) alik
   one name are one physical device running two models (a worker that verifies and drafts):
   their calls share its time. Its optional `prompt_cost` prices scoring a prompt (logits at its
   last token only: a prefill, a draft model's catch-up); without one the cost curve stands in.
+  Its optional `prefill_floor` is the floor chunk the engine would read off its own curve
+  (engine/batch_engine.py `floor_chunk`); without one it is read off `cost`.
 - a *verifier replica* holds the target model on a device and verifies up to `max_batch`
   sequences per step; it names its drafter.
 - a *drafter* proposes draft tokens: a draft model on a device, or the n-gram drafter (free,
@@ -42,6 +44,7 @@ class Device:
     host: str | None = None  # a machine whose cores this device shares with others (Simulation.host_cores)
     threads: int = 1  # cores its calls keep busy on that host
     prompt_cost: CostModel | None = None  # ms for one sequence's n prompt tokens, logits at the last only
+    prefill_floor: int | None = None  # the engine's floor chunk on this device (None: read off `cost`)
 
     def __post_init__(self):
         if self.threads < 1:
@@ -54,6 +57,8 @@ class Device:
             raise ValueError(f"device {self.name}: network group must not be empty")
         if self.cost.cost_ms(1) <= 0:
             raise ValueError(f"device {self.name}: its cost curve must give a positive time for 1 token")
+        if self.prefill_floor is not None and self.prefill_floor < 1:
+            raise ValueError(f"device {self.name}: prefill_floor must be >= 1, got {self.prefill_floor}")
 
     def forward_ms(self, token_counts: Sequence[int]) -> float:
         """One forward over a batch with these per-sequence token counts."""
@@ -140,13 +145,17 @@ class Network:
 @dataclass(frozen=True, slots=True)
 class Workload:
     """`num_requests` requests: Poisson arrivals at `rate_per_s`, or `concurrency` closed-loop
-    clients that send their next request when the last one finishes (exactly one of the two)."""
+    clients that send their next request when the last one finishes (exactly one of the two).
+    `prompt_prefixes`: the opening each request's prompt shares with others (a system prompt),
+    as (group, tokens) or None, request i taking entry i modulo their number (empty: none
+    shared); a replica's prompt cache scores a group's opening once, then reuses it (step.py)."""
 
     num_requests: int
     prompt_tokens: LengthModel
     output_tokens: LengthModel
     rate_per_s: float | None = None
     concurrency: int | None = None
+    prompt_prefixes: tuple[tuple[int, int] | None, ...] = ()
 
     def __post_init__(self):
         if self.num_requests < 1:
@@ -157,6 +166,12 @@ class Workload:
             raise ValueError(f"rate_per_s must be > 0, got {self.rate_per_s}")
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if any(prefix is not None and prefix[1] < 0 for prefix in self.prompt_prefixes):
+            raise ValueError("a shared prompt prefix must be >= 0 tokens")
+
+    def prompt_prefix(self, request: int) -> tuple[int, int] | None:
+        """(group, tokens) of the opening request `request` shares, or None."""
+        return self.prompt_prefixes[request % len(self.prompt_prefixes)] if self.prompt_prefixes else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,10 +15,18 @@ A profile keeps each point's fastest sample, and a run of many calls meets the d
 typical speed, so every time is also multiplied by the profile's `typical_over_fastest` (the
 2-core VMs here: calls shaped like a chat run's took a median 1.0-1.4x their fastest);
 `typical=False` prices at the fastest.
+
+The engine holds a step's prompt chunks beside decoding streams down to a floor chunk it reads
+off its runner's profile at 64 cached tokens (engine/batch_engine.py `floor_chunk`), so the
+device's floor is read off the profile's curve at its shortest context, not at the context that
+prices the calls: the mixed smollm2 replicas' profile gives 20 tokens at 64 and 43 at 512,
+their engines 7-12, and at 43 a simulated step beside streams scored twice the prompt tokens
+a replica's did (docs/cluster.md, "Prompt chunks and the shared prefix").
 """
 
 from tandem.cluster.profiles.profile import DeviceProfile
 from tandem.cluster.sim.config import Device
+from tandem.engine.batch_engine import floor_chunk
 from tandem.models.cost import CostModel
 
 LARGE_TOTALS = (128, 256, 512, 1024, 2048, 4096, 8192)  # totals priced from the big-batch curve
@@ -38,7 +46,16 @@ def device_from_profile(name: str, profile: DeviceProfile, *, group: str = "loca
             if total > sizes[-1]:
                 points[total] = profile.step_ms(biggest, total / biggest, context) - (biggest - 1) * per_sequence
     scaled = CostModel({n: ms * slowdown for n, ms in points.items()})
-    return Device(name, scaled, fused, group, per_sequence * slowdown, prompt_cost=profile.prompt_cost(slowdown))
+    return Device(name, scaled, fused, group, per_sequence * slowdown, prompt_cost=profile.prompt_cost(slowdown),
+                  prefill_floor=engine_floor(profile))
+
+
+def engine_floor(profile: DeviceProfile) -> int:
+    """The floor chunk the engine would read off this device's one-sequence curve at the
+    profile's shortest context (the engine's runner profile is taken at 64 cached tokens)."""
+    shortest = profile.contexts[0]
+    curve = CostModel({n: profile.step_ms(1, n, shortest) for n in profile.sizes(1)})
+    return floor_chunk(curve.cost_ms)
 
 
 def _per_sequence_ms(profile: DeviceProfile, context: int) -> float:

@@ -13,6 +13,8 @@ Definitions, as `tandem bench-serve` measures a real server (bench/serve/client.
   while the run lasted).
 - mean k: draft tokens per round; acceptance: accepted / drafted tokens.
 - moves: streams the router moved from one replica to another (moves.py).
+- scored tokens: what the replicas' verify calls scored (rounds' last tokens and drafts, prompt
+  tokens); reused tokens: prompt tokens found in a replica's prompt cache instead (step.py).
 """
 
 from dataclasses import asdict, dataclass, field
@@ -34,6 +36,8 @@ class Recorder:
     accepted: int = 0
     finished: int = 0
     moves: int = 0
+    scored_tokens: int = 0
+    reused_tokens: int = 0
     latency_ms: list[float] = field(default_factory=list)
     ttft_ms: list[float] = field(default_factory=list)
     itl_ms: list[float] = field(default_factory=list)
@@ -87,6 +91,8 @@ class Recorder:
             acceptance=round(self.accepted / self.drafted, 4) if self.drafted else 0.0,
             events=events,
             moves=self.moves,
+            scored_tokens=self.scored_tokens,
+            reused_tokens=self.reused_tokens,
         )
 
 
@@ -112,6 +118,8 @@ class SimResult:
     acceptance: float
     events: int
     moves: int = 0  # streams the router moved to another replica
+    scored_tokens: int = 0  # tokens the replicas' verify calls scored
+    reused_tokens: int = 0  # prompt tokens found in a replica's prompt cache instead
 
     def to_json(self) -> dict:
         return asdict(self)

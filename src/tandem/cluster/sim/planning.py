@@ -69,6 +69,15 @@ def draft_call_ms(device: Device, unseen: list[int], ks: list[int]) -> float:
 
 def verify_ms(device: Device, ks: list[int], prompt_parts: list[int] = ()) -> float:
     """One batched call: every round scores its last committed token plus its k drafts, and the
-    prompt tokens scored beside them (rests of prompts, chunks) cost what a prefill of them
-    costs (priced apart: the rounds' part of a call is what the planner reads)."""
-    return device.forward_ms([k + 1 for k in ks]) + device.prompt_ms([n for n in prompt_parts if n > 0])
+    prompt tokens scored beside them (rests of prompts, chunks). A fused device scores them all
+    in one forward, priced on its verify curve by the call's tokens; prompts alone (no round in
+    the call) on its prompt curve, which is measured that way. Traced on the mixed smollm2
+    replicas (one llama.cpp thread each, AMD EPYC Zen 3), a replica's 16-token chunks beside 2-7
+    rounds took 0.85-1.15x this price and 1.2-1.6x the prompt curve's, its several whole prompts
+    beside a few rounds 0.83-1.08x and 1.16-1.43x (docs/cluster.md, "Prompt chunks and the
+    shared prefix"). A serial device runs the rounds, then each prompt part as a prefill."""
+    rounds = [k + 1 for k in ks]
+    parts = [n for n in prompt_parts if n > 0]
+    if device.fused and rounds and parts:
+        return device.forward_ms(rounds + parts)
+    return device.forward_ms(rounds) + device.prompt_ms(parts)

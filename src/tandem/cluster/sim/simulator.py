@@ -14,7 +14,7 @@ lengths, all drawn up front), one draws acceptance. So two clusters simulated wi
 the same requests, and a run is a pure function of its Simulation.
 Not modelled: context-length-dependent cost (curves are read at one context), KV-cache
 limits beyond max_batch, stop tokens (every request runs to its output length), failures,
-prefix affinity.
+prefix affinity in placement (a replica does reuse the shared openings it holds: step.py).
 """
 
 from collections import deque
@@ -107,7 +107,7 @@ class Simulator:
 
     def _send(self, now: float) -> None:
         _, prompt, output = self.requests[self.sent]
-        seq = SimSequence(self.sent, now, prompt, output)
+        seq = SimSequence(self.sent, now, prompt, output, prefix=self.sim.workload.prompt_prefix(self.sent))
         self.sent += 1
         self.recorder.arrival(now)
         self.backlog.append(seq)

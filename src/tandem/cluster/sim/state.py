@@ -22,6 +22,7 @@ class SimSequence:
     unprefilled: int = 0  # prompt tokens its replica has not scored yet
     moving_to: "Replica | None" = None  # the router moves it there at its replica's next step boundary
     moved: bool = False  # arrives with its KV state (a move): decodes on admission
+    prefix: tuple[int, int] | None = None  # (group, tokens): the opening it shares with other prompts
 
     @property
     def context(self) -> int:
@@ -49,6 +50,7 @@ class Replica:
     waiting: deque[SimSequence] = field(default_factory=deque)
     running: list[SimSequence] = field(default_factory=list)
     incoming: list[SimSequence] = field(default_factory=list)  # moving here: each holds a slot already
+    prefixes_held: set[int] = field(default_factory=set)  # shared openings its prompt cache holds, by group
 
     @property
     def load(self) -> int:

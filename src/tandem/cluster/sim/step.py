@@ -3,7 +3,10 @@
 
 A step:
 1. admit: waiting sequences that have reached the replica take free batch slots; what they
-   lack of their prompt is unprefilled,
+   lack of their prompt is unprefilled: all but its last token, less the opening it shares
+   with other prompts (a system prompt) where the replica's prompt cache holds it (a sequence
+   of its group scored past it there; the engine reuses MIN_COPY_TOKENS or more, engine/slots.py).
+   One whose opening a running sequence is still prefilling waits for it, as the engine's does,
 2. split: decoding sequences verify a round; prefilling ones whose rest of prompt fits the step
    token budget left by the rounds finish it in front of their round, the others score a chunk
    of it (oldest first, in what the budget leaves; the oldest at least MIN_PREFILL_CHUNK). The
@@ -18,7 +21,8 @@ A step:
    steps); the next step starts after the step overhead.
 The router relays: a request reaches its replica half a router round trip after it is placed,
 and each round's tokens reach the client half a round trip after they are committed. Not
-modelled: prefix reuse.
+modelled: prefixes shared by some prompts only (a conversation's turns), evictions from the
+prompt cache.
 """
 
 from collections.abc import Callable
@@ -32,7 +36,8 @@ from tandem.cluster.sim.metrics import Recorder
 from tandem.cluster.sim.planning import candidate, draft_call_ms, verify_ms
 from tandem.cluster.sim.state import Replica, SimSequence
 from tandem.cluster.sim.timeline import remote_call
-from tandem.engine.batch_engine import MIN_PREFILL_CHUNK, held_back_budget
+from tandem.engine.batch_engine import MIN_PREFILL_CHUNK, SHARE_WAIT_TOKENS, held_back_budget
+from tandem.engine.slots import MIN_COPY_TOKENS
 
 
 @dataclass(slots=True)
@@ -73,15 +78,20 @@ class ReplicaSteps:
 
     def _step(self, now: float) -> None:
         replica, budget = self.replica, self.ctx.sim.step_token_budget
+        deferred = []
         while replica.waiting and replica.waiting[0].ready_ms <= now and len(replica.running) < replica.spec.max_batch:
             seq = replica.waiting.popleft()
-            seq.unprefilled = 0 if seq.moved else seq.prompt_tokens - 1
+            if not seq.moved and self._waits_to_share(seq):
+                deferred.append(seq)
+                continue
+            seq.unprefilled = 0 if seq.moved else seq.prompt_tokens - 1 - self._reused(seq)
             replica.running.append(seq)
+        replica.waiting.extendleft(reversed(deferred))
         decoding = [seq for seq in replica.running if not seq.unprefilled]
         prefilling = [seq for seq in replica.running if seq.unprefilled]
         device, fixed_k = replica.spec.device, self.ctx.sim.depth.fixed_k or 0
         if decoding and device.fused and len(prefilling) <= len(decoding):  # held back, as the engine's
-            budget = held_back_budget(device.cost, len(decoding) * (1 + fixed_k), budget)
+            budget = held_back_budget(device.cost, len(decoding) * (1 + fixed_k), budget, device.prefill_floor)
         left = budget - len(decoding)
         rounds = list(decoding)
         for seq in prefilling:  # oldest first: those whose rest fits finish it with their round
@@ -101,6 +111,29 @@ class ReplicaSteps:
         self._rounds = list(zip(rounds, ks))
         self._draft(now)
 
+    def _waits_to_share(self, seq: SimSequence) -> bool:
+        """Whether a running sequence is still prefilling SHARE_WAIT_TOKENS or more of seq's
+        shared opening: seq then waits for it (those behind it go first) and reuses it, as the
+        engine's admission does (users arriving together behind one system prompt prefill it once)."""
+        if seq.prefix is None or seq.prefix[0] in self.replica.prefixes_held:
+            return False
+        for other in self.replica.running:
+            if other.unprefilled and other.prefix is not None and other.prefix[0] == seq.prefix[0]:
+                done = other.prompt_tokens - 1 - other.unprefilled
+                if min(seq.prefix[1], other.prefix[1]) - done >= SHARE_WAIT_TOKENS:
+                    return True
+        return False
+
+    def _reused(self, seq: SimSequence) -> int:
+        """Prompt tokens seq finds in its replica's prompt cache: its shared opening, if held."""
+        if seq.prefix is None or seq.prefix[0] not in self.replica.prefixes_held:
+            return 0
+        shared = min(seq.prefix[1], seq.prompt_tokens - 1)
+        if shared < MIN_COPY_TOKENS:
+            return 0
+        self.ctx.recorder.reused_tokens += shared
+        return shared
+
     # -- 4. drafting ------------------------------------------------------------------------------
 
     def _draft(self, now: float) -> None:
@@ -119,8 +152,9 @@ class ReplicaSteps:
             self._commit(now)
             return
         device = self.replica.spec.device
-        call_ms = verify_ms(device, [k for _, k in self._rounds],
-                            [s.unprefilled for s, _ in self._rounds] + [n for _, n in self._chunks])
+        prompt_parts = [s.unprefilled for s, _ in self._rounds] + [n for _, n in self._chunks]
+        call_ms = verify_ms(device, [k for _, k in self._rounds], prompt_parts)
+        self.ctx.recorder.scored_tokens += sum(k + 1 for _, k in self._rounds) + sum(prompt_parts)
         self.ctx.events.push(self.replica.device.reserve(now, call_ms), self._commit)
 
     # -- 6. commit --------------------------------------------------------------------------------
@@ -129,8 +163,10 @@ class ReplicaSteps:
         replica, client_at = self.replica, now + self.relay_ms
         for seq, n in self._chunks:
             seq.unprefilled -= n
-        for seq, k in self._rounds:
+        for seq, _ in self._rounds:
             seq.unprefilled = 0
+        self._hold_openings()
+        for seq, k in self._rounds:
             run = replica.drafter.acceptance.draw_run(self.ctx.rng) if k else 0
             accepted = min(run, k)
             if k:
@@ -148,6 +184,12 @@ class ReplicaSteps:
             self.ctx.on_detach(seq, replica, now)
         self._rounds, self._chunks = [], []
         self.ctx.events.push(now + self.ctx.sim.step_overhead_ms, self._next)
+
+    def _hold_openings(self) -> None:
+        """An opening scored is an opening held: the replica's prompt cache keeps it."""
+        for seq in [s for s, _ in self._chunks + self._rounds]:
+            if seq.prefix is not None and seq.prompt_tokens - 1 - seq.unprefilled >= seq.prefix[1]:
+                self.replica.prefixes_held.add(seq.prefix[0])
 
     def _next(self, now: float) -> None:
         self.busy = False

@@ -17,6 +17,7 @@ def summary_lines(result: SimResult, heading: str) -> list[str]:
         "  ITL ms        " + _percentiles(result.itl_ms),
         f"  mean k {result.mean_k:.2f}   acceptance {result.acceptance:.3f} (accepted / drafted)   "
         f"moves {result.moves}",
+        f"  tokens scored {result.scored_tokens:,}   reused from prompt caches {result.reused_tokens:,}",
         "  utilisation   " + "  ".join(f"{name} {u:.0%}" for name, u in _utilisation(result).items()),
     ]
     return lines

@@ -7,6 +7,10 @@ A measured run is a JSON object. Either Tandem's own form:
      "ttft_ms_p50": 410.0,            # optional
      "itl_ms_p50": 95.0,              # optional
      "call_seconds": 126.4,           # optional: the workers' calls' wall time, summed
+     "prompt_tokens": [212, 98, ...], # optional: each request's prompt length, in the order sent
+     "prompt_prefixes": [[0, 24], null, ...],  # optional: per request, [group, tokens] of the
+                                      # opening it shares with other prompts, or null
+     "scored_tokens": 7127,           # optional: tokens the replicas' verify calls scored
      "concurrency": 4, "requests": 32, "max_tokens": 128,   # optional: what was run
      "note": "2 verifiers + 1 drafter, Ray on one machine"}  # optional
 
@@ -40,12 +44,20 @@ class MeasuredRun:
     itl_ms_p50: float | None = None
     prompt_tokens: tuple[int, ...] = ()  # each request's prompt length in the order sent (bench-cluster)
     call_seconds: float | None = None  # the workers' calls' wall time, summed over the run (bench-cluster)
+    prompt_prefixes: tuple[tuple[int, int] | None, ...] = ()  # per request: (group, tokens) it shares (bench-cluster)
+    scored_tokens: int | None = None  # tokens the replicas' verify calls scored (bench-cluster)
 
     def __post_init__(self):
         if self.throughput_tok_s <= 0 or self.latency_ms_p50 <= 0:
             raise TandemError("a measured run needs a positive throughput_tok_s and latency_ms_p50")
         if self.call_seconds is not None and self.call_seconds <= 0:
             raise TandemError("a measured run's call_seconds must be positive")
+        if self.scored_tokens is not None and self.scored_tokens < 0:
+            raise TandemError("a measured run's scored_tokens must be >= 0")
+        if any(p is not None and p[1] < 0 for p in self.prompt_prefixes):
+            raise TandemError("a measured run's prompt_prefixes must not be negative")
+        if self.prompt_prefixes and len(self.prompt_prefixes) != len(self.prompt_tokens):
+            raise TandemError("a measured run's prompt_prefixes must give one entry per prompt_tokens entry")
 
     @classmethod
     def from_json(cls, data: dict) -> "MeasuredRun":
@@ -67,9 +79,13 @@ class MeasuredRun:
                     if data.get(key) is not None}
         try:
             prompts = tuple(int(n) for n in data.get("prompt_tokens") or ())
-        except (TypeError, ValueError):
-            raise TandemError("a measured run's prompt_tokens must be a list of token counts") from None
-        return cls(float(data["throughput_tok_s"]), float(latency), **optional, prompt_tokens=prompts)
+            prefixes = tuple(_prefix(p) for p in data.get("prompt_prefixes") or ())
+        except (TypeError, ValueError, IndexError, KeyError):
+            raise TandemError("a measured run's prompt_tokens must be a list of token counts, its prompt_prefixes "
+                              "of [group, tokens] pairs or null") from None
+        scored = {"scored_tokens": int(data["scored_tokens"])} if data.get("scored_tokens") is not None else {}
+        return cls(float(data["throughput_tok_s"]), float(latency), **optional, prompt_tokens=prompts,
+                   prompt_prefixes=prefixes, **scored)
 
     @classmethod
     def load(cls, path: str | Path) -> "MeasuredRun":
@@ -77,6 +93,14 @@ class MeasuredRun:
             return cls.from_json(json.loads(Path(path).read_text()))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
             raise TandemError(f"cannot read the measured run {path}: {error}") from None
+
+
+def _prefix(entry) -> tuple[int, int] | None:
+    if entry is None:
+        return None
+    if len(entry) != 2:
+        raise ValueError("a prompt prefix is [group, tokens]")
+    return int(entry[0]), int(entry[1])
 
 
 def run_speed(predicted: SimResult, call_seconds: float) -> float:
@@ -99,6 +123,8 @@ def compare_with_measurement(predicted: SimResult, measured: MeasuredRun | dict)
         "ttft_ms_p50": (predicted.ttft_ms["p50"], measured.ttft_ms_p50),
         "itl_ms_p50": (predicted.itl_ms["p50"], measured.itl_ms_p50),
     }
+    if measured.scored_tokens:  # the work done: tells a wrong speed from a wrong amount of work
+        pairs["scored_tokens"] = (predicted.scored_tokens, measured.scored_tokens)
     figures = {name: {"predicted": p, "measured": m, "relative_error": round((p - m) / m, 4)}
                for name, (p, m) in pairs.items() if m is not None}
     checked = ("throughput_tok_s", "latency_ms_p50")
