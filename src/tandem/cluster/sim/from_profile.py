@@ -19,9 +19,10 @@ typical speed, so every time is also multiplied by the profile's `typical_over_f
 The engine holds a step's prompt chunks beside decoding streams down to a floor chunk it reads
 off its runner's profile at 64 cached tokens (engine/batch_engine.py `floor_chunk`), so the
 device's floor is read off the profile's curve at its shortest context, not at the context that
-prices the calls: the mixed smollm2 replicas' profile gives 20 tokens at 64 and 43 at 512,
-their engines 7-12, and at 43 a simulated step beside streams scored twice the prompt tokens
-a replica's did (docs/cluster.md, "Prompt chunks and the shared prefix").
+prices the calls: an earlier profile of the mixed smollm2 replicas gave 20 tokens at 64 and
+43 at 512 (the replicas' engines read 7 off their runner profile), and at 43 the simulated fast
+replica's steps beside streams carried 55 prompt tokens on average where the replica's carried
+16-23 in most (docs/cluster.md, "Prompt chunks and the shared prefix").
 """
 
 from tandem.cluster.profiles.profile import DeviceProfile

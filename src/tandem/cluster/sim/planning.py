@@ -71,11 +71,13 @@ def verify_ms(device: Device, ks: list[int], prompt_parts: list[int] = ()) -> fl
     """One batched call: every round scores its last committed token plus its k drafts, and the
     prompt tokens scored beside them (rests of prompts, chunks). A fused device scores them all
     in one forward, priced on its verify curve by the call's tokens; prompts alone (no round in
-    the call) on its prompt curve, which is measured that way. Traced on the mixed smollm2
-    replicas (one llama.cpp thread each, AMD EPYC Zen 3), a replica's 16-token chunks beside 2-7
-    rounds took 0.85-1.15x this price and 1.2-1.6x the prompt curve's, its several whole prompts
-    beside a few rounds 0.83-1.08x and 1.16-1.43x (docs/cluster.md, "Prompt chunks and the
-    shared prefix"). A serial device runs the rounds, then each prompt part as a prefill."""
+    the call) on its prompt curve, which is measured that way. Traced over three runs of the
+    mixed smollm2 replicas (one llama.cpp thread each, AMD EPYC Zen 3), a replica's steps of
+    1-7 rounds beside a chunk of up to 23 prompt tokens took a median 0.80-1.15x this price and
+    1.08-1.55x the prompt curve's (priced apart), its steps beside whole prompts 0.76-1.08x and
+    1.03-1.43x, all its steps together 0.88-1.02x and 1.13-1.27x (docs/cluster.md, "Prompt
+    chunks and the shared prefix"). A serial device runs the rounds, then each prompt part as a
+    prefill."""
     rounds = [k + 1 for k in ks]
     parts = [n for n in prompt_parts if n > 0]
     if device.fused and rounds and parts:
