@@ -107,7 +107,8 @@ def _simulate(args: argparse.Namespace) -> int:
                                           fused=_fused(args.batching, default=None), host_cores=args.host_cores,
                                           fixed_k=args.k, **overhead))
     measured = MeasuredRun.load(args.measured) if args.measured else None
-    workload = _workload(args, _recorded_prompts(args, measured), _shared_prefixes(args, measured))
+    recorded = _recorded_prompts(args, measured)
+    workload = _workload(args, recorded, _shared_prefixes(args, measured.prompt_prefixes if recorded is not None else ()))
     result = simulate(_checked(lambda: simulation_from_cluster(spec, workload, options, plan)))
     comparison = compare_with_measurement(result, measured) if measured else None
     if measured and measured.call_seconds:  # again, every device at the speed the run found it
@@ -167,14 +168,12 @@ def _recorded_prompts(args: argparse.Namespace, measured):
     return _checked(lambda: RecordedLengths(measured.prompt_tokens))
 
 
-def _shared_prefixes(args: argparse.Namespace, measured) -> tuple:
-    """--shared-prefix-tokens N: every prompt opens with the same N tokens; else the measured
-    run's openings where its prompts are replayed; else none."""
+def _shared_prefixes(args: argparse.Namespace, replayed: tuple) -> tuple:
+    """--shared-prefix-tokens N: every prompt opens with the same N tokens; else the openings of
+    the measured run whose prompts are replayed (`replayed`, empty where none are)."""
     if args.shared_prefix_tokens is not None:
         return ((0, args.shared_prefix_tokens),) if args.shared_prefix_tokens else ()
-    if measured is None or args.prompt_tokens or not measured.prompt_tokens:
-        return ()
-    return measured.prompt_prefixes
+    return replayed
 
 
 def _workload(args: argparse.Namespace, recorded=None, prefixes: tuple = ()):
