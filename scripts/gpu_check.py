@@ -8,7 +8,9 @@ for exactness, meaningless for acceptance (take that from CPU runs on the real w
 2. reference: the fused runner's greedy tokens against transformers' own `generate`, fp32;
 3. lossless: the engine's greedy output with drafts (the draft model; the target's own weights
    as the draft, so rounds accept long runs; n-gram copies) against plain decoding, fp32 and bf16;
-4. exact sampling on the device: the device acceptance rule's first tokens, chi-square against p;
+   in fp32 also plain decoding one request at a time against plain at C=8 (other shapes);
+4. exact sampling on the device: the device acceptance rules' first tokens (speculative and
+   positional), chi-square against p;
 5. step costs: the fused runner, B sequences x T tokens at 512 cached tokens, bf16;
 6. throughput: the engine (plain decoding) against transformers' continuous batching
    (`generate_batch`), the same random prompts and weights, bf16.
@@ -183,6 +185,15 @@ def check_lossless(device: torch.device, shape: dict, dtype: torch.dtype, small:
     tokens = 32 if small else 96
     plain, plain_run = run_engine(make_engine(target, None, "none", 8), prompts, tokens, 8)
     result = {"plain_tok_s": plain_run["tok_s"]}
+    if dtype == torch.float32:
+        # The target alone, one request at a time: other matrix shapes, so other rounding. Where a
+        # drafter's output parts from plain C=8 at a near-tie, this says whether plain itself does.
+        alone, _ = run_engine(make_engine(target, None, "none", 1), prompts, tokens, 1)
+        firsts = [first_divergence(a, b) for a, b in zip(plain, alone)]
+        result["plain_alone"] = dict(identical=sum(f is None for f in firsts), of=len(prompts),
+                                     first_divergences=[f for f in firsts if f is not None])
+        log(f"[lossless {name}] plain C=1 vs plain C=8: {result['plain_alone']['identical']}/{len(prompts)} "
+            f"requests identical (first divergences {result['plain_alone']['first_divergences']})")
     for drafter, draft in (("model", self_draft), ("ngram", None)):
         depth = 4 if drafter == "model" else "auto"  # the self-draft costs what the target does: auto would not draft
         outputs, run = run_engine(make_engine(target, draft, drafter, 8, depth), prompts, tokens, 8)
@@ -363,7 +374,9 @@ def _backends(flags: dict) -> list:
 
 
 def check_sampling(device: torch.device, draws: int) -> dict:
-    """First emitted token of a k=1 round under the device rule, chi-square against p_target."""
+    """First emitted token of a k=1 round under the device rules, chi-square against p_target:
+    exact speculative sampling (an unseeded request) and the positional rule (a seeded one, a
+    fresh seed each round)."""
     from tandem.speculation.acceptance import accept_round
     from tandem.speculation.sampling import SamplingParams
 
@@ -371,21 +384,26 @@ def check_sampling(device: torch.device, draws: int) -> dict:
     q = np.array([0.10, 0.40, 0.30, 0.00, 0.05, 0.15])
     with np.errstate(divide="ignore"):
         logits = torch.tensor(np.log(np.stack([p, p])), dtype=torch.float32, device=device)  # [2, vocab]
-    rng = np.random.default_rng(11)
-    counts = np.zeros(6)
-    sampling = SamplingParams(temperature=1.0)
-    for _ in range(draws):
-        draft = int(rng.choice(6, p=q))
-        result = accept_round([draft], q[None, :], logits, sampling, rng)
-        first = draft if result.accepted >= 1 else result.next_token
-        counts[first] += 1
-    support = p > 0
-    expected = p[support] * draws
-    statistic = float(((counts[support] - expected) ** 2 / expected).sum()) if not counts[~support].any() else float("inf")
     critical = 18.467  # chi-square, 4 degrees of freedom, upper 0.001
-    log(f"[sampling] device rule on {device}, {draws} rounds: chi-square {statistic:.1f} (critical {critical}), "
-        f"counts {counts.astype(int).tolist()}")
-    return dict(chi_square=statistic, critical=critical, passed=statistic < critical, counts=counts.tolist())
+    support = p > 0
+    results = {}
+    for rule in ("speculative", "positional"):
+        rng = np.random.default_rng(11)
+        counts = np.zeros(6)
+        for round_index in range(draws):
+            sampling = SamplingParams(temperature=1.0, seed=round_index if rule == "positional" else None)
+            draft = int(rng.choice(6, p=q))
+            result = accept_round([draft], q[None, :], logits, sampling, rng, position=0)
+            first = draft if result.accepted >= 1 else result.next_token
+            counts[first] += 1
+        expected = p[support] * draws
+        statistic = (float(((counts[support] - expected) ** 2 / expected).sum())
+                     if not counts[~support].any() else float("inf"))
+        log(f"[sampling] {rule} rule on {device}, {draws} rounds: chi-square {statistic:.1f} "
+            f"(critical {critical}), counts {counts.astype(int).tolist()}")
+        results[rule] = dict(chi_square=statistic, critical=critical, passed=statistic < critical,
+                             counts=counts.tolist())
+    return results
 
 
 def check_steps(runner, batches, tokens) -> list[dict]:
