@@ -16,6 +16,8 @@ for exactness, meaningless for acceptance (take that from CPU runs on the real w
    (`generate_batch`), the same random prompts and weights, bf16.
 7. spec (only when asked, `--only spec`): n-gram drafting's decode steps against plain decoding's,
    fp32, C=1 and C=8, and a cProfile of the n-gram run.
+8. device_profile (only when asked): `tandem profile`'s grid on the fused runner, bf16, batches up
+   to 64, written as a cluster profile (`profiles:` in a cluster file) for `tandem simulate`.
 
     python3 scripts/gpu_check.py --out $OUT          # on the GPU machine, ~5 min
     .venv/bin/python scripts/gpu_check.py --small    # a dry run on the CPU, tiny shapes
@@ -63,7 +65,7 @@ def build_hf_model(shape: dict, dtype: torch.dtype, device: torch.device, seed: 
     return model.eval()
 
 
-def fused_runner(hf_model, dtype: torch.dtype, device: torch.device, slots: int, name: str):
+def fused_runner(hf_model, dtype: torch.dtype, device: torch.device, slots: int, name: str, context: int = 2048):
     """Tandem's fused runner over the same weights, with its cost curve measured."""
     from tandem.models.batch_backends import BATCH_PROFILE_SIZES
     from tandem.models.batch_runner import SlotView
@@ -73,7 +75,7 @@ def fused_runner(hf_model, dtype: torch.dtype, device: torch.device, slots: int,
 
     raw = {**COMMON, **{k: v for k, v in hf_model.config.to_dict().items() if k in QWEN_15B}}
     decoder = PagedDecoder(DecoderConfig.from_dict(raw), dict(hf_model.state_dict()), dtype, device)
-    runner = FusedTorchRunner(decoder, slots, 2048, kv_memory=8 * 2**30 if device.type == "cuda" else 2**28,
+    runner = FusedTorchRunner(decoder, slots, context, kv_memory=8 * 2**30 if device.type == "cuda" else 2**28,
                               name=name, cache_slots=slots)
     view = SlotView(runner)
     view.forward([1] * 64, num_logits=0)
@@ -406,6 +408,36 @@ def check_sampling(device: torch.device, draws: int) -> dict:
     return results
 
 
+def check_device_profile(device: torch.device, shape: dict, small: bool, out: str | None) -> dict:
+    """A cluster profile of the fused runner on this device (`tandem profile`'s grid and format,
+    batches up to 64), for `tandem simulate` and `tandem plan`: the 1.5B target's shape, bf16."""
+    from tandem.cluster.profiles.measure import PROMPT_SIZES, ProfileGrid, profile_runner
+    from tandem.cluster.profiles.profile import save_profile
+    from tandem.models.backends import RunnerSpec
+
+    grid = (ProfileGrid(sizes=(1, 4, 16), contexts=(64, 256), batches=(1, 2, 4), repeats=2) if small
+            else ProfileGrid(batches=(1, 2, 4, 8, 16, 32, 64)))
+    needed = max(grid.contexts[-1] + grid.sizes[-1], *PROMPT_SIZES) + 1
+    model = build_hf_model(shape, torch.bfloat16, device, seed=3)
+    runner = fused_runner(model, torch.bfloat16, device, grid.batches[-1], "profile-bf16", context=needed)
+    spec = RunnerSpec("qwen2.5-coder-1.5b-instruct", "torch", device.type, "bf16")
+    start = time.perf_counter()
+    profile = profile_runner(runner, spec, grid, progress=False)
+    seconds = time.perf_counter() - start
+    name = f"profile-{device.type}-qwen2.5-coder-1.5b-bf16.json"
+    if out:
+        save_profile(profile, Path(out) / name)
+    at = 512 if 512 in grid.contexts else grid.contexts[-1]
+    one = {n: round(profile.step_ms(1, n, at), 1) for n in grid.sizes}
+    widest = {n: round(profile.step_ms(grid.batches[-1], n, at), 1) for n in grid.sizes}
+    log(f"[device_profile] {grid.points} points x {grid.repeats} in {seconds:.0f} s, typical/fastest "
+        f"{profile.typical_over_fastest}; at {at} cached tokens, ms by tokens per sequence: B=1 {one}, "
+        f"B={grid.batches[-1]} {widest}" + (f"; wrote {name}" if out else ""))
+    del model, runner
+    return dict(file=name, seconds=seconds, typical_over_fastest=profile.typical_over_fastest, b1_ms=one,
+                widest_ms=widest)
+
+
 def check_steps(runner, batches, tokens) -> list[dict]:
     from tandem.bench.step import fill_slots, time_step
 
@@ -485,7 +517,8 @@ def main() -> None:
              ("lossless_fp32", lambda: check_lossless(device, shape, torch.float32, args.small)),
              ("lossless_bf16", lambda: check_lossless(device, shape, torch.bfloat16, args.small)),
              ("sampling", lambda: check_sampling(device, 2000 if args.small else 20000)),
-             ("spec", lambda: check_spec(device, shape, args.small))]
+             ("spec", lambda: check_spec(device, shape, args.small)),
+             ("device_profile", lambda: check_device_profile(device, shape, args.small, args.out))]
     for name, step in checks:
         if name in parts or name.split("_")[0] in parts:
             try:

@@ -221,3 +221,15 @@ def test_a_grid_beyond_the_models_context_is_refused_before_measuring(monkeypatc
     with pytest.raises(TandemError, match="needs 9064 tokens of context"):
         measure.measure_profile(RunnerSpec("smollm2-135m-instruct", "llamacpp", "cpu", threads=1), grid, progress=False)
     assert runner.calls == 0
+
+
+def test_the_measured_gpu_example_prices_its_replica_on_the_h200_profile():
+    """examples/clusters/h200-measured.yaml names the profile measured on an H200 (scripts/
+    gpu_check.py --only device_profile) under `profiles:`, relative to the file: the planner and
+    the simulator price that replica on it, not on the public figures of its device class."""
+    spec = load_cluster(EXAMPLES / "h200-measured.yaml")
+    profile = cluster_profiles(spec)[("h200", "qwen2.5-coder-1.5b-instruct")]
+    assert (profile.source, profile.device, profile.dtype) == ("measured", "cuda", "bf16")
+    assert profile.batches == (1, 2, 4, 8, 16, 32, 64)
+    # the runner launches its kernels from Python: 64 sequences' decode step costs under twice one's
+    assert profile.step_ms(64, 1, 512) < 2 * profile.step_ms(1, 1, 512)

@@ -67,10 +67,17 @@ def measure_profile(spec: RunnerSpec, grid: ProfileGrid = ProfileGrid(), progres
                       max(spec.context_length, needed)).resolved()
     before = resident_bytes()
     runner = load_batch_runner(spec, grid.batches[-1])
+    return profile_runner(runner, spec, grid, progress, loaded_bytes=resident_bytes() - before)
+
+
+def profile_runner(runner: BatchRunner, spec: RunnerSpec, grid: ProfileGrid = ProfileGrid(), progress: bool = True,
+                   loaded_bytes: int = 0) -> DeviceProfile:
+    """Time the grid on a loaded runner (max(grid.batches) slots or more) that `spec` describes:
+    also for a runner made another way (scripts/gpu_check.py: random weights on a GPU)."""
+    needed = max(grid.contexts[-1] + grid.sizes[-1], *PROMPT_SIZES) + 1
     if runner.context_length < needed - 1:  # past what the model was trained on: not a profile of it
         raise TandemError(f"profiling {spec.model} needs {needed - 1} tokens of context (--contexts up to "
                           f"{grid.contexts[-1]} plus --sizes up to {grid.sizes[-1]}); it holds {runner.context_length}")
-    loaded = resident_bytes() - before
     samples: dict[tuple[int, int, int], list[float]] = {}
     prompt_sizes = sorted(set(grid.sizes) | set(PROMPT_SIZES))
     prompt_samples: dict[int, list[float]] = {}
@@ -94,7 +101,7 @@ def measure_profile(spec: RunnerSpec, grid: ProfileGrid = ProfileGrid(), progres
         dtype=precision_of(spec.backend, spec.dtype),
         threads=spec.threads or os.cpu_count(), source="measured", curves=curves,
         measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        memory=MemoryUse(loaded, _peak_resident_bytes(), _device_bytes(spec.device)), prompt_ms=prompt,
+        memory=MemoryUse(loaded_bytes, _peak_resident_bytes(), _device_bytes(spec.device)), prompt_ms=prompt,
         typical_over_fastest=typical_over_fastest([*samples.values(), *prompt_samples.values()]),
     )
 
