@@ -6,12 +6,18 @@ bench-serve's multi-turn scenarios against it (`chat`: 10 users x 3 turns, each 
 prints the time to first token by turn, the prompt share the replicas' prompt caches held, and
 the router's placement decisions by reason from /metrics (`tandem:cluster_routed_requests`).
 
-    python scripts/measure_cluster_multiturn.py [--model smollm2-135m-instruct] [--max-tokens 48]
+    python scripts/measure_cluster_multiturn.py [--model smollm2-135m-instruct] [--max-tokens 48] [--out DIR]
+
+With --out, DIR gets the cluster file and, per scenario, SCENARIO.json: every conversation's
+turns (prompt and completion tokens, TTFT, cached tokens), the TTFT p50 by turn and the
+router's placements during that scenario, which `tandem simulate --cluster DIR/cluster.yaml
+--conversations DIR/SCENARIO.json` replays.
 
 Name the CPU beside the figures (printed).
 """
 
 import argparse
+import json
 import re
 import signal
 import subprocess
@@ -25,6 +31,7 @@ import httpx
 
 from tandem.bench.serve.conversations import CONCURRENCY, load_scenarios, run_scenario, summarize_scenario
 from tandem.hardware import cpu_model
+from tandem.serve.settings import ServeSettings
 
 CLUSTER = """
 workers:
@@ -43,21 +50,26 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--scenarios", default="chat,shared_system")
+    parser.add_argument("--out", default=None, help="folder for the cluster file and each scenario's turns")
     args = parser.parse_args()
     scenarios = load_scenarios()
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "cluster.yaml"
+        path = Path(args.out or folder) / "cluster.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(CLUSTER.format(model=args.model))
         process, url = _start(path)
         try:
             rows = []
+            before = {}
             for name in args.scenarios.split(","):
                 run = run_scenario(f"{url}/v1/chat/completions", name, scenarios[name], args.model, args.max_tokens, {},
                                    CONCURRENCY[name])
                 rows.append(summarize_scenario(run))
-            routed = re.findall(r'tandem:cluster_routed_requests\{[^}]*reason="(\w+)"[^}]*worker="([^"]+)"[^}]*\} (\S+)|'
-                                r'tandem:cluster_routed_requests\{[^}]*worker="([^"]+)"[^}]*reason="(\w+)"[^}]*\} (\S+)',
-                                httpx.get(f"{url}/metrics").text)
+                decisions = _placements(url)
+                if args.out:
+                    during = {key: count - before.get(key, 0) for key, count in decisions.items()}
+                    _write_turns(Path(args.out) / f"{name}.json", run, rows[-1], during, args)
+                before = decisions
         finally:
             process.send_signal(signal.SIGTERM)
             process.wait(timeout=60)
@@ -67,11 +79,38 @@ def main() -> None:
     for row in rows:
         turns = " / ".join(f"{v:.0f}" for v in row["ttft_p50_ms_by_turn"].values())
         print(f"| {row['scenario']} | {row['wall_s']:.1f} | {turns} | {row['cached_share']} | {row['errors']} |")
+    print("placements:", ", ".join(f"{key}: {n}" for key, n in sorted(before.items())))
+
+
+def _placements(url: str) -> dict[str, int]:
+    """The router's placements so far, "worker reason" -> requests (/metrics)."""
+    routed = re.findall(r'tandem:cluster_routed_requests\{[^}]*reason="(\w+)"[^}]*worker="([^"]+)"[^}]*\} (\S+)|'
+                        r'tandem:cluster_routed_requests\{[^}]*worker="([^"]+)"[^}]*reason="(\w+)"[^}]*\} (\S+)',
+                        httpx.get(f"{url}/metrics").text)
     decisions = {}
     for match in routed:
         reason, worker, count = (match[0], match[1], match[2]) if match[0] else (match[4], match[3], match[5])
-        decisions[(worker, reason)] = int(float(count))
-    print("placements:", ", ".join(f"{w} {r}: {n}" for (w, r), n in sorted(decisions.items())))
+        decisions[f"{worker} {reason}"] = int(float(count))
+    return decisions
+
+
+def _write_turns(path: Path, run, summary: dict, placements: dict[str, int], args) -> None:
+    """The scenario's conversations, turn by turn, in the order the workload lists them."""
+    conversations: dict[str, list[dict]] = {}
+    for turn in sorted(run.turns, key=lambda t: t.turn):
+        record = turn.record
+        conversations.setdefault(turn.conversation_id, []).append(dict(
+            turn=turn.turn, ok=record.ok, prompt_tokens=record.prompt_tokens,
+            completion_tokens=record.completion_tokens, cached_tokens=record.cached_tokens,
+            ttft_ms=None if record.ttft_s is None else round(1000 * record.ttft_s, 1)))
+    order = [c.conversation_id for c in load_scenarios()[run.scenario]]
+    path.write_text(json.dumps({
+        "scenario": run.scenario, "cpu": cpu_model(), "model": args.model, "max_tokens": args.max_tokens,
+        "concurrency": run.concurrency, "max_running": ServeSettings().max_running, "wall_s": summary["wall_s"],
+        "ttft_p50_ms_by_turn": summary["ttft_p50_ms_by_turn"], "cached_share": summary["cached_share"],
+        "placements": placements,
+        "conversations": [conversations[c] for c in order if c in conversations],
+    }, indent=1))
 
 
 def _start(cluster: Path):

@@ -38,8 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     load = parser.add_mutually_exclusive_group()
     load.add_argument("--rate", type=real_number(0, above=True), help="Poisson arrivals, requests per second")
     load.add_argument("--concurrency", type=whole_number(1), help=f"closed-loop clients (default {DEFAULT_CONCURRENCY})")
-    parser.add_argument("--requests", type=whole_number(1), default=DEFAULT_REQUESTS, help=f"requests (default {DEFAULT_REQUESTS})")
-    parser.add_argument("--max-tokens", type=whole_number(1), default=DEFAULT_MAX_TOKENS,
+    parser.add_argument("--requests", type=whole_number(1), default=None, help=f"requests (default {DEFAULT_REQUESTS})")
+    parser.add_argument("--max-tokens", type=whole_number(1), default=None,
                         help=f"output tokens per request (default {DEFAULT_MAX_TOKENS})")
     parser.add_argument("--prompt-tokens", type=whole_number(1), default=None,
                         help="prompt tokens per request (default: estimated from the default bench workload)")
@@ -47,6 +47,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="every prompt opens with these same tokens (a system prompt), which a replica scores "
                         "once and then reuses (default: the openings the --measured run's prompts share, where "
                         "they are replayed; else none)")
+    parser.add_argument("--max-running", type=whole_number(1), default=None,
+                        help="the router's cap on requests in flight, as `tandem serve --max-running` (default: "
+                        "none beyond the replicas' slots, or the --conversations run's own where it records one)")
+    parser.add_argument("--conversations", default=None, metavar="FILE",
+                        help="replay a multi-turn run (scripts/measure_cluster_multiturn.py --out DIR writes "
+                        "DIR/SCENARIO.json): its conversations turn by turn, each turn resending the history, at "
+                        "its concurrency (--concurrency overrides); prints TTFT p50 by turn and the router's "
+                        "placements against the run's")
     parser.add_argument("--acceptance", type=real_number(0, 1), default=None, help="per-token acceptance of draft models")
     parser.add_argument("--seed", type=int, default=0, help="the simulation's random seed (default 0)")
     parser.add_argument("--roles", choices=("plan", "as-written"), default="plan",
@@ -84,6 +92,13 @@ def run(args: argparse.Namespace) -> int:
         raise TandemError("--measured applies only with --cluster (a sweep has no one measured run)")
     if args.scaling and args.shared_prefix_tokens is not None:
         raise TandemError("--shared-prefix-tokens applies only with --cluster")
+    if args.conversations:
+        given = [option for option, value in (("--scaling", args.scaling), ("--measured", args.measured),
+                                              ("--rate", args.rate), ("--requests", args.requests),
+                                              ("--max-tokens", args.max_tokens), ("--prompt-tokens", args.prompt_tokens))
+                 if value is not None]
+        if given:
+            raise TandemError(f"--conversations replays a run's own requests: leave out {', '.join(given)}")
     if args.out:
         prepare_out_dir(Path(args.out))  # before the work, not after it
     if args.scaling:
@@ -95,6 +110,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from tandem.cluster.planning.planner import plan_cluster
     from tandem.cluster.profiles.profile_store import cluster_profiles
     from tandem.cluster.sim.adapter import SimOptions, simulation_from_cluster
+    from tandem.cluster.sim.multiturn import MultiTurnRun, compare_turns, turn_lines
     from tandem.cluster.sim.simulator import simulate
     from tandem.cluster.sim.summary import comparison_lines, summary_lines
     from tandem.cluster.sim.validation import MeasuredRun, compare_with_measurement, run_speed
@@ -103,21 +119,28 @@ def _simulate(args: argparse.Namespace) -> int:
     spec = load_cluster(args.cluster)
     plan = plan_cluster(spec, cluster_profiles(spec)) if args.roles == "plan" else None
     overhead = {} if args.step_overhead_ms is None else {"step_overhead_ms": args.step_overhead_ms}
+    measured = MeasuredRun.load(args.measured) if args.measured else None
+    conversations = MultiTurnRun.load(args.conversations) if args.conversations else None
+    max_running = args.max_running or (conversations.max_running if conversations else None)
     options = _checked(lambda: SimOptions(acceptance=args.acceptance, max_batch=args.max_batch, seed=args.seed,
                                           fused=_fused(args.batching, default=None), host_cores=args.host_cores,
-                                          fixed_k=args.k, **overhead))
-    measured = MeasuredRun.load(args.measured) if args.measured else None
-    recorded = _recorded_prompts(args, measured)
-    workload = _workload(args, recorded, _shared_prefixes(args, measured.prompt_prefixes if recorded is not None else ()))
+                                          fixed_k=args.k, max_running=max_running, **overhead))
+    if conversations is not None:
+        workload = _checked(lambda: conversations.workload(args.concurrency, _shared_prefixes(args, ())))
+    else:
+        recorded = _recorded_prompts(args, measured)
+        workload = _workload(args, recorded, _shared_prefixes(args, measured.prompt_prefixes if recorded is not None else ()))
     result = simulate(_checked(lambda: simulation_from_cluster(spec, workload, options, plan)))
     comparison = compare_with_measurement(result, measured) if measured else None
+    turns = compare_turns(result, conversations) if conversations else None
     if measured and measured.call_seconds:  # again, every device at the speed the run found it
         speed = run_speed(result, measured.call_seconds)
         at_speed = replace(options, device_speed=speed)
         again = simulate(simulation_from_cluster(spec, workload, at_speed, plan))
         comparison["at_run_speed"] = {"device_speed": round(speed, 4), **compare_with_measurement(again, measured)}
     report = {"cluster": args.cluster, "roles": args.roles, "plan": plan.chosen.label() if plan else None,
-              "options": vars(args) | {"func": None}, "result": result.to_json(), "comparison": comparison}
+              "options": vars(args) | {"func": None}, "result": result.to_json(), "comparison": comparison,
+              **({"turns": turns} if turns else {})}
     if args.json:
         print(json.dumps(report, indent=1))
     else:
@@ -126,6 +149,8 @@ def _simulate(args: argparse.Namespace) -> int:
                                                f"({placement})")))
         if comparison:
             print("\n".join(comparison_lines(comparison)))
+        if turns:
+            print("\n".join(turn_lines(turns)))
     if args.out:
         path = Path(args.out) / "simulation.json"
         path.write_text(json.dumps(report, indent=1))
@@ -144,7 +169,8 @@ def _scaling(args: argparse.Namespace) -> int:
     sizes = SWEEP_SIZES if args.sizes is None else args.sizes
     prompts = FixedLength(args.prompt_tokens) if args.prompt_tokens else None
     waves = DEFAULT_WAVES if args.waves is None else args.waves
-    options = _checked(lambda: SweepOptions(sizes, waves, args.max_tokens, prompts, args.acceptance,
+    max_tokens = DEFAULT_MAX_TOKENS if args.max_tokens is None else args.max_tokens
+    options = _checked(lambda: SweepOptions(sizes, waves, max_tokens, prompts, args.acceptance,
                                             _fused(args.batching, default=True), seed=args.seed))
     result = sweep(load_cluster(args.scaling), options)
     paths = write_scaling(result, args.out)
@@ -188,7 +214,9 @@ def _workload(args: argparse.Namespace, recorded=None, prefixes: tuple = ()):
     else:
         prompts = workload_prompt_lengths(DEFAULT_WORKLOAD)
     concurrency = None if args.rate is not None else (args.concurrency or DEFAULT_CONCURRENCY)
-    return _checked(lambda: Workload(args.requests, prompts, FixedLength(args.max_tokens), args.rate, concurrency,
+    requests = DEFAULT_REQUESTS if args.requests is None else args.requests
+    max_tokens = DEFAULT_MAX_TOKENS if args.max_tokens is None else args.max_tokens
+    return _checked(lambda: Workload(requests, prompts, FixedLength(max_tokens), args.rate, concurrency,
                                      prefixes))
 
 

@@ -79,8 +79,8 @@ class CostModel:
         if not self.latency_ms:
             return float(num_tokens)  # unmeasured: proportional, the pessimistic CPU assumption
         base = _read_curve(*self._profile_curve(), num_tokens)
-        if context is None or not self.deep_ms or self.deep_context <= self.base_context:
-            return base
+        if context is None or context <= self.base_context or not self.deep_ms or self.deep_context <= self.base_context:
+            return base  # (at or under the base context the deep curve has no weight)
         if self._deep_curve is None:
             self._deep_curve = _sorted_points(self.deep_ms)
         deep = _read_curve(*self._deep_curve, num_tokens)

@@ -360,3 +360,73 @@ def test_the_devices_floor_chunk_sizes_prompt_chunks_beside_streams():
     assert large.scored_tokens == small.scored_tokens  # the same work, chunked differently
     with pytest.raises(ValueError, match="prefill_floor"):
         Device("v", curve, prefill_floor=0)
+
+
+# -- conversations -------------------------------------------------------------------------------
+
+
+def chat_cluster(replicas=2, conversations=((300, 20, 20),) * 4, concurrency=2, output=16) -> Simulation:
+    verifiers = tuple(Verifier(Device(f"v{i}", TARGET), max_batch=4) for i in range(replicas))
+    turns = sum(len(c) for c in conversations)
+    return Simulation(verifiers, Workload(turns, FixedLength(1), FixedLength(output), concurrency=concurrency,
+                                          conversations=conversations))
+
+
+def test_a_conversations_turns_resend_its_history_and_follow_one_another():
+    from tandem.cluster.sim.simulator import draw_requests, turn_of
+
+    workload = chat_cluster(conversations=((300, 20, 20), (100, 5))).workload
+    assert [prompt for _, prompt, _ in draw_requests(workload, seed=0)] == [300, 336, 372, 100, 121]
+    assert turn_of(workload) == [(0, 1), (0, 2), (0, 3), (1, 1), (1, 2)]
+    for bad in (dict(conversations=((3,),)), dict(conversations=((0,),), num=1), dict(conversations=((),), num=0)):
+        with pytest.raises(ValueError):
+            Workload(bad.get("num", 2), FixedLength(1), FixedLength(4), concurrency=1, conversations=bad["conversations"])
+    with pytest.raises(ValueError, match="closed-loop"):
+        Workload(1, FixedLength(1), FixedLength(4), rate_per_s=1.0, conversations=((3,),))
+
+
+def test_later_turns_find_their_history_on_the_replica_that_served_the_turn_before():
+    """Prefix affinity and the prompt cache: each later turn goes back to its conversation's
+    replica and scores only its new tokens, so its first token comes far sooner than the first
+    turn's; placed by cost alone and with the caches forgetting, later turns pay for the whole
+    history again."""
+    result = simulate(chat_cluster())
+    by_turn = result.ttft_ms_p50_by_turn
+    assert set(by_turn) == {"1", "2", "3"}
+    assert by_turn["2"] < by_turn["1"] / 3 and by_turn["3"] < by_turn["1"] / 3
+    assert result.placements == {"cost": 4, "prefix": 8}  # every later turn, to the replica holding it
+    # all but each turn's last token of the history, reused: (300 + 16 - 1) then (336 + 16 - 1), per conversation
+    assert result.reused_tokens == 4 * (315 + 351)
+    one = simulate(chat_cluster(replicas=1))
+    assert one.placements == {"cost": 4, "prefix": 8} and one.reused_tokens == result.reused_tokens
+
+
+def test_the_router_sends_a_turn_to_the_replica_holding_its_history():
+    """Two idle replicas: the cost rule takes the first listed; a turn whose conversation the
+    second holds goes there (reason prefix), as does one whose long shared opening it holds;
+    a history or opening under AFFINITY_SHARE of the prompt does not draw it."""
+    from tandem.cluster.sim.routing import route
+    from tandem.cluster.sim.simulator import Simulator
+    from tandem.cluster.sim.state import SimSequence
+
+    replicas = Simulator(chat_cluster()).replicas
+    turn = SimSequence(0, 0.0, 350, 16, conversation=7, turn=2)
+    assert route(replicas, turn) == (replicas[0], "cost")
+    replicas[1].histories[7] = 330
+    assert route(replicas, turn) == (replicas[1], "prefix")
+    replicas[1].histories[7] = 100  # under half the prompt
+    assert route(replicas, turn) == (replicas[0], "cost")
+    opening = SimSequence(1, 0.0, 350, 16, prefix=(3, 300))
+    replicas[1].prefixes_held.add(3)
+    assert route(replicas, opening) == (replicas[1], "prefix")
+
+
+def test_the_routers_cap_on_requests_in_flight_holds_the_rest_back():
+    """`tandem serve --max-running 1` over two replicas: one request in flight at a time, so the
+    second replica never works and the clients' second requests wait."""
+    capped = simulate(dataclasses.replace(chat_cluster(conversations=((300,),) * 4), max_running=1))
+    free = simulate(chat_cluster(conversations=((300,),) * 4))
+    assert capped.utilisation["v1"] == 0 < free.utilisation["v1"]
+    assert capped.ttft_ms["p50"] > free.ttft_ms["p50"]
+    with pytest.raises(ValueError, match="max_running"):
+        dataclasses.replace(chat_cluster(), max_running=0)

@@ -41,6 +41,22 @@ def test_a_device_prices_batches_as_its_profile_does():
     assert slower.forward_ms([4] * 8) == pytest.approx(2 * device.forward_ms([4] * 8))
 
 
+def test_a_device_prices_a_call_on_the_context_it_holds():
+    """Read at more cached tokens than the file's context, a call costs what the profile says
+    there (between the file's context and the deepest profiled); at fewer, the file's price.
+    One sequence's calls exactly; a batch's within 10% (its per-sequence term stays read at the
+    file's context)."""
+    profile = public_profile("l4", TARGET, "torch", "bf16")  # curves at 64, 512 and 2048 cached tokens
+    device = device_from_profile("l4/0", profile, context=512)
+    for batch, n, tolerance in [(1, 1, 0.02), (1, 16, 0.02), (8, 4, 0.1)]:
+        at_512 = device.forward_ms([n] * batch)
+        assert device.forward_ms([n] * batch, context=100) == at_512
+        deep = device.forward_ms([n] * batch, context=2048)
+        assert deep == pytest.approx(profile.step_ms(batch, n, 2048), rel=tolerance)
+        assert at_512 < device.forward_ms([n] * batch, context=1024) < device.forward_ms([n] * batch, context=2048)
+        assert device.forward_ms([n] * batch, context=2048) > profile.step_ms(batch, n, 512) * 1.01
+
+
 def test_roles_as_written_give_every_replica_its_device_and_drafter():
     sim = simulation_from_cluster(mixed_cluster(drafter="model"), WORKLOAD, SimOptions(fused=True))
     assert [v.device.name for v in sim.verifiers] == ["gpu/0", "gpu/1", "npu/0"]
@@ -229,3 +245,50 @@ def test_tandem_simulate_reuses_the_openings_a_measured_run_shares(tmp_path, cap
     assert main(args) == 2
     assert "[group, tokens]" in capsys.readouterr().err
     assert main(["simulate", "--scaling", str(cluster), "--out", str(tmp_path / "o"), "--shared-prefix-tokens", "5"]) == 2
+
+
+def multiturn_run(**changes) -> dict:
+    """What scripts/measure_cluster_multiturn.py --out writes for one scenario: 2 conversations."""
+    turn = lambda n, prompt, ok=True: {"turn": n, "ok": ok, "prompt_tokens": prompt, "completion_tokens": 16,
+                                       "cached_tokens": 0, "ttft_ms": 500.0}
+    return {"scenario": "chat", "concurrency": 2, "ttft_p50_ms_by_turn": {"1": 900.0, "2": 150.0, "3": 140.0},
+            "placements": {"verify-verify-0 cost": 1, "verify-verify-1 cost": 1, "verify-verify-0 prefix": 3},
+            "conversations": [[turn(1, 300), turn(2, 330), turn(3, 360)], [turn(1, 200), turn(2, 230, ok=False)]],
+            **changes}
+
+
+def test_a_multi_turn_run_becomes_its_conversations_up_to_a_failed_turn():
+    from tandem.cluster.sim.multiturn import MultiTurnRun
+
+    run = MultiTurnRun.from_json(multiturn_run())
+    assert run.new_tokens == ((300, 14, 14), (200,))  # each turn's prompt less the turn before's and its answer
+    assert run.completion_tokens == (16, 16, 16, 16)
+    assert run.placements == {"cost": 2, "prefix": 3}
+    workload = run.workload()
+    assert (workload.num_requests, workload.concurrency) == (4, 2)
+    assert run.workload(concurrency=1).concurrency == 1
+
+
+def test_tandem_simulate_replays_a_multi_turn_run(tmp_path, capsys):
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(f"workers:\n  - {{name: g, role: verify, model: {TARGET}, backend: torch, device: cuda,"
+                       " dtype: bf16, hardware: l4, replicas: 2}\n")
+    run = tmp_path / "chat.json"
+    run.write_text(json.dumps(multiturn_run()))
+    assert main(["simulate", "--cluster", str(cluster), "--roles", "as-written", "--conversations", str(run),
+                 "--k", "0", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["result"]["requests"] == 4
+    assert set(report["turns"]["ttft_ms_p50_by_turn"]) == {"1", "2", "3"}
+    assert report["turns"]["placements"]["measured"] == {"cost": 2, "prefix": 3}
+    assert report["result"]["reused_tokens"] >= 300 + 16 - 1  # the second turn found the first
+    assert main(["simulate", "--cluster", str(cluster), "--conversations", str(run), "--k", "0"]) == 0
+    assert "TTFT p50 turn 2" in capsys.readouterr().out
+    for extra in (["--requests", "4"], ["--max-tokens", "8"], ["--rate", "1"]):
+        assert main(["simulate", "--cluster", str(cluster), "--conversations", str(run), *extra]) == 2
+        assert "--conversations replays a run's own requests" in capsys.readouterr().err
+    run.write_text(json.dumps(multiturn_run(conversations=[])))
+    assert main(["simulate", "--cluster", str(cluster), "--conversations", str(run)]) == 2
+    assert "not a multi-turn run" in capsys.readouterr().err
+    assert main(["simulate", "--cluster", str(cluster), "--conversations", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read the multi-turn run" in capsys.readouterr().err

@@ -57,6 +57,7 @@ class SimOptions:
     host_cores: int | None = None  # the CPU workers share one machine with this many cores
     fixed_k: int | None = None  # every round drafts this many (over the file's k and the plan's)
     device_speed: float = 1.0  # every device's time times this (a measured run's, validation.run_speed)
+    max_running: int | None = None  # the router's cap on requests in flight (None: the replicas' slots)
     seed: int = 0
 
     def __post_init__(self):
@@ -162,5 +163,5 @@ def assemble(spec: ClusterSpec, verifiers: list[Verifier], drafters: list[SimDra
     network = Network(tuple((a, b, ms) for (a, b), ms in spec.network.latency_ms.items()))
     return Simulation(tuple(verifiers), workload, tuple(drafters), network, SimDepth(fixed_k=fixed_k),
                       router_group=options.router_group or router_group(spec),
-                      step_overhead_ms=options.step_overhead_ms, seed=options.seed,
+                      step_overhead_ms=options.step_overhead_ms, max_running=options.max_running, seed=options.seed,
                       host_cores=() if options.host_cores is None else ((LOCAL_HOST, options.host_cores),))

@@ -37,7 +37,7 @@ from tandem.speculation.depth import AUTO_K_MAX
 @dataclass(frozen=True, slots=True)
 class Device:
     name: str
-    cost: CostModel  # ms to score n tokens in one forward pass
+    cost: CostModel  # ms to score n tokens in one forward pass (on a context, where it has a deep curve)
     fused: bool = True  # False: a batch costs the sum of its sequences' passes
     group: str = "local"  # network group
     per_sequence_ms: float = 0.0  # fused: extra time per sequence beyond the first
@@ -60,14 +60,20 @@ class Device:
         if self.prefill_floor is not None and self.prefill_floor < 1:
             raise ValueError(f"device {self.name}: prefill_floor must be >= 1, got {self.prefill_floor}")
 
-    def forward_ms(self, token_counts: Sequence[int]) -> float:
-        """One forward over a batch with these per-sequence token counts."""
+    def forward_ms(self, token_counts: Sequence[int], context: float | None = None) -> float:
+        """One forward over a batch with these per-sequence token counts, on `context` cached
+        tokens a sequence (None: the cost curve's base)."""
         counts = [n for n in token_counts if n > 0]
         if not counts:
             return 0.0
         if self.fused:
-            return self.cost.cost_ms(sum(counts)) + self.per_sequence_ms * (len(counts) - 1)
-        return sum(self.cost.cost_ms(n) for n in counts)
+            return self._cost_at(sum(counts), context) + self.per_sequence_ms * (len(counts) - 1)
+        return sum(self._cost_at(n, context) for n in counts)
+
+    def _cost_at(self, tokens: int, context: float | None) -> float:
+        """The curve read at `context` without its cache of the last context's reads, which the
+        planner's reads at the base keep (a simulated device learns no corrections)."""
+        return self.cost.cost_ms(tokens) if context is None else self.cost.profiled_ms(tokens, context)
 
     def prompt_ms(self, token_counts: Sequence[int]) -> float:
         """One forward over these sequences' tokens with logits at each one's last token only:
@@ -148,7 +154,14 @@ class Workload:
     clients that send their next request when the last one finishes (exactly one of the two).
     `prompt_prefixes`: the opening each request's prompt shares with others (a system prompt),
     as (group, tokens) or None, request i taking entry i modulo their number (empty: none
-    shared); a replica's prompt cache scores a group's opening once, then reuses it (step.py)."""
+    shared); a replica's prompt cache scores a group's opening once, then reuses it (step.py).
+    `conversations`: each conversation's new prompt tokens per turn (the first turn's whole
+    prompt, then each follow-up's message): the requests are then their turns, conversation by
+    conversation (num_requests is their number; prompt_tokens is not drawn), and a turn's prompt
+    is the turn before's prompt and answer and its own new tokens. A closed-loop client sends a
+    conversation's next turn when the answer before it ends, and opens the next conversation
+    when its own ends; a replica that served a turn holds its history (step.py), and the router
+    prefers it for the next (routing.py)."""
 
     num_requests: int
     prompt_tokens: LengthModel
@@ -156,6 +169,7 @@ class Workload:
     rate_per_s: float | None = None
     concurrency: int | None = None
     prompt_prefixes: tuple[tuple[int, int] | None, ...] = ()
+    conversations: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self):
         if self.num_requests < 1:
@@ -168,6 +182,14 @@ class Workload:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
         if any(prefix is not None and prefix[1] < 0 for prefix in self.prompt_prefixes):
             raise ValueError("a shared prompt prefix must be >= 0 tokens")
+        if self.conversations:
+            if self.concurrency is None:
+                raise ValueError("conversations need closed-loop clients (concurrency), not arrivals at a rate")
+            if any(not turns or min(turns) < 1 for turns in self.conversations):
+                raise ValueError("every conversation needs at least one turn, each of at least one new token")
+            turns = sum(len(c) for c in self.conversations)
+            if self.num_requests != turns:
+                raise ValueError(f"num_requests must be the conversations' {turns} turns, got {self.num_requests}")
 
     def prompt_prefix(self, request: int) -> tuple[int, int] | None:
         """(group, tokens) of the opening request `request` shares, or None."""
@@ -202,6 +224,7 @@ class Simulation:
     router_group: str | None = None  # None: the first verifier's group
     step_overhead_ms: float = STEP_OVERHEAD_MS
     step_token_budget: int = STEP_TOKEN_BUDGET  # tokens one replica step's call scores
+    max_running: int | None = None  # the router's cap on requests in flight (`tandem serve --max-running`)
     host_cores: tuple[tuple[str, int], ...] = ()  # (host, cores): devices on it share its cores
     seed: int = 0
 
@@ -222,6 +245,8 @@ class Simulation:
             raise ValueError(f"step_overhead_ms must be >= 0, got {self.step_overhead_ms}")
         if self.step_token_budget < 1:
             raise ValueError(f"step_token_budget must be >= 1, got {self.step_token_budget}")
+        if self.max_running is not None and self.max_running < 1:
+            raise ValueError(f"max_running must be >= 1, got {self.max_running}")
 
     def _check_devices(self) -> None:
         """One name, one place: the models of one physical device sit in one network group."""

@@ -7,6 +7,11 @@ profile priced at one context it takes
   what B sequences of one token cost beyond one sequence of B tokens (their KV caches),
 - cost(total) for totals past the profiled n (prefill, big batches) from the batch-B curve:
   step_ms(B, total / B) - (B - 1) per_sequence_ms.
+- the same read at the profile's deepest context is the cost's deep curve: a call on more
+  cached tokens than `context` is priced between the two (CostModel.cost_ms, linear in the
+  context, as the engine's own runner profile reads a step), one on fewer at `context`. The
+  per-sequence term stays read at `context` (an L4's batch of 8 x 4 tokens at 2,048 cached
+  tokens: 8% under its curve there).
 The profile's prompt curve (one sequence's prompt, logits at its last token) prices prefill and
 a draft model's catch-up where the profile has one. `slowdown` multiplies every time (a worker
 made slower, or shared with other work, or a run's devices at the speed it found them).
@@ -38,17 +43,26 @@ def device_from_profile(name: str, profile: DeviceProfile, *, group: str = "loca
     context = profile.contexts[0] if context is None else context
     if typical:
         slowdown *= profile.typical_over_fastest or 1.0
+    per_sequence = _per_sequence_ms(profile, context) if fused else 0.0
+    points = _totals_ms(profile, context, per_sequence)
+    deepest = profile.contexts[-1]
+    deep = _totals_ms(profile, deepest, per_sequence) if deepest > context else {}
+    scaled = CostModel({n: ms * slowdown for n, ms in points.items()}, deep_ms={n: ms * slowdown for n, ms in deep.items()},
+                       base_context=context if deep else 0, deep_context=deepest if deep else 0)
+    return Device(name, scaled, fused, group, per_sequence * slowdown, prompt_cost=profile.prompt_cost(slowdown),
+                  prefill_floor=engine_floor(profile))
+
+
+def _totals_ms(profile: DeviceProfile, context: int, per_sequence: float) -> dict[int, float]:
+    """One sequence's call over n tokens at the profiled n, past them from the largest batch."""
     sizes = profile.sizes(1)
     points = {n: profile.step_ms(1, n, context) for n in sizes}
-    per_sequence = _per_sequence_ms(profile, context) if fused else 0.0
     biggest = profile.batches[-1]
     if biggest > 1:
         for total in LARGE_TOTALS:
             if total > sizes[-1]:
                 points[total] = profile.step_ms(biggest, total / biggest, context) - (biggest - 1) * per_sequence
-    scaled = CostModel({n: ms * slowdown for n, ms in points.items()})
-    return Device(name, scaled, fused, group, per_sequence * slowdown, prompt_cost=profile.prompt_cost(slowdown),
-                  prefill_floor=engine_floor(profile))
+    return points
 
 
 def engine_floor(profile: DeviceProfile) -> int:

@@ -12,7 +12,9 @@ Definitions, as `tandem bench-serve` measures a real server (bench/serve/client.
 - utilisation: the share of the run a device spent computing (queued, discarded drafts included
   while the run lasted).
 - mean k: draft tokens per round; acceptance: accepted / drafted tokens.
-- moves: streams the router moved from one replica to another (moves.py).
+- moves: streams the router moved from one replica to another (moves.py); placements: requests
+  placed by the router's rules, by reason (cost, prefix: routing.py).
+- TTFT p50 by turn: with conversations, the median TTFT of each turn number.
 - scored tokens: what the replicas' verify calls scored (rounds' last tokens and drafts, prompt
   tokens); reused tokens: prompt tokens found in a replica's prompt cache instead (step.py).
 """
@@ -41,6 +43,8 @@ class Recorder:
     latency_ms: list[float] = field(default_factory=list)
     ttft_ms: list[float] = field(default_factory=list)
     itl_ms: list[float] = field(default_factory=list)
+    ttft_by_turn: dict[int, list[float]] = field(default_factory=dict)  # conversations' turns only
+    placements: dict[str, int] = field(default_factory=dict)  # reason -> requests
 
     def arrival(self, now: float) -> None:
         if self.first_arrival_ms is None:
@@ -55,6 +59,8 @@ class Recorder:
         if seq.first_token_ms is None:
             seq.first_token_ms = now
             self.ttft_ms.append(now - seq.arrival_ms)
+            if seq.conversation is not None:
+                self.ttft_by_turn.setdefault(seq.turn, []).append(now - seq.arrival_ms)
         else:
             self.itl_ms.append(now - seq.last_token_ms)
         seq.last_token_ms = now
@@ -93,6 +99,9 @@ class Recorder:
             moves=self.moves,
             scored_tokens=self.scored_tokens,
             reused_tokens=self.reused_tokens,
+            placements=dict(sorted(self.placements.items())),
+            ttft_ms_p50_by_turn={str(turn): round(float(np.median(values)), 3)
+                                 for turn, values in sorted(self.ttft_by_turn.items())},
         )
 
 
@@ -120,6 +129,8 @@ class SimResult:
     moves: int = 0  # streams the router moved to another replica
     scored_tokens: int = 0  # tokens the replicas' verify calls scored
     reused_tokens: int = 0  # prompt tokens found in a replica's prompt cache instead
+    placements: dict[str, int] = field(default_factory=dict)  # requests placed, by the router's reason
+    ttft_ms_p50_by_turn: dict[str, float] = field(default_factory=dict)  # conversations: turn -> TTFT p50
 
     def to_json(self) -> dict:
         return asdict(self)

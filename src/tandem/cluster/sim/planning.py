@@ -67,7 +67,7 @@ def draft_call_ms(device: Device, unseen: list[int], ks: list[int]) -> float:
     return device.prompt_ms(unseen) + device.lockstep_draft_ms(levels(ks)[1:])
 
 
-def verify_ms(device: Device, ks: list[int], prompt_parts: list[int] = ()) -> float:
+def verify_ms(device: Device, ks: list[int], prompt_parts: list[int] = (), context: float | None = None) -> float:
     """One batched call: every round scores its last committed token plus its k drafts, and the
     prompt tokens scored beside them (rests of prompts, chunks). A fused device scores them all
     in one forward, priced on its verify curve by the call's tokens; prompts alone (no round in
@@ -77,9 +77,10 @@ def verify_ms(device: Device, ks: list[int], prompt_parts: list[int] = ()) -> fl
     1.08-1.55x the prompt curve's (priced apart), its steps beside whole prompts 0.76-1.08x and
     1.03-1.43x, all its steps together 0.88-1.02x and 1.13-1.27x (docs/cluster.md, "Prompt
     chunks and the shared prefix"). A serial device runs the rounds, then each prompt part as a
-    prefill."""
+    prefill. Calls with rounds are read at `context`, the mean of what the call's sequences hold
+    (None: the curve's base), as the engine reads its step; prompts alone from an empty cache."""
     rounds = [k + 1 for k in ks]
     parts = [n for n in prompt_parts if n > 0]
     if device.fused and rounds and parts:
-        return device.forward_ms(rounds + parts)
-    return device.forward_ms(rounds) + device.prompt_ms(parts)
+        return device.forward_ms(rounds + parts, context)
+    return device.forward_ms(rounds, context) + device.prompt_ms(parts)

@@ -1,6 +1,7 @@
 """`simulate(Simulation) -> SimResult`: run a cluster through a workload on the event loop.
 
-Requests arrive (Poisson, or closed-loop clients that send the next request when one finishes),
+Requests arrive (Poisson, or closed-loop clients that send the next request when one finishes;
+with conversations a client's next request is its conversation's next turn, until it ends),
 are placed by the router on a verifier replica with a free batch slot (routing.py; while all are
 full they wait in the router's queue) and are stepped by their replica's engine (step.py) until
 they have emitted their output length. While none waits, the router moves a stream to a replica
@@ -12,9 +13,10 @@ simulated in milliseconds.
 Two random streams come from the seed: one draws the workload (arrival times, prompt and output
 lengths, all drawn up front), one draws acceptance. So two clusters simulated with one seed see
 the same requests, and a run is a pure function of its Simulation.
-Not modelled: context-length-dependent cost (curves are read at one context), KV-cache
-limits beyond max_batch, stop tokens (every request runs to its output length), failures,
-prefix affinity in placement (a replica does reuse the shared openings it holds: step.py).
+Calls are priced at the mean context their sequences hold (from_profile.py, step.py). Not
+modelled: KV-cache limits beyond max_batch, stop tokens (every request runs to its output
+length), failures, the prompt cache's byte bound (a replica holds every history and opening it
+scored: step.py).
 """
 
 from collections import deque
@@ -44,8 +46,31 @@ def draw_requests(workload: Workload, seed: int) -> list[tuple[float | None, int
         arrivals = np.cumsum(rng.exponential(1000.0 / workload.rate_per_s, n)).tolist()
     else:
         arrivals = [None] * n
+    if workload.conversations:
+        return conversation_turns(workload, rng)
     return [(arrival, max(2, workload.prompt_tokens.draw(rng, i)), workload.output_tokens.draw(rng, i))
             for i, arrival in enumerate(arrivals)]
+
+
+def conversation_turns(workload: Workload, rng: np.random.Generator) -> list[tuple[None, int, int]]:
+    """The conversations' turns in order: a turn's prompt is the turn before's prompt and answer,
+    then its own new tokens."""
+    requests = []
+    for new_tokens in workload.conversations:
+        history = 0
+        for new in new_tokens:
+            output = workload.output_tokens.draw(rng, len(requests))
+            prompt = max(2, history + new)
+            requests.append((None, prompt, output))
+            history = prompt + output
+    return requests
+
+
+def turn_of(workload: Workload) -> list[tuple[int | None, int]]:
+    """(conversation, turn) of every request: (None, 1) without conversations."""
+    if not workload.conversations:
+        return [(None, 1)] * workload.num_requests
+    return [(c, t) for c, turns in enumerate(workload.conversations) for t in range(1, len(turns) + 1)]
 
 
 class Simulator:
@@ -59,16 +84,18 @@ class Simulator:
                           self._detached)
         self.steps = {id(r): self._steps(ctx, r) for r in self.replicas}
         self.requests = draw_requests(sim.workload, sim.seed)
-        self.sent = 0
+        self.turns = turn_of(sim.workload)
+        self.openers = deque(i for i, (_, turn) in enumerate(self.turns) if turn == 1)  # what a free client sends
         self.backlog: deque[SimSequence] = deque()  # requests waiting for a free batch slot
+        self.in_flight = 0  # placed and not finished (the router's cap, `max_running`, counts them)
 
     def run(self) -> SimResult:
         if self.sim.workload.concurrency is not None:
-            for _ in range(min(self.sim.workload.concurrency, len(self.requests))):
-                self._send(0.0)
+            for _ in range(min(self.sim.workload.concurrency, len(self.openers))):
+                self._send(0.0, self.openers.popleft())
         else:
-            for arrival, _, _ in self.requests:
-                self.events.push(arrival, self._send)
+            for index, (arrival, _, _) in enumerate(self.requests):
+                self.events.push(arrival, lambda now, index=index: self._send(now, index))
         end = self.events.run()
         if self.recorder.finished != len(self.requests):
             raise RuntimeError(f"simulation ended with {self.recorder.finished} of {len(self.requests)} requests done")
@@ -105,20 +132,24 @@ class Simulator:
 
     # -- arrivals and completions -------------------------------------------------------------
 
-    def _send(self, now: float) -> None:
-        _, prompt, output = self.requests[self.sent]
-        seq = SimSequence(self.sent, now, prompt, output, prefix=self.sim.workload.prompt_prefix(self.sent))
-        self.sent += 1
+    def _send(self, now: float, index: int) -> None:
+        _, prompt, output = self.requests[index]
+        conversation, turn = self.turns[index]
+        seq = SimSequence(index, now, prompt, output, prefix=self.sim.workload.prompt_prefix(index),
+                          conversation=conversation, turn=turn)
         self.recorder.arrival(now)
         self.backlog.append(seq)
         self._place(now)
 
     def _place(self, now: float) -> None:
-        while self.backlog:
-            replica = route(self.replicas, self.backlog[0])
-            if replica is None:
+        while self.backlog and (self.sim.max_running is None or self.in_flight < self.sim.max_running):
+            placed = route(self.replicas, self.backlog[0])
+            if placed is None:
                 return
+            replica, reason = placed
             seq = self.backlog.popleft()
+            self.in_flight += 1
+            self.recorder.placements[reason] = self.recorder.placements.get(reason, 0) + 1
             steps = self.steps[id(replica)]
             seq.ready_ms = now + steps.relay_ms
             replica.waiting.append(seq)
@@ -151,6 +182,12 @@ class Simulator:
             seq.moving_to.incoming.remove(seq)
             seq.moving_to = None
         self.recorder.finish(seq, now)
+        self.in_flight -= 1
         self._place(now)
-        if self.sim.workload.concurrency is not None and self.sent < len(self.requests):
-            self._send(now)
+        if self.sim.workload.concurrency is None:
+            return
+        follow = seq.request_id + 1  # the same client's next request: its conversation's next turn,
+        if seq.conversation is not None and follow < len(self.turns) and self.turns[follow][0] == seq.conversation:
+            self._send(now, follow)
+        elif self.openers:  # or the next conversation (the next request, without conversations)
+            self._send(now, self.openers.popleft())

@@ -23,6 +23,8 @@ class SimSequence:
     moving_to: "Replica | None" = None  # the router moves it there at its replica's next step boundary
     moved: bool = False  # arrives with its KV state (a move): decodes on admission
     prefix: tuple[int, int] | None = None  # (group, tokens): the opening it shares with other prompts
+    conversation: int | None = None  # the conversation it is a turn of (Workload.conversations)
+    turn: int = 1  # 1-based
 
     @property
     def context(self) -> int:
@@ -51,6 +53,7 @@ class Replica:
     running: list[SimSequence] = field(default_factory=list)
     incoming: list[SimSequence] = field(default_factory=list)  # moving here: each holds a slot already
     prefixes_held: set[int] = field(default_factory=set)  # shared openings its prompt cache holds, by group
+    histories: dict[int, int] = field(default_factory=dict)  # conversation -> tokens of it its prompt cache holds
 
     @property
     def load(self) -> int:

@@ -3,9 +3,11 @@
 
 A step:
 1. admit: waiting sequences that have reached the replica take free batch slots; what they
-   lack of their prompt is unprefilled: all but its last token, less the opening it shares
-   with other prompts (a system prompt) where the replica's prompt cache holds it (a sequence
-   of its group scored past it there; the engine reuses MIN_COPY_TOKENS or more, engine/slots.py).
+   lack of their prompt is unprefilled: all but its last token, less what the replica's prompt
+   cache holds of it: its conversation's history where the replica served the turn before
+   (all of that turn but its last token), or the opening it shares with other prompts (a
+   system prompt; a sequence of its group scored past it there); the engine reuses
+   MIN_COPY_TOKENS or more, engine/slots.py.
    One whose opening a running sequence is still prefilling waits for it, as the engine's does,
 2. split: decoding sequences verify a round; prefilling ones whose rest of prompt fits the step
    token budget left by the rounds finish it in front of their round, the others score a chunk
@@ -15,7 +17,7 @@ A step:
 4. draft: one lock-step call per drafter device for the rounds drafting with a model, paying
    the round trip between the replica and the drafter (n-gram drafts are free),
 5. verify: ONE call scores every round (its rest of prompt, last token and drafts) and every
-   chunk,
+   chunk, priced at the mean context the call's sequences hold,
 6. commit: acceptance is drawn per round, tokens are emitted, finished sequences leave, and so
    do those the router is moving (detached with their KV state, as a replica does between
    steps); the next step starts after the step overhead.
@@ -36,6 +38,7 @@ from tandem.cluster.sim.metrics import Recorder
 from tandem.cluster.sim.planning import candidate, draft_call_ms, verify_ms
 from tandem.cluster.sim.state import Replica, SimSequence
 from tandem.cluster.sim.timeline import remote_call
+from tandem.cluster.sim.routing import held_prefix
 from tandem.engine.batch_engine import MIN_PREFILL_CHUNK, SHARE_WAIT_TOKENS, held_back_budget
 from tandem.engine.slots import MIN_COPY_TOKENS
 
@@ -125,10 +128,9 @@ class ReplicaSteps:
         return False
 
     def _reused(self, seq: SimSequence) -> int:
-        """Prompt tokens seq finds in its replica's prompt cache: its shared opening, if held."""
-        if seq.prefix is None or seq.prefix[0] not in self.replica.prefixes_held:
-            return 0
-        shared = min(seq.prefix[1], seq.prompt_tokens - 1)
+        """Prompt tokens seq finds in its replica's prompt cache: its conversation's history or its
+        shared opening, if held."""
+        shared = held_prefix(self.replica, seq)
         if shared < MIN_COPY_TOKENS:
             return 0
         self.ctx.recorder.reused_tokens += shared
@@ -153,7 +155,8 @@ class ReplicaSteps:
             return
         device = self.replica.spec.device
         prompt_parts = [s.unprefilled for s, _ in self._rounds] + [n for _, n in self._chunks]
-        call_ms = verify_ms(device, [k for _, k in self._rounds], prompt_parts)
+        held = [s.prompt_tokens - 1 - s.unprefilled + s.emitted for s, _ in self._rounds + self._chunks]
+        call_ms = verify_ms(device, [k for _, k in self._rounds], prompt_parts, sum(held) / len(held))
         self.ctx.recorder.scored_tokens += sum(k + 1 for _, k in self._rounds) + sum(prompt_parts)
         self.ctx.events.push(self.replica.device.reserve(now, call_ms), self._commit)
 
@@ -178,6 +181,8 @@ class ReplicaSteps:
             seq.emitted += emitted
             if seq.remaining == 0:
                 replica.running.remove(seq)
+                if seq.conversation is not None:  # its slot keeps all but the last token, for the next turn
+                    replica.histories[seq.conversation] = seq.context - 1
                 self.ctx.events.push(client_at, lambda at, seq=seq: self.ctx.on_finish(seq, at))
         for seq in [s for s in replica.running if s.moving_to is not None]:  # detached at the step's end
             replica.running.remove(seq)

@@ -18,8 +18,11 @@ def summary_lines(result: SimResult, heading: str) -> list[str]:
         f"  mean k {result.mean_k:.2f}   acceptance {result.acceptance:.3f} (accepted / drafted)   "
         f"moves {result.moves}",
         f"  tokens scored {result.scored_tokens:,}   reused from prompt caches {result.reused_tokens:,}",
+        "  placements    " + ", ".join(f"{reason} {count}" for reason, count in result.placements.items()),
         "  utilisation   " + "  ".join(f"{name} {u:.0%}" for name, u in _utilisation(result).items()),
     ]
+    if result.ttft_ms_p50_by_turn:
+        lines.insert(5, "  TTFT p50 ms by turn  " + " / ".join(f"{ms:,.0f}" for ms in result.ttft_ms_p50_by_turn.values()))
     return lines
 
 
