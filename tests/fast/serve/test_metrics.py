@@ -1,6 +1,7 @@
 """ServingMetrics: synthetic engine steps and finished requests in, Prometheus text and the
 dashboard snapshot out. A fake clock keeps the rolling windows deterministic."""
 
+import dataclasses
 import json
 import math
 import threading
@@ -73,6 +74,11 @@ def test_speculation_counters_and_acceptance_by_position():
                          ("spec_decode_accepted_tokens_by_source_total", "ngram3"): 3}  # "none" drafted nothing
     assert s[("tandem:num_requests_running", frozenset())] == 1
     assert s[("tandem:verify_step_seconds_count", frozenset())] == 2
+    chunk_only = dataclasses.replace(step(T0 + 0.2, verify=0.25, prefilled=("c",)), prefill_tokens=64)
+    metrics.observe_step(chunk_only)  # a step that only scored a prompt chunk still ran the target's forward
+    s = samples(metrics)
+    assert s[("tandem:verify_step_seconds_count", frozenset())] == 3
+    assert s[("tandem:verify_step_seconds_sum", frozenset())] == pytest.approx(0.02 + 0.02 + 0.25)
     by_position = metrics.snapshot()["acceptance_by_position"]
     assert [(p["position"], p["accepted"], p["rejected"]) for p in by_position] == [(1, 2, 1), (2, 2, 0), (3, 1, 1)]
     assert by_position[0]["rate"] == pytest.approx(2 / 3, abs=1e-4)

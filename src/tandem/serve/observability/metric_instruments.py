@@ -61,7 +61,8 @@ class Instruments:
         self.engine_step_seconds = histogram("engine_step_seconds", "Wall time of one engine step.", STEP_BUCKETS)
         self.prefill_step_seconds = histogram("prefill_step_seconds", "Prompt processing per step.", STEP_BUCKETS)
         self.draft_step_seconds = histogram("draft_step_seconds", "Draft-model forwards per step.", STEP_BUCKETS)
-        self.verify_step_seconds = histogram("verify_step_seconds", "The batched target verify forward.",
+        self.verify_step_seconds = histogram("verify_step_seconds",
+                                             "The batched target forward: rounds and prompt chunks.",
                                              STEP_BUCKETS)
         self.device_memory = gauge("device_memory_bytes", "Memory in use: process RSS (cpu), allocated (cuda:i).",
                                    "device")

@@ -136,7 +136,7 @@ class ServingMetrics:
             m.prefill_step_seconds.observe(report.prefill_seconds)
         if report.draft_seconds > 0:
             m.draft_step_seconds.observe(report.draft_seconds)
-        if report.rounds:
+        if report.rounds or report.prefill_tokens:  # the target's forward ran: rounds, prompt chunks or both
             m.verify_step_seconds.observe(report.verify_seconds)
 
     def observe_workers(self, workers: list[dict]) -> None:
