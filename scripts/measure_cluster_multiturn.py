@@ -11,7 +11,8 @@ the router's placement decisions by reason from /metrics (`tandem:cluster_routed
 With --out, DIR gets the cluster file and, per scenario, SCENARIO.json: every conversation's
 turns (prompt and completion tokens, TTFT, cached tokens), the TTFT p50 by turn and the
 router's placements during that scenario, which `tandem simulate --cluster DIR/cluster.yaml
---conversations DIR/SCENARIO.json` replays.
+--conversations DIR/SCENARIO.json` replays (again at the run's device speed, from the replicas' call seconds
+during the scenario).
 
 Name the CPU beside the figures (printed).
 """
@@ -28,6 +29,7 @@ import time
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from tandem.bench.serve.conversations import CONCURRENCY, load_scenarios, run_scenario, summarize_scenario
 from tandem.hardware import cpu_model
@@ -60,16 +62,16 @@ def main() -> None:
         process, url = _start(path)
         try:
             rows = []
-            before = {}
+            before, calls_before = {}, _call_seconds(url)
             for name in args.scenarios.split(","):
                 run = run_scenario(f"{url}/v1/chat/completions", name, scenarios[name], args.model, args.max_tokens, {},
                                    CONCURRENCY[name])
                 rows.append(summarize_scenario(run))
-                decisions = _placements(url)
+                decisions, calls = _placements(url), _call_seconds(url)
                 if args.out:
                     during = {key: count - before.get(key, 0) for key, count in decisions.items()}
-                    _write_turns(Path(args.out) / f"{name}.json", run, rows[-1], during, args)
-                before = decisions
+                    _write_turns(Path(args.out) / f"{name}.json", run, rows[-1], during, calls - calls_before, args)
+                before, calls_before = decisions, calls
         finally:
             process.send_signal(signal.SIGTERM)
             process.wait(timeout=60)
@@ -94,7 +96,15 @@ def _placements(url: str) -> dict[str, int]:
     return decisions
 
 
-def _write_turns(path: Path, run, summary: dict, placements: dict[str, int], args) -> None:
+def _call_seconds(url: str) -> float:
+    """The replicas' model calls so far, in seconds: the sums of /metrics' prefill, draft and
+    verify step histograms (what `tandem bench-cluster` counts as `call_seconds`)."""
+    families = ("tandem:prefill_step_seconds", "tandem:draft_step_seconds", "tandem:verify_step_seconds")
+    return sum(sample.value for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
+               if family.name in families for sample in family.samples if sample.name.endswith("_sum"))
+
+
+def _write_turns(path: Path, run, summary: dict, placements: dict[str, int], call_seconds: float, args) -> None:
     """The scenario's conversations, turn by turn, in the order the workload lists them."""
     conversations: dict[str, list[dict]] = {}
     for turn in sorted(run.turns, key=lambda t: t.turn):
@@ -108,7 +118,7 @@ def _write_turns(path: Path, run, summary: dict, placements: dict[str, int], arg
         "scenario": run.scenario, "cpu": cpu_model(), "model": args.model, "max_tokens": args.max_tokens,
         "concurrency": run.concurrency, "max_running": ServeSettings().max_running, "wall_s": summary["wall_s"],
         "ttft_p50_ms_by_turn": summary["ttft_p50_ms_by_turn"], "cached_share": summary["cached_share"],
-        "placements": placements,
+        "placements": placements, "call_seconds": round(call_seconds, 3),
         "conversations": [conversations[c] for c in order if c in conversations],
     }, indent=1))
 

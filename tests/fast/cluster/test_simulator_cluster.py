@@ -282,6 +282,13 @@ def test_tandem_simulate_replays_a_multi_turn_run(tmp_path, capsys):
     assert set(report["turns"]["ttft_ms_p50_by_turn"]) == {"1", "2", "3"}
     assert report["turns"]["placements"]["measured"] == {"cost": 2, "prefix": 3}
     assert report["result"]["reused_tokens"] >= 300 + 16 - 1  # the second turn found the first
+    assert "at_run_speed" not in report["turns"]
+    run.write_text(json.dumps(multiturn_run(call_seconds=1000.0)))  # the replicas computed far slower
+    assert main(["simulate", "--cluster", str(cluster), "--roles", "as-written", "--conversations", str(run),
+                 "--k", "0", "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)["turns"]["at_run_speed"]
+    assert again["device_speed"] > 10
+    assert again["ttft_ms_p50_by_turn"]["1"]["predicted"] > report["turns"]["ttft_ms_p50_by_turn"]["1"]["predicted"]
     assert main(["simulate", "--cluster", str(cluster), "--conversations", str(run), "--k", "0"]) == 0
     assert "TTFT p50 turn 2" in capsys.readouterr().out
     for extra in (["--requests", "4"], ["--max-tokens", "8"], ["--rate", "1"]):

@@ -7,6 +7,7 @@ The run is the JSON that `scripts/measure_cluster_multiturn.py --out DIR` writes
      "max_running": 8,                          # the server's cap on requests in flight (optional)
      "ttft_p50_ms_by_turn": {"1": 31230, ...},  # measured
      "placements": {"verify-verify-0 prefix": 22, ...},  # the router's, "worker reason" -> requests
+     "call_seconds": 118.3,                     # the replicas' model calls, summed (optional)
      "conversations": [                         # in the order the clients opened them
        [{"turn": 1, "ok": true, "prompt_tokens": 731, "completion_tokens": 48, "ttft_ms": 30112.4,
          "cached_tokens": 0}, ...], ...]}
@@ -34,6 +35,7 @@ class MultiTurnRun:
     ttft_p50_ms_by_turn: dict[str, float]
     placements: dict[str, int]  # reason -> requests, over the replicas
     max_running: int | None = None  # the server's cap on requests in flight, where recorded
+    call_seconds: float | None = None  # the replicas' model calls during the run, summed, where recorded
 
     @classmethod
     def load(cls, path: str | Path) -> "MultiTurnRun":
@@ -74,9 +76,13 @@ class MultiTurnRun:
         max_running = data.get("max_running")
         if max_running is not None and int(max_running) < 1:
             raise ValueError(f"max_running must be >= 1, got {max_running}")
+        call_seconds = data.get("call_seconds")
+        if call_seconds is not None and float(call_seconds) <= 0:
+            raise ValueError(f"call_seconds must be positive, got {call_seconds}")
         return cls(concurrency, tuple(new_tokens), tuple(completions),
                    {str(t): float(ms) for t, ms in data.get("ttft_p50_ms_by_turn", {}).items()}, placements,
-                   None if max_running is None else int(max_running))
+                   None if max_running is None else int(max_running),
+                   None if call_seconds is None else float(call_seconds))
 
     def workload(self, concurrency: int | None = None, prompt_prefixes: tuple = ()) -> Workload:
         """Every conversation as it ran: each turn's new tokens and answer length (and, where
@@ -95,12 +101,16 @@ def compare_turns(result: SimResult, run: MultiTurnRun) -> dict:
     return {"ttft_ms_p50_by_turn": turns, "placements": {"predicted": predicted, "measured": run.placements}}
 
 
-def turn_lines(comparison: dict) -> list[str]:
-    lines = ["against the multi-turn run:"]
+def turn_lines(comparison: dict, heading: str = "against the multi-turn run:") -> list[str]:
+    lines = [heading]
     for turn, figure in comparison["ttft_ms_p50_by_turn"].items():
         lines.append(f"  TTFT p50 turn {turn}  predicted {figure['predicted']:,.0f}  measured {figure['measured']:,.0f}"
                      f"  error {figure['relative_error']:+.1%}")
     placements = comparison["placements"]
     for side in ("predicted", "measured"):
         lines.append(f"  placements {side:9s} " + ", ".join(f"{r} {n}" for r, n in sorted(placements[side].items())))
+    at_speed = comparison.get("at_run_speed")
+    if at_speed:
+        lines.extend(turn_lines(at_speed, f"at the run's device speed (its calls took {at_speed['device_speed']:.2f}x "
+                                          "the time simulated above):"))
     return lines
