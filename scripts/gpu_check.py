@@ -411,13 +411,13 @@ def check_sampling(device: torch.device, draws: int) -> dict:
 def check_device_profile(device: torch.device, shape: dict, small: bool, out: str | None) -> dict:
     """A cluster profile of the fused runner on this device (`tandem profile`'s grid and format,
     batches up to 64), for `tandem simulate` and `tandem plan`: the 1.5B target's shape, bf16."""
-    from tandem.cluster.profiles.measure import PROMPT_SIZES, ProfileGrid, profile_runner
+    from tandem.cluster.profiles.measure import ProfileGrid, context_needed, profile_runner
     from tandem.cluster.profiles.profile import save_profile
     from tandem.models.backends import RunnerSpec
 
     grid = (ProfileGrid(sizes=(1, 4, 16), contexts=(64, 256), batches=(1, 2, 4), repeats=2) if small
             else ProfileGrid(batches=(1, 2, 4, 8, 16, 32, 64)))
-    needed = max(grid.contexts[-1] + grid.sizes[-1], *PROMPT_SIZES) + 1
+    needed = context_needed(grid)
     model = build_hf_model(shape, torch.bfloat16, device, seed=3)
     runner = fused_runner(model, torch.bfloat16, device, grid.batches[-1], "profile-bf16", context=needed)
     spec = RunnerSpec("qwen2.5-coder-1.5b-instruct", "torch", device.type, "bf16")

@@ -9,10 +9,10 @@ the router's placement decisions by reason from /metrics (`tandem:cluster_routed
     python scripts/measure_cluster_multiturn.py [--model smollm2-135m-instruct] [--max-tokens 48] [--out DIR]
 
 With --out, DIR gets the cluster file and, per scenario, SCENARIO.json: every conversation's
-turns (prompt and completion tokens, TTFT, cached tokens), the TTFT p50 by turn and the
-router's placements during that scenario, which `tandem simulate --cluster DIR/cluster.yaml
---conversations DIR/SCENARIO.json` replays (again at the run's device speed, from the replicas' call seconds
-during the scenario).
+turns (prompt and completion tokens, TTFT, cached tokens), the TTFT p50 by turn, the router's
+placements and the replicas' call seconds during that scenario, which `tandem simulate
+--cluster DIR/cluster.yaml --conversations DIR/SCENARIO.json` replays (again at the run's
+device speed).
 
 Name the CPU beside the figures (printed).
 """

@@ -62,9 +62,8 @@ class ProfileGrid:
 
 def measure_profile(spec: RunnerSpec, grid: ProfileGrid = ProfileGrid(), progress: bool = True) -> DeviceProfile:
     """Load `spec` as a batch runner with max(grid.batches) slots and time the grid."""
-    needed = max(grid.contexts[-1] + grid.sizes[-1], *PROMPT_SIZES) + 1
     spec = RunnerSpec(spec.model, spec.backend, spec.device, spec.dtype, spec.threads,
-                      max(spec.context_length, needed)).resolved()
+                      max(spec.context_length, context_needed(grid))).resolved()
     before = resident_bytes()
     runner = load_batch_runner(spec, grid.batches[-1])
     return profile_runner(runner, spec, grid, progress, loaded_bytes=resident_bytes() - before)
@@ -74,7 +73,7 @@ def profile_runner(runner: BatchRunner, spec: RunnerSpec, grid: ProfileGrid = Pr
                    loaded_bytes: int = 0) -> DeviceProfile:
     """Time the grid on a loaded runner (max(grid.batches) slots or more) that `spec` describes:
     also for a runner made another way (scripts/gpu_check.py: random weights on a GPU)."""
-    needed = max(grid.contexts[-1] + grid.sizes[-1], *PROMPT_SIZES) + 1
+    needed = context_needed(grid)
     if runner.context_length < needed - 1:  # past what the model was trained on: not a profile of it
         raise TandemError(f"profiling {spec.model} needs {needed - 1} tokens of context (--contexts up to "
                           f"{grid.contexts[-1]} plus --sizes up to {grid.sizes[-1]}); it holds {runner.context_length}")
@@ -104,6 +103,11 @@ def profile_runner(runner: BatchRunner, spec: RunnerSpec, grid: ProfileGrid = Pr
         memory=MemoryUse(loaded_bytes, _peak_resident_bytes(), _device_bytes(spec.device)), prompt_ms=prompt,
         typical_over_fastest=typical_over_fastest([*samples.values(), *prompt_samples.values()]),
     )
+
+
+def context_needed(grid: ProfileGrid) -> int:
+    """The context length a runner needs for the grid: its deepest call and the prompt curve."""
+    return max(grid.contexts[-1] + grid.sizes[-1], *PROMPT_SIZES) + 1
 
 
 def typical_over_fastest(samples: list[list[float]]) -> float:
