@@ -133,15 +133,11 @@ def _simulate(args: argparse.Namespace) -> int:
     result = simulate(_checked(lambda: simulation_from_cluster(spec, workload, options, plan)))
     comparison = compare_with_measurement(result, measured) if measured else None
     turns = compare_turns(result, conversations) if conversations else None
-    if conversations and conversations.call_seconds:  # again, at the speed the run's replicas computed
-        speed = run_speed(result, conversations.call_seconds)
-        again = simulate(simulation_from_cluster(spec, workload, replace(options, device_speed=speed), plan))
-        turns["at_run_speed"] = {"device_speed": round(speed, 4), **compare_turns(again, conversations)}
-    if measured and measured.call_seconds:  # again, every device at the speed the run found it
-        speed = run_speed(result, measured.call_seconds)
-        at_speed = replace(options, device_speed=speed)
-        again = simulate(simulation_from_cluster(spec, workload, at_speed, plan))
-        comparison["at_run_speed"] = {"device_speed": round(speed, 4), **compare_with_measurement(again, measured)}
+    for figures, run, compare in ((comparison, measured, compare_with_measurement), (turns, conversations, compare_turns)):
+        if run is not None and run.call_seconds:  # again, every device at the speed the run found it
+            speed = run_speed(result, run.call_seconds)
+            again = simulate(simulation_from_cluster(spec, workload, replace(options, device_speed=speed), plan))
+            figures["at_run_speed"] = {"device_speed": round(speed, 4), **compare(again, run)}
     report = {"cluster": args.cluster, "roles": args.roles, "plan": plan.chosen.label() if plan else None,
               "options": vars(args) | {"func": None}, "result": result.to_json(), "comparison": comparison,
               **({"turns": turns} if turns else {})}

@@ -19,6 +19,7 @@ Definitions, as `tandem bench-serve` measures a real server (bench/serve/client.
   tokens); reused tokens: prompt tokens found in a replica's prompt cache instead (step.py).
 """
 
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -44,7 +45,7 @@ class Recorder:
     ttft_ms: list[float] = field(default_factory=list)
     itl_ms: list[float] = field(default_factory=list)
     ttft_by_turn: dict[int, list[float]] = field(default_factory=dict)  # conversations' turns only
-    placements: dict[str, int] = field(default_factory=dict)  # reason -> requests
+    placements: Counter[str] = field(default_factory=Counter)  # reason -> requests
 
     def arrival(self, now: float) -> None:
         if self.first_arrival_ms is None:

@@ -18,6 +18,7 @@ turn.
 """
 
 import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,10 +70,9 @@ class MultiTurnRun:
         concurrency = int(data["concurrency"])
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-        placements: dict[str, int] = {}
+        placements: Counter[str] = Counter()
         for key, count in data.get("placements", {}).items():
-            reason = key.rsplit(" ", 1)[-1]
-            placements[reason] = placements.get(reason, 0) + int(count)
+            placements[key.rsplit(" ", 1)[-1]] += int(count)  # "worker reason" -> reason
         max_running = data.get("max_running")
         if max_running is not None and int(max_running) < 1:
             raise ValueError(f"max_running must be >= 1, got {max_running}")
@@ -80,7 +80,7 @@ class MultiTurnRun:
         if call_seconds is not None and float(call_seconds) <= 0:
             raise ValueError(f"call_seconds must be positive, got {call_seconds}")
         return cls(concurrency, tuple(new_tokens), tuple(completions),
-                   {str(t): float(ms) for t, ms in data.get("ttft_p50_ms_by_turn", {}).items()}, placements,
+                   {str(t): float(ms) for t, ms in data.get("ttft_p50_ms_by_turn", {}).items()}, dict(placements),
                    None if max_running is None else int(max_running),
                    None if call_seconds is None else float(call_seconds))
 

@@ -149,7 +149,7 @@ class Simulator:
             replica, reason = placed
             seq = self.backlog.popleft()
             self.in_flight += 1
-            self.recorder.placements[reason] = self.recorder.placements.get(reason, 0) + 1
+            self.recorder.placements[reason] += 1
             steps = self.steps[id(replica)]
             seq.ready_ms = now + steps.relay_ms
             replica.waiting.append(seq)

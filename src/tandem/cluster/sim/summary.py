@@ -14,6 +14,8 @@ def summary_lines(result: SimResult, heading: str) -> list[str]:
                                if result.steady_tok_s else "n/a (every request arrived at once)"),
         "  latency ms    " + _percentiles(result.latency_ms),
         "  TTFT ms       " + _percentiles(result.ttft_ms),
+        *(["  TTFT p50 ms by turn  " + " / ".join(f"{ms:,.0f}" for ms in result.ttft_ms_p50_by_turn.values())]
+          if result.ttft_ms_p50_by_turn else []),
         "  ITL ms        " + _percentiles(result.itl_ms),
         f"  mean k {result.mean_k:.2f}   acceptance {result.acceptance:.3f} (accepted / drafted)   "
         f"moves {result.moves}",
@@ -21,8 +23,6 @@ def summary_lines(result: SimResult, heading: str) -> list[str]:
         "  placements    " + ", ".join(f"{reason} {count}" for reason, count in result.placements.items()),
         "  utilisation   " + "  ".join(f"{name} {u:.0%}" for name, u in _utilisation(result).items()),
     ]
-    if result.ttft_ms_p50_by_turn:
-        lines.insert(5, "  TTFT p50 ms by turn  " + " / ".join(f"{ms:,.0f}" for ms in result.ttft_ms_p50_by_turn.values()))
     return lines
 
 
