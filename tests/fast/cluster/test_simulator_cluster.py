@@ -44,11 +44,11 @@ def test_a_device_prices_batches_as_its_profile_does():
 def test_a_device_prices_a_call_on_the_context_it_holds():
     """Read at more cached tokens than the file's context, a call costs what the profile says
     there (between the file's context and the deepest profiled); at fewer, the file's price.
-    One sequence's calls exactly; a batch's within 10% (its per-sequence term stays read at the
-    file's context)."""
+    One sequence's calls and a batch's alike (its per-sequence term is read at depth too: read at
+    the file's context alone, 8 x 4 tokens at 2,048 came 8% under the curve)."""
     profile = public_profile("l4", TARGET, "torch", "bf16")  # curves at 64, 512 and 2048 cached tokens
     device = device_from_profile("l4/0", profile, context=512)
-    for batch, n, tolerance in [(1, 1, 0.02), (1, 16, 0.02), (8, 4, 0.1)]:
+    for batch, n, tolerance in [(1, 1, 0.02), (1, 16, 0.02), (8, 4, 0.02), (32, 2, 0.02)]:
         at_512 = device.forward_ms([n] * batch)
         assert device.forward_ms([n] * batch, context=100) == at_512
         deep = device.forward_ms([n] * batch, context=2048)

@@ -6,7 +6,8 @@ cluster file (adapter.py) or from public device classes (device_classes.py) alik
 - a *device* is one accelerator or CPU running one model, with a measured (or public-spec) cost
   curve: ms to score n tokens in one forward pass. A fused device runs a batch as one pass over
   all its tokens, plus `per_sequence_ms` for every sequence after the first (reading its KV
-  cache); a serial one runs the sequences of a batch one after another. Two Device values with
+  cache; where `deep_per_sequence_ms` is given, the term read at the cost curve's deep context,
+  it is interpolated in the context as the curve is); a serial one runs the sequences of a batch one after another. Two Device values with
   one name are one physical device running two models (a worker that verifies and drafts):
   their calls share its time. Its optional `prompt_cost` prices scoring a prompt (logits at its
   last token only: a prefill, a draft model's catch-up); without one the cost curve stands in.
@@ -45,12 +46,15 @@ class Device:
     threads: int = 1  # cores its calls keep busy on that host
     prompt_cost: CostModel | None = None  # ms for one sequence's n prompt tokens, logits at the last only
     prefill_floor: int | None = None  # the engine's floor chunk on this device (None: read off `cost`)
+    deep_per_sequence_ms: float | None = None  # per_sequence_ms at cost.deep_context (None: the same at every context)
 
     def __post_init__(self):
         if self.threads < 1:
             raise ValueError(f"device {self.name}: threads must be >= 1, got {self.threads}")
         if self.per_sequence_ms < 0:
             raise ValueError(f"device {self.name}: per_sequence_ms must be >= 0, got {self.per_sequence_ms}")
+        if self.deep_per_sequence_ms is not None and self.deep_per_sequence_ms < 0:
+            raise ValueError(f"device {self.name}: deep_per_sequence_ms must be >= 0, got {self.deep_per_sequence_ms}")
         if not self.name:
             raise ValueError("a device needs a name")
         if not self.group:
@@ -67,8 +71,18 @@ class Device:
         if not counts:
             return 0.0
         if self.fused:
-            return self._cost_at(sum(counts), context) + self.per_sequence_ms * (len(counts) - 1)
+            return self._cost_at(sum(counts), context) + self.per_sequence_at(context) * (len(counts) - 1)
         return sum(self._cost_at(n, context) for n in counts)
+
+    def per_sequence_at(self, context: float | None) -> float:
+        """The per-sequence term on `context` cached tokens a sequence: linear between the cost
+        curve's base and deep contexts and on past the deep one, as `CostModel.profiled_ms` reads
+        the curve; at or under the base (or None), `per_sequence_ms`."""
+        base, deep = self.cost.base_context, self.cost.deep_context
+        if context is None or self.deep_per_sequence_ms is None or context <= base or deep <= base:
+            return self.per_sequence_ms
+        fraction = (context - base) / (deep - base)
+        return max(0.0, self.per_sequence_ms + fraction * (self.deep_per_sequence_ms - self.per_sequence_ms))
 
     def _cost_at(self, tokens: int, context: float | None) -> float:
         """The curve read at `context` without its cache of the last context's reads, which the

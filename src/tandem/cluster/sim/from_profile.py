@@ -9,9 +9,9 @@ profile priced at one context it takes
   step_ms(B, total / B) - (B - 1) per_sequence_ms.
 - the same read at the profile's deepest context is the cost's deep curve: a call on more
   cached tokens than `context` is priced between the two (CostModel.cost_ms, linear in the
-  context, as the engine's own runner profile reads a step), one on fewer at `context`. The
-  per-sequence term stays read at `context` (an L4's batch of 8 x 4 tokens at 2,048 cached
-  tokens: 8% under its curve there).
+  context, as the engine's own runner profile reads a step), one on fewer at `context`; the
+  per-sequence term likewise, read at both contexts (Device.per_sequence_at; read at `context`
+  alone, an L4's batch of 8 x 4 tokens at 2,048 cached tokens was priced 8% under its curve).
 The profile's prompt curve (one sequence's prompt, logits at its last token) prices prefill and
 a draft model's catch-up where the profile has one. `slowdown` multiplies every time (a worker
 made slower, or shared with other work, or a run's devices at the speed it found them).
@@ -46,11 +46,13 @@ def device_from_profile(name: str, profile: DeviceProfile, *, group: str = "loca
     per_sequence = _per_sequence_ms(profile, context) if fused else 0.0
     points = _totals_ms(profile, context, per_sequence)
     deepest = profile.contexts[-1]
-    deep = _totals_ms(profile, deepest, per_sequence) if deepest > context else {}
+    deep_per_sequence = (_per_sequence_ms(profile, deepest) if fused else 0.0) if deepest > context else None
+    deep = _totals_ms(profile, deepest, deep_per_sequence) if deep_per_sequence is not None else {}
     scaled = CostModel({n: ms * slowdown for n, ms in points.items()}, deep_ms={n: ms * slowdown for n, ms in deep.items()},
                        base_context=context if deep else 0, deep_context=deepest if deep else 0)
     return Device(name, scaled, fused, group, per_sequence * slowdown, prompt_cost=profile.prompt_cost(slowdown),
-                  prefill_floor=engine_floor(profile))
+                  prefill_floor=engine_floor(profile),
+                  deep_per_sequence_ms=None if deep_per_sequence is None else deep_per_sequence * slowdown)
 
 
 def _totals_ms(profile: DeviceProfile, context: int, per_sequence: float) -> dict[int, float]:
