@@ -256,6 +256,28 @@ def test_moves_follow_the_routers_rule():
     assert choose_moves([fast, slow]) == []  # never from a replica holding as few
 
 
+def test_the_router_knows_a_requests_cap_not_where_its_answer_stops():
+    """A stream whose answer stops after one more token, on a request that may take 60 more:
+    the router (Routed.room) and the engine's planner see the 60, so the simulator does too."""
+    from tandem.cluster.sim.moves import choose_moves
+    from tandem.cluster.sim.planning import candidate, make_planner
+    from tandem.cluster.sim.state import Replica, SimSequence
+    from tandem.cluster.sim.timeline import Timeline
+
+    sim = slow_and_fast()
+    fast, slow = (Replica(i, v, Timeline(v.device.name), make_planner(v.device, None, SimDepth(), 1.0))
+                  for i, v in enumerate(sim.verifiers))
+    stops_soon = SimSequence(0, 0.0, 4, 5, emitted=4, requested=64)
+    assert (stops_soon.remaining, stops_soon.room) == (1, 60)
+    slow.running = [stops_soon, SimSequence(1, 0.0, 4, 64, emitted=54)]
+    [(seq, target)] = choose_moves([fast, slow])
+    assert (seq.request_id, target) == (0, fast)  # 60 to go as the router sees it, against 10
+    assert candidate(stops_soon, SimDrafter("ngram", GeometricAcceptance(0.5)), SimDepth()).cap == SimDepth().k_max
+    ends = simulate(dataclasses.replace(sim, workload=Workload(8, FixedLength(4), FixedLength(20), concurrency=8,
+                                                               requested_tokens=64)))
+    assert ends.output_tokens == 8 * 20  # answers still stop where they stop
+
+
 def test_utilisation_is_a_share_of_the_run():
     result = simulate(cluster(replicas=3, concurrency=24, rtt=20.0))
     assert set(result.utilisation) == {"v0", "v1", "v2", "d"}

@@ -267,6 +267,10 @@ def test_a_multi_turn_run_becomes_its_conversations_up_to_a_failed_turn():
     workload = run.workload()
     assert (workload.num_requests, workload.concurrency) == (4, 2)
     assert run.workload(concurrency=1).concurrency == 1
+    assert workload.requested_tokens is None  # no cap recorded: every answer ran to its cap
+    assert MultiTurnRun.from_json(multiturn_run(max_tokens=48)).workload().requested_tokens == 48
+    with pytest.raises(ValueError, match="max_tokens 8 is below an answer of 16"):
+        MultiTurnRun.from_json(multiturn_run(max_tokens=8))
 
 
 def test_tandem_simulate_replays_a_multi_turn_run(tmp_path, capsys):

@@ -175,7 +175,9 @@ class Workload:
     is the turn before's prompt and answer and its own new tokens. A closed-loop client sends a
     conversation's next turn when the answer before it ends, and opens the next conversation
     when its own ends; a replica that served a turn holds its history (step.py), and the router
-    prefers it for the next (routing.py)."""
+    prefers it for the next (routing.py). `requested_tokens`: the max_tokens each request carries,
+    where answers stop before it (a recorded run's lengths): the router sees only that cap
+    (routing.py, moves.py); None, every answer runs to its cap."""
 
     num_requests: int
     prompt_tokens: LengthModel
@@ -184,6 +186,7 @@ class Workload:
     concurrency: int | None = None
     prompt_prefixes: tuple[tuple[int, int] | None, ...] = ()
     conversations: tuple[tuple[int, ...], ...] = ()
+    requested_tokens: int | None = None  # the max_tokens every request carries (None: its own output length)
 
     def __post_init__(self):
         if self.num_requests < 1:
@@ -194,6 +197,8 @@ class Workload:
             raise ValueError(f"rate_per_s must be > 0, got {self.rate_per_s}")
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.requested_tokens is not None and self.requested_tokens < 1:
+            raise ValueError(f"requested_tokens must be >= 1, got {self.requested_tokens}")
         if any(prefix is not None and prefix[1] < 0 for prefix in self.prompt_prefixes):
             raise ValueError("a shared prompt prefix must be >= 0 tokens")
         if self.conversations:

@@ -1,7 +1,8 @@
 """Which streams the router moves, as cluster/runtime/replica_choice.py `choose_moves` picks them,
 over the simulator's replicas: for each replica with a free slot (fewest sequences first), the
 decoding stream of a replica holding more sequences whose finish it brings forward most
-(cluster/planning/affinity.py `move_gain_ms`), if any does. Steps are read off the replicas'
+(cluster/planning/affinity.py `move_gain_ms`, over the tokens it may still take as the router
+knows them: `SimSequence.room`), if any does. Steps are read off the replicas'
 curves at the mean length of the streams each would hold, as the router reads them.
 
 A move carries the stream's KV state (the launched replicas keep a host tier of their prompt
@@ -36,12 +37,12 @@ def choose_moves(replicas: list[Replica]) -> list[tuple[SimSequence, Replica]]:
             if _hopeless(source, stay, cost, held_tokens, move_streams):
                 continue
             for seq in source.running:
-                if seq.moving_to is not None or id(seq) in taken or seq.unprefilled or seq.remaining <= 1:
+                if seq.moving_to is not None or id(seq) in taken or seq.unprefilled or seq.room <= 1:
                     continue
                 move_context = (held_tokens + seq.context) / move_streams  # as step_at_lengths reads it
                 move_ms = cost.cost_ms(move_streams, move_context)
                 refill_ms = cost.cost_ms(1, seq.context)
-                gains[id(seq)] = (move_gain_ms(seq.remaining, refill_ms, stay, move_ms), seq)
+                gains[id(seq)] = (move_gain_ms(seq.room, refill_ms, stay, move_ms), seq)
         best = max((g for g in gains.values() if g[0] > 0), default=None, key=lambda g: g[0])
         if best is not None:
             taken.add(id(best[1]))

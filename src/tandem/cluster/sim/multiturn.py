@@ -5,6 +5,7 @@ The run is the JSON that `scripts/measure_cluster_multiturn.py --out DIR` writes
 
     {"concurrency": 10,                         # conversations open at once
      "max_running": 8,                          # the server's cap on requests in flight (optional)
+     "max_tokens": 48,                          # each request's cap (optional; answers may stop before it)
      "ttft_p50_ms_by_turn": {"1": 31230, ...},  # measured
      "placements": {"verify-verify-0 prefix": 22, ...},  # the router's, "worker reason" -> requests
      "call_seconds": 118.3,                     # the replicas' model calls, summed (optional)
@@ -37,6 +38,7 @@ class MultiTurnRun:
     placements: dict[str, int]  # reason -> requests, over the replicas
     max_running: int | None = None  # the server's cap on requests in flight, where recorded
     call_seconds: float | None = None  # the replicas' model calls during the run, summed, where recorded
+    max_tokens: int | None = None  # each request's cap, where recorded (the router sees it, not the answer's end)
 
     @classmethod
     def load(cls, path: str | Path) -> "MultiTurnRun":
@@ -79,17 +81,21 @@ class MultiTurnRun:
         call_seconds = data.get("call_seconds")
         if call_seconds is not None and float(call_seconds) <= 0:
             raise ValueError(f"call_seconds must be positive, got {call_seconds}")
+        max_tokens = data.get("max_tokens")
+        if max_tokens is not None and int(max_tokens) < max(completions):
+            raise ValueError(f"max_tokens {max_tokens} is below an answer of {max(completions)} tokens")
         return cls(concurrency, tuple(new_tokens), tuple(completions),
                    {str(t): float(ms) for t, ms in data.get("ttft_p50_ms_by_turn", {}).items()}, dict(placements),
                    None if max_running is None else int(max_running),
-                   None if call_seconds is None else float(call_seconds))
+                   None if call_seconds is None else float(call_seconds),
+                   None if max_tokens is None else int(max_tokens))
 
     def workload(self, concurrency: int | None = None, prompt_prefixes: tuple = ()) -> Workload:
         """Every conversation as it ran: each turn's new tokens and answer length (and, where
         given, the opening every prompt shares: a system prompt)."""
         return Workload(len(self.completion_tokens), FixedLength(1), RecordedLengths(self.completion_tokens),
                         concurrency=concurrency or self.concurrency, prompt_prefixes=prompt_prefixes,
-                        conversations=self.new_tokens)
+                        conversations=self.new_tokens, requested_tokens=self.max_tokens)
 
 
 def compare_turns(result: SimResult, run: MultiTurnRun) -> dict:

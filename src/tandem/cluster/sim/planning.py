@@ -45,8 +45,9 @@ def make_planner(target: Device, drafter: SimDrafter | None, depth: SimDepth, ov
 
 
 def candidate(seq: SimSequence, drafter: SimDrafter | None, depth: SimDepth) -> DraftCandidate:
-    """What seq could draft this round: at most k_max, and one token fewer than it still needs."""
-    cap = max(0, min(depth.k_max, seq.remaining - 1))
+    """What seq could draft this round: at most k_max, and one token fewer than its request may
+    still take (the engine knows the cap, not where the answer stops)."""
+    cap = max(0, min(depth.k_max, seq.room - 1))
     if drafter is None or cap == 0:
         return DraftCandidate("none", 0, False, fixed_k=0)
     fixed = None if depth.fixed_k is None else min(depth.fixed_k, cap)

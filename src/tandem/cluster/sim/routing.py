@@ -13,7 +13,9 @@ replica gets a stream where one stream there serves more requests per second tha
 adds to the cheapest. When every replica is full the sequence waits in the cluster's queue and
 is placed as soon as a slot frees. Ties go to the replica listed first. The router remembers
 the token ids it sent each replica; here a replica's `histories` and `prefixes_held` (what its
-prompt cache holds, step.py) stand in for that memory. Its moves are in moves.py.
+prompt cache holds, step.py) stand in for that memory. Like the router, it weighs a request by
+the tokens it may still take (`SimSequence.room`, the request's max_tokens), not by where its
+answer will stop. Its moves are in moves.py.
 """
 
 from tandem.cluster.planning.affinity import AFFINITY_SHARE, prefer_prefix
@@ -42,13 +44,13 @@ def route(replicas: list[Replica], seq: SimSequence) -> tuple[Replica, str] | No
     """The replica to take seq now and why (cost | prefix, as the router labels it); None when
     every batch is full."""
     free = [r for r in replicas if has_room(r)]
-    chosen = choose([candidate(r, seq) for r in free], seq.remaining)
+    chosen = choose([candidate(r, seq) for r in free], seq.room)
     if chosen is None:
         return None
     held = [held_prefix(r, seq) for r in free]
     lacking_ms = [r.spec.device.forward_ms([max(1, seq.prompt_tokens - 1 - h)]) for r, h in zip(free, held)]
     steps = [lambda n, device=r.spec.device: device.forward_ms([1] * n) for r in free]
-    better = prefer_prefix(chosen, held, [r.load for r in free], lacking_ms, steps, seq.prompt_tokens, seq.remaining)
+    better = prefer_prefix(chosen, held, [r.load for r in free], lacking_ms, steps, seq.prompt_tokens, seq.room)
     if better is not None:
         return free[better], "prefix"
     return free[chosen], "prefix" if held[chosen] >= max(BLOCK, AFFINITY_SHARE * seq.prompt_tokens) else "cost"

@@ -136,7 +136,7 @@ class Simulator:
         _, prompt, output = self.requests[index]
         conversation, turn = self.turns[index]
         seq = SimSequence(index, now, prompt, output, prefix=self.sim.workload.prompt_prefix(index),
-                          conversation=conversation, turn=turn)
+                          conversation=conversation, turn=turn, requested=self.sim.workload.requested_tokens or 0)
         self.recorder.arrival(now)
         self.backlog.append(seq)
         self._place(now)

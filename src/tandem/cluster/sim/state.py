@@ -25,6 +25,7 @@ class SimSequence:
     prefix: tuple[int, int] | None = None  # (group, tokens): the opening it shares with other prompts
     conversation: int | None = None  # the conversation it is a turn of (Workload.conversations)
     turn: int = 1  # 1-based
+    requested: int = 0  # the max_tokens its request carries (0: max_tokens, where it ends)
 
     @property
     def context(self) -> int:
@@ -32,7 +33,14 @@ class SimSequence:
 
     @property
     def remaining(self) -> int:
+        """Tokens until it ends (max_tokens is where its answer ends: the cap, or a stop)."""
         return self.max_tokens - self.emitted
+
+    @property
+    def room(self) -> int:
+        """Tokens its request may still take, as far as the router knows (`Routed.room`): it
+        sees the request's max_tokens, not where the answer will stop."""
+        return max(self.requested, self.max_tokens) - self.emitted
 
     def unseen_by_drafter(self) -> int:
         """Tokens the draft model must be fed before drafting (the last one is always fed)."""
