@@ -7,7 +7,8 @@ cluster file (adapter.py) or from public device classes (device_classes.py) alik
   curve: ms to score n tokens in one forward pass. A fused device runs a batch as one pass over
   all its tokens, plus `per_sequence_ms` for every sequence after the first (reading its KV
   cache; where `deep_per_sequence_ms` is given, the term read at the cost curve's deep context,
-  it is interpolated in the context as the curve is); a serial one runs the sequences of a batch one after another. Two Device values with
+  it is interpolated in the context as the curve is); a serial one runs the sequences of a
+  batch one after another. Two Device values with
   one name are one physical device running two models (a worker that verifies and drafts):
   their calls share its time. Its optional `prompt_cost` prices scoring a prompt (logits at its
   last token only: a prefill, a draft model's catch-up); without one the cost curve stands in.
