@@ -15,6 +15,8 @@ LLAMA_VERSION := 0.3.36
 LLAMA_PARTS := -DLLAVA_BUILD=OFF
 HOST ?= 127.0.0.1
 PORT ?= 8000
+# tests/fast in this many processes, one thread each (2 cores: 2 min 20 s against 4 min 8 s in one, AMD EPYC Zen 3)
+FAST_TEST_WORKERS ?= 2
 PROMPT ?= [{"role": "user", "content": "Write a Python function that checks whether a string is a palindrome, with a docstring and two examples."}]
 
 .PHONY: install llama-build models system-deps run generate test test-fast test-real bench bench-serve clean
@@ -53,11 +55,11 @@ generate: models
 
 test: install system-deps
 	$(BIN)/tandem models pull smollm2-135m-instruct
-	$(BIN)/python -m pytest tests/fast -q
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests/fast -q -n $(FAST_TEST_WORKERS)
 	$(BIN)/python -m pytest tests/real -q
 
 test-fast: install
-	$(BIN)/python -m pytest tests/fast -q
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests/fast -q -n $(FAST_TEST_WORKERS)
 
 test-real: install system-deps
 	$(BIN)/tandem models pull smollm2-135m-instruct
