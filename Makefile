@@ -17,6 +17,7 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 # tests/fast in this many processes, one thread each (2 cores: 2 min 20 s against 4 min 8 s in one, AMD EPYC Zen 3)
 FAST_TEST_WORKERS ?= 2
+FAST_TESTS = OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests/fast -q -n $(FAST_TEST_WORKERS)
 PROMPT ?= [{"role": "user", "content": "Write a Python function that checks whether a string is a palindrome, with a docstring and two examples."}]
 
 .PHONY: install llama-build models system-deps run generate test test-fast test-real bench bench-serve clean
@@ -27,7 +28,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0   # the CPU build; an unpinned torch pulls CUDA packages
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $(LLAMA_PARTS)" $(BIN)/pip install -q --no-cache-dir llama-cpp-python==$(LLAMA_VERSION)  # from source (~5 min)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $(LLAMA_PARTS)" $(BIN)/pip install -q --no-cache-dir llama-cpp-python==$(LLAMA_VERSION)  # from source (~6 min)
 	echo "$(LLAMA_CMAKE_ARGS)" > $(VENV)/.llama-cmake-args
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
@@ -55,11 +56,11 @@ generate: models
 
 test: install system-deps
 	$(BIN)/tandem models pull smollm2-135m-instruct
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests/fast -q -n $(FAST_TEST_WORKERS)
+	$(FAST_TESTS)
 	$(BIN)/python -m pytest tests/real -q
 
 test-fast: install
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest tests/fast -q -n $(FAST_TEST_WORKERS)
+	$(FAST_TESTS)
 
 test-real: install system-deps
 	$(BIN)/tandem models pull smollm2-135m-instruct

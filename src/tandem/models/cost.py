@@ -79,13 +79,20 @@ class CostModel:
         if not self.latency_ms:
             return float(num_tokens)  # unmeasured: proportional, the pessimistic CPU assumption
         base = _read_curve(*self._profile_curve(), num_tokens)
-        if context is None or context <= self.base_context or not self.deep_ms or self.deep_context <= self.base_context:
-            return base  # (at or under the base context the deep curve has no weight)
+        fraction = self.depth_weight(context)
+        if fraction == 0.0:
+            return base
         if self._deep_curve is None:
             self._deep_curve = _sorted_points(self.deep_ms)
         deep = _read_curve(*self._deep_curve, num_tokens)
-        fraction = max(0.0, (context - self.base_context) / (self.deep_context - self.base_context))
         return base + fraction * (deep - base)
+
+    def depth_weight(self, context: float | None) -> float:
+        """The deep curve's weight in a read at `context`: linear from 0 at the base context to 1 at
+        the deep one, and on past it; 0 at or under the base, or without a deep curve."""
+        if context is None or context <= self.base_context or not self.deep_ms or self.deep_context <= self.base_context:
+            return 0.0
+        return (context - self.base_context) / (self.deep_context - self.base_context)
 
     def ratio_at(self, num_tokens: int) -> float:
         """Learned correction at num_tokens: 1 before any observation, constant past the ends."""

@@ -76,13 +76,11 @@ class Device:
         return sum(self._cost_at(n, context) for n in counts)
 
     def per_sequence_at(self, context: float | None) -> float:
-        """The per-sequence term on `context` cached tokens a sequence: linear between the cost
-        curve's base and deep contexts and on past the deep one, as `CostModel.profiled_ms` reads
-        the curve; at or under the base (or None), `per_sequence_ms`."""
-        base, deep = self.cost.base_context, self.cost.deep_context
-        if context is None or self.deep_per_sequence_ms is None or context <= base or deep <= base:
+        """The per-sequence term on `context` cached tokens a sequence, weighted between its base
+        and deep reads as the cost curve is (`CostModel.depth_weight`)."""
+        fraction = 0.0 if self.deep_per_sequence_ms is None else self.cost.depth_weight(context)
+        if fraction == 0.0:
             return self.per_sequence_ms
-        fraction = (context - base) / (deep - base)
         return max(0.0, self.per_sequence_ms + fraction * (self.deep_per_sequence_ms - self.per_sequence_ms))
 
     def _cost_at(self, tokens: int, context: float | None) -> float:
