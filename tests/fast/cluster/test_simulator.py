@@ -256,6 +256,38 @@ def test_moves_follow_the_routers_rule():
     assert choose_moves([fast, slow]) == []  # never from a replica holding as few
 
 
+def test_a_finished_streams_client_sends_its_next_request_before_the_router_looks_for_moves():
+    """bench-cluster's driver adds a closed-loop client's next request before the router's next
+    step, which places what waits and only then looks for moves: a replica whose last stream
+    just ended is not empty to it. (Moving into that instant's gap took the slow replica's
+    stream and left the slow one idle: 20 moves in a replay of a run that made 1.)"""
+    from collections import deque
+
+    from tandem.cluster.sim.simulator import Simulator
+    from tandem.cluster.sim.state import SimSequence
+
+    simulator = Simulator(slow_and_fast(concurrency=2, requests=4))
+    fast, slow = simulator.replicas
+    decoding = SimSequence(1, 0.0, 4, 64, emitted=10)
+    slow.running = [decoding]
+    simulator.in_flight, simulator.openers = 2, deque([2, 3])
+    simulator._finished(SimSequence(0, 0.0, 4, 64, emitted=64), 0.0)  # it ended on fast, now empty
+    assert decoding.moving_to is None and not fast.incoming
+    assert [s.request_id for s in fast.sequences] == [2]  # the client's next request took it
+
+
+def test_the_router_looks_for_moves_every_step_not_only_when_requests_come_and_go():
+    """At a run's tail the fast replica's last stream ends while the slow one still scores its
+    last prompt; nothing arrives after. Once that prompt is in, the router (which looks every
+    step) moves the stream to the idle fast replica."""
+    slow = Verifier(Device("slow", CostModel({n: 3 * ms for n, ms in TARGET.latency_ms.items()}), group="a"), None, 4)
+    fast = Verifier(Device("fast", TARGET, group="a"), None, 1)  # one slot: the second request goes slow
+    sim = Simulation((fast, slow), Workload(2, FixedLength(512), FixedLength(8), concurrency=2))
+    result = simulate(sim)
+    assert result.moves == 1
+    assert result.output_tokens == 2 * 8
+
+
 def test_the_router_knows_a_requests_cap_not_where_its_answer_stops():
     """A stream whose answer stops after one more token, on a request that may take 60 more:
     the router (Routed.room) and the engine's planner see the 60, so the simulator does too."""

@@ -81,7 +81,7 @@ class Simulator:
         self.timelines = self._timelines()
         self.replicas = [self._replica(i) for i in range(len(sim.verifiers))]
         ctx = StepContext(sim, self.events, np.random.default_rng([sim.seed, 1]), self.recorder, self._finished,
-                          self._detached)
+                          self._detached, self._rebalance)
         self.steps = {id(r): self._steps(ctx, r) for r in self.replicas}
         self.requests = draw_requests(sim.workload, sim.seed)
         self.turns = turn_of(sim.workload)
@@ -183,11 +183,17 @@ class Simulator:
             seq.moving_to = None
         self.recorder.finish(seq, now)
         self.in_flight -= 1
-        self._place(now)
-        if self.sim.workload.concurrency is None:
-            return
+        # A closed loop's client sends its next request before the router looks for moves again
+        # (bench-cluster's driver adds it before the router's next step, which places what waits
+        # and then rebalances): a replica whose last stream just ended is not empty to the router,
+        # so no stream moves into the gap (3 streams ending in one step emptied the fast replica
+        # for an instant, and a move into it left the slow one idle for seconds).
         follow = seq.request_id + 1  # the same client's next request: its conversation's next turn,
-        if seq.conversation is not None and follow < len(self.turns) and self.turns[follow][0] == seq.conversation:
+        if self.sim.workload.concurrency is None:
+            self._place(now)
+        elif seq.conversation is not None and follow < len(self.turns) and self.turns[follow][0] == seq.conversation:
             self._send(now, follow)
         elif self.openers:  # or the next conversation (the next request, without conversations)
             self._send(now, self.openers.popleft())
+        else:
+            self._place(now)

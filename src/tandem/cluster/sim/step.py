@@ -20,7 +20,9 @@ A step:
    chunk, priced at the mean context the call's sequences hold,
 6. commit: acceptance is drawn per round, tokens are emitted, finished sequences leave, and so
    do those the router is moving (detached with their KV state, as a replica does between
-   steps); the next step starts after the step overhead.
+   steps); the router, once it hears of the step (and of the requests its finished streams'
+   clients send next), looks for moves, as it does every step of its own (a prompt finished: a
+   stream may now move); the next step starts after the step overhead.
 The router relays: a request reaches its replica half a router round trip after it is placed,
 and each round's tokens reach the client half a round trip after they are committed. Not
 modelled: prefixes shared by some prompts only (a conversation's turns), evictions from the
@@ -53,6 +55,7 @@ class StepContext:
     recorder: Recorder
     on_finish: Callable[[SimSequence, float], None]
     on_detach: Callable[[SimSequence, Replica, float], None]  # a moving stream left its replica
+    on_step: Callable[[float], None]  # a step ended: the router looks for moves, as it does each step
 
 
 class ReplicaSteps:
@@ -188,6 +191,7 @@ class ReplicaSteps:
             replica.running.remove(seq)
             self.ctx.on_detach(seq, replica, now)
         self._rounds, self._chunks = [], []
+        self.ctx.events.push(client_at, self.ctx.on_step)  # after the finishes it hears of, and their clients' next requests
         self.ctx.events.push(now + self.ctx.sim.step_overhead_ms, self._next)
 
     def _hold_openings(self) -> None:
