@@ -11,7 +11,7 @@ from tandem.engine.request import GenerationRequest
 from tandem.engine.sequence import Sequence
 from tandem.errors import TandemError
 from tandem.models.batch_runner import BatchItem
-from tandem.models.cost import CostModel, CostView
+from tandem.models.cost import CostModel, CostView, catch_up_ms
 from tandem.speculation.batch_depth import DraftCandidate
 from tandem.speculation.drafters.base import DraftJob, DraftOffer, SequenceDraft
 from tandem.speculation.drafters.hybrid import HybridDrafter
@@ -219,6 +219,37 @@ def test_local_draft_model_goes_as_deep_as_keep_drafting_says_for_auto_depth():
     assert draft.token_ids == [3, 4, 5] and asked == [1, 2, 3]  # beyond the planned k = 1
     (fixed,) = model.draft([model_job(sequence([1, 2], k=1), 1)], keep_drafting)
     assert fixed.token_ids == [3]  # a fixed k ignores confidence
+
+
+def test_a_short_catch_up_goes_a_token_at_a_time_where_the_curve_prices_single_calls_lower():
+    """A round's catch-up of 2-4 tokens for one sequence is fed as one-token calls where the
+    draft model's curve says n of them cost less than one call of n (tiled multi-row kernels on
+    a CPU), and in one call where it does not; the drafts are the same either way."""
+    tiled = CostModel({1: 10.0, 2: 35.0, 4: 45.0, 8: 60.0})  # 2 rows: 3.5 single rows' time
+    for synced, singly in ((2, True), (4, True), (8, False)):
+        runner = CountingRunner()
+        runner.cost = tiled
+        model = LocalDraftModel(runner)
+        tokens = list(range(1, 11))
+        seq = sequence(tokens, k=2)
+        seq.draft_cached = tokens[:len(tokens) - synced]  # the draft has seen all but `synced` of them
+        (draft,) = model.draft([model_job(seq, 2)])
+        assert draft.token_ids == [11, 12]
+        assert seq.draft_cached == tokens + [11]
+        calls = [[(item.token_ids, item.num_logits) for item in items] for items in runner.fed]
+        if singly:
+            assert calls[:synced] == [[((t,), 0)] for t in tokens[-synced:-1]] + [[((10,), 1)]]
+        else:
+            assert calls[0] == [(tuple(tokens[-synced:]), 1)]
+        assert calls[-1] == [((11,), 1)]  # then one token deeper, as before
+    assert catch_up_ms(tiled, 2) == pytest.approx(2 * 10.0 - 10.0)  # the planner prices the cheaper way
+    assert catch_up_ms(tiled, 8) == pytest.approx(60.0 - 10.0)
+    runner = CountingRunner()  # a curve without the penalty (an unmeasured one: proportional)
+    model = LocalDraftModel(runner)
+    seq = sequence([1, 2, 3, 4], k=1)
+    seq.draft_cached = [1, 2]
+    model.draft([model_job(seq, 1)])
+    assert runner.fed[0] == [BatchItem(0, (3, 4), 1)]
 
 
 def test_local_draft_model_catches_up_in_chunks_where_the_job_allows_fewer_tokens():

@@ -256,6 +256,15 @@ def test_moves_follow_the_routers_rule():
     assert choose_moves([fast, slow]) == []  # never from a replica holding as few
 
 
+def test_one_sequences_short_catch_up_is_priced_a_token_per_call_where_that_is_cheaper():
+    from tandem.cluster.sim.planning import draft_call_ms
+
+    tiled = Device("d", CostModel({1: 10.0, 2: 35.0, 4: 45.0, 8: 60.0}))  # lockstep.py feeds 2 or 4 singly
+    assert draft_call_ms(tiled, [2], [1]) == pytest.approx(2 * 10.0)
+    assert draft_call_ms(tiled, [8], [1]) == pytest.approx(60.0)
+    assert draft_call_ms(tiled, [2, 2], [1, 1]) == pytest.approx(tiled.prompt_ms([2, 2]))  # a batch: one call
+
+
 def test_a_finished_streams_client_sends_its_next_request_before_the_router_looks_for_moves():
     """bench-cluster's driver adds a closed-loop client's next request before the router's next
     step, which places what waits and only then looks for moves: a replica whose last stream

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from tandem.cluster.sim.config import Device, SimDepth, SimDrafter
 from tandem.cluster.sim.state import SimSequence
-from tandem.models.cost import CostView, catch_up_ms
+from tandem.models.cost import CostView, catch_up_ms, fed_singly
 from tandem.speculation.batch_depth import BatchDepthPlanner, DraftCandidate
 
 ACCEPTANCE_DIGITS = 3
@@ -64,8 +64,12 @@ def levels(ks: list[int]) -> list[int]:
 
 def draft_call_ms(device: Device, unseen: list[int], ks: list[int]) -> float:
     """A draft model's lock-step call (speculation/drafters/lockstep.py): the first forward feeds every
-    sequence's unseen tokens and drafts its first token; each later forward drafts one more."""
-    return device.prompt_ms(unseen) + device.lockstep_draft_ms(levels(ks)[1:])
+    sequence's unseen tokens and drafts its first token; each later forward drafts one more. One
+    sequence's unseen tokens go a token per call where its curve prices that lower, as there."""
+    first = device.prompt_ms(unseen)
+    if len(unseen) == 1 and fed_singly(device.cost, unseen[0]):
+        first = min(first, unseen[0] * device.forward_ms([1]))
+    return first + device.lockstep_draft_ms(levels(ks)[1:])
 
 
 def verify_ms(device: Device, ks: list[int], prompt_parts: list[int] = (), context: float | None = None) -> float:

@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 from tandem.models.batch_runner import BatchItem, BatchRunner, cached_context
-from tandem.models.cost import CostView, catch_up_ms
+from tandem.models.cost import CostView, catch_up_ms, fed_singly
 from tandem.speculation.drafters.base import DraftJob, KeepDrafting, SequenceDraft
 from tandem.speculation.sampling import position_uniforms, probs_from_logits, sample, sample_at
 from tandem.token_ids import common_prefix
@@ -43,7 +43,7 @@ class LocalDraftModel:
         q_rows: list[list[np.ndarray]] = [[] for _ in jobs]
         confidences: list[list[float]] = [[] for _ in jobs]
         synced = [(index, self._sync(job)) for index, job in enumerate(jobs)]  # 1. sync every draft slot
-        items = [item for _, item in synced if item is not None]
+        items = self._fed_singly([item for _, item in synced if item is not None])
         owners = [index if item.num_logits else None for index, item in synced if item is not None]
         while items:
             context = cached_context(self.runner, items) if self.runner.fused else None
@@ -82,6 +82,24 @@ class LocalDraftModel:
             return BatchItem(seq.slot, tuple(unseen[: job.catch_up]), 0) if job.catch_up else None
         seq.draft_cached = list(seq.tokens)
         return BatchItem(seq.slot, tuple(unseen), 1)
+
+    def _fed_singly(self, items: list[BatchItem]) -> list[BatchItem]:
+        """The first forward's items, or, where one sequence syncs several tokens that its curve
+        prices lower one per call (models/cost.py `fed_singly`: the catch-up on a round's
+        accepted tokens, on a CPU's tiled kernels), its last token alone after the others fed one
+        at a time. The draft's cache ends the same; only its proposals' rounding may differ."""
+        if len(items) != 1 or items[0].num_logits != 1:
+            return items
+        (item,) = items
+        context = cached_context(self.runner, items) if self.runner.fused else None
+        if not fed_singly(self.runner.cost, len(item.token_ids), context):
+            return items
+        for token in item.token_ids[:-1]:
+            single = [BatchItem(item.slot, (token,), 0)]
+            start, context = time.perf_counter(), (cached_context(self.runner, single) if self.runner.fused else None)
+            self.runner.forward_batch(single)
+            self._observe(single, start, context)
+        return [BatchItem(item.slot, item.token_ids[-1:], 1)]
 
     def _observe(self, items: list[BatchItem], start: float, context: float | None) -> None:
         self.forwards += 1
