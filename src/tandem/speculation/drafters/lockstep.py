@@ -43,7 +43,7 @@ class LocalDraftModel:
         q_rows: list[list[np.ndarray]] = [[] for _ in jobs]
         confidences: list[list[float]] = [[] for _ in jobs]
         synced = [(index, self._sync(job)) for index, job in enumerate(jobs)]  # 1. sync every draft slot
-        items = self._fed_singly([item for _, item in synced if item is not None])
+        items = self._catch_up_singly([item for _, item in synced if item is not None])
         owners = [index if item.num_logits else None for index, item in synced if item is not None]
         while items:
             context = cached_context(self.runner, items) if self.runner.fused else None
@@ -83,7 +83,7 @@ class LocalDraftModel:
         seq.draft_cached = list(seq.tokens)
         return BatchItem(seq.slot, tuple(unseen), 1)
 
-    def _fed_singly(self, items: list[BatchItem]) -> list[BatchItem]:
+    def _catch_up_singly(self, items: list[BatchItem]) -> list[BatchItem]:
         """The first forward's items, or, where one sequence syncs several tokens that its curve
         prices lower one per call (models/cost.py `fed_singly`: the catch-up on a round's
         accepted tokens, on a CPU's tiled kernels), its last token alone after the others fed one
