@@ -142,6 +142,26 @@ def test_observations_at_one_size_keep_the_curves_slope_just_above_it():
     assert curve.ratio_at(1000) == curve.ratio_at(64)  # a prefill-sized step: the nearest correction
 
 
+def test_a_rare_size_keeps_what_its_own_observations_show():
+    """Short answers at C=1 (1.5B Q4, 2 threads, AMD EPYC Zen 5): a plain step (1 token) now and
+    then a round of two drafts (3 tokens) 15% dearer than the profile. Pulled toward every
+    1-token observation, the ratio at 3 settled near 1.03: the planner priced the round 55 ms
+    where it took 64, and drafted copies that lost. An observation moves its neighbours by part
+    of its own change, not toward its value."""
+    curve = CostModel({1: 26.7, 2: 47.3, 3: 55.7, 4: 68.3, 8: 122.7})
+    for step in range(1100):
+        if step % 19 == 0:
+            curve.observe(3, 1.15 * 55.7 * (1.03 if step % 2 else 0.97))
+        else:
+            curve.observe(1, 26.7 * (1.03 if step % 2 else 0.97))
+    assert curve.ratio_at(3) == pytest.approx(1.15, abs=0.03)
+    assert curve.ratio_at(1) == pytest.approx(1.0, abs=0.03)
+    before = curve.ratio_at(3)
+    for _ in range(300):
+        curve.observe(1, 1.2 * 26.7)  # the machine slows: the rare size follows part of the change
+    assert before * 1.03 < curve.ratio_at(3) < before * 1.2
+
+
 def test_prefill_sized_observations_share_a_few_places_per_octave():
     curve = CostModel({1: 30.0, 64: 800.0})
     for total in range(17, 2048):  # every prompt length a server might prefill
