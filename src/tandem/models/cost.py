@@ -185,8 +185,8 @@ def catch_up_ms(cost: CostModel, unseen: int) -> float:
     """Extra cost of a draft model's first forward when it has not seen `unseen` tokens (a whole
     prompt, the first time), beyond a normal one-token draft step: in one call, or a token at a
     time where that is cheaper (`fed_singly`)."""
-    whole = unseen * cost.cost_ms(1) if fed_singly(cost, unseen) else cost.cost_ms(unseen)
-    return max(0.0, whole - cost.cost_ms(1))
+    one = cost.cost_ms(1)
+    return max(0.0, min(cost.cost_ms(unseen), unseen * one) - one)
 
 
 def fed_singly(cost: CostModel, tokens: int, context: float | None = None) -> bool:
