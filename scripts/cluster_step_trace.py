@@ -33,7 +33,7 @@ def main() -> int:
     parser.add_argument("--simulate", help="a measured.json to simulate against (trace a simulation)")
     parser.add_argument("--read", help="a step-trace.json written before: print its summary again")
     parser.add_argument("--priced-on", help="a device profile: price each traced step of --replica's on it, as "
-                        "the simulator does (one call over every token) and on the prompt curve (the chunks apart)")
+                        "the simulator does (one call, its prompt tokens without logits rows) and on the prompt curve (the chunks apart)")
     parser.add_argument("--replica", default="fast-verify-0", help="the replica whose steps --priced-on prices")
     parser.add_argument("--context", type=int, default=512, help="cached tokens the profile is read at (the file's)")
     parser.add_argument("rest", nargs=argparse.REMAINDER, help="-- then the tandem command's arguments")
@@ -146,8 +146,9 @@ def trace_simulation(measured: str, simulate_args: list[str]) -> list[dict]:
 
 def priced_lines(steps: list[dict], profile_path: str, replica: str, context: int) -> list[str]:
     """Each traced step of `replica` (every round one token: k = 0) against its price on the
-    profile: as one call over every token (the simulator's), and with its prompt tokens on the
-    prompt curve apart (the simulator's before); medians by shape, and the run's totals."""
+    profile: as one call over every token less the logits rows its prompt tokens do not ask (the
+    simulator's), and with its prompt tokens on the prompt curve apart (the simulator's before
+    2026-11-29); medians by shape, and the run's totals."""
     from tandem.cluster.profiles.profile_store import load_profile
     from tandem.cluster.sim.from_profile import device_from_profile
     from tandem.cluster.sim.planning import verify_ms
@@ -162,7 +163,7 @@ def priced_lines(steps: list[dict], profile_path: str, replica: str, context: in
         shape = "rounds only" if not prompt else ("beside a chunk of 1-23" if prompt <= 23 else "beside prompts of 24+")
         shapes[(shape, rounds)].append((1000 * s["verify_s"], verify_ms(device, [0] * rounds, [prompt]), apart))
     lines = [f"{replica}'s steps priced on {profile_path} at {context} cached tokens "
-             "(ms, medians: measured, one call, prompt curve apart):"]
+             "(ms, medians: measured, one call, prompt curve apart):"]  # one call: the simulator's price
     totals = np.zeros(3)
     for (shape, rounds), rows in sorted(shapes.items()):
         a = np.array(rows)

@@ -52,6 +52,17 @@ def test_the_prompt_curve_round_trips_and_older_files_load_without_one(tmp_path)
     assert profile_from_json(older).prompt_cost() is None
 
 
+def test_a_logits_row_is_read_off_the_prompt_curve_against_the_shortest_contexts_curve():
+    from tandem.cluster.sim.from_profile import device_from_profile, logits_row_ms
+
+    p = dataclasses.replace(two_context_profile(), prompt_ms=((1, 10.0), (4, 17.0), (256, 700.0)))
+    assert logits_row_ms(p) == pytest.approx((20.0 - 17.0) / 3)  # n = 4: the largest both hold, at 64 cached
+    assert device_from_profile("v", p, slowdown=2.0, typical=False).logits_row_ms == pytest.approx(2.0)
+    assert logits_row_ms(two_context_profile()) == 0.0  # no prompt curve: nothing to tell the rows by
+    cheaper_rows = dataclasses.replace(p, prompt_ms=((1, 10.0), (4, 25.0)))  # a noisy prompt curve above the rows'
+    assert logits_row_ms(cheaper_rows) == 0.0
+
+
 def test_the_typical_speed_round_trips_prices_the_simulators_device_and_older_files_read_as_fastest(tmp_path):
     from tandem.cluster.profiles.measure import typical_over_fastest
     from tandem.cluster.sim.from_profile import device_from_profile

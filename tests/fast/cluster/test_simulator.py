@@ -61,12 +61,15 @@ def test_a_prompt_curve_prices_prefill_and_catch_up_and_one_token_steps_stay_on_
     assert serial.prompt_ms([64, 64]) == pytest.approx(2 * (TARGET.cost_ms(1) + 40.0 - 20.0))
 
 
-def test_prompt_tokens_beside_rounds_cost_what_the_whole_call_costs():
+def test_prompt_tokens_beside_rounds_cost_the_whole_call_less_the_logits_rows_they_do_not_ask():
     from tandem.cluster.sim.planning import verify_ms
 
     prompts = CostModel({1: 20.0, 64: 40.0, 512: 150.0})
-    fused = Device("v", TARGET, per_sequence_ms=2.0, prompt_cost=prompts)
-    assert verify_ms(fused, [0, 3], [16]) == pytest.approx(fused.forward_ms([1, 4, 16]))  # one forward
+    fused = Device("v", TARGET, per_sequence_ms=2.0, prompt_cost=prompts, logits_row_ms=0.25)
+    assert verify_ms(fused, [0, 3], [16]) == pytest.approx(fused.forward_ms([1, 4, 16]) - 16 * 0.25)  # one forward
+    assert verify_ms(fused, [0, 3], [16, 4]) == pytest.approx(fused.forward_ms([1, 4, 16, 4]) - 20 * 0.25)
+    rows_priced = dataclasses.replace(fused, logits_row_ms=0.0)  # a device without the figure: every row paid
+    assert verify_ms(rows_priced, [0, 3], [16]) == pytest.approx(fused.forward_ms([1, 4, 16]))
     assert verify_ms(fused, [], [16, 40]) == pytest.approx(fused.prompt_ms([16, 40]))  # prompts alone
     assert verify_ms(fused, [2], []) == fused.forward_ms([3])
     serial = Device("s", TARGET, fused=False, prompt_cost=prompts)

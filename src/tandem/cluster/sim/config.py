@@ -12,6 +12,8 @@ cluster file (adapter.py) or from public device classes (device_classes.py) alik
   one name are one physical device running two models (a worker that verifies and drafts):
   their calls share its time. Its optional `prompt_cost` prices scoring a prompt (logits at its
   last token only: a prefill, a draft model's catch-up); without one the cost curve stands in.
+  Its `logits_row_ms` is what one token's logits row costs beyond the token (the cost curve asks
+  a row at every token, as a verification does; a prompt part scored beside rounds asks none).
   Its optional `prefill_floor` is the floor chunk the engine would read off its own curve
   (engine/batch_engine.py `floor_chunk`); without one it is read off `cost`.
 - a *verifier replica* holds the target model on a device and verifies up to `max_batch`
@@ -48,12 +50,15 @@ class Device:
     prompt_cost: CostModel | None = None  # ms for one sequence's n prompt tokens, logits at the last only
     prefill_floor: int | None = None  # the engine's floor chunk on this device (None: read off `cost`)
     deep_per_sequence_ms: float | None = None  # per_sequence_ms at cost.deep_context (None: the same at every context)
+    logits_row_ms: float = 0.0  # what a token's logits row adds to its cost (prompt tokens beside rounds ask none)
 
     def __post_init__(self):
         if self.threads < 1:
             raise ValueError(f"device {self.name}: threads must be >= 1, got {self.threads}")
         if self.per_sequence_ms < 0:
             raise ValueError(f"device {self.name}: per_sequence_ms must be >= 0, got {self.per_sequence_ms}")
+        if self.logits_row_ms < 0:
+            raise ValueError(f"device {self.name}: logits_row_ms must be >= 0, got {self.logits_row_ms}")
         if self.deep_per_sequence_ms is not None and self.deep_per_sequence_ms < 0:
             raise ValueError(f"device {self.name}: deep_per_sequence_ms must be >= 0, got {self.deep_per_sequence_ms}")
         if not self.name:

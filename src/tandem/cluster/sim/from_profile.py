@@ -13,7 +13,10 @@ profile priced at one context it takes
   per-sequence term likewise, read at both contexts (Device.per_sequence_at; read at `context`
   alone, an L4's batch of 8 x 4 tokens at 2,048 cached tokens was priced 8% under its curve).
 The profile's prompt curve (one sequence's prompt, logits at its last token) prices prefill and
-a draft model's catch-up where the profile has one. `slowdown` multiplies every time (a worker
+a draft model's catch-up where the profile has one; beside the cost curve read at the profile's
+shortest context it also gives what a logits row costs (`logits_row_ms`: the two at the largest n
+both hold, the difference over the n - 1 rows the prompt curve does not ask), which a prompt part
+scored in one call with rounds does not pay (planning.py `verify_ms`). `slowdown` multiplies every time (a worker
 made slower, or shared with other work, or a run's devices at the speed it found them).
 
 A profile keeps each point's fastest sample, and a run of many calls meets the device at its
@@ -51,7 +54,7 @@ def device_from_profile(name: str, profile: DeviceProfile, *, group: str = "loca
     scaled = CostModel({n: ms * slowdown for n, ms in points.items()}, deep_ms={n: ms * slowdown for n, ms in deep.items()},
                        base_context=context if deep else 0, deep_context=deepest if deep else 0)
     return Device(name, scaled, fused, group, per_sequence * slowdown, prompt_cost=profile.prompt_cost(slowdown),
-                  prefill_floor=engine_floor(profile),
+                  prefill_floor=engine_floor(profile), logits_row_ms=logits_row_ms(profile) * slowdown,
                   deep_per_sequence_ms=None if deep_per_sequence is None else deep_per_sequence * slowdown)
 
 
@@ -65,6 +68,18 @@ def _totals_ms(profile: DeviceProfile, context: int, per_sequence: float) -> dic
             if total > sizes[-1]:
                 points[total] = profile.step_ms(biggest, total / biggest, context) - (biggest - 1) * per_sequence
     return points
+
+
+def logits_row_ms(profile: DeviceProfile) -> float:
+    """What one logits row adds to a token's cost: the one-sequence curve at the profile's
+    shortest context against the prompt curve, at the largest n both measured (0 without a
+    prompt curve, or where the two do not differ)."""
+    prompt = dict(profile.prompt_ms)
+    shared = [n for n in profile.sizes(1) if n in prompt and n > 1]
+    if not shared:
+        return 0.0
+    n = shared[-1]
+    return max(0.0, (profile.step_ms(1, n, profile.contexts[0]) - prompt[n]) / (n - 1))
 
 
 def engine_floor(profile: DeviceProfile) -> int:

@@ -75,17 +75,20 @@ def draft_call_ms(device: Device, unseen: list[int], ks: list[int]) -> float:
 def verify_ms(device: Device, ks: list[int], prompt_parts: list[int] = (), context: float | None = None) -> float:
     """One batched call: every round scores its last committed token plus its k drafts, and the
     prompt tokens scored beside them (rests of prompts, chunks). A fused device scores them all
-    in one forward, priced on its verify curve by the call's tokens; prompts alone (no round in
-    the call) on its prompt curve, which is measured that way. Traced over three runs of the
-    mixed smollm2 replicas (one llama.cpp thread each, AMD EPYC Zen 3), a replica's steps of
-    1-7 rounds beside a chunk of up to 23 prompt tokens took a median 0.80-1.15x this price and
-    1.08-1.55x the prompt curve's (priced apart), its steps beside whole prompts 0.76-1.08x and
-    1.03-1.43x, all its steps together 0.88-1.02x and 1.13-1.27x (docs/cluster.md, "Prompt
-    chunks and the shared prefix"). A serial device runs the rounds, then each prompt part as a
-    prefill. Calls with rounds are read at `context`, the mean of what the call's sequences hold
-    (None: the curve's base), as the engine reads its step; prompts alone from an empty cache."""
+    in one forward, priced on its verify curve by the call's tokens, less a logits row for each
+    prompt token (the curve asks one at every token; the engine asks none of a prompt part, which
+    is also why the prompt curve, from an empty cache, prices such a part short: its tokens attend
+    to the context the call holds). Timed directly (smollm2, one llama.cpp thread, AMD EPYC Zen 5,
+    `scripts/mixed_call_cost.py`), 3 rounds at 150 cached tokens beside a part of 16-300 prompt
+    tokens took what the rounds and the part took alone (within 4%), and 1.13-1.28x that with
+    logits at every row; traced in a Zen 5 cluster run, the replica's prompt-bearing steps took
+    0.84-0.87x the price with the rows, 0.96-1.09x without (docs/cluster.md). Prompts alone (no
+    round in the call) on the prompt curve, which is measured that way. A serial device runs the
+    rounds, then each prompt part as a prefill. Calls with rounds are read at `context`, the mean
+    of what the call's sequences hold (None: the curve's base), as the engine reads its step;
+    prompts alone from an empty cache."""
     rounds = [k + 1 for k in ks]
     parts = [n for n in prompt_parts if n > 0]
     if device.fused and rounds and parts:
-        return device.forward_ms(rounds + parts, context)
+        return device.forward_ms(rounds + parts, context) - device.logits_row_ms * sum(parts)
     return device.forward_ms(rounds, context) + device.prompt_ms(parts)

@@ -17,7 +17,8 @@ A step:
 4. draft: one lock-step call per drafter device for the rounds drafting with a model, paying
    the round trip between the replica and the drafter (n-gram drafts are free),
 5. verify: ONE call scores every round (its rest of prompt, last token and drafts) and every
-   chunk, priced at the mean context the call's sequences hold,
+   chunk, priced at the mean context the call's sequences hold, its prompt tokens without the
+   logits rows the engine does not ask of them (planning.py `verify_ms`),
 6. commit: acceptance is drawn per round, tokens are emitted, finished sequences leave, and so
    do those the router is moving (detached with their KV state, as a replica does between
    steps); the router, once it hears of the step (and of the requests its finished streams'
