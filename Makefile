@@ -43,7 +43,7 @@ llama-build: $(VENV)/.installed
 
 models: install
 	$(BIN)/tandem models pull qwen2.5-coder-1.5b-instruct
-	$(BIN)/tandem models pull qwen2.5-coder-0.5b-instruct
+	$(BIN)/tandem models pull qwen2.5-coder-0.5b-instruct-q4_0   # pulls the shipped 0.5B, then re-quantizes it
 
 system-deps:
 	scripts/system-deps.sh   # redis-server and chromium for the cache and dashboard tests

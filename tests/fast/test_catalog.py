@@ -1,5 +1,6 @@
 """Catalog lookup, atomic pulls with a fake downloader, and GGUF file validation. No network."""
 
+import dataclasses
 import hashlib
 import zipfile
 from pathlib import Path
@@ -105,6 +106,57 @@ def test_truncated_entry_is_not_pulled(home, monkeypatch):
     path.write_bytes(data[:5])
     assert not is_pulled(FAKE_NAME)
     assert pull(FAKE_NAME, progress=False).read_bytes() == data  # a re-pull repairs it
+
+
+DERIVED_NAME = "fake-tiny-q4_0"
+
+
+def use_derived_catalog(monkeypatch, source_sha256: str, derived_bytes: bytes, derived_sha256: str) -> list:
+    """The fake entry plus one derived from it; re-quantizing writes `derived_bytes` and is logged."""
+    source = fake_entry(source_sha256)
+    derived = CatalogEntry(name=DERIVED_NAME, parts=(), sha256=derived_sha256, size_bytes=len(derived_bytes),
+                           family="Fake", parameters="0", quantization="Q4_0", context_length=16, role="test",
+                           derived=catalog.Derivation(FAKE_NAME, "Q4_0"))
+    use_fake_catalog(monkeypatch, source_sha256)
+    monkeypatch.setattr(catalog, "CATALOG", MappingProxyType({FAKE_NAME: source, DERIVED_NAME: derived}))
+    calls = []
+
+    def fake_requantize(src: Path, dest: Path, quantization: str, threads=None) -> None:
+        calls.append((src, quantization))
+        dest.write_bytes(derived_bytes)
+
+    monkeypatch.setattr(pull_module, "requantize", fake_requantize)
+    return calls
+
+
+def test_a_derived_entry_pulls_its_source_then_requantizes_it(home, monkeypatch):
+    source_sha = hashlib.sha256(b"".join(PIECES)).hexdigest()
+    calls = use_derived_catalog(monkeypatch, source_sha, b"GGUF q4_0", hashlib.sha256(b"GGUF q4_0").hexdigest())
+    path = pull(DERIVED_NAME, progress=False)
+    assert path.read_bytes() == b"GGUF q4_0"
+    assert calls == [(entry_dir(FAKE_NAME) / GGUF_FILENAME, "Q4_0")]  # from the pulled, checked source
+    assert is_pulled(FAKE_NAME) and is_pulled(DERIVED_NAME)
+    assert pull(DERIVED_NAME, progress=False) == path and len(calls) == 1  # pulled once
+
+
+def test_a_derived_file_off_its_checksum_is_not_kept(home, monkeypatch):
+    source_sha = hashlib.sha256(b"".join(PIECES)).hexdigest()
+    use_derived_catalog(monkeypatch, source_sha, b"GGUF other bytes", "1" * 64)
+    with pytest.raises(ChecksumError, match="re-quantized to Q4_0"):
+        pull(DERIVED_NAME, progress=False)
+    assert not is_pulled(DERIVED_NAME) and not entry_dir(DERIVED_NAME).exists()
+    assert is_pulled(FAKE_NAME)  # the source stays: it was checked on its own
+
+
+def test_an_entry_has_wheel_parts_or_a_derivation():
+    with pytest.raises(ValueError, match="parts or a derivation"):
+        dataclasses.replace(fake_entry("0" * 64), parts=())
+    with pytest.raises(ValueError, match="parts or a derivation"):
+        dataclasses.replace(fake_entry("0" * 64), derived=catalog.Derivation(FAKE_NAME, "Q4_0"))
+    with pytest.raises(ValueError, match="Q4_0"):
+        catalog.Derivation(FAKE_NAME, "Q3_K_XS")
+    assert lookup(DEFAULT_DRAFT).derived.source in CATALOG  # the default draft is derived from a shipped entry
+    assert lookup(lookup(DEFAULT_DRAFT).derived.source).parts
 
 
 def test_non_gguf_file_is_a_tandem_error(home, tmp_path):

@@ -2,6 +2,8 @@
 smollm2's Q4 GGUF in llama.cpp drafting for its own fp32 weights in torch (same tokenizer), and
 llama.cpp as the target."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -70,3 +72,29 @@ def test_llamacpp_rollback_gives_identical_logits(small_gguf):
     again = runner.forward(ids[30:], num_logits=4)  # [4, vocab]
     assert runner.num_cached_tokens == 40
     np.testing.assert_array_equal(full[-4:], again)
+
+
+def test_a_requantized_draft_is_the_same_bytes_at_any_thread_count_and_drafts_losslessly(
+    small_gguf, tmp_path, torch_target, chat_prompt_ids, torch_reference, small_tokenizer
+):
+    """The catalog's derived drafts are re-quantized on the user's machine (models/requantize.py):
+    the file must come out the same whatever the threads (its checksum is pinned), be Q4_0, and
+    draft for the target with greedy output unchanged."""
+    import gguf as gguf_reader
+
+    from tandem.models.requantize import requantize
+
+    one, two = tmp_path / "one.gguf", tmp_path / "two.gguf"
+    requantize(Path(small_gguf), one, "Q4_0", threads=1)
+    requantize(Path(small_gguf), two, "Q4_0", threads=2)
+    assert one.read_bytes() == two.read_bytes()
+    types = {t.tensor_type.name for t in gguf_reader.GGUFReader(one).tensors if len(t.shape) == 2}
+    assert "Q4_0" in types and not types & {"Q4_1", "Q5_0", "Q4_K"}  # smollm2's matrices were Q4_1
+    engine = BatchEngine(SerialBatchRunner(lambda: torch_target, 1), LlamaCppBatchRunner(str(one), 1, threads=2),
+                         "model", 3)
+    drafted = 0
+    for prompt, reference in zip(chat_prompt_ids, torch_reference):
+        output, stats = generate(engine, GenerationRequest(prompt, MAX_TOKENS, stop_token_ids=small_tokenizer.stop_token_ids))
+        assert output == reference
+        drafted += stats.drafted
+    assert drafted > 0

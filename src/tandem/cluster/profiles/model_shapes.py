@@ -43,6 +43,7 @@ class ModelShape:
 MODEL_SHAPES = MappingProxyType({shape.name: shape for shape in (
     ModelShape("qwen2.5-coder-1.5b-instruct", 1.54e9, layers=28, kv_heads=2, head_dim=128),
     ModelShape("qwen2.5-coder-0.5b-instruct", 0.49e9, layers=24, kv_heads=2, head_dim=64),
+    ModelShape("qwen2.5-coder-0.5b-instruct-q4_0", 0.49e9, layers=24, kv_heads=2, head_dim=64),  # the same, re-quantized
     ModelShape("smollm2-135m-instruct", 0.135e9, layers=30, kv_heads=3, head_dim=64),
 )})
 
