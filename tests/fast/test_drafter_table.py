@@ -66,6 +66,17 @@ def test_the_default_drafter_is_hybrid_and_an_asked_one_is_kept():
         assert config.drafter == name and (config.draft is not None) == DRAFTERS[name].uses_model
 
 
+def test_the_default_draft_is_the_one_its_backend_runs_best_and_a_named_one_is_kept():
+    from tandem.models.catalog import DEFAULT_DRAFT, SHIPPED_DRAFT
+
+    parser = argparse.ArgumentParser()
+    add_model_options(parser)
+    assert engine_config(parser.parse_args(["--draft-backend", "llamacpp"])).draft.model == DEFAULT_DRAFT
+    assert engine_config(parser.parse_args(["--draft-backend", "torch"])).draft.model == SHIPPED_DRAFT
+    named = engine_config(parser.parse_args(["--draft-backend", "torch", "--draft", DEFAULT_DRAFT]))
+    assert named.draft.model == DEFAULT_DRAFT
+
+
 def _cluster_args(tmp_path, drafter):
     path = tmp_path / "cluster.yaml"
     path.write_text(CLUSTER_WITHOUT_DRAFT_MODEL)

@@ -1,11 +1,12 @@
 """Command-line options shared by `generate`, `bench` and `serve`: models, backends, devices, drafting."""
 
 import argparse
+from dataclasses import replace
 
 from tandem.cli.int_list import whole_number
 from tandem.errors import TandemError
 from tandem.models.backends import TORCH_RUNNERS, RunnerSpec
-from tandem.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+from tandem.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, SHIPPED_DRAFT, default_draft
 from tandem.speculation.depth import Auto, Fixed, parse_depth
 from tandem.speculation.drafters.registry import USES_MODEL, check_drafter, default_drafter, drafter_help
 from tandem.engine.batch_engine import STEP_TOKEN_BUDGET, THROUGHPUT_PREFILL_FLOOR, check_prefill_floor
@@ -15,7 +16,8 @@ from tandem.engine.build import EngineConfig
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("models")
     group.add_argument("--target", default=DEFAULT_TARGET, help="catalog name, .gguf file or HF folder (default %(default)s)")
-    group.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model, same tokenizer as the target (default %(default)s)")
+    group.add_argument("--draft", default=None, help=f"draft model, same tokenizer as the target (default "
+                       f"{DEFAULT_DRAFT} on llama.cpp, {SHIPPED_DRAFT} on torch)")
     group.add_argument("--drafter", default=None, metavar="NAME", help=drafter_help())
     group.add_argument("--backend", default="auto", help="target backend: llamacpp | torch | auto (default: torch where a GPU exists, else llamacpp)")
     group.add_argument("--device", default="auto", help="target device: cpu, cuda:0, mps, npu:0, xpu ... (default: auto, the backend's)")
@@ -84,8 +86,12 @@ def target_spec(args: argparse.Namespace) -> RunnerSpec:
 
 
 def draft_spec(args: argparse.Namespace) -> RunnerSpec:
-    return RunnerSpec(args.draft, args.draft_backend, args.draft_device, args.draft_dtype, args.threads,
-                      args.context_length, torch_runner=args.torch_runner)
+    """The draft named, or where none is, the one its backend runs best (catalog.default_draft)."""
+    spec = RunnerSpec(args.draft or DEFAULT_DRAFT, args.draft_backend, args.draft_device, args.draft_dtype,
+                      args.threads, args.context_length, torch_runner=args.torch_runner)
+    if args.draft is None:
+        spec = replace(spec, model=default_draft(spec.resolved().backend))
+    return spec
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
