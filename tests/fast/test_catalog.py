@@ -159,6 +159,45 @@ def test_an_entry_has_wheel_parts_or_a_derivation():
     assert lookup(lookup(DEFAULT_DRAFT).derived.source).parts
 
 
+def test_the_quantizers_output_goes_to_a_file_and_the_terminal_comes_back(tmp_path, capfd):
+    """llama.cpp's C code writes to fds 1 and 2: both go to the log while it runs, both return."""
+    import os
+    import tempfile
+
+    from tandem.models.requantize import _c_output_to
+
+    with tempfile.TemporaryFile() as log:
+        with _c_output_to(log):
+            os.write(1, b"tensor 1 of 291\n")
+            os.write(2, b"tensor 2 of 291\n")
+        log.seek(0)
+        assert log.read() == b"tensor 1 of 291\ntensor 2 of 291\n"
+    os.write(2, b"after\n")
+    out, err = capfd.readouterr()
+    assert "tensor" not in out + err and err == "after\n"
+
+
+def test_a_derived_entry_without_room_says_what_it_and_its_source_need(home, monkeypatch):
+    source_sha = hashlib.sha256(b"".join(PIECES)).hexdigest()
+    use_derived_catalog(monkeypatch, source_sha, b"GGUF q4_0", hashlib.sha256(b"GGUF q4_0").hexdigest())
+
+    def no_room(src, dest, quantization, threads=None):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pull_module, "requantize", no_room)
+    with pytest.raises(TandemError, match=f"no space left.*its source {FAKE_NAME}"):
+        pull(DERIVED_NAME, progress=False)
+    assert not entry_dir(DERIVED_NAME).exists()
+
+
+def test_float_weights_load_a_derived_drafts_source():
+    assert catalog.float_source(DEFAULT_DRAFT) == lookup(DEFAULT_DRAFT).derived.source
+    assert catalog.float_source(DEFAULT_TARGET) == DEFAULT_TARGET
+    assert catalog.float_source("/some/file.gguf") == "/some/file.gguf"
+    assert catalog.default_draft("torch") == catalog.float_source(DEFAULT_DRAFT)
+    assert catalog.default_draft("llamacpp") == DEFAULT_DRAFT
+
+
 def test_non_gguf_file_is_a_tandem_error(home, tmp_path):
     bogus = tmp_path / "bogus.gguf"
     bogus.write_bytes(b"not a model at all")

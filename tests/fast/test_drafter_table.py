@@ -75,6 +75,8 @@ def test_the_default_draft_is_the_one_its_backend_runs_best_and_a_named_one_is_k
     assert engine_config(parser.parse_args(["--draft-backend", "torch"])).draft.model == SHIPPED_DRAFT
     named = engine_config(parser.parse_args(["--draft-backend", "torch", "--draft", DEFAULT_DRAFT]))
     assert named.draft.model == DEFAULT_DRAFT
+    auto = engine_config(parser.parse_args([])).draft  # auto: whichever backend this machine resolves
+    assert auto.model == (SHIPPED_DRAFT if auto.resolved().backend == "torch" else DEFAULT_DRAFT)
 
 
 def _cluster_args(tmp_path, drafter):

@@ -81,7 +81,7 @@ SHIPPED_DRAFT = "qwen2.5-coder-0.5b-instruct"
 # The shipped 0.5B is "Q4_K_M" in name only: its 896-wide rows do not divide into k-quant blocks
 # of 256, so most of its matrices fell back to Q5_0 (133 of 170), a type llama.cpp's CPU backend
 # has no repacked (interleaved) kernels for. Re-quantized to Q4_0 (blocks of 32), which it has,
-# it drafts 1.4x faster a token and scores 4-64 tokens 1.8-2.3x faster (AMD EPYC Zen 5,
+# it drafts 1.4x faster a token and scores 4-64 tokens 1.7-2.2x faster (AMD EPYC Zen 5,
 # `llama-bench -p 1,4,16,64 -d 512`), at 2 points less acceptance (docs/models.md).
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct-q4_0"
 
@@ -106,7 +106,7 @@ _ENTRIES = (
         parameters="0.5B",
         quantization="Q4_K_M",
         context_length=32768,
-        role="the default draft's source",
+        role="default draft on torch; the Q4_0 one's source",
     ),
     CatalogEntry(
         name=DEFAULT_DRAFT,
@@ -140,7 +140,14 @@ def default_draft(backend: str) -> str:
     """The draft a backend runs best when none is named: llama.cpp the re-quantized Q4_0, for its
     CPU kernels; torch, which turns any GGUF into float weights, the shipped file, which agrees
     with the target a little more (acceptance 0.616 against 0.594, docs/models.md)."""
-    return SHIPPED_DRAFT if backend == "torch" else DEFAULT_DRAFT
+    return float_source(DEFAULT_DRAFT) if backend == "torch" else DEFAULT_DRAFT
+
+
+def float_source(name: str) -> str:
+    """What to load into float weights (torch, transformers) for the model `name`: a derived
+    entry's source, whose re-quantizing served llama.cpp's kernels only; anything else itself."""
+    entry = CATALOG.get(name)
+    return entry.derived.source if entry is not None and entry.derived is not None else name
 
 
 def lookup(name: str) -> CatalogEntry:

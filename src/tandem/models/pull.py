@@ -84,7 +84,8 @@ def _fill(entry: CatalogEntry, work: Path, progress: bool) -> None:
         if sha256 != entry.sha256:
             raise ChecksumError(
                 f"{name}: {entry.derived.source} re-quantized to {entry.derived.quantization} has SHA-256 {sha256} "
-                f"but the catalog expects {entry.sha256} (another llama-cpp-python than the pinned one?); "
+                f"but the catalog expects {entry.sha256} (another llama-cpp-python than the pinned one, or another "
+                f"CPU architecture than x86-64?); "
                 "nothing was kept"
             )
     else:
@@ -122,9 +123,15 @@ def _digest(path: Path) -> tuple[str, int]:
 
 def _disk_full(entry: CatalogEntry) -> TandemError:
     free = shutil.disk_usage(models_dir()).free
+    if entry.derived is not None:
+        source = lookup(entry.derived.source)
+        need = (f"about {_gib(source.size_bytes + entry.size_bytes)} for it and its source "
+                f"{entry.derived.source} (pulled first: {_gib(2 * source.size_bytes)} while it downloads)")
+    else:
+        need = (f"about {_gib(2 * entry.size_bytes)} free while it downloads (the wheels and the model; "
+                f"{_gib(entry.size_bytes)} once pulled)")
     return TandemError(f"no space left on the device holding {models_dir()} while pulling {entry.name}: it needs "
-                       f"about {_gib(2 * entry.size_bytes)} free while it downloads (the wheels and the model; "
-                       f"{_gib(entry.size_bytes)} once pulled), {_gib(free)} is free. Nothing was kept; free some "
+                       f"{need}, {_gib(free)} is free. Nothing was kept; free some "
                        "space or set TANDEM_HOME to a larger disk, then pull again")
 
 

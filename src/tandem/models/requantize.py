@@ -1,11 +1,16 @@
 """Re-quantizing a GGUF with llama.cpp's own quantizer (`llama_model_quantize`), for the
 catalog's derived entries (catalog.py `Derivation`). Its quantizing code is plain C in ggml's
 base library, outside the CPU-specific kernels, and each row is quantized on its own, so a file
-comes out byte for byte the same at any thread count; a pull still checks the result's SHA-256.
+comes out byte for byte the same at any thread count (checked on x86-64; on another architecture
+a compiler may fuse its multiply-adds otherwise); a pull still checks the result's SHA-256. Its log
+(a line per tensor) goes to a temporary file while it runs, the process's stdout and stderr with
+it, and is shown only if it fails.
 """
 
 import ctypes
+import errno
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -32,6 +37,8 @@ def requantize(source: Path, dest: Path, quantization: str, threads: int | None 
         log.seek(0)
         said = log.read().decode(errors="replace").strip().splitlines()
     if status != 0 or not dest.is_file():
+        if shutil.disk_usage(dest.parent).free < source.stat().st_size:  # as pulls report a full disk
+            raise OSError(errno.ENOSPC, f"no space left to re-quantize {source}")
         tail = "\n".join(said[-5:])
         raise TandemError(f"llama.cpp could not re-quantize {source} to {quantization} (status {status}):\n{tail}")
 
@@ -41,12 +48,13 @@ def _c_output_to(sink) -> Iterator[None]:
     """The process's stdout and stderr (where llama.cpp's C code writes) go to `sink` meanwhile."""
     sys.stdout.flush()
     sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
+    saved: dict[int, int] = {}
     try:
-        os.dup2(sink.fileno(), 1)
-        os.dup2(sink.fileno(), 2)
+        for fd in (1, 2):
+            saved[fd] = os.dup(fd)
+            os.dup2(sink.fileno(), fd)
         yield
     finally:
-        for fd, copy in zip((1, 2), saved):
+        for fd, copy in saved.items():
             os.dup2(copy, fd)
             os.close(copy)

@@ -3,7 +3,8 @@
 - `llamacpp-plain`: llama-cpp-python's own generation loop on the target's GGUF.
 - `hf-generate`: transformers `generate` with the target alone (the HF folder, --device/--dtype).
 - `hf-assisted`: transformers assisted generation with the draft model as `assistant_model`
-  (on the target's device and dtype; --draft-device/--draft-dtype apply to Tandem only).
+  (on the target's device and dtype; --draft-device/--draft-dtype apply to Tandem only; a
+  re-quantized catalog draft is given as its source, which float weights serve better).
 - `hf-prompt-lookup`: transformers prompt-lookup decoding (`:n=` sets the tokens proposed, default 10).
 
 All stop at the target tokenizer's stop ids, like Tandem, so token counts compare.
@@ -15,6 +16,7 @@ from tandem.bench.single.config_base import ConfigSpec
 from tandem.token_ids import cut_at_stop
 from tandem.bench.single.models import BenchModels
 from tandem.errors import TandemError
+from tandem.models.catalog import float_source
 
 PROMPT_LOOKUP_TOKENS = 10
 
@@ -94,7 +96,7 @@ class HfAssisted(HfGenerate):
 
     def setup(self) -> None:
         super().setup()
-        self.assistant = self.models.hf_model(self.models.choice.draft.model)
+        self.assistant = self.models.hf_model(float_source(self.models.choice.draft.model))  # the draft torch runs best
 
     def generate_options(self) -> dict:
         return {"assistant_model": self.assistant}

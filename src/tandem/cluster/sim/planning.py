@@ -80,7 +80,7 @@ def verify_ms(device: Device, ks: list[int], prompt_parts: list[int] = (), conte
     is also why the prompt curve, from an empty cache, prices such a part short: its tokens attend
     to the context the call holds). Timed directly (smollm2, one llama.cpp thread, AMD EPYC Zen 5,
     `scripts/mixed_call_cost.py`), 3 rounds at 150 cached tokens beside a part of 16-300 prompt
-    tokens took what the rounds and the part took alone (within 4%), and 1.12-1.28x that with
+    tokens took what the rounds and the part took alone (within 2-4%), and 1.11-1.28x that with
     logits at every row; traced in a Zen 5 cluster run, the fast replica's prompt-bearing steps
     took a median 0.71-0.90x the price with the rows and 0.78-1.00x without, by shape, where its
     plain steps took 0.83-0.99x (docs/cluster.md). Prompts alone (no
