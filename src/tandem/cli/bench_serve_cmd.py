@@ -11,7 +11,7 @@ from tandem.bench.serve.settings import (DEFAULT_CONCURRENCY, DEFAULT_CONFIGS, M
                                          ServeBenchSettings, parse_concurrency, parse_configs)
 from tandem.bench.workload import DEFAULT_WORKLOAD
 from tandem.errors import TandemError
-from tandem.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+from tandem.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, SHIPPED_DRAFT, default_draft
 
 MULTITURN = "multiturn"  # not a JSONL file: bench/serve/conversations.py's scenarios
 
@@ -24,7 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "server in alternating order. Writes results.json, report.md, PNG plots and server logs to --out.",
     )
     parser.add_argument("--target", default=DEFAULT_TARGET, help="catalog name or .gguf file")
-    parser.add_argument("--draft", default=DEFAULT_DRAFT, help="draft model for tandem-spec")
+    parser.add_argument("--draft", default=None,
+                        help=f"draft model for tandem-spec and llama-server-draft (default: as `tandem serve` picks by "
+                        f"Tandem's draft backend: {DEFAULT_DRAFT} on llama.cpp, {SHIPPED_DRAFT} on torch)")
     parser.add_argument("--configs", default=DEFAULT_CONFIGS,
                         help=f"comma-separated; known: {', '.join(SERVER_KINDS)} (default {DEFAULT_CONFIGS})")
     parser.add_argument("--concurrency", default=None,  # None: not given (multiturn refuses any value)
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
     settings = ServeBenchSettings(
         target=args.target,
-        draft=args.draft,
+        draft=args.draft or default_draft(args.draft_backend or args.backend),
         configs=parse_configs(args.configs),
         concurrency=parse_concurrency(DEFAULT_CONCURRENCY if args.concurrency is None else args.concurrency),
         prompts_file=Path(args.prompts),

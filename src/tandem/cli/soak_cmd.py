@@ -13,7 +13,7 @@ from pathlib import Path
 from tandem.bench.workload import DEFAULT_WORKLOAD
 from tandem.cli.int_list import whole_number
 from tandem.errors import TandemError
-from tandem.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
+from tandem.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, SHIPPED_DRAFT
 
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smh]?)$")
 UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600}
@@ -31,7 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY"),
                         help="the server's API key (default: $TANDEM_API_KEY)")
     parser.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET})")
-    parser.add_argument("--draft", default=DEFAULT_DRAFT, help=f"draft model (default {DEFAULT_DRAFT})")
+    parser.add_argument("--draft", default=None,
+                        help=f"draft model (default: `tandem serve`'s, by its draft backend: {DEFAULT_DRAFT} on "
+                        f"llama.cpp, {SHIPPED_DRAFT} on torch)")
     parser.add_argument("--serve-args", default="", help="more `tandem serve` options, one string; write it with = where it starts with a dash: "
                         "--serve-args='--protect-metrics --api-key K'")
     parser.add_argument("--concurrency", type=whole_number(1), default=8, help="clients (default 8)")

@@ -304,6 +304,30 @@ def test_cli_rejects_bad_input_with_one_line(capsys):
         assert error.startswith("error: ") and error.count("\n") == 1
 
 
+def test_the_draft_left_out_is_the_one_tandem_serve_would_pick_for_the_draft_backend(monkeypatch, tmp_path):
+    """bench-serve hands the servers one draft file; left out, it is the one `tandem serve` picks for
+    Tandem's draft backend (the re-quantized file on llama.cpp, the shipped one on torch)."""
+    from tandem.bench.serve import session
+    from tandem.models.catalog import DEFAULT_DRAFT, SHIPPED_DRAFT
+
+    seen = []
+    monkeypatch.setattr(session, "run_serve_bench", lambda settings: seen.append(settings.draft) or [])
+    monkeypatch.setattr("tandem.cli.bench_serve_cmd.throughput_table", lambda results: [])
+    base = ["bench-serve", "--configs", "tandem-spec", "--concurrency", "1", "--out", str(tmp_path / "out")]
+    for extra in ([], ["--backend", "torch"], ["--backend", "torch", "--draft-backend", "llamacpp"],
+                  ["--backend", "torch", "--draft", DEFAULT_DRAFT]):
+        assert main(base + extra) == 0
+    assert seen == [DEFAULT_DRAFT, SHIPPED_DRAFT, DEFAULT_DRAFT, DEFAULT_DRAFT]
+
+
+def test_a_soaked_server_gets_the_draft_named_and_else_picks_its_own():
+    from tandem.bench.soak.server import SoakedServer
+
+    assert SoakedServer("t", None, 8, ["--backend", "torch"]).arguments == [
+        "--target", "t", "--max-running", "8", "--backend", "torch"]
+    assert SoakedServer("t", "d", 8, []).arguments[:4] == ["--target", "t", "--draft", "d"]
+
+
 # --- the client pool against the fake server --------------------------------------------------
 
 

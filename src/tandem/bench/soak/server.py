@@ -19,8 +19,9 @@ class SoakedServer:
     label = "tandem-soak"
     health_path = "/health"
 
-    def __init__(self, target: str, draft: str, max_running: int, extra: list[str]):
-        self.arguments = ["--target", target, "--draft", draft, "--max-running", str(max_running), *extra]
+    def __init__(self, target: str, draft: str | None, max_running: int, extra: list[str]):
+        named = ["--draft", draft] if draft else []  # none named: `tandem serve` picks by its draft backend
+        self.arguments = ["--target", target, *named, "--max-running", str(max_running), *extra]
 
     def command(self, launch, port: int) -> list[str]:
         return [sys.executable, "-m", "tandem.cli.main", "serve", "--port", "0", *self.arguments]
