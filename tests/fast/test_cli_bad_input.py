@@ -119,6 +119,7 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["bench-serve", "--num-prompts", "0"], "at least 1"),
     (["generate", "--prompt", "hi", "--dtype", "fp64"], "unknown dtype"),  # accepted on llama.cpp
     (["bench-cluster", "--cluster", "{tmp}/gone.yaml", "--out", "{tmp}/never"], "gone.yaml"),
+    (["serve", "--max-tokens", "64"], "unrecognized arguments: --max-tokens 64"),  # was --max-tokens-limit 64
 ]
 
 

@@ -11,7 +11,12 @@ from tandem.sigterm import sigterm_interrupts
 
 class OneLineErrors(argparse.ArgumentParser):
     """argparse with a usage error as one `error:` line (where to find the usage beside it), as
-    every other user error prints; exit 2 as argparse does."""
+    every other user error prints; exit 2 as argparse does. Options are never abbreviated: argparse
+    would take `tandem serve --max-tokens 64` as `--max-tokens-limit 64` without a word."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)  # subcommands' parsers are built by this class too
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
