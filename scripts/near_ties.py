@@ -21,8 +21,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-TARGET = "qwen2.5-coder-1.5b-instruct"
-DRAFT = "qwen2.5-coder-0.5b-instruct"
 NEAR_TIE_LOGITS = 0.5  # tests/real's bound: batched and one-token Q4 logits differ by up to ~0.5
 PREFILL_CHUNK = 512
 
@@ -45,8 +43,11 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=None, help="also write the rows as JSON here")
+    parser.add_argument("--draft", default=None, help="the default engine's draft (default: the catalog's, as `tandem serve`)")
     args = parser.parse_args()
 
+    from tandem.hardware import cpu_model
+    from tandem.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET
     from tandem.token_ids import first_divergence
     from tandem.bench.workload import format_prompt, load_prompts
     from tandem.engine.build import EngineConfig, build_engine
@@ -57,13 +58,15 @@ def main() -> int:
     from tandem.models.resolve import gguf_path, tokenizer_path
     from tandem.text.tokenizer import TextTokenizer
 
-    target = RunnerSpec(TARGET, "llamacpp", threads=args.threads)
-    tokenizer = TextTokenizer(str(tokenizer_path(TARGET)))
-    default = build_engine(EngineConfig(target, RunnerSpec(DRAFT, "llamacpp", threads=args.threads)), max_running=1)
+    target = RunnerSpec(DEFAULT_TARGET, "llamacpp", threads=args.threads)
+    tokenizer = TextTokenizer(str(tokenizer_path(DEFAULT_TARGET)))
+    draft = RunnerSpec(args.draft or DEFAULT_DRAFT, "llamacpp", threads=args.threads)
+    print(f"CPU: {cpu_model()}; target {DEFAULT_TARGET}, draft {draft.model}, {args.threads} threads", flush=True)
+    default = build_engine(EngineConfig(target, draft), max_running=1)
     alone = build_engine(EngineConfig(target, None, drafter="none"), max_running=1)
     prompts = load_prompts(args.prompts)[:args.num_prompts]
     longest = max(len(format_prompt(tokenizer, p)) for p in prompts) + args.max_tokens + 8
-    scorer = LlamaCppBatchRunner(str(gguf_path(TARGET)), 1, longest, args.threads)
+    scorer = LlamaCppBatchRunner(str(gguf_path(DEFAULT_TARGET)), 1, longest, args.threads)
     rows = []
     for prompt in prompts:
         ids = tuple(format_prompt(tokenizer, prompt))
