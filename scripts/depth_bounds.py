@@ -19,7 +19,8 @@ could run: *draft checks* cuts the planner's k at the first copied token the dra
 not have written, *draft decides* drafts as many copied tokens as it agrees with (where that pays
 if all are accepted). The check is a draft-model call on the tokens examined; it is priced at
 each `--check-shares` share of the target's call on as many tokens (the draft model's prompt
-catch-up is not priced).
+catch-up is not priced). `--check-min-k 8,16` adds *draft checks k>=N*: only rounds the planner
+drafts N or more tokens deep are checked (where a break wastes most of a call), the rest as planned.
 
 The proposals (which copy, from where) are Tandem's in all of them; the ceiling's oracle also chooses
 its copies. Each is given / ceiling per category, as bench-ceiling gives its replay.
@@ -43,6 +44,7 @@ from tandem.token_ids import common_prefix
 RULES = ("replayed", "per source", "hindsight", "token history")
 TOKEN_PRIOR_WEIGHT = 4.0  # pseudo-rounds of the source's acceptance behind each token's own record
 DRAFT_RULES = ("draft checks", "draft decides")
+CHECKS_FROM = "draft checks k>="  # + N: --check-min-k
 
 
 class DepthRule:
@@ -94,6 +96,12 @@ class DepthRule:
             k = ks[0] if k == 0 and ks[0] == 1 else k  # the planner's probes go on
             self._record_tokens(copy[:k], accepted)
             return [k], [False]
+        if self.rule.startswith(CHECKS_FROM):  # only the planner's deep rounds are checked
+            if min(ks[0], limit) < int(self.rule[len(CHECKS_FROM):]):
+                return ks, used
+            examined = min(ks[0], limit)
+            self.check_ms += self.cost_ms(examined + 1, self.length)
+            return [min(ks[0], common_prefix(copy[:examined], self.draft_next[self.length - 1:]))], [False]
         examined = min(ks[0], limit) if self.rule == "draft checks" else limit
         if examined == 0:
             return ks, used
@@ -151,12 +159,15 @@ def main() -> None:
     parser.add_argument("--draft-model", default=None, help="a model sharing the target's tokenizer (catalog name or .gguf)")
     parser.add_argument("--check-shares", default="0,0.05,0.45",
                         help="comma-separated: a draft check's price as a share of the target's call")
+    parser.add_argument("--check-min-k", default="",
+                        help="comma-separated: also check only rounds drafted at least this deep (with --draft-model)")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     try:
         shares = [float(share) for share in args.check_shares.split(",")]
+        min_ks = [int(k) for k in args.check_min_k.split(",") if k.strip()]
     except ValueError:
-        parser.error(f"--check-shares takes numbers separated by commas, got {args.check_shares!r}")
+        parser.error("--check-shares and --check-min-k take numbers separated by commas")
 
     from tandem.bench.ceiling.drafting_replay import DraftingReplay, replay_pricing
     from tandem.bench.ceiling.oracle import MAX_DRAFT, oracle_rounds, rounds_ms
@@ -171,7 +182,7 @@ def main() -> None:
     print(f"# {args.results}: {label}'s answers, {len(work)} requests; replay only")
     sequences = [list(prompt) + list(answer) for _, prompt, answer in work]
     draft_next = greedy_predictions(args.draft_model, sequences, args.threads) if args.draft_model else None
-    rules = RULES + (DRAFT_RULES if draft_next else ())
+    rules = RULES + (DRAFT_RULES + tuple(f"{CHECKS_FROM}{k}" for k in min_ks) if draft_next else ())
     for curves_file in args.curves:
         cost_ms, planner = replay_pricing(read_curves(Path(curves_file).read_text()))
         ceiling: dict[str, float] = defaultdict(float)
@@ -193,7 +204,7 @@ def main() -> None:
         print(f"\n## priced on {curves_file}" + (f" ({machine.split('machine:')[1].split(';')[0].strip()})"
                                                  if machine else ""))
         columns = [(rule, 0.0) for rule in RULES] + [(rule, share) for rule in rules[len(RULES):] for share in shares]
-        print("| category | " + " | ".join(f"{rule} / ceiling" + (f", checks at {share:g}" if rule in DRAFT_RULES else "")
+        print("| category | " + " | ".join(f"{rule} / ceiling" + (f", checks at {share:g}" if rule not in RULES else "")
                                              for rule, share in columns) + " |")
         print("|---|" + "---:|" * len(columns))
         for category in sorted(ceiling) + ["all"]:
