@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 from tandem.speculation.depth import Depth, parse_depth
 
-FINISH_REASONS = ("stop", "length", "cancelled", "error")
+FINISH_REASONS = ("stop", "length", "cancelled", "error", "unavailable")  # unavailable: nothing left to run it (a cluster
+# without a live verifier), the client may retry; error: the engine failed on it
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +33,7 @@ class SequenceUpdate:
     accepted: int = 0  # of which the target accepted
     finished: bool = False
     finish_reason: str | None = None  # one of FINISH_REASONS once finished
-    error: str | None = None  # set with finish_reason "error"
+    error: str | None = None  # set with finish_reason "error" or "unavailable"
     cached_tokens: int = 0  # prompt tokens the prompt cache held when the sequence was placed
 
 

@@ -279,7 +279,7 @@ def test_no_verifier_left_fails_requests_clearly(tiny_target, tiny_draft):
         v.restarts = 99  # no restarts left
         v.endpoint.kill()
     _, reasons = run(router, PROMPTS[:2])
-    assert all(reason == ("error", NO_VERIFIER) for reason in reasons.values())
+    assert all(reason == ("unavailable", NO_VERIFIER) for reason in reasons.values())  # a 503, not a 500
     assert router.unavailable_reason == NO_VERIFIER
 
 

@@ -94,6 +94,7 @@ class ScriptedEngine(SequencePool):
         self.gate = threading.Event()
         self.gate.set()
         self.fail_with: str | None = None  # steps raise this (the worker fails every sequence)
+        self.unavailable: str | None = None  # steps finish every sequence "unavailable" with this (a cluster's last verifier gone)
         self.cached_prefix = 0  # prompt tokens each sequence reports its prompt cache held
 
     def add(self, seq_id: str, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:
@@ -114,6 +115,12 @@ class ScriptedEngine(SequencePool):
         time.sleep(self.step_seconds)
         if self.fail_with is not None:
             raise RuntimeError(self.fail_with)
+        if self.unavailable is not None:
+            gone = [*self.running.values(), *self.waiting]
+            self.running.clear()
+            self.waiting.clear()
+            return [SequenceUpdate(seq.seq_id, (), finished=True, finish_reason="unavailable", error=self.unavailable)
+                    for seq in gone], self._report(0)
         while self.waiting and len(self.running) < self.max_running:
             seq = self.waiting.popleft()
             self.running[seq.seq_id] = seq

@@ -59,6 +59,17 @@ async def test_request_fields_reach_the_engine():
 
 
 @async_test
+async def test_top_k_minus_one_is_off_as_vllm_takes_it():
+    with TestServer() as server:
+        async with server.client() as client:
+            for top_k in (-1, 0):
+                response = await client.post("/v1/completions", json=completion_body(temperature=0.7, top_k=top_k))
+                assert response.status_code == 200, response.text
+            assert (await client.post("/v1/completions", json=completion_body(top_k=-2))).status_code == 400
+        assert [request.sampling.top_k for _, request, _ in server.engine.added] == [0, 0]
+
+
+@async_test
 async def test_defaults_follow_openai_and_the_context():
     engine = ScriptedEngine(reply_script(eos=False), context_length=300)
     with TestServer(engine) as server:

@@ -1,6 +1,8 @@
 """Every client mistake gets its status and an OpenAI error body, never a 500 or a traceback; every
 refusal is counted. Statuses follow OpenAI: 400 for malformed JSON and for invalid values alike."""
 
+import json
+
 import pytest
 from api_doubles import MODEL, ScriptedEngine, TestServer, async_test, chat_body, completion_body, reply_script
 
@@ -160,7 +162,8 @@ async def test_fields_that_change_nothing_pass():
     with TestServer() as server:
         async with server.client() as client:
             response = await client.post("/v1/completions", json=completion_body(
-                user="u1", metadata={"a": "b"}, presence_penalty=0, echo=False, best_of=1.0))
+                user="u1", metadata={"a": "b"}, presence_penalty=0, echo=False, best_of=1.0,
+                response_format={"type": "text"}))
             assert response.status_code == 200
             response = await client.post("/v1/chat/completions", json=chat_body(
                 logprobs=False, top_logprobs=0, tools=[], tool_choice="none", response_format={"type": "text"},
@@ -182,6 +185,9 @@ async def test_features_not_implemented_are_refused_not_ignored():
     """JSON mode, function calling, logprobs, penalties, echo: a request asking for them gets a
     400 naming the field, not an answer that quietly lacks them."""
     refused = [("/v1/chat/completions", chat_body(response_format={"type": "json_object"}), "response_format"),
+               ("/v1/completions", completion_body(response_format={"type": "json_schema", "json_schema": {}}),
+                "response_format"),  # was ignored here: a 200 of unconstrained text
+               ("/v1/completions", completion_body(structured_outputs={"json": {}}), "structured_outputs"),
                ("/v1/chat/completions", chat_body(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
                ("/v1/chat/completions", chat_body(tool_choice="auto"), "tool_choice"),
                ("/v1/chat/completions", chat_body(functions=[{"name": "f"}]), "functions"),
@@ -356,6 +362,22 @@ async def test_engine_failure_is_a_server_error_without_a_traceback():
         error = assert_error(response, 500, type_="server_error", code="error", says="the engine failed")
         assert server.metrics.rejected == [] and server.metrics.finished[0][0] == "error"
         assert "CUDA error" in error["message"]
+
+
+@async_test
+async def test_nothing_left_to_run_a_request_is_a_503_the_client_may_retry():
+    """A cluster whose last verifier died finishes its queued requests "unavailable": a 503, not
+    the 500 of an engine failure (it was one), whole or streamed."""
+    with TestServer() as server:
+        server.engine.unavailable = "no verifier is alive in the cluster"
+        async with server.client() as client:
+            response = await client.post("/v1/completions", json=completion_body())
+            error = assert_error(response, 503, type_="service_unavailable", code="unavailable", says="no verifier")
+            stream = await client.post("/v1/completions", json=completion_body(stream=True))
+        events = [json.loads(line[6:]) for line in stream.text.splitlines() if line.startswith("data: {")]
+        assert events[-1]["error"]["type"] == "service_unavailable" and events[-1]["error"]["code"] == "unavailable"
+        assert [finished[0] for finished in server.metrics.finished] == ["unavailable", "unavailable"]
+        assert "cannot run this request now" in error["message"]
 
 
 @async_test

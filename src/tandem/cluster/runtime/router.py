@@ -161,7 +161,7 @@ class ClusterRouter:
 
     def _place(self, updates: list[SequenceUpdate]) -> None:
         if self.waiting and self.unavailable_reason:
-            updates.extend(SequenceUpdate(r.seq_id, (), finished=True, finish_reason="error", error=NO_VERIFIER)
+            updates.extend(SequenceUpdate(r.seq_id, (), finished=True, finish_reason="unavailable", error=NO_VERIFIER)
                            for r in self.waiting)
             self.waiting.clear()
             return

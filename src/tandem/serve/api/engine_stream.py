@@ -106,6 +106,8 @@ class GenerationRun:
             raise EngineFailure(f"the engine failed on this request: {self.error or 'unknown error'}", "error")
         if self.finish_reason == "cancelled":
             raise EngineFailure("the request was cancelled by the server (shutting down)", "cancelled")
+        if self.finish_reason == "unavailable":  # a 503 the client may retry, not the engine's fault
+            raise EngineFailure(f"the server cannot run this request now: {self.error or 'unavailable'}", "unavailable")
 
     def close(self) -> None:
         """Cancel the sequence if it is still running; report metrics and end the span (once)."""

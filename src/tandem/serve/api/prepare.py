@@ -86,7 +86,7 @@ def _prepared(state: ServerState, body: SamplingFields, prompt_ids: tuple[int, .
     try:
         sampling = SamplingParams(
             temperature=DEFAULT_TEMPERATURE if body.temperature is None else body.temperature,
-            top_k=body.top_k or 0,
+            top_k=max(body.top_k or 0, 0),  # vLLM's -1 is off, as 0 is
             top_p=1.0 if body.top_p is None else body.top_p,
             seed=body.seed,
         )

@@ -110,6 +110,10 @@ class StreamOptions(BaseModel):
     include_usage: bool | None = False
 
 
+class TextFormat(BaseModel):  # for the schema only: response_format's one accepted value
+    type: Literal["text"]
+
+
 class SamplingFields(BaseModel):
     """What both endpoints share: the model, limits, sampling, stops, streaming, the extension."""
 
@@ -118,7 +122,7 @@ class SamplingFields(BaseModel):
     max_tokens: integer(ge=1) | None = None
     temperature: float | None = Field(None, ge=0.0, le=MAX_TEMPERATURE)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: integer(ge=0) | None = None  # not OpenAI's; accepted as vLLM does
+    top_k: integer(ge=-1) | None = None  # not OpenAI's; as vLLM takes it, -1 (and 0) for off
     seed: integer(ge=0, lt=2**63) | None = None
     stop: Annotated[list[str], PlainValidator(_stop_strings, json_schema_input_type=str | Annotated[
         list[str], Field(max_length=MAX_STOP_STRINGS)] | None)] = Field(default_factory=list)
@@ -142,6 +146,9 @@ class SamplingFields(BaseModel):
     guided_grammar: Annotated[None, refused("guided_grammar (structured outputs)")] = None
     grammar: Annotated[None, refused("grammar (structured outputs)")] = None
     json_schema: Annotated[None, refused("json_schema (structured outputs)")] = None
+    structured_outputs: Annotated[None, refused("structured_outputs")] = None  # vLLM's newer form of guided_*
+    response_format: Annotated[None, refused("response_format (JSON mode, structured outputs)", {"type": "text"},
+                                             schema=TextFormat | None)] = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     tandem: TandemOptions | None = None
@@ -167,10 +174,6 @@ class CompletionRequest(SamplingFields):
     best_of: Annotated[None, refused("best_of", 1, 1.0, schema=Literal[1] | None)] = None
     suffix: Annotated[None, refused("suffix", "", schema=Literal[""] | None)] = None
     max_completion_tokens: Annotated[None, refused("max_completion_tokens (chat's: here it is max_tokens)")] = None
-
-
-class TextFormat(BaseModel):  # for the schema only: response_format's one accepted value
-    type: Literal["text"]
 
 
 class ChatMessage(BaseModel):
@@ -202,8 +205,6 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: integer(ge=1) | None = None
     logprobs: Annotated[None, refused("logprobs", False, schema=Literal[False] | None)] = None
     top_logprobs: Annotated[None, refused("top_logprobs", 0, 0.0, schema=Literal[0] | None)] = None
-    response_format: Annotated[None, refused("response_format (JSON mode, structured outputs)", {"type": "text"},
-                                             schema=TextFormat | None)] = None
     tools: Annotated[None, refused("tools (function calling)", [], schema=Annotated[list, Field(max_length=0)] | None)] = None
     tool_choice: Annotated[None, refused("tool_choice", "none", schema=Literal["none"] | None)] = None
     functions: Annotated[None, refused("functions (function calling)", [], schema=Annotated[

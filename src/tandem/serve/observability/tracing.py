@@ -6,7 +6,7 @@ gets child spans with explicit times derived from the `StepReport`: "prefill" [s
 +prefill_seconds] if it was admitted in the step, then "draft" [+draft_seconds] if it drafted
 (k > 0), then "verify" [+verify_seconds]. Draft and verify are batched, so every sequence of a
 step shares the same intervals. Attributes: k, accepted, source, batch_tokens. `end_request`
-marks the request span failed when its attributes give the finish reason "error".
+marks the request span failed when its attributes give the finish reason "error" or "unavailable".
 
 With `otlp_endpoint` (e.g. http://localhost:4318; "/v1/traces" is added when the URL has no path)
 spans go through a `BatchSpanProcessor` to an OTLP/HTTP exporter, on this tracer's own
@@ -23,7 +23,8 @@ from tandem.engine.events import StepReport
 OTLP_TRACES_PATH = "/v1/traces"
 MAX_OPEN_SPANS = 10_000  # request spans never ended (a caller's bug) are closed past this many
 NANOS_PER_SECOND = 1_000_000_000
-FINISH_REASON_KEYS = ("finish_reason", "gen_ai.response.finish_reason")  # "error" marks the span failed
+FINISH_REASON_KEYS = ("finish_reason", "gen_ai.response.finish_reason")  # FAILED ones mark the span failed
+FAILED = ("error", "unavailable")  # the engine failed on the request; nothing was left to run it
 
 
 class RequestTracer:
@@ -84,7 +85,7 @@ class RequestTracer:
         if span is None:
             return
         span.set_attributes(_clean(attributes))
-        if any(attributes.get(key) == "error" for key in FINISH_REASON_KEYS):
+        if any(attributes.get(key) in FAILED for key in FINISH_REASON_KEYS):
             from opentelemetry.trace import Status, StatusCode
 
             span.set_status(Status(StatusCode.ERROR, str(attributes.get("error", "the engine failed"))))

@@ -48,10 +48,12 @@ def response_cache_key(model: str, prompt_ids: Sequence[int], params: dict) -> s
       the drafter and k only change how many tokens each round verifies, never which; top-k and
       top-p keep the argmax and no random number is drawn. The key is model, prompt, max_tokens
       and stops, so greedy requests differing only in those knobs share an entry.
-    - temperature > 0 with a seed: the output follows the target distribution exactly, but which
-      sample comes out depends on how the drafts consume the seeded random stream, so drafter and
-      k join the key with the sampling parameters. (With k "auto" or drafters that learn across
-      requests the same seed can still differ run to run; the cache then pins one valid sample.)
+    - temperature > 0 with a seed: the output follows the target distribution exactly, and each
+      position's token is drawn from the seed and the position alone (the positional rule,
+      speculation/acceptance.py), so the same seed gives the same tokens at any drafter or k.
+      Drafter and k still join the key with the sampling parameters: a batched Q4 verify can
+      flip a near-tie as in greedy decoding, and keeping them costs only hits between requests
+      that differ in them.
 
     Stop strings cut the output at the first occurrence of any, so their order, duplicates and
     empty strings do not matter; a single string is one stop.
