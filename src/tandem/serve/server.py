@@ -84,7 +84,7 @@ def settle_heap() -> None:
 
 def build_state(config: EngineConfig, settings: ServeSettings, model_name: str, ngram_store,
                 cluster=None) -> ServerState:
-    """Load the tokenizer and models and start the engine thread (slow: before the port is bound).
+    """Load the tokenizer and models and start the engine thread (slow: the port is bound, not yet listening).
     With `cluster` (cluster/runtime/launch.py's ClusterOptions) the models load on Ray workers instead."""
     tokenizer = TextTokenizer(str(tokenizer_path(config.target.model)))
     metrics = ServingMetrics(model_name, settings.alert_threshold)

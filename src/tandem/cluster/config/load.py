@@ -17,12 +17,13 @@ Schema (docs/cluster.md has the full description and examples/clusters/ has samp
         slowdown: 1.0                 # >= 1, emulation: slowdown x measured time
         utilization: 0.0              # [0, 1): share of the device busy with other work
         group: local                  # network group                   default local
+        cache_ram: 2G                 # verify/both: each replica's prompt-cache host tier; 0: none
     network:
       latency_ms: {"edge<->central": 12}   # round trip between two groups; same group = 0
     profiles:                         # worker name or hardware class -> profile file(s)
       verify: profiles/verify.json    # relative to the cluster file
-    drafter: auto                     # auto | none | ngram | model | hybrid
-    k: null                           # null (planner chooses) | 0..16
+    drafter: auto                     # auto | none | ngram | suffix | model | hybrid
+    k: null                           # null (planner chooses) | 0..64
     latency_target_ms: 50             # per generated token at the planned load
     context_tokens: 512               # context length steps are priced at
     acceptance: {model: 0.6}          # overrides of the planner's acceptance assumptions

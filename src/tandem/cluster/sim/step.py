@@ -26,8 +26,8 @@ A step:
    stream may now move); the next step starts after the step overhead.
 The router relays: a request reaches its replica half a router round trip after it is placed,
 and each round's tokens reach the client half a round trip after they are committed. Not
-modelled: prefixes shared by some prompts only (a conversation's turns), evictions from the
-prompt cache.
+modelled: prefixes shared by some prompts other than a conversation's own history (a system
+prompt), evictions from the prompt cache.
 """
 
 from collections.abc import Callable
