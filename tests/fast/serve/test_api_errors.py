@@ -366,8 +366,8 @@ async def test_engine_failure_is_a_server_error_without_a_traceback():
 
 @async_test
 async def test_nothing_left_to_run_a_request_is_a_503_the_client_may_retry():
-    """A cluster whose last verifier died finishes its queued requests "unavailable": a 503, not
-    the 500 of an engine failure (it was one), whole or streamed."""
+    """A cluster whose last verifier died finishes its queued requests "unavailable": a 503 (they
+    got an engine failure's 500 before), whole or streamed."""
     with TestServer() as server:
         server.engine.unavailable = "no verifier is alive in the cluster"
         async with server.client() as client:

@@ -51,9 +51,8 @@ def response_cache_key(model: str, prompt_ids: Sequence[int], params: dict) -> s
     - temperature > 0 with a seed: the output follows the target distribution exactly, and each
       position's token is drawn from the seed and the position alone (the positional rule,
       speculation/acceptance.py), so the same seed gives the same tokens at any drafter or k.
-      Drafter and k still join the key with the sampling parameters: a batched Q4 verify can
-      flip a near-tie as in greedy decoding, and keeping them costs only hits between requests
-      that differ in them.
+      Drafter and k still join the key with the sampling parameters (a choice from before that
+      rule, kept: it costs only hits between requests that differ in them).
 
     Stop strings cut the output at the first occurrence of any, so their order, duplicates and
     empty strings do not matter; a single string is one stop.
