@@ -89,6 +89,19 @@ def test_top_k_top_p_keep_exactness_for_the_processed_distribution(params):
     assert_follows(counts, p)
 
 
+@pytest.mark.parametrize("temperature", [1e-300, 1e-308, 5e-324])
+def test_a_tiny_temperature_is_greedy_not_nan(temperature):
+    """Logits divided by a temperature near zero overflow to inf, and inf - inf made every
+    probability NaN: the server then sampled the vocabulary's last id (a padding token)."""
+    logits = np.stack([TARGET_LOGITS, DRAFT_LOGITS]).astype(np.float32) * 40  # [2, vocab]
+    for params in (SamplingParams(temperature=temperature), SamplingParams(temperature=temperature, top_k=3),
+                   SamplingParams(temperature=temperature, top_p=0.5)):
+        probs = probs_from_logits(logits, params)  # [2, vocab]
+        assert np.isfinite(probs).all()
+        np.testing.assert_array_equal(probs, np.eye(logits.shape[1])[logits.argmax(axis=1)])
+
+
+
 # --- k = 3 drafts, token pairs across rounds -------------------------------------------------
 
 

@@ -1,7 +1,7 @@
 """`probs_from_logits` and `sample` of sampling.py, in torch, on the logits' device.
 
 The numpy functions in sampling.py stay the reference; each step here mirrors one there, in the
-same order (temperature, top-k, softmax, top-p) and in float64, so that for the same logits the
+same order (the shift by the largest logit, temperature, top-k, softmax, top-p) and in float64, so that for the same logits the
 two give the same probabilities up to the last bits of exp and of the sums' order. Ties are kept
 the same way: top-k keeps every token equal to the k-th largest logit, and top-p sorts with a
 stable sort so equal probabilities keep their index order, as numpy's stable argsort does.
@@ -23,11 +23,12 @@ def compute_dtype(device: torch.device) -> torch.dtype:
 
 def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Processed probabilities.  logits: [n, vocab] (any float dtype) -> [n, vocab] float64."""
-    scaled = logits.to(compute_dtype(logits.device)) / params.temperature  # [n, vocab]
+    shifted = logits.to(compute_dtype(logits.device))  # [n, vocab]
+    shifted = shifted - shifted.max(dim=-1, keepdim=True).values  # before dividing, as the reference does
+    scaled = shifted / params.temperature  # [n, vocab], every row's largest 0
     if params.top_k and params.top_k < scaled.shape[-1]:
         kth = torch.topk(scaled, params.top_k, dim=-1).values[:, -1:]  # [n, 1]
         scaled = torch.where(scaled < kth, float("-inf"), scaled)
-    scaled = scaled - scaled.max(dim=-1, keepdim=True).values
     probs = torch.exp(scaled)  # [n, vocab]
     probs = probs / probs.sum(dim=-1, keepdim=True)
     if params.top_p < 1.0:

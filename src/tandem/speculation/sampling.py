@@ -44,11 +44,13 @@ class SamplingParams:
 
 def probs_from_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """Processed probabilities for sampling.  logits: [n, vocab] -> [n, vocab] float64."""
-    scaled = logits.astype(np.float64) / params.temperature  # [n, vocab]
+    shifted = logits.astype(np.float64)  # [n, vocab]
+    shifted -= shifted.max(axis=-1, keepdims=True)  # before dividing: a tiny temperature sends the rest to -inf, not inf - inf
+    with np.errstate(over="ignore"):
+        scaled = shifted / params.temperature  # [n, vocab], every row's largest 0
     if params.top_k and params.top_k < scaled.shape[-1]:
         kth = np.partition(scaled, -params.top_k, axis=-1)[:, -params.top_k, None]  # [n, 1]
         scaled = np.where(scaled < kth, -np.inf, scaled)
-    scaled -= scaled.max(axis=-1, keepdims=True)
     probs = np.exp(scaled)
     probs /= probs.sum(axis=-1, keepdims=True)
     if params.top_p < 1.0:
