@@ -44,7 +44,7 @@ BAD_COMPLETIONS = [
     (completion_body(top_p=1.5), "top_p", "invalid_value", ""),
     (completion_body(seed=-1), "seed", "invalid_value", ""),
     (completion_body(stop=5), "stop", "invalid_type", ""),
-    (completion_body(stop=["a"] * 17), "stop", "invalid_value", "16"),
+    (completion_body(stop=[f"s{i}" for i in range(17)]), "stop", "invalid_value", "16"),
     (completion_body(stream="yes"), "stream", "invalid_type", ""),
     (completion_body(stream_options={"include_usage": "yes"}), "stream_options.include_usage", "invalid_type", ""),
     (completion_body(n=2), "n", "unsupported_value", "n=1"),
@@ -167,7 +167,7 @@ async def test_fields_that_change_nothing_pass():
             assert response.status_code == 200
             response = await client.post("/v1/chat/completions", json=chat_body(
                 logprobs=False, top_logprobs=0, tools=[], tool_choice="none", response_format={"type": "text"},
-                frequency_penalty=0.0))
+                frequency_penalty=0.0, echo=False, best_of=1))
             assert response.status_code == 200, response.text
             response = await client.post("/v1/chat/completions", json=chat_body(  # vLLM's and llama.cpp's defaults
                 min_tokens=0, min_p=0.0, repetition_penalty=1.0, repeat_penalty=1, stop_token_ids=[], ignore_eos=False,
@@ -200,6 +200,11 @@ async def test_features_not_implemented_are_refused_not_ignored():
                ("/v1/completions", completion_body(echo=True), "echo"),
                ("/v1/completions", completion_body(best_of=3), "best_of"),
                ("/v1/completions", completion_body(suffix="}"), "suffix"),
+               ("/v1/chat/completions", chat_body(echo=True), "echo"),  # vLLM's chat echoes; this one did not, a 200
+               ("/v1/chat/completions", chat_body(best_of=2), "best_of"),
+               ("/v1/chat/completions", chat_body(messages=[{"role": "user", "content": [  # was a type error
+                   {"type": "text", "text": "what is this?"},
+                   {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]), "messages[0].content"),
                # other servers' fields their users send here too (a 200 that ignored them, before)
                ("/v1/chat/completions", chat_body(min_tokens=50), "min_tokens"),
                ("/v1/completions", completion_body(stop_token_ids=[2]), "stop_token_ids"),

@@ -7,7 +7,7 @@ import asyncio
 
 from api_doubles import ScriptedEngine, TestServer, async_test, chat_body, completion_body, reply_script, sse_events
 
-from tandem.serve.api.protocol import MAX_STOP_CHARS
+from tandem.serve.api.protocol import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 
 @async_test
@@ -40,6 +40,13 @@ async def test_logit_bias_is_refused_not_ignored_and_long_stop_strings_are_refus
             assert (await client.post("/v1/completions", json=completion_body(logit_bias={}))).status_code == 200
             long_stop = await client.post("/v1/completions", json=completion_body(stop=["x" * (MAX_STOP_CHARS + 1)]))
             assert long_stop.status_code == 400 and long_stop.json()["error"]["param"] == "stop"
+            many = ["s%d" % i for i in range(MAX_STOP_STRINGS + 1)]
+            too_many = await client.post("/v1/completions", json=completion_body(stop=many))
+            assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "stop"
+            # empty strings are dropped and a repeat is one stop, before they are counted
+            for stop in (many[:MAX_STOP_STRINGS] + [""] * 4, ["end"] * (MAX_STOP_STRINGS + 4)):
+                response = await client.post("/v1/completions", json=completion_body(stop=stop))
+                assert response.status_code == 200, response.text
 
 
 @async_test

@@ -48,11 +48,12 @@ def _stop_strings(value) -> list[str]:
     strings = [value] if isinstance(value, str) else value
     if not (isinstance(strings, list) and all(isinstance(s, str) for s in strings)):
         raise PydanticCustomError("invalid_type", "must be a string or a list of strings")
+    strings = list(dict.fromkeys(s for s in strings if s))  # empty ones dropped, repeats counted once
     if len(strings) > MAX_STOP_STRINGS:
         raise PydanticCustomError("invalid_value", f"at most {MAX_STOP_STRINGS} stop strings are allowed")
     if any(len(s) > MAX_STOP_CHARS for s in strings):
         raise PydanticCustomError("invalid_value", f"a stop string may hold at most {MAX_STOP_CHARS} characters")
-    return [s for s in strings if s]
+    return strings
 
 
 def _depth(value) -> int | str | None:
@@ -90,6 +91,11 @@ def _message_text(value) -> str:
         isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in value
     ):
         return "".join(p["text"] for p in value)
+    others = [p["type"] for p in value if isinstance(p, dict) and isinstance(p.get("type"), str)
+              and p["type"] != "text"] if isinstance(value, list) else []
+    if others:  # image_url, input_audio, file: well formed, not implemented
+        raise PydanticCustomError("unsupported_value", f"content parts of type {others[0]!r} are not supported "
+                                  "by this server (text only)")
     raise PydanticCustomError("invalid_type", "must be a string or a list of text parts")
 
 
@@ -140,6 +146,8 @@ class SamplingFields(BaseModel):
     ignore_eos: Annotated[None, refused("ignore_eos", False, schema=Literal[False] | None)] = None
     include_stop_str_in_output: Annotated[None, refused("include_stop_str_in_output", False,
                                                         schema=Literal[False] | None)] = None
+    echo: Annotated[None, refused("echo", False, schema=Literal[False] | None)] = None  # vLLM's chat takes it too
+    best_of: Annotated[None, refused("best_of", 1, 1.0, schema=Literal[1] | None)] = None
     guided_json: Annotated[None, refused("guided_json (structured outputs)")] = None
     guided_regex: Annotated[None, refused("guided_regex (structured outputs)")] = None
     guided_choice: Annotated[None, refused("guided_choice (structured outputs)")] = None
@@ -170,8 +178,6 @@ class CompletionRequest(SamplingFields):
     prompt: Annotated[str, PlainValidator(_one_prompt, json_schema_input_type=str | Annotated[
         list[str], Field(min_length=1, max_length=1)])]
     logprobs: Annotated[None, refused("logprobs")] = None
-    echo: Annotated[None, refused("echo", False, schema=Literal[False] | None)] = None
-    best_of: Annotated[None, refused("best_of", 1, 1.0, schema=Literal[1] | None)] = None
     suffix: Annotated[None, refused("suffix", "", schema=Literal[""] | None)] = None
     max_completion_tokens: Annotated[None, refused("max_completion_tokens (chat's: here it is max_tokens)")] = None
 
