@@ -240,6 +240,8 @@ def test_missing_file_and_unknown_name(home, tmp_path):
         gguf_path(tmp_path / "missing.gguf")
     with pytest.raises(ModelNotFoundError, match="known models"):
         gguf_path("no-such-model")
+    with pytest.raises(TandemError, match="--backend torch"):  # a Hugging Face folder, on llama.cpp
+        gguf_path(tmp_path)
 
 
 def test_a_rewritten_local_gguf_replaces_its_earlier_conversions(tmp_path, monkeypatch):

@@ -2,6 +2,7 @@
 `error:` line and exit 2, never a traceback, a silent default or a failure after the work."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from tandem.cli.main import main
 
 CLUSTER = str(Path(__file__).parents[2] / "examples" / "clusters" / "hetero-64.yaml")
 MIXED = str(Path(__file__).parents[2] / "examples" / "clusters" / "mixed-replicas.yaml")  # no draft model
+TOO_MANY_THREADS = str((os.cpu_count() or 1) + 1)
 
 
 def exit_code(argv: list[str]) -> int:
@@ -58,6 +60,15 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["simulate", "--cluster", CLUSTER, "--acceptance", "1"], "[0, 1)"),
     (["simulate", "--cluster", CLUSTER, "--sizes", "2"], "only with --scaling"),
     (["simulate", "--scaling", CLUSTER, "--out", "{tmp}", "--measured", "{list}"], "only with --cluster"),
+    (["simulate", "--scaling", CLUSTER, "--out", "{tmp}", "--rate", "3"], "--rate: applies only with --cluster"),
+    (["simulate", "--scaling", CLUSTER, "--out", "{tmp}", "--k", "5", "--roles", "as-written"],
+     "--k, --roles as-written: apply only with --cluster"),  # the sweep ran as if they were not given
+    (["simulate", "--cluster", CLUSTER, "--seed", "-1"], "at least 0"),  # a numpy traceback
+    (["generate", "--prompt", "x", "--threads", "10000"], "CPUs"),  # 10,001 threads, silent for minutes
+    (["bench-serve", "--threads", TOO_MANY_THREADS, "--out", "{tmp}"], "CPUs"),
+    (["bench-step", "--threads", TOO_MANY_THREADS], "CPUs"),
+    (["bench-step", "--batches", "1,100000"], "from 1 to 256"),  # ran 288 s into a full KV pool
+    (["profile", "--threads", TOO_MANY_THREADS], "CPUs"),
     (["simulate", "--cluster", CLUSTER, "--measured", "{list}"], "JSON object"),
     (["simulate", "--cluster", CLUSTER, "--measured", "{text}"], "must be numbers"),
     (["simulate", "--cluster", CLUSTER, "--measured", "{binary}"], "cannot read the measured run"),
@@ -82,6 +93,8 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["serve", "--cluster", MIXED, "--target", "x", "--context-length", "128"],
      "--target, --context-length describe one engine's models"),  # served the file's model, 4096 context
     (["serve", "--cluster", MIXED, "--draft-ahead"], "drafter 'ngram' drafts in the replica"),  # did nothing
+    (["bench-cluster", "--cluster", MIXED, "--configs", "cluster,cluster+draft-ahead", "--drafter", "ngram",
+      "--out", "{tmp}"], "drafter 'ngram' drafts in the replica"),  # reported a row that drafted nothing ahead
     (["bench-ceiling", "{list}"], "not a bench-serve results.json"),
     (["bench-ceiling", "{binary}"], "cannot read"),
     (["bench-ceiling", "{no_configs}"], "no concurrency or no configs"),  # StopIteration's traceback

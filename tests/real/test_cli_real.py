@@ -108,3 +108,12 @@ def test_mismatched_tokenizers(mismatched_folder):
 def test_corrupt_gguf(corrupt_gguf):
     result = tandem("generate", "--target", corrupt_gguf, "--drafter", "none", "--prompt", "hi")
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+
+
+def test_a_context_the_model_cannot_hold_is_not_asked_for_again():
+    """--context-length beyond what the model was trained on is capped there: the advice was to
+    raise --context-length, which cannot help."""
+    result = tandem("generate", "--target", SMALL, "--drafter", "none", "--prompt", "x", "--threads", "2",
+                    "--context-length", "10000000", "--max-tokens", "9000")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "the model holds no more" in result.stderr and "raise --context-length" not in result.stderr

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from tandem.bench.ceiling.oracle import MAX_DRAFT
-from tandem.cli.int_list import int_list, whole_number
+from tandem.cli.int_list import int_list, thread_count, whole_number
 
 DEFAULT_CONTEXTS = "512,1024,2048"
 _contexts = int_list(1, 32768, sort=True)  # cached tokens a curve is measured at
@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help=f"cached tokens the curves are measured at, comma-separated (default {DEFAULT_CONTEXTS}; "
                         "one value prices every round at it)")
     parser.add_argument("--max-draft", type=whole_number(1), default=MAX_DRAFT, help=f"longest draft (default {MAX_DRAFT})")
-    parser.add_argument("--threads", type=whole_number(1), default=None, help="threads for the curve (default: the run's)")
+    parser.add_argument("--threads", type=thread_count, default=None, help="threads for the curve (default: the run's)")
     parser.add_argument("--curves", default=None,
                         help="price on the verify curves a previous bench-ceiling printed (its --out file or its "
                         "'verify curve at ...' lines) instead of measuring them here: a run from another machine "

@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from tandem.bench.cluster.run import CONFIGS, run_cluster_bench
     from tandem.bench.out_dir import prepare_out_dir
-    from tandem.cluster.runtime.launch import ClusterOptions
+    from tandem.cluster.runtime.launch import ClusterOptions, check_draft_ahead
     from tandem.cluster.config.load import load_cluster
     from tandem.errors import TandemError
     from tandem.speculation.depth import parse_depth
@@ -49,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
     cluster = ClusterOptions(load_cluster(args.cluster), args.ray_address)
     drafter = check_drafter(args.drafter or default_drafter(cluster.has_drafter), cluster.has_drafter,
                             how_to_add="the cluster file has no worker with a draft_model")
+    if "cluster+draft-ahead" in configs:
+        check_draft_ahead(drafter)
     prepare_out_dir(Path(args.out))  # after the inputs are read (no folder left by a typo), before the runs
     run_cluster_bench(cluster, drafter, parse_depth(args.k), args.concurrency, args.requests,
                       args.max_tokens, configs, Path(args.out), repeats=args.repeat)

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from tandem.bench.serve.report import level_table, throughput_table
+from tandem.cli.int_list import thread_count
 from tandem.bench.serve.settings import DEFAULT_CONCURRENCY, MIN_REQUESTS, REQUESTS_PER_CLIENT, parse_concurrency
 from tandem.bench.workload import DEFAULT_WORKLOAD
 from tandem.models.catalog import DEFAULT_TARGET
@@ -47,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help=f"requests per concurrency level (default max({MIN_REQUESTS}, "
                         f"{REQUESTS_PER_CLIENT} x C), as bench-serve)")
     parser.add_argument("--max-tokens", type=int, default=50, help="max new tokens per request (default 50)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--threads", type=thread_count, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--attn", default="sdpa",
                         help="transformers' attn_implementation: sdpa, paged|eager or flash_attention_2 (default sdpa)")
     parser.add_argument("--max-batch-tokens", type=int, default=None,

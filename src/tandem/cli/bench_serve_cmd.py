@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from tandem.bench.serve.report import throughput_table
+from tandem.cli.int_list import thread_count
 from tandem.bench.serve.server_kinds import SERVER_KINDS
 from tandem.bench.serve.settings import (DEFAULT_CONCURRENCY, DEFAULT_CONFIGS, MIN_REQUESTS, REQUESTS_PER_CLIENT,
                                          ServeBenchSettings, parse_concurrency, parse_configs)
@@ -43,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-tokens-spread", type=int, default=0,
                         help="vary the cap per request: request i gets --max-tokens plus a fixed offset in [-N, N], "
                         "so answers in a closed loop do not all end in the same step (default 0)")
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads per server and model (default: all)")
+    parser.add_argument("--threads", type=thread_count, default=None, help="CPU threads per server and model (default: all)")
     parser.add_argument("--backend", default="llamacpp", choices=("llamacpp", "torch"),
                         help="Tandem's backend for target and draft (default llamacpp)")
     parser.add_argument("--draft-backend", default=None, choices=("llamacpp", "torch"),

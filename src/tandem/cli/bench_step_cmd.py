@@ -7,9 +7,10 @@ import json
 import sys
 from pathlib import Path
 
-from tandem.cli.int_list import int_list, whole_number
+from tandem.cli.int_list import int_list, thread_count, whole_number
 from tandem.errors import TandemError
 from tandem.models.catalog import DEFAULT_TARGET
+from tandem.models.llamacpp_batch_runner import MAX_SEQUENCES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -19,15 +20,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="torch: the fused runner (default); llamacpp: the llama.cpp batch runner")
     parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda:0, ... (default cpu)")
     parser.add_argument("--dtype", default="bf16", help="fp32 | bf16 | fp16 (default bf16)")
-    parser.add_argument("--batches", type=int_list(), default="1,2,4,8,16",
-                        help="slots per step (default 1,2,4,8,16)")
+    parser.add_argument("--batches", type=int_list(1, MAX_SEQUENCES), default="1,2,4,8,16",
+                        help=f"slots per step, each at most {MAX_SEQUENCES} (default 1,2,4,8,16)")
     parser.add_argument("--tokens", type=int_list(), default="1,5",
                         help="new tokens per slot (default 1,5: decode, k=4 verify)")
     parser.add_argument("--context", type=whole_number(0), default=200, help="cached tokens per slot (default 200)")
     parser.add_argument("--repeats", type=whole_number(1), default=3, help="timed calls per point, the fastest kept (default 3)")
     parser.add_argument("--serial", action="store_true",
                         help="also time the serial runner (torch: transformers; llamacpp: all slots in one call)")
-    parser.add_argument("--threads", type=whole_number(1), default=None, help="CPU threads (default: all)")
+    parser.add_argument("--threads", type=thread_count, default=None, help="CPU threads (default: all)")
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
     parser.set_defaults(func=run)
 
@@ -55,6 +56,13 @@ def run(args: argparse.Namespace) -> int:
     if needed > limit:  # before the timing (llama.cpp failed deep into it, naming neither)
         raise TandemError(f"--context {args.context} plus {max(tokens)} tokens is beyond the {limit} tokens a "
                           f"sequence of this model may hold (what it was trained on)")
+    for label, runner in runners.items():  # every slot holds --context plus the new tokens at once
+        pool = getattr(runner, "pool_tokens", None)
+        wanted = max(batches) * -(-needed // 16) * 16  # in whole blocks of 16, the paged pool's
+        if pool is not None and wanted > pool:
+            raise TandemError(f"{max(batches)} slots of --context {args.context} plus {max(tokens)} tokens need "
+                              f"{wanted:,} KV cells; the {label} runner's pool holds {pool:,}: lower --batches "
+                              "or --context")
     timings = []
     interrupted = False
     try:

@@ -5,6 +5,7 @@ a silent default, or a NaN that hangs a simulation)."""
 
 import argparse
 import math
+import os
 from typing import Callable
 
 
@@ -63,3 +64,13 @@ def real_number(lowest: float, highest: float | None = None, *, above: bool = Fa
         return value
 
     return parse
+
+
+def thread_count(text: str) -> int:
+    """`--threads`: from 1 to this machine's CPUs. More only slows llama.cpp and torch down, and
+    10,000 threads left a run silent for minutes."""
+    cpus = os.cpu_count() or 1
+    value = whole_number(1)(text)
+    if value > cpus:
+        raise argparse.ArgumentTypeError(f"wants at most this machine's {cpus} CPUs, got {text!r}")
+    return value

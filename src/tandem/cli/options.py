@@ -3,7 +3,7 @@
 import argparse
 from dataclasses import replace
 
-from tandem.cli.int_list import whole_number
+from tandem.cli.int_list import thread_count, whole_number
 from tandem.errors import TandemError
 from tandem.models.backends import TORCH_RUNNERS, RunnerSpec
 from tandem.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, SHIPPED_DRAFT, default_draft
@@ -25,7 +25,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--draft-backend", default="auto", help="draft backend: llamacpp | torch | auto")
     group.add_argument("--draft-device", default="auto", help="draft device")
     group.add_argument("--draft-dtype", default="fp32", help="draft dtype for torch")
-    group.add_argument("--threads", type=whole_number(1), default=None, help="CPU threads per model (default: all)")
+    group.add_argument("--threads", type=thread_count, default=None, help="CPU threads per model (default: all)")
     group.add_argument("--context-length", type=whole_number(64), default=4096, metavar="TOKENS",
                        help="most tokens a sequence holds, prompt and answer (default 4096; capped at what the "
                        "model was trained for)")

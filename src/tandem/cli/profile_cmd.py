@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tandem.cli.int_list import int_list, whole_number
+from tandem.cli.int_list import int_list, thread_count, whole_number
 from tandem.cluster.profiles.measure import ProfileGrid, measure_profile
 from tandem.cluster.profiles.profile import save_profile
 from tandem.cluster.profiles.profile_store import default_profile_path, worker_models
@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--backend", default="llamacpp", help="llamacpp | torch (default llamacpp)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda:0, npu:0, ... (default cpu)")
     parser.add_argument("--dtype", default="fp32", help="torch dtype: fp32 | bf16 | fp16 (default fp32)")
-    parser.add_argument("--threads", type=whole_number(1), default=None, help="CPU threads (default: all)")
+    parser.add_argument("--threads", type=thread_count, default=None, help="CPU threads (default: all)")
     parser.add_argument("--cluster", help="profile every (model, backend, device, dtype, threads) of this cluster file")
     parser.add_argument("--out", help="profile file to write (single profile only)")
     parser.add_argument("--force", action="store_true", help="with --cluster: re-measure saved profiles")

@@ -133,15 +133,14 @@ def cluster_engine_config(cluster, args: argparse.Namespace):
     """The served model and drafting defaults when the models live on cluster workers."""
     from tandem.models.backends import RunnerSpec
     from tandem.engine.build import EngineConfig
+    from tandem.cluster.runtime.launch import check_draft_ahead
     from tandem.speculation.drafters.registry import USES_MODEL, check_drafter, default_drafter
 
     target = cluster.target
     drafter = check_drafter(args.drafter or default_drafter(cluster.has_drafter), cluster.has_drafter,
                             how_to_add="the cluster file has no worker with a draft_model")
-    if cluster.draft_ahead and not USES_MODEL[drafter]:
-        raise TandemError(f"--draft-ahead overlaps draft workers' model drafts with verification; drafter "
-                          f"{drafter!r} drafts in the replica, so it would do nothing: use --drafter "
-                          f"model or hybrid, or leave --draft-ahead out")
+    if cluster.draft_ahead:
+        check_draft_ahead(drafter)
     if args.drafter is None:
         print(f"drafter: {drafter} (the default for a cluster {'with' if cluster.has_drafter else 'without'} "
               "a draft model; --drafter chooses another)", file=sys.stderr)

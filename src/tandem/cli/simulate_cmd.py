@@ -56,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "its concurrency (--concurrency overrides); prints TTFT p50 by turn and the router's "
                         "placements against the run's")
     parser.add_argument("--acceptance", type=real_number(0, 1), default=None, help="per-token acceptance of draft models")
-    parser.add_argument("--seed", type=int, default=0, help="the simulation's random seed (default 0)")
+    parser.add_argument("--seed", type=whole_number(0), default=0, help="the simulation's random seed (default 0)")
     parser.add_argument("--roles", choices=("plan", "as-written"), default="plan",
                         help="simulate the planner's placement (default) or the file's roles as written")
     parser.add_argument("--batching", choices=("backend", "fused", "serial"), default=None,
@@ -90,8 +90,16 @@ def run(args: argparse.Namespace) -> int:
         raise TandemError(f"{' and '.join(only_scaling)} {'apply' if len(only_scaling) > 1 else 'applies'} only with --scaling")
     if args.scaling and args.measured:
         raise TandemError("--measured applies only with --cluster (a sweep has no one measured run)")
-    if args.scaling and args.shared_prefix_tokens is not None:
-        raise TandemError("--shared-prefix-tokens applies only with --cluster")
+    only_cluster = [option for option, value in (
+        ("--shared-prefix-tokens", args.shared_prefix_tokens), ("--rate", args.rate), ("--concurrency", args.concurrency),
+        ("--requests", args.requests), ("--k", args.k), ("--max-running", args.max_running),
+        ("--max-batch", args.max_batch), ("--step-overhead-ms", args.step_overhead_ms),
+        ("--host-cores", args.host_cores), ("--conversations", args.conversations),
+        ("--roles as-written", None if args.roles == "plan" else args.roles)) if value is not None]
+    if args.scaling and only_cluster:  # the sweep sets its own load and plans every size
+        raise TandemError(f"{', '.join(only_cluster)}: {'apply' if len(only_cluster) > 1 else 'applies'} only with "
+                          "--cluster (a --scaling sweep takes --sizes, --waves, --max-tokens, --prompt-tokens, "
+                          "--acceptance, --batching and --seed)")
     if args.conversations:
         given = [option for option, value in (("--scaling", args.scaling), ("--measured", args.measured),
                                               ("--rate", args.rate), ("--requests", args.requests),

@@ -58,6 +58,7 @@ from tandem.models.host_bytes import bytes_address, new_bytes
 
 DEFAULT_CONTEXT = 4096  # per sequence
 MAX_POOL_TOKENS = 32768  # KV cells shared by all slots
+MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: sequence ids one context holds (running and resident slots)
 BATCH_TOKENS = 512  # tokens per llama_decode call; longer inputs are split
 OUTPUTS_PER_SLOT = 17  # logits a slot's verify asks for: the deepest auto model draft (16) plus the bonus
 LONGEST_ROUND = 64  # one slot's deepest auto copy (63, speculation/depth.py COPY_K_MAX) plus the bonus
@@ -145,10 +146,17 @@ class LlamaCppBatchRunner:
         params.n_batch = BATCH_TOKENS
         params.n_ubatch = BATCH_TOKENS
         self.cache_slots = max(cache_slots or max_slots, max_slots)  # sequence ids: running + resident
+        if self.cache_slots > MAX_SEQUENCES:
+            raise TandemError(f"llama.cpp holds at most {MAX_SEQUENCES} sequences in one context, {self.cache_slots} "
+                              "were asked for: lower --max-running (or bench-step's --batches)")
         params.n_seq_max = self.cache_slots
         params.kv_unified = True
         params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED  # see the module notes
-        self._ctx = LlamaContext(model=self._llm._model, params=params, verbose=False)
+        try:
+            self._ctx = LlamaContext(model=self._llm._model, params=params, verbose=False)
+        except ValueError as error:  # llama.cpp says why in its log only
+            raise TandemError(f"llama.cpp cannot make a context of {self.pool_tokens} KV cells for {self.cache_slots} "
+                              f"sequences on {gguf_path}: {error}") from None
         self._batch = LlamaBatch(n_tokens=BATCH_TOKENS, embd=0, n_seq_max=1, verbose=False)
         self.name = f"{os.path.basename(str(gguf_path))} [llamacpp/cpu/{threads}t/x{max_slots}]"
         self.vocab_size = int(self._llm.n_vocab())

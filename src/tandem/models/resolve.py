@@ -33,7 +33,8 @@ def gguf_path(name_or_path: str | Path, progress: bool = True) -> Path:
             check_gguf_file(path)
             return path.resolve()
         if path.is_dir():
-            raise TandemError(f"{path} is a folder; a .gguf file or a catalog name is needed here")
+            raise TandemError(f"{path} is a folder: llama.cpp needs a .gguf file or a catalog name; a Hugging Face "
+                              "folder runs on torch (--backend torch, or --draft-backend torch for a draft)")
         if path.suffix == ".gguf" or "/" in name:
             raise ModelNotFoundError(f"no such model file: {path}")
     return pull(name, progress=progress)  # raises ModelNotFoundError, listing names, if unknown

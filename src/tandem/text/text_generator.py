@@ -40,8 +40,12 @@ class TextGenerator:
         refuses them (the answer would end at the context without a word)."""
         context = self.engine.context_length
         if len(prompt_ids) + max_tokens > context:
+            asked = self.config.target.context_length
+            capped = asked is not None and asked > context  # by what the model was trained on, or the KV pool
+            advice = ("lower --max-tokens or shorten the prompt (the model holds no more)" if capped
+                      else "lower --max-tokens or raise --context-length")
             raise TandemError(f"a {len(prompt_ids)}-token prompt and --max-tokens {max_tokens} exceed the context of "
-                              f"{context} tokens: lower --max-tokens or raise --context-length")
+                              f"{context} tokens: {advice}")
         stops = StopStrings(self.tokenizer.decode, stop or [])
         return GenerationRequest(
             tuple(prompt_ids), max_tokens, sampling, self.tokenizer.stop_token_ids, stops if stop else None

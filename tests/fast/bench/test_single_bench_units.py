@@ -368,3 +368,28 @@ def test_decode_time_is_per_token_decoded_after_the_prefill():
     stats = {"draft_s": 0.1, "verify_s": 0.5, "prefill_s": 0.4, "drafted": 0}
     records = [RunRecord("a", "c", tuple(range(11)), 1.4, stats), RunRecord("b", "c", tuple(range(11)), 1.4, stats)]
     assert time_split(records)["decode_ms_per_token"] == pytest.approx((2.8 - 0.8) * 1000 / 20)
+
+
+def test_a_draft_with_another_tokenizer_is_refused_before_anything_runs(tmp_path):
+    """transformers' assisted generation died on it mid-run with a traceback, the output folder
+    made; Tandem's model drafting already refused it at setup."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from test_chat_prompt import chatml_tokenizer
+
+    from tandem.bench.single.models import ModelChoice
+    from tandem.bench.single.session import BenchSettings, run_session
+    from tandem.errors import VocabularyMismatchError
+    from tandem.models.backends import RunnerSpec
+
+    target, draft = tmp_path / "target", tmp_path / "draft"
+    chatml_tokenizer(target)
+    chatml_tokenizer(draft, corpus="another vocabulary for another model")
+    choice = ModelChoice(RunnerSpec(str(target), "torch"), RunnerSpec(str(draft), "torch"))
+    for configs in ("none,hf-assisted", "none,model"):
+        out = tmp_path / f"out-{configs}"
+        with pytest.raises(VocabularyMismatchError, match="tokenizers differ"):
+            run_session(BenchSettings(choice, configs, DEFAULT_WORKLOAD, out))
+        assert not out.exists()

@@ -32,6 +32,7 @@ class BenchConfig(Protocol):
     label: str
     is_peer: bool  # another engine (llama.cpp, transformers), not Tandem
     setup_rank: int  # lower sets up first: Tandem runners load before peers that may reuse them
+    uses_draft_model: bool  # drafts with the draft model, so needs the target's tokenizer
 
     def setup(self) -> None: ...
 

@@ -69,8 +69,12 @@ class BenchModels:
 
     def draft_runner(self) -> BatchRunner:
         if "draft" not in self._runners:
-            check_same_vocabulary(self.tokenizer, TextTokenizer(str(tokenizer_path(self.choice.draft.model))))
+            self.check_draft_vocabulary()
         return self._runner("draft", self.choice.draft)
+
+    def check_draft_vocabulary(self) -> None:
+        """The draft model maps every token to the target's id (VocabularyMismatchError if not)."""
+        check_same_vocabulary(self.tokenizer, TextTokenizer(str(tokenizer_path(self.choice.draft.model))))
 
     def _runner(self, role: str, spec: RunnerSpec) -> BatchRunner:
         """One runner per role: a model drafting for itself still needs its own KV cache."""

@@ -25,6 +25,7 @@ class LlamaCppPlain:
     OPTIONS: tuple[str, ...] = ()
     is_peer = True
     setup_rank = 1
+    uses_draft_model = False
 
     def __init__(self, spec: ConfigSpec, models: BenchModels):
         self.label = spec.label
@@ -63,6 +64,7 @@ class HfGenerate:
     OPTIONS: tuple[str, ...] = ()
     is_peer = True
     setup_rank = 1
+    uses_draft_model = False
 
     def __init__(self, spec: ConfigSpec, models: BenchModels):
         self.spec = spec
@@ -93,6 +95,7 @@ class HfGenerate:
 
 class HfAssisted(HfGenerate):
     assistant = None
+    uses_draft_model = True
 
     def setup(self) -> None:
         super().setup()

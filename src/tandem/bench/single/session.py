@@ -45,9 +45,11 @@ class BenchSettings:
 def run_session(settings: BenchSettings) -> dict:
     specs = parse_config_names(settings.configs)
     prompts = select_prompts(load_prompts(settings.prompts_file), settings.limit, settings.per_category)
-    prepare_out_dir(settings.out_dir)  # fail before the long part, not after
     models = BenchModels(settings.models)
     configs = build_configs(specs, models)
+    if any(config.uses_draft_model for config in configs):
+        models.check_draft_vocabulary()  # transformers' assisted generation would die on it mid-run
+    prepare_out_dir(settings.out_dir)  # fail before the long part, not after
     items = [FormattedPrompt(p, format_prompt(models.tokenizer, p)) for p in prompts]
     warmups = [FormattedPrompt(p, format_prompt(models.tokenizer, p)) for p in warmup_prompts(settings.warmup)]
     print(f"loading models for {len(configs)} configs...", file=sys.stderr)

@@ -28,7 +28,7 @@ from tandem.engine.host_cache import default_cache_ram_bytes
 from tandem.errors import TandemError
 from tandem.models.backends import RunnerSpec
 from tandem.sigterm import deferring_ctrl_c, keeping_sigterm_handler
-from tandem.speculation.drafters.registry import check_drafter
+from tandem.speculation.drafters.registry import USES_MODEL, check_drafter
 
 DEFAULT_SLOTS = 8  # sequences per verifier replica
 DRAFTER_SLOTS = 32  # sequences a drafter keeps caches for
@@ -178,6 +178,15 @@ class ClusterOptions:
     @property
     def has_drafter(self) -> bool:
         return self.spec.has_draft_model
+
+
+def check_draft_ahead(drafter: str) -> None:
+    """Draft-ahead overlaps draft workers' model rounds with verification: a drafter that drafts
+    no model rounds would run it for nothing (`serve --draft-ahead`, `bench-cluster`'s config)."""
+    if not USES_MODEL[drafter]:
+        raise TandemError(f"draft-ahead overlaps draft workers' model drafts with verification; drafter "
+                          f"{drafter!r} drafts in the replica, so it would do nothing: use --drafter "
+                          f"model or hybrid, or leave draft-ahead out")
 
 
 def launch_cluster(spec: ClusterSpec, drafter: str, k: int | str, ray_address: str | None = None,
