@@ -68,6 +68,8 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["bench-serve", "--threads", TOO_MANY_THREADS, "--out", "{tmp}"], "CPUs"),
     (["bench-step", "--threads", TOO_MANY_THREADS], "CPUs"),
     (["bench-step", "--batches", "1,100000"], "from 1 to 256"),  # ran 288 s into a full KV pool
+    (["bench-ceiling", "{list}", "--max-draft", "1000"], "from 1 to 63"),  # priced rounds past the curve
+    (["generate", "--backend", "llamacp", "--prompt", "x"], "llamacpp, torch, auto"),
     (["profile", "--threads", TOO_MANY_THREADS], "CPUs"),
     (["simulate", "--cluster", CLUSTER, "--measured", "{list}"], "JSON object"),
     (["simulate", "--cluster", CLUSTER, "--measured", "{text}"], "must be numbers"),
@@ -87,6 +89,8 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["plan", "--cluster", "{file_drafter_model}"], "needs a draft model"),  # the file's drafter: the same plan
     (["plan", "--cluster", "{nan_slowdown}"], "must be a finite number"),  # the planner's ValueError traceback
     (["simulate", "--cluster", "{nan_slowdown}"], "must be a finite number"),
+    (["simulate", "--cluster", "{nan_slowdown}", "--out", "{tmp}/never"], "must be a finite number"),  # left the folder
+    (["simulate", "--scaling", "{control}", "--out", "{tmp}/never"], "control"),
     (["plan", "--cluster", "{huge_replicas}"], "must be <= 4096"),  # the planner's OverflowError traceback
     (["plan", "--cluster", "{merge_key}"], "merge keys"),  # PyYAML's ConstructorError traceback
     (["plan", "--cluster", "{exponent}"], "YAML reads it as text"),
@@ -100,7 +104,7 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["bench-ceiling", "{no_configs}"], "no concurrency or no configs"),  # StopIteration's traceback
     (["bench-ceiling", "{no_prompts}"], "gone.jsonl"),  # found only after measuring the curves
     (["bench-ceiling", "{no_prompts}", "--reference", "nosuch"], "no config 'nosuch'"),
-    (["bench-ceiling", "{list}", "--max-draft", "0"], "at least 1"),
+    (["bench-ceiling", "{list}", "--max-draft", "0"], "from 1 to 63"),
     (["bench-ceiling", "{list}", "--out", "{not_a_folder}"], "cannot create the output folder"),
     (["bench-step", "--repeats", "0"], "at least 1"),
     (["bench-step", "--out", "{tmp}"], "is a folder"),

@@ -33,7 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--contexts", type=_contexts, default=DEFAULT_CONTEXTS,
                         help=f"cached tokens the curves are measured at, comma-separated (default {DEFAULT_CONTEXTS}; "
                         "one value prices every round at it)")
-    parser.add_argument("--max-draft", type=whole_number(1), default=MAX_DRAFT, help=f"longest draft (default {MAX_DRAFT})")
+    parser.add_argument("--max-draft", type=whole_number(1, MAX_DRAFT), default=MAX_DRAFT,
+                        help=f"longest draft, at most {MAX_DRAFT}: a round of {MAX_DRAFT + 1} tokens, the largest the curves price (default {MAX_DRAFT})")
     parser.add_argument("--threads", type=thread_count, default=None, help="threads for the curve (default: the run's)")
     parser.add_argument("--curves", default=None,
                         help="price on the verify curves a previous bench-ceiling printed (its --out file or its "

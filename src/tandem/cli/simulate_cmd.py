@@ -108,6 +108,9 @@ def run(args: argparse.Namespace) -> int:
         if given:
             raise TandemError(f"--conversations replays a run's own requests: leave out {', '.join(given)}")
     if args.out:
+        from tandem.cluster.config.load import load_cluster
+
+        load_cluster(args.scaling or args.cluster)  # a bad file leaves no output folder behind
         prepare_out_dir(Path(args.out))  # before the work, not after it
     if args.scaling:
         return _scaling(args)

@@ -44,7 +44,7 @@ class RunnerSpec:
         if not str(self.model).strip():  # "" would be read as the current folder
             raise TandemError("a model is empty: give a catalog name, a .gguf file or a Hugging Face folder")
         if self.backend not in BACKENDS + ("auto",):
-            raise TandemError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS)}")
+            raise TandemError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS + ('auto',))}")
         if self.dtype not in DTYPES:  # llama.cpp reads its file as it is, but a wrong name is still one
             raise TandemError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
         if self.torch_runner not in TORCH_RUNNERS:

@@ -68,3 +68,4 @@ def test_an_interrupted_soak_writes_its_samples_so_far(tmp_path, monkeypatch, ca
     results = json.loads((out / "results.json").read_text())
     assert results["interrupted"] and not results["passed"] and len(results["samples"]) == 2
     assert results["tally"]["done"] == 40 and "interrupted: wrote the 2 samples" in capsys.readouterr().err
+    assert "**Interrupted** after 2.0 min" in (out / "report.md").read_text()  # its title names the hour asked

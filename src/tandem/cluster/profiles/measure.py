@@ -49,9 +49,11 @@ class ProfileGrid:
         for name in ("sizes", "contexts", "batches"):
             values = getattr(self, name)
             if not values or list(values) != sorted(set(values)) or values[0] < (0 if name == "contexts" else 1):
-                raise TandemError(f"profile {name} must be distinct, ascending and positive (got {values})")
+                raise TandemError(f"profile {name} must be distinct, ascending and positive (got "
+                                  f"{','.join(map(str, values))})")
         if self.batches[0] != 1:
-            raise TandemError(f"profile batches must include 1 (got {self.batches})")
+            raise TandemError(f"profile batches must include 1, the one-sequence curve every plan reads (got "
+                              f"{','.join(map(str, self.batches))})")
         if self.repeats < 1:
             raise TandemError(f"repeats must be >= 1 (got {self.repeats})")
 

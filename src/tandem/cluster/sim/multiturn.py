@@ -47,7 +47,10 @@ class MultiTurnRun:
             return cls.from_json(data)
         except OSError as error:
             raise TandemError(f"cannot read the multi-turn run {path}: {error.strerror or error}") from None
-        except (ValueError, KeyError, TypeError) as error:
+        except KeyError as error:
+            raise TandemError(f"{path} is not a multi-turn run (scripts/measure_cluster_multiturn.py --out): "
+                              f"it has no {error.args[0]!r} field") from None
+        except (ValueError, TypeError) as error:
             raise TandemError(f"{path} is not a multi-turn run (scripts/measure_cluster_multiturn.py --out): "
                               f"{error}") from None
 
