@@ -6,9 +6,9 @@ import sys
 from pathlib import Path
 
 from tandem.bench.serve.report import level_table, throughput_table
-from tandem.cli.int_list import thread_count
 from tandem.bench.serve.settings import DEFAULT_CONCURRENCY, MIN_REQUESTS, REQUESTS_PER_CLIENT, parse_concurrency
 from tandem.bench.workload import DEFAULT_WORKLOAD
+from tandem.cli.int_list import thread_count
 from tandem.models.catalog import DEFAULT_TARGET
 
 

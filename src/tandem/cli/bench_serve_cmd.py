@@ -6,11 +6,11 @@ import sys
 from pathlib import Path
 
 from tandem.bench.serve.report import throughput_table
-from tandem.cli.int_list import thread_count
 from tandem.bench.serve.server_kinds import SERVER_KINDS
 from tandem.bench.serve.settings import (DEFAULT_CONCURRENCY, DEFAULT_CONFIGS, MIN_REQUESTS, REQUESTS_PER_CLIENT,
                                          ServeBenchSettings, parse_concurrency, parse_configs)
 from tandem.bench.workload import DEFAULT_WORKLOAD
+from tandem.cli.int_list import thread_count
 from tandem.errors import TandemError
 from tandem.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, SHIPPED_DRAFT, default_draft
 
