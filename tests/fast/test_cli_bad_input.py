@@ -217,3 +217,22 @@ def test_a_torch_device_this_machine_lacks_is_one_error_line(monkeypatch):
     assert torch_device("cpu").type == "cpu"
     with pytest.raises(TandemError, match="unknown torch device"):
         torch_device("gpu9")
+
+
+def test_a_catalog_target_of_another_family_drafts_without_the_default_draft(capsys):
+    """SmolLM2 with the defaults failed on the Qwen draft's tokenizer, though --help promised
+    ngram where there is no draft model: the default is now ngram there, said on stderr."""
+    import argparse
+
+    from tandem.cli.options import add_model_options, engine_config
+
+    parser = argparse.ArgumentParser()
+    add_model_options(parser)
+    config = engine_config(parser.parse_args(["--target", "smollm2-135m-instruct"]))
+    assert config.drafter == "ngram" and config.draft is None
+    assert "drafter: ngram (the default draft" in capsys.readouterr().err
+    for argv in ([], ["--target", "smollm2-135m-instruct", "--draft", "smollm2-135m-instruct"]):
+        assert engine_config(parser.parse_args(argv)).drafter == "hybrid"  # the default pair; a draft named
+    named = engine_config(parser.parse_args(["--target", "smollm2-135m-instruct", "--drafter", "hybrid"]))
+    assert named.drafter == "hybrid"  # named: never changed (its tokenizers are refused at load)
+    assert capsys.readouterr().err == ""

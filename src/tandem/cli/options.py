@@ -1,12 +1,13 @@
 """Command-line options shared by `generate`, `bench` and `serve`: models, backends, devices, drafting."""
 
 import argparse
+import sys
 from dataclasses import replace
 
 from tandem.cli.int_list import thread_count, whole_number
 from tandem.errors import TandemError
 from tandem.models.backends import TORCH_RUNNERS, RunnerSpec
-from tandem.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, SHIPPED_DRAFT, default_draft
+from tandem.models.catalog import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET, SHIPPED_DRAFT, default_draft
 from tandem.speculation.depth import Auto, Fixed, parse_depth
 from tandem.speculation.drafters.registry import USES_MODEL, check_drafter, default_drafter, drafter_help
 from tandem.engine.batch_engine import STEP_TOKEN_BUDGET, THROUGHPUT_PREFILL_FLOOR, check_prefill_floor
@@ -18,7 +19,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--target", default=DEFAULT_TARGET, help="catalog name, .gguf file or HF folder (default %(default)s)")
     group.add_argument("--draft", default=None, help=f"draft model, same tokenizer as the target (default "
                        f"{DEFAULT_DRAFT} on llama.cpp, {SHIPPED_DRAFT} on torch)")
-    group.add_argument("--drafter", default=None, metavar="NAME", help=drafter_help())
+    group.add_argument("--drafter", default=None, metavar="NAME", help=drafter_help(
+        "hybrid; ngram for a catalog target of another family than the default draft"))
     group.add_argument("--backend", default="auto", help="target backend: llamacpp | torch | auto (default: torch where a GPU exists, else llamacpp)")
     group.add_argument("--device", default="auto", help="target device: cpu, cuda:0, mps, npu:0, xpu ... (default: auto, the backend's)")
     group.add_argument("--dtype", default="fp32", help="target dtype for torch: fp32 | bf16 | fp16 (default %(default)s)")
@@ -80,6 +82,21 @@ def kv_memory_option(text: str) -> int:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _default_draft_fits(args: argparse.Namespace) -> bool:
+    """Whether a draft model is at hand when no drafter is named: a named --draft is; the default
+    one is unless the target is a catalog model of another family (another tokenizer: SmolLM2
+    cannot be drafted for by a Qwen), which then drafts without a model, saying so."""
+    if args.draft is not None or args.target not in CATALOG:
+        return True  # a local target's tokenizer is checked when the engine is built
+    target, draft = CATALOG[args.target], CATALOG[default_draft(draft_spec(args).resolved().backend)]
+    if target.family == draft.family:
+        return True
+    print(f"drafter: {default_drafter(has_draft_model=False)} (the default draft {draft.name} is a {draft.family} "
+          f"model, with another tokenizer than {target.name}'s; --draft names a draft model that shares it)",
+          file=sys.stderr)
+    return False
+
+
 def target_spec(args: argparse.Namespace) -> RunnerSpec:
     return RunnerSpec(args.target, args.backend, args.device, args.dtype, args.threads, args.context_length,
                       torch_runner=args.torch_runner, kv_memory=args.kv_memory)
@@ -95,7 +112,7 @@ def draft_spec(args: argparse.Namespace) -> RunnerSpec:
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    drafter = check_drafter(args.drafter or default_drafter(has_draft_model=True))  # --draft always names one
+    drafter = check_drafter(args.drafter or default_drafter(has_draft_model=_default_draft_fits(args)))
     if drafter == "none" and parse_depth(args.k) not in (Auto(), Fixed(0)):
         raise TandemError(f"--k {args.k} with --drafter none: that drafter drafts nothing")
     draft = draft_spec(args) if USES_MODEL[drafter] else None

@@ -92,5 +92,6 @@ def check_same_vocabulary(target: TextTokenizer, draft: TextTokenizer) -> None:
     raise VocabularyMismatchError(
         f"the draft and target tokenizers differ ({len(target_vocab)} vs {len(draft_vocab)} tokens, "
         f"{len(differing)} differing entries, e.g. {example[0]!r} -> {example[1]}): "
-        "speculative decoding needs a draft model with the target's tokenizer"
+        "speculative decoding needs a draft model with the target's tokenizer (name one with --draft, "
+        "or draft from the context without a model: --drafter ngram, suffix or none)"
     )

@@ -47,7 +47,7 @@ const LINE_CHARTS = [
       { key: "utilization_target", label: "target (prefill + verify)", color: COLORS.red },
       { key: "utilization_draft", label: "draft", color: COLORS.green },
     ] },
-  { id: "chart-queue", yMin: 0, format: num,
+  { id: "chart-queue", yMin: 0, format: num, counts: true,
     series: [
       { key: "running", label: "running", color: COLORS.blue },
       { key: "waiting", label: "waiting", color: COLORS.grey },
@@ -78,6 +78,15 @@ function niceMax(value) {
   return step * magnitude;
 }
 
+const TICK_UNITS = new Map([[num, ""], [secs, " s"], [ms, " ms"]]);
+
+// One axis's labels with one number of decimals, as few as its step needs: 0, 2.5, 5, 7.5, 10 s.
+function tickLabel(format, value, step) {
+  if (!TICK_UNITS.has(format)) return format(value);
+  const decimals = [0, 1, 2, 3].find((d) => Math.abs(step * 10 ** d - Math.round(step * 10 ** d)) < 1e-6) ?? 3;
+  return `${value.toFixed(decimals)}${TICK_UNITS.get(format)}`;
+}
+
 function drawYGrid(ctx, box, yMin, yMax, format) {
   ctx.strokeStyle = COLORS.grid;
   ctx.fillStyle = COLORS.ink;
@@ -91,7 +100,7 @@ function drawYGrid(ctx, box, yMin, yMax, format) {
     ctx.moveTo(box.x0, y);
     ctx.lineTo(box.x1, y);
     ctx.stroke();
-    ctx.fillText(format(value), box.x0 - 6, y);
+    ctx.fillText(tickLabel(format, value, (yMax - yMin) / 4), box.x0 - 6, y);
   }
 }
 
@@ -108,7 +117,8 @@ function drawLineChart(canvas, chart, snap) {
   const threshold = chart.threshold ? chart.threshold(snap) : null;
   const peak = Math.max(0, threshold || 0, ...lines.flat().filter((v) => v !== null));
   const yMin = chart.yMin;
-  const yMax = chart.yMax !== undefined ? chart.yMax : niceMax(peak * 1.1);
+  const nice = chart.yMax !== undefined ? chart.yMax : niceMax(peak * 1.1);
+  const yMax = chart.counts ? Math.max(4, Math.ceil(nice / 4) * 4) : nice;  // whole requests on every tick
   const tMax = times.length ? times[times.length - 1] : 0;
   const tMin = times.length ? Math.min(times[0], tMax - MIN_SPAN_SECONDS) : -MIN_SPAN_SECONDS;
   const x = (t) => box.x0 + ((t - tMin) / (tMax - tMin)) * (box.x1 - box.x0);
@@ -158,6 +168,7 @@ function drawPositionBars(canvas, snap) {
   const bars = snap.acceptance_by_position || [];
   drawYGrid(ctx, box, 0, 1, pct);
   const slot = (box.x1 - box.x0) / Math.max(bars.length, 1);
+  const labelEvery = [1, 2, 4, 8, 16].find((n) => slot * n >= 18) ?? 16;  // deep copies: 64 positions
   ctx.textAlign = "center";
   bars.forEach((bar, i) => {
     const rate = bar.rate === null ? 0 : bar.rate;
@@ -167,7 +178,9 @@ function drawPositionBars(canvas, snap) {
     ctx.fillRect(left, top, slot * 0.7, box.y0 - top);
     ctx.fillStyle = COLORS.ink;
     ctx.textBaseline = "top";
-    ctx.fillText(String(bar.position), left + slot * 0.35, box.y0 + 5);
+    if (bar.position === 1 || bar.position % labelEvery === 0) {
+      ctx.fillText(String(bar.position), left + slot * 0.35, box.y0 + 5);
+    }
     ctx.textBaseline = "bottom";
     if (bar.rate !== null && slot > 24) ctx.fillText(pct(bar.rate), left + slot * 0.35, top - 2);
   });
