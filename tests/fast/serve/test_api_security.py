@@ -77,6 +77,7 @@ async def test_protect_metrics_puts_them_behind_the_key():
                 assert (await client.get(path, headers={"Authorization": f"Bearer {KEY}"})).status_code == 200
             assert (await client.get("/")).status_code == 200  # the page holds no data
             assert (await client.get("/health")).status_code == 200  # load balancers probe it
+        assert server.state.metrics.rejected == []  # a dashboard polling without the key is no rejected request
 
 
 def test_protect_metrics_needs_a_key():

@@ -15,7 +15,8 @@ Status codes, following OpenAI (which answers 400 for every invalid request, not
   429 rate_limit_error       also: this client already holds --max-streams-per-client open streams
   503 service_unavailable    the server is shutting down; Retry-After
   504 timeout_error          the request ran past --request-timeout (queueing included) and was cancelled
-Every refused request (4xx, 429, 503) is counted by `metrics.request_rejected`.
+Every refused request (4xx, 429, 503) is counted by `metrics.request_rejected`, but for the
+dashboard's, the metrics' and the schema's own fetches (UNCOUNTED_PATHS).
 """
 
 import json
@@ -26,6 +27,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
+
+UNCOUNTED_PATHS = frozenset({"/metrics", "/dashboard/data", "/openapi.json"})
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_SHUTDOWN_SECONDS = 5
@@ -108,18 +111,20 @@ def _param_name(loc) -> str:
 def install_error_handlers(app: FastAPI, metrics) -> None:
     """Every error leaves as an OpenAI error body; refusals are counted; tracebacks stay in the log."""
 
-    def refused(error: APIError) -> JSONResponse:
-        if error.status < 500 or error.status == 503:
+    def refused(error: APIError, request: Request) -> JSONResponse:
+        # the API's refusals; not a dashboard's or a scraper's polls refused without the key, which
+        # counted one a second and showed requests rejected where none were
+        if (error.status < 500 or error.status == 503) and request.url.path not in UNCOUNTED_PATHS:
             metrics.request_rejected(error.status)
         return error.response()
 
     @app.exception_handler(APIError)
     async def on_api_error(request: Request, error: APIError):
-        return refused(error)
+        return refused(error, request)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, error: RequestValidationError):
-        return refused(invalid_body(error))
+        return refused(invalid_body(error), request)
 
     @app.exception_handler(HTTPException)
     async def on_http_exception(request: Request, error: HTTPException):
@@ -127,7 +132,7 @@ def install_error_handlers(app: FastAPI, metrics) -> None:
         message = error.detail if isinstance(error.detail, str) else "request failed"
         if error.status_code == 404 and message == "Not Found":  # the router's own: no such route
             message = f"no route {request.method} {request.url.path}"
-        return refused(APIError(error.status_code, message, kind, headers=dict(error.headers or {})))
+        return refused(APIError(error.status_code, message, kind, headers=dict(error.headers or {})), request)
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, error: Exception):
