@@ -50,6 +50,11 @@ class RunnerSpec:
         if self.torch_runner not in TORCH_RUNNERS:
             raise TandemError(f"unknown torch runner {self.torch_runner!r}; choose one of {', '.join(TORCH_RUNNERS)}")
 
+    def describe(self) -> str:
+        """For reports: "qwen2.5-coder-1.5b-instruct on llamacpp/cpu, fp32, 2 threads, 4096-token context"."""
+        threads = "all threads" if self.threads is None else f"{self.threads} thread{'s' if self.threads > 1 else ''}"
+        return f"{self.model} on {self.backend}/{self.device}, {self.dtype}, {threads}, {self.context_length}-token context"
+
     def resolved(self) -> "RunnerSpec":
         backend, device = self.backend, self.device
         if backend == "auto":
