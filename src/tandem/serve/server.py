@@ -101,7 +101,8 @@ def build_state(config: EngineConfig, settings: ServeSettings, model_name: str, 
     metrics.watch_drafting_memory(lambda: getattr(engine, "answers_bytes", 0))  # a cluster's replicas keep theirs
     health = getattr(engine, "health", None)  # a cluster: workers' states between steps too
     if health is not None:
-        health.listeners.append(metrics.observe_workers)
+        # the router's view: each worker's state with its placements by reason (the health check's lacks them)
+        health.listeners.append(lambda _states: metrics.observe_workers(engine.worker_states()))
     return ServerState(worker.start(), tokenizer, model_name, engine.context_length, settings, metrics, tracer,
                        cache, drafters=tuple(n for n in DRAFTER_NAMES if n in engine.drafters),
                        speculation_defaults=SpeculationOptions(config.drafter, config.k))

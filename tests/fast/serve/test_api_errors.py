@@ -397,3 +397,21 @@ async def test_an_engine_failure_tells_the_client_its_first_and_last_lines_only(
         error = assert_error(response, 500, type_="server_error", code="error", says="the engine failed")
         assert "kernel failed: RuntimeError: out of memory" in error["message"]
         assert "layer 3" not in error["message"] and "\x1b" not in error["message"]
+
+
+@async_test
+async def test_a_request_arriving_with_nothing_left_to_run_it_is_a_503_unavailable_and_health_says_so():
+    """A cluster with no verifier left answered new requests 503 `shutting_down` (the error's base
+    class), and /health 200 "ok", so a load balancer kept sending them here."""
+    with TestServer() as server:
+        server.engine.unavailable_reason = "no verifier is alive in the cluster"
+        async with server.client() as client:
+            health = await client.get("/health")
+            assert health.status_code == 503 and health.json()["status"] == "unavailable"
+            assert "no verifier" in health.json()["reason"] and "retry-after" in health.headers
+            for stream in (False, True):
+                response = await client.post("/v1/completions", json=completion_body(stream=stream))
+                assert_error(response, 503, type_="service_unavailable", code="unavailable", says="no verifier")
+            server.engine.unavailable_reason = None  # a verifier back
+            assert (await client.get("/health")).json()["status"] == "ok"
+        assert not server.engine.added

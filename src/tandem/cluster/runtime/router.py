@@ -96,8 +96,9 @@ class ClusterRouter:
 
     def worker_states(self) -> list[dict]:
         states = [w.state() for w in self.verifiers + self.drafter_workers]
+        decisions = dict(self.decisions)  # one copy (atomic): the health thread reads it beside the engine's
         for state in states:
-            state["routed"] = {reason: n for (name, reason), n in self.decisions.items() if name == state["name"]}
+            state["routed"] = {reason: n for (name, reason), n in decisions.items() if name == state["name"]}
         return states
 
     def validate(self, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:

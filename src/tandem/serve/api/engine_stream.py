@@ -17,9 +17,9 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-from tandem.engine.worker import EngineStoppedError, QueueFullError, RequestHandle
+from tandem.engine.worker import EngineStoppedError, EngineUnavailableError, QueueFullError, RequestHandle
 from tandem.errors import TandemError
-from tandem.serve.api.errors import APIError, queue_full, shutting_down
+from tandem.serve.api.errors import APIError, queue_full, shutting_down, unavailable
 from tandem.serve.api.prepare import PreparedRequest
 from tandem.serve.state import ServerState
 from tandem.text.stream import TextStream
@@ -150,6 +150,8 @@ def start_generation(state: ServerState, prepared: PreparedRequest, endpoint: st
                                      lambda seq_id: _safely(state.tracer.start_request, seq_id, span_attributes))
     except QueueFullError as error:
         raise queue_full(error.retry_after_seconds, str(error)) from None
+    except EngineUnavailableError as error:  # before its base class: not a shutdown
+        raise unavailable(str(error)) from None
     except EngineStoppedError as error:
         raise shutting_down(str(error)) from None
     except TandemError as error:  # a request this engine can never run: the client's mistake

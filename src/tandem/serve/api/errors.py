@@ -77,6 +77,12 @@ def shutting_down(message: str = "the server is shutting down and accepts no new
                     headers={"Retry-After": str(RETRY_AFTER_SHUTDOWN_SECONDS)})
 
 
+def unavailable(message: str) -> APIError:
+    """Nothing can run a request now (a cluster with no verifier left): the client may retry later."""
+    return APIError(503, f"the server cannot run this request now: {message}", "service_unavailable",
+                    code="unavailable", headers={"Retry-After": str(RETRY_AFTER_SHUTDOWN_SECONDS)})
+
+
 def request_timed_out() -> APIError:
     return APIError(504, "the request ran past the server's time limit (--request-timeout) and was cancelled; "
                     "ask for fewer max_tokens or retry later", "timeout_error", code="request_timeout")

@@ -42,9 +42,11 @@ def status_router(state: ServerState, openapi: Callable[[], dict]) -> APIRouter:
     @router.head("/health", include_in_schema=False)  # load balancers probe with either
     async def health():
         engine = state.worker.engine
-        body = {"status": "draining" if state.draining else "ok", "model": state.model_name,
+        unavailable = getattr(engine, "unavailable_reason", None)  # a cluster with no verifier left
+        status = "draining" if state.draining else "unavailable" if unavailable else "ok"
+        body = {"status": status, "model": state.model_name, **({"reason": unavailable} if unavailable else {}),
                 "running": engine.num_running, "waiting": engine.num_waiting, "in_flight": state.worker.in_flight}
-        if state.draining:  # as the 503s new requests get
+        if status != "ok":  # as the 503s new requests get: a load balancer sends them elsewhere
             return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_SHUTDOWN_SECONDS)})
         return JSONResponse(body)
 
