@@ -13,7 +13,8 @@ Status codes, following OpenAI (which answers 400 for every invalid request, not
   429 rate_limit_error       the engine queue is full; Retry-After says when to try again
   500 server_error           the engine failed (our fault, not the client's); no traceback is sent
   429 rate_limit_error       also: this client already holds --max-streams-per-client open streams
-  503 service_unavailable    the server is shutting down; Retry-After
+  503 service_unavailable    the server is shutting down (code shutting_down), or nothing can run a request
+                             now, a cluster with no verifier left (code unavailable); Retry-After
   504 timeout_error          the request ran past --request-timeout (queueing included) and was cancelled
 Every refused request (4xx, 429, 503) is counted by `metrics.request_rejected`, but for the
 dashboard's, the metrics' and the schema's own fetches (UNCOUNTED_PATHS).
