@@ -88,7 +88,7 @@ def _default_draft_fits(args: argparse.Namespace) -> bool:
     cannot be drafted for by a Qwen), which then drafts without a model, saying so."""
     if args.draft is not None or args.target not in CATALOG:
         return True  # a local target's tokenizer is checked when the engine is built
-    target, draft = CATALOG[args.target], CATALOG[default_draft(draft_spec(args).resolved().backend)]
+    target, draft = CATALOG[args.target], CATALOG[draft_spec(args).model]  # the default draft for its backend
     if target.family == draft.family:
         return True
     print(f"drafter: {default_drafter(has_draft_model=False)} (the default draft {draft.name} is a {draft.family} "

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 
 from tandem.engine.worker import EngineStoppedError, EngineUnavailableError, QueueFullError, RequestHandle
 from tandem.errors import TandemError
-from tandem.serve.api.errors import APIError, queue_full, shutting_down, unavailable
+from tandem.serve.api.errors import APIError, queue_full, shutting_down, unavailable, unavailable_message
 from tandem.serve.api.prepare import PreparedRequest
 from tandem.serve.state import ServerState
 from tandem.text.stream import TextStream
@@ -107,7 +107,7 @@ class GenerationRun:
         if self.finish_reason == "cancelled":
             raise EngineFailure("the request was cancelled by the server (shutting down)", "cancelled")
         if self.finish_reason == "unavailable":  # a 503 the client may retry, not the engine's fault
-            raise EngineFailure(f"the server cannot run this request now: {self.error or 'unavailable'}", "unavailable")
+            raise EngineFailure(unavailable_message(self.error or "unavailable"), "unavailable")
 
     def close(self) -> None:
         """Cancel the sequence if it is still running; report metrics and end the span (once)."""

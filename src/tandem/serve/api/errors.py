@@ -78,10 +78,15 @@ def shutting_down(message: str = "the server is shutting down and accepts no new
                     headers={"Retry-After": str(RETRY_AFTER_SHUTDOWN_SECONDS)})
 
 
-def unavailable(message: str) -> APIError:
-    """Nothing can run a request now (a cluster with no verifier left): the client may retry later."""
-    return APIError(503, f"the server cannot run this request now: {message}", "service_unavailable",
-                    code="unavailable", headers={"Retry-After": str(RETRY_AFTER_SHUTDOWN_SECONDS)})
+def unavailable_message(reason: str) -> str:
+    """Why a request cannot run now (a cluster with no verifier left), arriving or already queued."""
+    return f"the server cannot run this request now: {reason}"
+
+
+def unavailable(reason: str) -> APIError:
+    """Nothing can run a request now: a 503 the client may retry later."""
+    return APIError(503, unavailable_message(reason), "service_unavailable", code="unavailable",
+                    headers={"Retry-After": str(RETRY_AFTER_SHUTDOWN_SECONDS)})
 
 
 def request_timed_out() -> APIError:
