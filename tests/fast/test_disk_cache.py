@@ -2,8 +2,10 @@
 finds (same model key only); a damaged, truncated or foreign file is ignored with a warning and
 never loaded; the files never exceed the byte budget; a write that fails leaves the request alone."""
 
+import errno
 import json
 import logging
+import os
 import random
 import struct
 import threading
@@ -65,7 +67,8 @@ def test_another_model_never_sees_the_files_and_a_foreign_file_is_ignored(tmp_pa
     assert not (ours.folder / "moved.tkv").exists()
 
 
-@pytest.mark.parametrize("damage", ["flip a state byte", "truncate", "garbage header", "wrong field type"])
+@pytest.mark.parametrize("damage", ["flip a state byte", "truncate", "garbage header", "wrong field type",
+                                    "deeply nested header"])
 def test_a_damaged_file_is_ignored_with_a_warning_and_never_loaded(tmp_path, caplog, damage):
     cache = written(DiskPromptCache(tmp_path, 1 << 20, KEY), entry(range(3, 60)))
     path = next(cache.folder.glob(f"*{SUFFIX}"))
@@ -76,6 +79,10 @@ def test_a_damaged_file_is_ignored_with_a_warning_and_never_loaded(tmp_path, cap
         del data[-10:]
     elif damage == "garbage header":
         data[12:20] = b"\xff" * 8
+    elif damage == "deeply nested header":  # json.loads raises RecursionError on it: it stopped the server
+        length = struct.unpack("<I", data[8:12])[0]
+        raw = b"[" * 200_000
+        data = data[:8] + struct.pack("<I", len(raw)) + raw + data[12 + length:]
     else:  # a whole, well-formed header naming a size that is not a number
         length = struct.unpack("<I", data[8:12])[0]
         header = json.loads(data[12:12 + length])
@@ -170,6 +177,57 @@ def test_a_failed_write_is_a_warning_not_an_error(tmp_path, caplog):
         written(cache, entry(range(3, 60)))
     assert cache.failed_writes == 1 and cache.nbytes == 0 and len(cache) == 0
     assert "could not write" in caplog.text
+
+
+def failing_writes(monkeypatch, errno_: int, times: int) -> list[int]:
+    """Make the next `times` file writes fail with errno_; the list counts the failures."""
+    import pathlib
+
+    failures, write_bytes = [], pathlib.Path.write_bytes
+
+    def write(self, data):
+        if len(failures) < times:
+            failures.append(errno_)
+            raise OSError(errno_, os.strerror(errno_))
+        return write_bytes(self, data)
+
+    monkeypatch.setattr(pathlib.Path, "write_bytes", write)
+    return failures
+
+
+def test_a_failed_write_keeps_the_entry_it_would_have_replaced(tmp_path, monkeypatch, caplog):
+    """A conversation's next turn supersedes its last turn's file; the old file went before the
+    new one was written, so a write that failed lost both."""
+    cache = written(DiskPromptCache(tmp_path, 1 << 20, KEY), entry(range(3, 40)))
+    failing_writes(monkeypatch, errno.EIO, times=1)
+    with caplog.at_level(logging.WARNING):
+        written(cache, entry(range(3, 80)))
+    assert cache.failed_writes == 1 and "could not write" in caplog.text
+    assert cache.load(cache.lookup(list(range(3, 80)), KEY)) == entry(range(3, 40))
+    assert files_bytes(cache) == cache.nbytes and not list(cache.folder.glob("*.tmp"))
+
+
+def test_a_full_disk_makes_room_from_the_least_recently_used_and_writes(tmp_path, monkeypatch):
+    """The disk filled before the budget did (ENOSPC): the cache removes its own least recently
+    used files, never the one the new entry replaces, and tries once more; it failed for good."""
+    cache = written(DiskPromptCache(tmp_path, 1 << 20, KEY), entry([1] * 40), entry([2] * 40, nbytes=300),
+                    entry([3] * 40, nbytes=300))
+    cache.load(cache.lookup([1] * 40, KEY))  # [2] * 40 is now the least recently used, and room enough
+    failures = failing_writes(monkeypatch, errno.ENOSPC, times=1)
+    written(cache, entry([1] * 40 + [7] * 8))
+    assert failures == [errno.ENOSPC] and cache.failed_writes == 0
+    assert cache.lookup([2] * 40, KEY) is None and cache.lookup([3] * 40, KEY) is not None
+    assert cache.load(cache.lookup([1] * 40 + [7] * 8, KEY)) == entry([1] * 40 + [7] * 8)
+    assert files_bytes(cache) == cache.nbytes and len(cache) == 2  # the old turn went once the new one was written
+
+
+def test_a_folder_named_like_a_file_is_left_alone(tmp_path, caplog):
+    cache = DiskPromptCache(tmp_path, 1 << 20, KEY)
+    (cache.folder / f"not-a-file{SUFFIX}").mkdir()
+    cache.close()
+    with caplog.at_level(logging.WARNING):
+        assert len(DiskPromptCache(tmp_path, 1 << 20, KEY)) == 0
+    assert caplog.text == "" and (cache.folder / f"not-a-file{SUFFIX}").is_dir()
 
 
 def test_an_unusable_folder_is_a_clear_error(tmp_path):

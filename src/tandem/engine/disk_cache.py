@@ -2,17 +2,16 @@
 so that a restarted server finds the conversations and system prompts it had computed.
 
 Every entry the host tier keeps is also written here, by one background thread (a request never
-waits for the disk), to `<dir>/<model digest>/<tokens digest>.tkv`:
-
-    MAGIC | header length (4 bytes, little-endian) | header (JSON) | target state | draft state
-
-The header names the model key (the model files' SHA-256 checksums, backend and precision:
-engine/build.py), the format, the tokens each state holds, the states' sizes and the SHA-256 of
-the states. A file is read only from its own model's folder and only when its header's key
+waits for the disk), to `<dir>/<model digest>/<tokens digest>.tkv` (format:
+engine/disk_cache_format.py). Its header names the model key (the model files' SHA-256
+checksums, backend and precision: engine/build.py), the tokens each state holds and the states'
+SHA-256. A file is read only from its own model's folder and only when its header's key
 equals the running models' key, so another model's state is never loaded; a file that cannot be
 read, is truncated, or whose states do not match their checksum is ignored with a warning and
 removed. Writes go to a temporary file renamed into place, so a crash never leaves half a file
-that looks whole. Bounded by bytes: the files of the whole directory, other keys' folders
+that looks whole, and nothing is removed for a file until it is written: a failed write keeps the
+entry it would have replaced. A disk that fills up before the budget does (ENOSPC) makes room
+from this cache's own files, least recently used first, and the write is tried once more. Bounded by bytes: the files of the whole directory, other keys' folders
 included (an older llama.cpp build's, another model's: every upgrade would otherwise leave a
 budget's worth behind). Room is made from other keys' files first, oldest first, since this
 server can never read them, then from its own, least recently used first (file times carry the
@@ -26,12 +25,11 @@ closed, and a second process is refused.
 """
 
 import contextlib
+import errno
 import hashlib
-import json
 import logging
 import os
 import shutil
-import struct
 import threading
 from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -40,19 +38,17 @@ from pathlib import Path
 from typing import Sequence
 
 from tandem.engine.folder_lock import claim_folder, release_folder
+from tandem.engine.disk_cache_format import encode_entry, read_entry
 from tandem.engine.host_cache import HostEntry
 from tandem.engine.prefix_index import BLOCK, PrefixIndex
 from tandem.errors import TandemError
 
 log = logging.getLogger(__name__)
 
-MAGIC = b"TANDEMKV"
-FORMAT = 1
 TORCH_STATE_LAYOUT = 1  # bump when FusedTorchRunner.save_state's bytes change meaning (its key, engine/build.py)
 SUFFIX = ".tkv"
 DEFAULT_MAX_BYTES = 16 << 30  # or a quarter of the disk's free space where that is less
 MAX_QUEUED_BYTES = 1 << 30  # states waiting for the writer, held in memory
-_LENGTH = struct.Struct("<I")
 
 
 def default_cache_disk_bytes(directory: str | Path) -> int:
@@ -100,7 +96,7 @@ class DiskPromptCache:
             raise TandemError(f"cannot use {directory} for the prompt cache's disk tier: {error}") from None
         claim_folder(self.root, "--cache-dir")
         self._claimed = True
-        self.nbytes = 0  # files kept, plus writes under way
+        self.nbytes = 0  # files kept, and one being renamed into place
         self.foreign: deque[tuple[Path, int]] = deque()  # other keys' files and sizes, oldest first
         self.foreign_bytes = 0
         self._removals: list[Path] = []  # files taken off the books under the lock, unlinked after it
@@ -147,7 +143,7 @@ class DiskPromptCache:
         path = match.record.path
         try:
             with path.open("rb") as f:
-                entry = _read_entry(f, self.model_key, with_states=True)
+                entry = read_entry(f, self.model_key, with_states=True)
         except (OSError, ValueError) as error:
             if not isinstance(error, FileNotFoundError):  # (gone: evicted since the lookup, or removed)
                 log.warning("prompt cache: ignoring %s: %s", path, error)
@@ -218,32 +214,72 @@ class DiskPromptCache:
                 self.queued_bytes -= entry.nbytes
 
     def _store(self, entry: HostEntry, path: Path) -> None:
-        data = _encode(entry, self.model_key)
+        data = encode_entry(entry, self.model_key)
         if len(data) > self.capacity_bytes:
             return  # its header takes it past the whole budget: nothing is evicted for it
         with self._lock:
-            superseded = self._index.extended_by(entry.tokens)
-            for old in {superseded, path} & set(self._records):
+            replaced = {self._index.extended_by(entry.tokens), path} & set(self._records)
+        tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp")
+        if not self._write_temporary(tmp, path, data, replaced):
+            return
+        with self._lock:  # written: what it replaces and what its room needs go now
+            for old in replaced & set(self._records):
                 self._drop(old)
             self._evict_for(len(data))
-            self.nbytes += len(data)  # reserved while the file is written
-        self._unlink_removed()  # before the write: the path itself may be among them
-        tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp")
+            self.nbytes += len(data)  # reserved until it is renamed into place and indexed
+        self._unlink_removed()  # before the rename: the path itself may be among them
         try:
-            tmp.write_bytes(data)
             os.replace(tmp, path)
         except OSError as error:
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
+            self._write_failed(tmp, path, error)
             with self._lock:
                 self.nbytes -= len(data)
-                self.failed_writes += 1
-            log.warning("prompt cache: could not write %s: %s", path, error)
             return
         with self._lock:
             self.nbytes -= len(data)
             self._add(DiskRecord(path, entry.tokens, len(data)))
             self.written += 1
+
+    def _write_temporary(self, tmp: Path, path: Path, data: bytes, keep: set[Path]) -> bool:
+        """data written to tmp (path's file to be); on a full disk, once more after making room
+        from this cache's own files but those in keep. False (with a warning) where it failed."""
+        for attempt in range(2):
+            try:
+                tmp.write_bytes(data)
+                return True
+            except OSError as error:
+                if attempt == 0 and error.errno == errno.ENOSPC and self._free_own(len(data), keep):
+                    continue
+                self._write_failed(tmp, path, error)
+                return False
+        return False
+
+    def _free_own(self, nbytes: int, keep: set[Path]) -> bool:
+        """Remove other keys' files and this key's least recently used, but those in keep, until
+        nbytes are freed; whether anything was."""
+        freed = 0
+        with self._lock:
+            while self.foreign and freed < nbytes:
+                path, size = self.foreign.popleft()
+                self.foreign_bytes -= size
+                self._removals.append(path)
+                self.evicted += 1
+                freed += size
+            for path in [path for path in self._records if path not in keep]:
+                if freed >= nbytes:
+                    break
+                freed += self._records[path].nbytes
+                self._drop(path)
+                self.evicted += 1
+        self._unlink_removed()
+        return freed > 0
+
+    def _write_failed(self, tmp: Path, path: Path, error: OSError) -> None:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        with self._lock:
+            self.failed_writes += 1
+        log.warning("prompt cache: could not write %s: %s", path, error)
 
     # -- both (under the lock, or before the writer starts) -----------------------------------
 
@@ -254,9 +290,11 @@ class DiskPromptCache:
             _remove(tmp)  # a write a crash interrupted
         found = []
         for path in self.folder.glob(f"*{SUFFIX}"):
+            if path.is_dir():
+                continue  # not one of the cache's files, and not for it to remove
             try:
                 with path.open("rb") as f:
-                    entry = _read_entry(f, self.model_key, with_states=False)
+                    entry = read_entry(f, self.model_key, with_states=False)
                 stat = path.stat()
             except (OSError, ValueError) as error:
                 log.warning("prompt cache: ignoring and removing %s: %s", path, error)
@@ -321,52 +359,3 @@ def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
     except OSError as error:
         log.warning("prompt cache: could not remove %s: %s", path, error)
-
-
-def _encode(entry: HostEntry, model_key: str) -> bytes:
-    payload = entry.target_state + (entry.draft_state or b"")
-    header = json.dumps({
-        "format": FORMAT, "model_key": model_key, "tokens": list(entry.tokens),
-        "draft_tokens": list(entry.draft_tokens), "target_bytes": len(entry.target_state),
-        "draft_bytes": None if entry.draft_state is None else len(entry.draft_state),
-        "sha256": hashlib.sha256(payload).hexdigest(),
-    }).encode()
-    return MAGIC + _LENGTH.pack(len(header)) + header + payload
-
-
-def _read_entry(f, model_key: str, with_states: bool) -> HostEntry:
-    """The entry in an open file; ValueError where it is not one of this model's whole files.
-    Without states, only the header is read (the file's length is still checked)."""
-    if f.read(len(MAGIC)) != MAGIC:
-        raise ValueError("not a Tandem prompt cache file")
-    raw_length = f.read(_LENGTH.size)
-    if len(raw_length) != _LENGTH.size:
-        raise ValueError("truncated header")
-    try:
-        header = json.loads(f.read(_LENGTH.unpack(raw_length)[0]))
-        if header["format"] != FORMAT:
-            raise ValueError(f"format {header['format']}, this version reads {FORMAT}")
-        if header["model_key"] != model_key:
-            raise ValueError("saved by another model")
-        tokens, draft_tokens = tuple(header["tokens"]), tuple(header["draft_tokens"])
-        target_bytes, draft_bytes = header["target_bytes"], header["draft_bytes"]
-        checksum = header["sha256"]
-        if not (all(type(t) is int for t in tokens + draft_tokens) and type(target_bytes) is int
-                and target_bytes >= 0 and (draft_bytes is None or type(draft_bytes) is int and draft_bytes >= 0)
-                and isinstance(checksum, str)):
-            raise TypeError("fields of the wrong type")
-    except (KeyError, TypeError, AttributeError, json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"unreadable header ({error})") from None
-    total = target_bytes + (draft_bytes or 0)
-    if not with_states:
-        here = f.tell()
-        if f.seek(0, os.SEEK_END) - here != total:
-            raise ValueError("truncated or padded states")
-        return HostEntry(tokens, b"", draft_tokens, None)
-    payload = f.read(total + 1)
-    if len(payload) != total:
-        raise ValueError("truncated or padded states")
-    if hashlib.sha256(payload).hexdigest() != checksum:
-        raise ValueError("the states do not match their checksum")
-    draft_state = None if draft_bytes is None else payload[target_bytes:]
-    return HostEntry(tokens, payload[:target_bytes], draft_tokens, draft_state)
