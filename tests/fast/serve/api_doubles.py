@@ -150,6 +150,7 @@ class RecordingMetrics:
         self.cached_tokens: list[int] = []
         self.rejected: list[int] = []
         self.lookups: list[bool] = []
+        self.replayed: list[str] = []  # finish reasons of answers from the response cache
 
     def request_finished(self, status, prompt_tokens, completion_tokens, ttft_seconds, e2e_seconds,
                          inter_token_seconds, cached_tokens=0) -> None:
@@ -162,6 +163,9 @@ class RecordingMetrics:
 
     def cache_lookup(self, hit: bool) -> None:
         self.lookups.append(hit)
+
+    def request_replayed(self, status, e2e_seconds) -> None:
+        self.replayed.append(status)
 
     def observe_step(self, report) -> None:
         pass

@@ -118,6 +118,7 @@ async def test_deterministic_requests_are_cached_and_marked():
         assert len(server.engine.added) == 3  # the cache hit never reached the engine
         assert all(s["tandem"] == {"cached": False} for s in sampled)
         assert server.metrics.lookups == [False, True]  # sampling without a seed is never looked up
+        assert server.metrics.replayed == [first["choices"][0]["finish_reason"]]  # the hit counts as served
 
 
 @async_test

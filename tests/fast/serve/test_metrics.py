@@ -112,6 +112,21 @@ def test_finished_and_rejected_requests():
     assert (totals["requests"], totals["rejected"], totals["cache_misses"]) == (2, 3, 2)
 
 
+def test_an_answer_from_the_response_cache_is_a_request_served_but_no_engine_tokens():
+    """A dashboard's "requests done" and a request-rate panel count every answer; token counters
+    count the engine's work, which a replayed answer did not do (hits were not counted at all)."""
+    metrics = ServingMetrics(MODEL, clock=FakeClock())
+    metrics.request_finished("stop", 12, 30, 0.2, 1.5, [])
+    metrics.request_replayed("stop", 0.004)
+    s = samples(metrics)
+    assert s[("tandem:request_success_total", frozenset({("finished_reason", "stop")}))] == 2
+    assert s[("tandem:e2e_request_latency_seconds_count", frozenset())] == 2
+    assert s[("tandem:prompt_tokens_total", frozenset())] == 12
+    assert s[("tandem:generation_tokens_total", frozenset())] == 30
+    assert s[("tandem:time_to_first_token_seconds_count", frozenset())] == 1
+    assert metrics.snapshot()["totals"]["requests"] == 2
+
+
 def test_alert_needs_evidence_fires_below_threshold_and_clears():
     clock = FakeClock()
     metrics = ServingMetrics(MODEL, alert_threshold=0.6, alert_window_tokens=100, alert_min_tokens=40, clock=clock)

@@ -73,6 +73,7 @@ async def _answer(state: ServerState, request: Request, prepared: PreparedReques
         cached = _usable(await state.cache.get(key))
         state.metrics.cache_lookup(cached is not None)
         if cached is not None:
+            state.metrics.request_replayed(cached["finish_reason"], time.perf_counter() - received_at)
             return _cached_response(state, prepared, dataclasses.replace(shape, cached=True), cached, deadline,
                                     release)
     run = start_generation(state, prepared, kind, received_at)

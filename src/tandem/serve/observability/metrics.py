@@ -76,6 +76,15 @@ class ServingMetrics:
                                 prefix_cache_queries=prompt_tokens, prefix_cache_hits=cached_tokens)
             self._series.add_request(self._clock(), ttft_seconds, e2e_seconds, inter_token_seconds)
 
+    def request_replayed(self, status: str, e2e_seconds: float) -> None:
+        """A request answered from the response cache: a request served (by its finish reason,
+        with its latency), but no tokens the engine processed."""
+        self._m.request_success.labels(self.model_name, status).inc()
+        self._m.e2e_request_latency.observe(e2e_seconds)
+        with self._lock:
+            self._totals["requests"] += 1
+            self._series.add_request(self._clock(), None, e2e_seconds, [])
+
     def watch_prompt_cache(self, host_cache_bytes: Callable[[], int], disk_cache_bytes: Callable[[], int]) -> None:
         """Read the prompt cache's host- and disk-tier bytes from these callables (on scrapes and
         snapshots)."""
