@@ -110,12 +110,15 @@ def test_short_prompts_are_not_kept():
 
 
 @pytest.mark.parametrize("text, expected", [("8G", 8 << 30), ("512M", 512 << 20), ("2GiB", 2 << 30),
-                                            ("1024", 1 << 30), ("0", 0)])
+                                            ("1024", 1 << 30), ("0", 0), ("1.5", 3 << 19), ("0.5", 1 << 19),
+                                            ("1e3", 1000 << 20), ("2T", 2 << 40), ("4096B", 4096)])
 def test_cache_ram_sizes(text, expected):
+    """A plain number is MiB, decimals too: '1.5' was read as 1 byte (the tier off), '0.5' refused
+    as not positive."""
     assert parse_cache_ram(text) == expected
 
 
-@pytest.mark.parametrize("text", ["lots", "-1", "nan", "G"])
+@pytest.mark.parametrize("text", ["lots", "-1", "nan", "inf", "G", "1e-9"])
 def test_bad_cache_ram_sizes_say_how_to_write_them(text):
     with pytest.raises(TandemError):
         parse_cache_ram(text)

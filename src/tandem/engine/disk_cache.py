@@ -51,14 +51,19 @@ DEFAULT_MAX_BYTES = 16 << 30  # or a quarter of the disk's free space where that
 MAX_QUEUED_BYTES = 1 << 30  # states waiting for the writer, held in memory
 
 
-def default_cache_disk_bytes(directory: str | Path) -> int:
-    """16 GiB, or a quarter of the space on directory's disk that is free or already holds this
-    cache's files (so a restart does not shrink the budget by what the cache wrote)."""
+def disk_room(directory: str | Path) -> int:
+    """The space on directory's disk that is free or already holds this cache's files."""
     path = Path(directory).expanduser()
     own = sum(f.stat().st_size for f in path.glob(f"*/*{SUFFIX}") if f.is_file()) if path.is_dir() else 0
     while not path.exists() and path != path.parent:
         path = path.parent
-    return min(DEFAULT_MAX_BYTES, (shutil.disk_usage(path).free + own) // 4)
+    return shutil.disk_usage(path).free + own
+
+
+def default_cache_disk_bytes(directory: str | Path) -> int:
+    """16 GiB, or a quarter of the disk's room for the cache (disk_room: so a restart does not
+    shrink the budget by what the cache wrote)."""
+    return min(DEFAULT_MAX_BYTES, disk_room(directory) // 4)
 
 
 def digest(text: str) -> str:

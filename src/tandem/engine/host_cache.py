@@ -23,28 +23,30 @@ from typing import Sequence
 
 from tandem.engine.prefix_index import BLOCK, PrefixIndex
 from tandem.heap import release_freed
-from tandem.memory_size import parse_memory
+from tandem.memory_size import MIB, parse_memory
 
 DEFAULT_MAX_BYTES = 8 << 30  # llama-server's --cache-ram default (8 GiB), or a quarter of the RAM if less
 RELEASE_EVERY_BYTES = 64 << 20  # entries dropped between two hand-backs of freed memory
 
 
+def physical_memory_bytes() -> int | None:
+    """This machine's memory, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+
+
 def default_cache_ram_bytes() -> int:
     """8 GiB, or a quarter of this machine's memory where that is less."""
-    try:
-        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return DEFAULT_MAX_BYTES
-    return min(DEFAULT_MAX_BYTES, ram // 4)
+    ram = physical_memory_bytes()
+    return DEFAULT_MAX_BYTES if ram is None else min(DEFAULT_MAX_BYTES, ram // 4)
 
 
 def parse_cache_ram(text: str) -> int:
-    """`--cache-ram`: '8G', '512M', '2GiB', or a plain number of MiB (llama-server's unit); 0 turns
-    the host tier off."""
-    text = str(text).strip()
-    if text.isdigit():
-        return int(text) << 20
-    return parse_memory(text)
+    """`--cache-ram` and `--cache-disk`: '8G', '512M', '2GiB', or a plain number of MiB (llama-server's
+    unit: '1024', '1.5'); 0 turns the host tier off."""
+    return parse_memory(text, plain_unit=MIB, allow_zero=True)
 
 
 @dataclass(frozen=True, slots=True)

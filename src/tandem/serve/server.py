@@ -37,7 +37,7 @@ from tandem.serve.observability.process_stats import track_process
 from tandem.serve.observability.tracing import RequestTracer
 from tandem.serve.response_cache.cache import open_response_cache, response_cache_key
 from tandem.serve.response_cache.store import ResponseStore
-from tandem.serve.settings import API_KEY_ENV, CACHE_OFF, ServeSettings
+from tandem.serve.settings import API_KEY_ENV, CACHE_OFF, ServeSettings, cache_budget_warnings
 from tandem.serve.state import ServerState
 from tandem.sigterm import sigterm_interrupts
 from tandem.speculation.drafters.registry import DRAFTER_NAMES
@@ -96,6 +96,8 @@ def build_state(config: EngineConfig, settings: ServeSettings, model_name: str, 
     track_process(metrics.registry, model_name, lambda: engine.kv_slots_in_use)
     if hasattr(engine, "prompt_cache"):  # a cluster's replicas keep their own
         print(engine.prompt_cache.describe(), file=sys.stderr)
+        for warning in cache_budget_warnings(settings):
+            print(f"warning: {warning}", file=sys.stderr)
     metrics.watch_prompt_cache(lambda: getattr(engine, "host_cache_bytes", 0),
                                lambda: getattr(engine, "disk_cache_bytes", 0))
     metrics.watch_drafting_memory(lambda: getattr(engine, "answers_bytes", 0))  # a cluster's replicas keep theirs

@@ -18,8 +18,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tandem.engine.disk_cache import disk_room
 from tandem.engine.folder_lock import check_folder_free
+from tandem.engine.host_cache import physical_memory_bytes
 from tandem.errors import TandemError
+from tandem.memory_size import human_size
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024  # 1 MiB
 DEFAULT_CACHE_TTL_SECONDS = 3600.0
@@ -77,6 +80,8 @@ class ServeSettings:
         _check_number("--grace-seconds", self.grace_seconds, low=0.0)
         if self.cache_ram_bytes is not None:
             _check_int("--cache-ram (bytes)", self.cache_ram_bytes, 0, 1 << 50)
+        if self.cache_disk_bytes == 0:
+            raise TandemError("--cache-disk 0 leaves the disk tier no room: leave out --cache-dir for none")
         if self.cache_disk_bytes is not None:
             _check_int("--cache-disk (bytes)", self.cache_disk_bytes, 1, 1 << 60)
         if self.cache_disk_bytes is not None and self.cache_dir is None:
@@ -105,9 +110,27 @@ def _check_int(name: str, value, low: int, high: int) -> None:
         raise TandemError(f"{name} must be an integer from {low} to {high}, got {value!r}")
 
 
+def cache_budget_warnings(settings: ServeSettings) -> list[str]:
+    """The prompt cache's budgets given larger than this machine holds (the server still starts:
+    the host tier would fill the memory before its bound, the disk tier the disk)."""
+    warnings = []
+    ram = physical_memory_bytes()
+    if settings.cache_ram_bytes and ram is not None and settings.cache_ram_bytes > ram:
+        warnings.append(f"--cache-ram {human_size(settings.cache_ram_bytes)} is more than this machine's memory "
+                        f"({human_size(ram)}): the host tier can fill it before reaching its bound")
+    if settings.cache_disk_bytes and settings.cache_dir is not None:
+        room = disk_room(settings.cache_dir)
+        if settings.cache_disk_bytes > room:
+            warnings.append(f"--cache-disk {human_size(settings.cache_disk_bytes)} is more than the disk has for "
+                            f"the cache ({human_size(room)} free or its own): the tier will evict at a full disk")
+    return warnings
+
+
 def _check_folder(option: str, folder: str) -> None:
     """A folder the server will write: there (or creatable) and writable, known before the models load."""
     path = Path(folder).expanduser()
+    if path.exists() and not path.is_dir():
+        raise TandemError(f"{option} {folder} is a file, not a folder")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as error:

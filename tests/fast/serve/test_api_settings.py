@@ -47,6 +47,27 @@ def test_bad_serve_options_print_one_error_line(args, says, capsys):
     assert len(err) == 1 and err[0].startswith("error: ") and says in err[0], err
 
 
+def test_a_disk_budget_of_nothing_and_a_cache_folder_that_is_a_file_say_what_to_do(tmp_path):
+    with pytest.raises(TandemError, match="leave out --cache-dir"):
+        ServeSettings(cache_dir=str(tmp_path), cache_disk_bytes=0)
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(TandemError, match="is a file, not a folder"):
+        ServeSettings(cache_dir=str(tmp_path / "afile"))
+
+
+def test_budgets_larger_than_the_machine_are_warned_of(tmp_path, monkeypatch):
+    from tandem.serve import settings as settings_module
+
+    monkeypatch.setattr(settings_module, "physical_memory_bytes", lambda: 16 << 30)
+    monkeypatch.setattr(settings_module, "disk_room", lambda folder: 50 << 30)
+    fits = ServeSettings(cache_ram_bytes=8 << 30, cache_dir=str(tmp_path), cache_disk_bytes=40 << 30)
+    assert settings_module.cache_budget_warnings(fits) == []
+    too_large = ServeSettings(cache_ram_bytes=500 << 30, cache_dir=str(tmp_path), cache_disk_bytes=900 << 30)
+    ram, disk = settings_module.cache_budget_warnings(too_large)
+    assert ram.startswith("--cache-ram 500.0 GiB is more than this machine's memory (16.0 GiB)")
+    assert disk.startswith("--cache-disk 900.0 GiB is more than the disk has for the cache (50.0 GiB")
+
+
 def test_served_model_name_defaults_to_the_target():
     assert default_model_name("smollm2-135m-instruct") == "smollm2-135m-instruct"
     assert default_model_name("/models/qwen-q4.gguf") == "qwen-q4"
