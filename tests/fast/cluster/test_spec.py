@@ -131,7 +131,7 @@ def test_profiles_paths_are_relative_to_the_file(tmp_path):
     ("workers:\n" + VERIFY + "network:\n  latency_ms: {\"a<->a\": 5}\n",
      "6: network.latency_ms.a<->a: a round trip needs two different groups"),
     ("workers:\n" + VERIFY + "    cache_ram: lots\n",
-     "5: workers[0].cache_ram: cannot read a memory size from 'lots'; write it like 512M or 2G"),
+     "5: workers[0].cache_ram: cannot read a memory size from 'lots'; write it like 512M, 2G or 1.5T"),
     ("workers:\n" + VERIFY + "  - name: d\n    role: draft\n    model: m\n    cache_ram: 1G\n",
      "8: workers[1].cache_ram: sizes a verifier replica's prompt cache; a draft worker has none"),
     ("workers:\n  - name: [\n", "3: not valid YAML"),
