@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     prepare_out_dir(out)  # before the soak, not after it
     command = shlex.join(["tandem"] + sys.argv[1:])
     tally, seen = SoakTally(), []
-    with started_server(args, out) as (base_url, model):
+    with started_server(args, out) as (base_url, model, exit_note):
         settings = SoakSettings(base_url, model, prompts, args.concurrency, duration, period, args.max_tokens,
                                 args.abandon_every, args.api_key)
         started = time.monotonic()
@@ -94,7 +94,9 @@ def run(args: argparse.Namespace) -> int:
                 write_outputs(results_json(part, judge(seen, warmup), command) | {"interrupted": True}, out)
                 print(f"\ninterrupted: wrote the {len(seen)} samples so far to {out}", file=sys.stderr)
             raise
-    checks = judge(list(result.samples), warmup)
+        if tally.server_lost is not None:
+            tally.server_lost = "; ".join(filter(None, [exit_note(), tally.server_lost]))
+    checks = judge(list(result.samples), warmup, server_lost=tally.server_lost)
     results = results_json(result, checks, command)
     write_outputs(results, out)
     for check in checks:

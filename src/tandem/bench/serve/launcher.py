@@ -96,6 +96,10 @@ class ServerProcess:
         raise TandemError(f"{self.kind.label} was not ready after {self.ready_timeout_s:.0f} s; "
                           f"end of {self.log_path}:\n{self.log_tail()}")
 
+    def returncode(self) -> int | None:
+        """The process's exit code once it has ended (a signal's as minus its number), else None."""
+        return self._process.poll() if self._process is not None else None
+
     def _healthy(self, base_url: str) -> bool:
         root = base_url.removesuffix("/").removesuffix("/v1")
         try:

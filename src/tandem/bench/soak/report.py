@@ -32,6 +32,8 @@ def report_markdown(results: dict) -> str:
     lines = [f"# Soak: {s['concurrency']} clients for {s['duration_s'] / 60:g} min", "",
              *([f"**Interrupted** after {results['samples'][-1]['elapsed_s'] / 60:.1f} min: the samples so far, "
                 "without the idle phase, so not passed.", ""] if results.get("interrupted") else []),
+             *([f"**The server stopped answering**: {t['server_lost']}. The samples before it are below; "
+                "its log says why.", ""] if t.get("server_lost") else []),
              f"Command: `{results['command']}`", "",
              f"{t['done']} requests ({t['abandoned']} abandoned after their first token, {t['errors']} failed), "
              f"{t['completion_tokens']} completion tokens, {results['completion_tok_s']} tok/s.", "",

@@ -6,10 +6,14 @@ Requests are the workload's chat prompts in turn, greedy and streamed, each mark
 after the first (bench/serve/requests.py) so the response cache never answers one. Every
 `abandon_every`-th request is dropped after its first token, as a client that goes away: the
 server must free its sequence. A failed request (an HTTP error, an error event, a broken stream)
-counts as an error; its first few messages are kept.
+counts as an error; its first few messages are kept. After a failed request, or a sample that
+cannot be read, the server's /health is asked: where nothing answers, the server is gone, the
+clients stop (they would count every refused connection as a request) and the soak ends with the
+samples so far and what was seen (`SoakTally.server_lost`).
 """
 
 import asyncio
+import contextlib
 import itertools
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +30,7 @@ from tandem.errors import TandemError
 
 IDLE_WAIT_S = 60.0  # after the load, how long the server gets to finish what it holds
 REQUEST_TIMEOUT_S = 600.0
+HEALTH_TIMEOUT_S = 10.0
 KEPT_ERRORS = 5
 
 
@@ -56,6 +61,7 @@ class SoakTally:
     abandoned: int = 0
     completion_tokens: int = 0
     error_messages: list[str] = field(default_factory=list)
+    server_lost: str | None = None  # what was seen when the server stopped answering; None: it never did
 
     def failed(self, message: str) -> None:
         self.errors += 1
@@ -91,62 +97,91 @@ async def soak(settings: SoakSettings, on_sample: Callable[[ServerSample], None]
                                  headers=headers) as client:
         start = time.monotonic()
         deadline = start + settings.duration_s
+        lost = asyncio.Event()  # set with tally.server_lost: the sampler stops waiting for its next sample
+
+        def lose(seen: str) -> None:
+            tally.server_lost = seen
+            lost.set()
 
         async def take_sample(phase: str) -> None:
             try:
                 response = await client.get(root + "/metrics")
                 response.raise_for_status()
-            except httpx.HTTPError as error:  # the server died or refuses: the soak cannot go on
+            except httpx.HTTPError as error:
+                if not await _answers(client, root):
+                    lose(f"{root}/metrics unread after {tally.done} requests: {error}")
+                    return
                 raise TandemError(f"cannot read {root}/metrics after {tally.done} requests: {error}") from None
             sample = ServerSample(round(time.monotonic() - start, 1), phase, tally.done, tally.errors,
                                   **read_metrics(response.text))
             samples.append(sample)
             on_sample(sample)
 
+        def going() -> bool:
+            return time.monotonic() < deadline and tally.server_lost is None
+
         async def one_client() -> None:
-            while time.monotonic() < deadline:
+            while going():
                 request = next(requests)
                 payload = chat_payload(request, settings.model, settings.max_tokens, {})
                 tally.started += 1
                 if settings.abandon_every and tally.started % settings.abandon_every == 0:
-                    await _abandon(client, chat_url, payload, tally)
+                    error = await _abandon(client, chat_url, payload, tally)
                 else:
                     record = await stream_chat(client, chat_url, payload, request.prompt_id, request.category)
+                    error = record.error if not record.ok else None
                     if record.ok:
                         tally.completion_tokens += record.completion_tokens
                     else:
                         tally.failed(f"{request.prompt_id}: {record.error}")
                 tally.done += 1
+                if error is not None and tally.server_lost is None and not await _answers(client, root):
+                    lose(f"nothing answers {root}/health after {tally.done} requests; the last: {error}")
 
         async def sampler() -> None:
-            while (left := deadline - time.monotonic()) > 0:
+            while going() and (left := deadline - time.monotonic()) > 0:
                 await take_sample("load")
-                await asyncio.sleep(min(settings.sample_every_s, left))
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(lost.wait(), min(settings.sample_every_s, left))
 
         await asyncio.gather(sampler(), *(one_client() for _ in range(settings.concurrency)))
         load_seconds = time.monotonic() - start
-        await _wait_idle(client, root)
-        await take_sample("idle")
+        if tally.server_lost is None:
+            await _wait_idle(client, root)
+            await take_sample("idle")
     return SoakResult(settings, tuple(samples), tally, load_seconds)
 
 
-async def _abandon(client: httpx.AsyncClient, url: str, payload: dict, tally: SoakTally) -> None:
-    """Send a streamed request and hang up after its first token (or its first error)."""
+async def _abandon(client: httpx.AsyncClient, url: str, payload: dict, tally: SoakTally) -> str | None:
+    """Send a streamed request and hang up after its first token (or its first error: returned)."""
     try:
         async with client.stream("POST", url, json=payload) as response:
             if response.status_code != 200:
-                tally.failed(f"abandoned request: HTTP {response.status_code}: {(await response.aread())[:200]!r}")
-                return
+                return _failed(tally, f"HTTP {response.status_code}: {(await response.aread())[:200]!r}")
             async for data in sse_payloads(response.aiter_lines()):
                 chunk = parse_chunk(data) if data != "[DONE]" else None
                 if chunk is not None and chunk.error:
-                    tally.failed(f"abandoned request: {chunk.error}")
-                    return
+                    return _failed(tally, chunk.error)
                 if chunk is None or chunk.text:
                     break
         tally.abandoned += 1
+        return None
     except httpx.HTTPError as error:
-        tally.failed(f"abandoned request: {type(error).__name__}: {error}")
+        return _failed(tally, f"{type(error).__name__}: {error}")
+
+
+def _failed(tally: SoakTally, error: str) -> str:
+    tally.failed(f"abandoned request: {error}")
+    return error
+
+
+async def _answers(client: httpx.AsyncClient, root: str) -> bool:
+    """Whether anything answers the server's /health (a 503 while it drains is an answer)."""
+    try:
+        await client.get(root + "/health", timeout=HEALTH_TIMEOUT_S)
+        return True
+    except httpx.HTTPError:
+        return False
 
 
 async def _wait_idle(client: httpx.AsyncClient, root: str) -> None:

@@ -33,21 +33,30 @@ class SoakedServer:
 
 @contextmanager
 def started_server(args, out: Path):
-    """Yields (base_url, model)."""
+    """Yields (base_url, model, exit_note): exit_note() says how a server started here ended, where
+    it did ("" while it runs, or for the one at --url)."""
     if args.url is not None:
-        yield args.url, _served_model(args.url, args.api_key)
+        yield args.url, _served_model(args.url, args.api_key), lambda: ""
         return
     kind = SoakedServer(args.target, args.draft, args.concurrency, shlex.split(args.serve_args))
     print(f"starting tandem serve (log: {out / 'server.log'}; a first start pulls and profiles models: "
           f"minutes)...", file=sys.stderr, flush=True)
     with ServerProcess(kind, None, out / "server.log") as server:
-        yield server.base_url, _served_model(server.base_url, args.api_key)
+
+        def exit_note() -> str:
+            code = server.returncode()
+            return "" if code is None else f"tandem serve exited with code {code} (see {out / 'server.log'})"
+
+        yield server.base_url, _served_model(server.base_url, args.api_key), exit_note
 
 
 def _served_model(base_url: str, api_key: str | None) -> str:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         response = httpx.get(base_url.removesuffix("/") + "/models", headers=headers, timeout=10.0)
+        if response.status_code == 401:
+            raise TandemError(f"{base_url} wants an API key: give soak the server's key with --api-key "
+                              f"({'this one was refused' if api_key else 'none was given'})")
         response.raise_for_status()
         return response.json()["data"][0]["id"]
     except (httpx.HTTPError, KeyError, IndexError, ValueError) as error:

@@ -1,4 +1,5 @@
 """Did the server hold up? Checks on a soak's samples, each with its figure:
+- the server answered to the end (a server that died or stopped answering fails, with what was seen);
 - no failed request;
 - resident memory after warm-up, less what fills up to a bound by design (the prompt cache's
   host tier, to its `--cache-ram` budget; the drafters' memory of earlier answers, the suffix
@@ -23,7 +24,10 @@ class Check:
     figure: str
 
 
-def judge(samples: list[ServerSample], warmup_s: float, max_rss_growth: float = MAX_RSS_GROWTH) -> list[Check]:
+def judge(samples: list[ServerSample], warmup_s: float, max_rss_growth: float = MAX_RSS_GROWTH,
+          server_lost: str | None = None) -> list[Check]:
+    if server_lost is not None:
+        return [Check("server up", False, server_lost)]
     loaded = [s for s in samples if s.phase == "load"]
     idle = [s for s in samples if s.phase == "idle"]
     if not loaded or not idle:
