@@ -49,6 +49,15 @@ def test_bench_step_times_the_llamacpp_runner_beside_one_call(tmp_path):
     assert all(t["step_ms"] > 0 for t in timings)
 
 
+def test_bench_step_on_llamacpp_refuses_slots_its_pool_cannot_hold_before_timing():
+    """The check read the pool's size through a wrapper that lacked it: 2 slots of 2,100 tokens ran
+    23 s into 'llama.cpp decode failed', 64 of 4,000 for minutes."""
+    result = tandem("bench-step", "--backend", "llamacpp", "--model", SMALL, "--batches", "64", "--tokens", "64",
+                    "--context", "4000", "--repeats", "1", "--threads", "2", timeout=120)
+    assert result.returncode == 2 and "KV cells; the llamacpp runner's pool holds" in result.stderr, result.stderr
+    assert "steps" not in result.stderr  # refused before the timing started
+
+
 @pytest.fixture(scope="module")
 def mismatched_folder(tmp_path_factory, small_hf):
     """An HF folder whose tokenizer maps two tokens to swapped ids."""

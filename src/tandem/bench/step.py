@@ -64,10 +64,12 @@ def load_runners(model: str, device: str, dtype: str, slots: int, threads: int |
 def load_llamacpp_runners(model: str, slots: int, threads: int | None, one_call: bool,
                           context_length: int = STEP_CONTEXT) -> dict[str, BatchRunner]:
     """The llama.cpp batch runner, and the same runner packing every slot into one call."""
-    from tandem.models.llamacpp_batch_runner import BATCH_TOKENS, LlamaCppBatchRunner
+    from tandem.models.llamacpp_batch_runner import BATCH_TOKENS, MAX_POOL_TOKENS, LlamaCppBatchRunner, kv_pool_tokens
     from tandem.models.resolve import gguf_path
 
-    runner = LlamaCppBatchRunner(str(gguf_path(model)), slots, context_length, threads)
+    # every slot filled to the context at once (a server's pool holds half of that)
+    pool = min(MAX_POOL_TOKENS, max(kv_pool_tokens(slots, context_length), slots * context_length))
+    runner = LlamaCppBatchRunner(str(gguf_path(model)), slots, context_length, threads, pool_tokens=pool)
     runners: dict[str, BatchRunner] = {"llamacpp": _TileRows(runner, runner.tile_rows)}
     if one_call:
         runners["one-call"] = _TileRows(runner, BATCH_TOKENS + 1)
@@ -92,6 +94,13 @@ class _TileRows:
     @property
     def context_length(self) -> int:
         return self.runner.context_length
+
+    @property
+    def pool_tokens(self) -> int:
+        """The KV cells all slots share (llama.cpp's unified pool; the check was skipped without it)."""
+        return self.runner.pool_tokens
+
+    pool_block = 1  # cells are counted one by one, not in pages
 
     def rollback(self, slot: int, length: int) -> None:
         self.runner.rollback(slot, length)

@@ -57,8 +57,8 @@ def run(args: argparse.Namespace) -> int:
         raise TandemError(f"--context {args.context} plus {max(tokens)} tokens is beyond the {limit} tokens a "
                           f"sequence of this model may hold (what it was trained on)")
     for label, runner in runners.items():  # every slot holds --context plus the new tokens at once
-        pool = getattr(runner, "pool_tokens", None)
-        wanted = max(batches) * -(-needed // 16) * 16  # in whole blocks of 16, the paged pool's
+        pool, block = getattr(runner, "pool_tokens", None), getattr(runner, "pool_block", 16)
+        wanted = max(batches) * -(-needed // block) * block  # in whole pages (16 tokens in the paged pool)
         if pool is not None and wanted > pool:
             raise TandemError(f"{max(batches)} slots of --context {args.context} plus {max(tokens)} tokens need "
                               f"{wanted:,} KV cells; the {label} runner's pool holds {pool:,}: lower --batches "

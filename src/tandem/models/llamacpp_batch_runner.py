@@ -127,7 +127,8 @@ class LlamaCppBatchRunner:
     idle_caches_slow_steps = True  # every running sequence's attention spans the unified pool's used cells
 
     def __init__(self, gguf_path: str, max_slots: int, context_length: int = DEFAULT_CONTEXT,
-                 threads: int | None = None, cache_slots: int | None = None):
+                 threads: int | None = None, cache_slots: int | None = None, pool_tokens: int | None = None):
+        """pool_tokens: the KV cells all slots share (None: kv_pool_tokens, a server's pool)."""
         import llama_cpp
         from llama_cpp import Llama
         from llama_cpp._internals import LlamaBatch, LlamaContext
@@ -141,7 +142,7 @@ class LlamaCppBatchRunner:
             raise TandemError(f"llama.cpp cannot load {gguf_path}: {error}") from None
         params = llama_cpp.llama_context_default_params()
         ctypes.pointer(params)[0] = self._llm.context_params
-        self.pool_tokens = kv_pool_tokens(max_slots, context_length)
+        self.pool_tokens = pool_tokens or kv_pool_tokens(max_slots, context_length)
         params.n_ctx = self.pool_tokens
         params.n_batch = BATCH_TOKENS
         params.n_ubatch = BATCH_TOKENS
