@@ -37,18 +37,22 @@ def sigterm_interrupts():
 
 @contextlib.contextmanager
 def deferring_ctrl_c():
-    """Ctrl-C within the block is held until it ends, then raised there. For a call an interrupt
-    must not cut in two: one inside Ray's core-worker constructor (`ray.init`) leaves a driver
-    that crashes the process at exit (SIGSEGV, after `interrupted` was said). Main thread only:
-    elsewhere nothing changes."""
+    """Ctrl-C within the block is held until it ends, then raised there, and so is SIGTERM where
+    it interrupts (`sigterm_interrupts`). For a call an interrupt must not cut in two: one inside
+    Ray's core-worker constructor (`ray.init`) leaves a driver that crashes the process at exit
+    (SIGSEGV, after `interrupted` was said); and for C code that calls back into Python (llama.cpp's
+    log callback), where a KeyboardInterrupt raised in the callback is swallowed and the
+    interrupt lost. Main thread only: elsewhere nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     held = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    signals = [signal.SIGINT] + ([signal.SIGTERM] if signal.getsignal(signal.SIGTERM) is interrupt else [])
+    previous = {signum: signal.signal(signum, lambda signum, frame: held.append(signum)) for signum in signals}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
     if held:
         raise KeyboardInterrupt

@@ -324,3 +324,41 @@ def test_two_builds_of_one_folder_at_once_leave_one_whole_result(tmp_path, monke
         assert reader.read() == "first"  # its open file survived the replacement
     assert (dest / "config.json").read_text() == "racer"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+def test_ctrl_c_while_llama_cpp_requantizes_is_raised_after_the_call(tmp_path, monkeypatch):
+    """Ctrl-C during a derived pull's re-quantization: the KeyboardInterrupt was raised inside
+    llama.cpp's log callback (Python called from C), where ctypes swallows it, so the pull ran on,
+    kept the model and exited 0. Here C calls back into Python (libc's qsort with a Python
+    comparator) the way llama.cpp's log does, and the first callback sends SIGINT."""
+    import ctypes
+    import ctypes.util
+    import os
+    import signal
+
+    import llama_cpp
+
+    from tandem.models.requantize import requantize
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    compare_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int))
+    sent = []
+
+    def compare(a, b):
+        if not sent:
+            sent.append(os.kill(os.getpid(), signal.SIGINT))
+        return a[0] - b[0]
+
+    def quantizing(source, dest, params):
+        values = (ctypes.c_int * 64)(*range(64, 0, -1))
+        libc.qsort(values, 64, ctypes.sizeof(ctypes.c_int), compare_type(compare))
+        with open(dest, "wb") as f:
+            f.write(b"GGUF quantized")
+        return 0
+
+    monkeypatch.setattr(llama_cpp, "llama_model_quantize", quantizing)
+    source = tmp_path / "source.gguf"
+    source.write_bytes(b"GGUF")
+    with pytest.raises(KeyboardInterrupt):
+        requantize(source, tmp_path / "out.gguf", "Q4_0")
+    assert sent and signal.getsignal(signal.SIGINT) is signal.default_int_handler

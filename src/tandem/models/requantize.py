@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tandem.errors import TandemError
+from tandem.sigterm import deferring_ctrl_c
 
 FILE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K_M")  # quantizations a derivation may name
 
@@ -32,7 +33,8 @@ def requantize(source: Path, dest: Path, quantization: str, threads: int | None 
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{quantization}")
     params.allow_requantize = True  # the source is quantized already: dequantized, then quantized again
     params.nthread = threads or os.cpu_count() or 1
-    with tempfile.TemporaryFile() as log, _c_output_to(log):  # a line per tensor: shown only on failure
+    # Ctrl-C is held to the call's end: raised in llama.cpp's log callback, it was swallowed there
+    with deferring_ctrl_c(), tempfile.TemporaryFile() as log, _c_output_to(log):  # a line per tensor: shown on failure
         status = llama_cpp.llama_model_quantize(str(source).encode(), str(dest).encode(), ctypes.byref(params))
         log.seek(0)
         said = log.read().decode(errors="replace").strip().splitlines()
