@@ -294,6 +294,12 @@ def test_report_renders_from_results_alone():
     text = render_report(results)
     assert "| hybrid | 250.0 |" in text and "2.00x" in text
     assert "0% (0/1); first diff p@1" in text
+    assert "draft `d`" in text and "Interrupted" not in text
+    # a Ctrl-C's part says so (it read as the whole run), and a run without a draft model names none
+    part = render_report(results | {"interrupted_after_prompts": 1,
+                                    "settings": results["settings"] | {"prompts": 30, "draft": None}})
+    assert "**Interrupted**: the first 1 of 30 prompts" in part
+    assert "no draft model (no configuration uses one)" in part and "draft `" not in part
 
 
 def test_bad_k_suffix_names_the_config():

@@ -46,7 +46,10 @@ def plot_speedup(plt, results: dict):
     ax.set_ylim(0, highest * 1.12)
     ax.set_ylabel(f"speedup vs {base} (ms/token ratio)")
     ax.set_title(f"Speedup vs {base}: overall and by category")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    if labels:  # one config alone has nothing to compare (matplotlib warned of an empty legend)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        ax.text(0.5, 0.5, f"only {base}: nothing to compare", ha="center", transform=ax.transAxes)
     return fig
 
 

@@ -86,9 +86,14 @@ def _match_cell(match: dict | None) -> str:
 def render_report(results: dict) -> str:
     settings, machine = results["settings"], results["machine"]
     lines = ["# Tandem benchmark", "", f"`{results['command']}`", ""]
+    finished = results.get("interrupted_after_prompts")
+    if finished is not None:
+        lines += [f"**Interrupted**: the first {finished} of {settings['prompts']} prompts, which every "
+                  "configuration finished.", ""]
+    draft = f"draft `{settings['draft']}`" if settings.get("draft") else "no draft model (no configuration uses one)"
     lines += [f"{settings['prompts']} prompts from `{settings['prompts_file']}`, {settings['max_tokens']} "
               f"greedy tokens max, {settings['warmup']} warm-up prompt(s); target `{settings['target']}`, "
-              f"draft `{settings['draft']}`. ms/token = total time / total new tokens, prompt "
+              f"{draft}. ms/token = total time / total new tokens, prompt "
               "processing included; p50/p90/p99 over per-prompt ms/token.", ""]
     lines += main_table(results)
     lines += ["", "## By category"] + category_tables(results)

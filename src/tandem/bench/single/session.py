@@ -57,7 +57,8 @@ def run_session(settings: BenchSettings) -> dict:
     with PeakMemory() as memory:
         warm_up(configs, warmups, settings.max_tokens)
         records, interrupted = run_benchmark(configs, items, settings.max_tokens, memory)
-    header = {**_header(settings, len(items)), "cost_curves_ms": models.cost_curves()}
+    uses_draft = any(config.uses_draft_model for config in configs)
+    header = {**_header(settings, len(items), uses_draft), "cost_curves_ms": models.cost_curves()}
     if interrupted:
         header["interrupted_after_prompts"] = min(len(runs) for runs in records.values())
     results = build_results(configs, records, memory, header)
@@ -71,7 +72,8 @@ def warmup_prompts(count: int) -> list[BenchPrompt]:
             for i in range(count)]
 
 
-def _header(settings: BenchSettings, prompt_count: int) -> dict:
+def _header(settings: BenchSettings, prompt_count: int, uses_draft: bool) -> dict:
+    """uses_draft: some config drafts with the draft model (else the report names none)."""
     choice = settings.models
     return {
         "command": settings.command,
@@ -82,7 +84,7 @@ def _header(settings: BenchSettings, prompt_count: int) -> dict:
             "warmup": settings.warmup,
             "configs": settings.configs,
             "target": choice.target.resolved().describe(),
-            "draft": choice.draft.resolved().describe(),
+            "draft": choice.draft.resolved().describe() if uses_draft else None,
             "default_k": str(choice.k),
             "threads": choice.cpu_threads,
         },
