@@ -108,6 +108,29 @@ def test_truncated_entry_is_not_pulled(home, monkeypatch):
     assert pull(FAKE_NAME, progress=False).read_bytes() == data  # a re-pull repairs it
 
 
+def test_a_file_damaged_in_place_is_found_said_and_pulled_again(home, monkeypatch, capsys):
+    """Bytes overwritten in the middle, the size kept: is_pulled compared sizes only, so the damaged
+    model loaded and answered garbage with exit 0 (and a derived model's source was used as is)."""
+    import json
+
+    from tandem.models.pull import pulled_state
+
+    data = b"".join(PIECES)
+    use_fake_catalog(monkeypatch, sha256=hashlib.sha256(data).hexdigest())
+    path = pull(FAKE_NAME, progress=False)
+    path.write_bytes(data[:6] + b"XXXX" + data[10:])
+    assert pulled_state(FAKE_NAME) == "damaged" and not is_pulled(FAKE_NAME)
+    assert pull(FAKE_NAME, progress=False).read_bytes() == data
+    assert "no longer matches its catalog checksum" in capsys.readouterr().err
+    # an older pull's manifest (no stamp) is verified once by hashing, then stamped
+    manifest_path = path.parent / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest_path.write_text(json.dumps({k: v for k, v in manifest.items() if k != "verified"}))
+    assert is_pulled(FAKE_NAME) and json.loads(manifest_path.read_text())["verified"] == manifest["verified"]
+    monkeypatch.setattr(pull_module, "_file_sha256", lambda path: pytest.fail("an unchanged file is not read"))
+    assert is_pulled(FAKE_NAME)
+
+
 DERIVED_NAME = "fake-tiny-q4_0"
 
 

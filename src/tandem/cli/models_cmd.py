@@ -10,7 +10,7 @@ import argparse
 from tandem.errors import TandemError
 from tandem.memory_size import human_size
 from tandem.models.catalog import CATALOG, CatalogEntry
-from tandem.models.pull import entry_dir, is_pulled, pull
+from tandem.models.pull import entry_dir, pull, pulled_state
 from tandem.models.remove import folder_bytes, local_conversions, remove_model
 from tandem.models.resolve import gguf_path, hf_path
 from tandem.paths import models_dir
@@ -76,7 +76,7 @@ def print_path(args: argparse.Namespace) -> int:
 
 
 def _row(entry: CatalogEntry) -> tuple[str, ...]:
-    pulled = "yes" if is_pulled(entry.name) else "no"
+    pulled = pulled_state(entry.name)  # yes, no or damaged (the file changed since its pull verified it)
     folder = entry_dir(entry.name)
     on_disk = human_size(folder_bytes(folder)) if folder.is_dir() else "-"  # with its conversions
     return (entry.name, entry.parameters, entry.quantization, human_size(entry.size_bytes),

@@ -5,7 +5,8 @@ A pulled model lives in `models_dir()/<name>/` as `model.gguf` plus `manifest.js
 derived entry pulls its source, then re-quantizes it (models/requantize.py) and checks the result.
 All work happens in a temp directory under `models_dir()` that is renamed into place only after
 the checksum matches, so an interrupted, corrupt or disk-full pull never leaves a usable-looking
-entry; `is_pulled` double-checks the manifest against the catalog and the file size. A full disk
+entry; `is_pulled` double-checks the manifest against the catalog, and the file against the checksum
+whenever it changed since it was verified (a damaged file is pulled again, and said so). A full disk
 is reported as such (what the model needs, what is free), whether pip or the assembly hit it.
 """
 
@@ -44,15 +45,43 @@ def entry_dir(name: str) -> Path:
 
 
 def is_pulled(name: str) -> bool:
-    """True when `name` has a manifest matching the catalog checksum and a GGUF of the recorded size."""
+    """True when `name` has a manifest matching the catalog checksum and a GGUF whose bytes match it."""
+    return pulled_state(name) == "yes"
+
+
+def pulled_state(name: str) -> str:
+    """"yes"; "no" (nothing there, or pulled for another catalog checksum); or "damaged": the GGUF
+    no longer matches the checksum its pull verified. The file is hashed again only where it changed
+    since it was last verified (its size, time and inode: the manifest's `verified` stamp), so a
+    file written over, truncated or corrupted in place is found, at no cost to an unchanged one."""
     entry = lookup(name)
     folder = entry_dir(name)
+    gguf = folder / GGUF_FILENAME
     try:
         manifest = json.loads((folder / MANIFEST_FILENAME).read_text())
-        size = (folder / GGUF_FILENAME).stat().st_size
+        stamp = _stamp(gguf)
     except (OSError, ValueError):
-        return False
-    return manifest.get("sha256") == entry.sha256 and manifest.get("size") == size
+        return "no"
+    if not isinstance(manifest, dict) or manifest.get("sha256") != entry.sha256:
+        return "no"
+    if manifest.get("verified") == stamp:
+        return "yes"
+    if manifest.get("size") != stamp[0] or _file_sha256(gguf) != entry.sha256:
+        return "damaged"
+    with contextlib.suppress(OSError):  # verified again (an older pull's manifest, a copied cache)
+        (folder / MANIFEST_FILENAME).write_text(json.dumps(manifest | {"verified": stamp}, indent=2) + "\n")
+    return "yes"
+
+
+def _stamp(gguf: Path) -> list[int]:
+    """What tells a file's version without reading it: size, modification time, inode."""
+    stat = gguf.stat()
+    return [stat.st_size, stat.st_mtime_ns, stat.st_ino]
+
+
+def _file_sha256(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def pull(name: str, progress: bool = True) -> Path:
@@ -63,8 +92,12 @@ def pull(name: str, progress: bool = True) -> Path:
     """
     entry = lookup(name)
     final = entry_dir(name)
-    if is_pulled(name):
+    state = pulled_state(name)
+    if state == "yes":
         return final / GGUF_FILENAME
+    if state == "damaged":
+        print(f"{name}: {final / GGUF_FILENAME} no longer matches its catalog checksum (changed since it "
+              "was pulled): pulling it again", file=sys.stderr, flush=True)
     try:
         with atomic_dir(final) as work:
             _fill(entry, work, progress)
@@ -91,7 +124,7 @@ def _fill(entry: CatalogEntry, work: Path, progress: bool) -> None:
         made, then = "the assembled GGUF", "the download was discarded, please pull again"
     if sha256 != entry.sha256:
         raise ChecksumError(f"{entry.name}: {made} has SHA-256 {sha256} but the catalog expects {entry.sha256}; {then}")
-    manifest = {"name": entry.name, "sha256": sha256, "size": size}
+    manifest = {"name": entry.name, "sha256": sha256, "size": size, "verified": _stamp(gguf)}
     (work / MANIFEST_FILENAME).write_text(json.dumps(manifest, indent=2) + "\n")
 
 
