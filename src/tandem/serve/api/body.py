@@ -1,6 +1,7 @@
 """Reading a request body: at most `limit` bytes, whatever Content-Length claims; then JSON; then
 the pydantic model. Each failure is an APIError with the status OpenAI would use (413, 400)."""
 
+import asyncio
 import json
 from typing import TypeVar
 
@@ -14,20 +15,26 @@ M = TypeVar("M", bound=BaseModel)
 MAX_JSON_DEPTH = 32  # nested arrays and objects; a request needs 4 (messages, a message, its content parts, a part)
 
 
-async def read_limited(request: Request, limit: int) -> bytes:
+async def read_limited(request: Request, limit: int, timeout_s: float | None = None) -> bytes:
+    """The body, at most `limit` bytes, arrived within timeout_s (None: no limit; a client that
+    stops mid-body held its connection for ever, the request's time limit starting after it)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise _too_large(int(declared), limit)
     chunks, size = [], 0
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise _too_large(size, limit)
-            chunks.append(chunk)
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise _too_large(size, limit)
+                chunks.append(chunk)
     except ClientDisconnect:  # nobody reads the answer; it is counted, not logged as our failure
         raise APIError(400, "the client closed the connection before its request body arrived",
                        code="client_disconnected") from None
+    except TimeoutError:
+        raise APIError(408, f"the request body did not arrive within {timeout_s:g} s (--request-timeout)",
+                       code="request_timeout") from None
     return b"".join(chunks)
 
 
@@ -72,9 +79,9 @@ def _check_unicode(value: dict) -> None:
                        code="invalid_value") from None
 
 
-async def read_request(request: Request, model: type[M], limit: int) -> M:
-    """The body as `model`, validated."""
-    body = parse_json_object(await read_limited(request, limit))
+async def read_request(request: Request, model: type[M], limit: int, timeout_s: float | None = None) -> M:
+    """The body as `model`, validated; it must arrive within timeout_s."""
+    body = parse_json_object(await read_limited(request, limit, timeout_s))
     try:
         return model.model_validate(body)
     except ValidationError as error:

@@ -32,19 +32,20 @@ CACHED_FIELDS = ("text", "token_ids", "finish_reason", "usage")  # what Generati
 def completions_router(state: ServerState) -> APIRouter:
     router = APIRouter(dependencies=[Depends(require_api_key(state.settings.api_key))])
     limit = state.settings.max_body_bytes
+    timeout_s = state.settings.request_timeout_seconds  # the body's arrival counts against it too
 
     @router.post("/v1/completions")
     async def completions(request: Request):
         received_at = time.perf_counter()
         _refuse_if_draining(state)
-        body = await read_request(request, CompletionRequest, limit)
+        body = await read_request(request, CompletionRequest, limit, timeout_s)
         return await _respond(state, request, await prepare_completion(state, body), "text", received_at)
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         received_at = time.perf_counter()
         _refuse_if_draining(state)
-        body = await read_request(request, ChatCompletionRequest, limit)
+        body = await read_request(request, ChatCompletionRequest, limit, timeout_s)
         return await _respond(state, request, await prepare_chat(state, body), "chat", received_at)
 
     return router
