@@ -74,6 +74,21 @@ async def test_engine_stopped_is_503():
 
 
 @async_test
+async def test_a_whole_request_cancelled_by_shutdown_is_a_503_with_retry_after():
+    """Every other 503 says when to retry; the one for a request the shutdown cancelled did not."""
+    engine = ScriptedEngine(reply_script(), max_running=1)
+    engine.gate.clear()
+    with TestServer(engine) as server:
+        async with server.client() as client:
+            in_flight = asyncio.create_task(client.post("/v1/completions", json=completion_body()))
+            await server.wait_until(lambda: server.worker.in_flight == 1)
+            await asyncio.to_thread(server.worker.shutdown, 0)  # no grace: in-flight requests are cancelled
+            response = await in_flight
+        assert response.status_code == 503 and int(response.headers["retry-after"]) >= 1, response.text
+        assert response.json()["error"]["type"] == "service_unavailable"
+
+
+@async_test
 async def test_health_reports_engine_counts():
     engine = ScriptedEngine(reply_script(eos=False), max_running=1)
     with TestServer(engine) as server:
