@@ -59,7 +59,7 @@ async def test_a_request_past_the_timeout_is_504_and_its_sequence_is_freed():
             assert response.status_code == 504
             assert response.json()["error"]["code"] == "request_timeout"
             await server.wait_until(lambda: server.worker.in_flight == 0 and not server.engine.has_work)
-        assert server.metrics.finished[-1][0] == "cancelled"
+        assert server.metrics.finished[-1][0] == "timeout"  # not "cancelled", a client's leaving
 
 
 @async_test
@@ -73,6 +73,7 @@ async def test_a_stream_past_the_timeout_ends_with_an_error_event_and_done():
             events = sse_events(response.text)
             assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "request_timeout"
             await server.wait_until(lambda: server.worker.in_flight == 0 and not server.engine.has_work)
+        assert server.metrics.finished[-1][0] == "timeout"
 
 
 @async_test

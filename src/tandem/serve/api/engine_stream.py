@@ -114,10 +114,11 @@ class GenerationRun:
         if self._closed:
             return
         self._closed = True
-        if not self.handle.finished:  # left early: the client went away
-            self.handle.cancel()
-            self.finish_reason = "cancelled"
         now = time.perf_counter()
+        if not self.handle.finished:  # left early: the client went away, or the time limit passed
+            self.handle.cancel()
+            timed_out = now - self.received_at >= self.state.settings.request_timeout_seconds
+            self.finish_reason = "timeout" if timed_out else "cancelled"  # the metrics tell them apart
         ttft = None if self._first_token_at is None else self._first_token_at - self.received_at
         _safely(self.state.metrics.request_finished, self.finish_reason, self.prepared.prompt_tokens,
                 len(self.token_ids), ttft, now - self.received_at, self._inter_token, self.cached_tokens)

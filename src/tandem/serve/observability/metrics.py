@@ -58,7 +58,8 @@ class ServingMetrics:
     def request_finished(self, status: str, prompt_tokens: int, completion_tokens: int,
                          ttft_seconds: float | None, e2e_seconds: float,
                          inter_token_seconds: list[float], cached_tokens: int = 0) -> None:
-        """status: the finish reason (engine/events.py FINISH_REASONS); cached_tokens: the
+        """status: the finish reason (engine/events.py FINISH_REASONS), or "timeout" for a request the
+        server cancelled at --request-timeout; cached_tokens: the
         prompt tokens the prompt cache held (vLLM's prefix-cache queries and hits count tokens)."""
         m = self._m
         m.request_success.labels(self.model_name, status).inc()
