@@ -47,6 +47,8 @@ BAD_COMPLETIONS = [
     (completion_body(stop=[f"s{i}" for i in range(17)]), "stop", "invalid_value", "16"),
     (completion_body(stream="yes"), "stream", "invalid_type", ""),
     (completion_body(stream_options={"include_usage": "yes"}), "stream_options.include_usage", "invalid_type", ""),
+    (completion_body(stream=True, stream_options={"continuous_usage_stats": True}),
+     "stream_options.continuous_usage_stats", "unsupported_value", ""),
     (completion_body(n=2), "n", "unsupported_value", "n=1"),
     (completion_body(tandem={"drafter": "magic"}), "tandem.drafter", "invalid_value", ""),
     (completion_body(tandem={"k": 65}), "tandem.k", "invalid_value", "auto"),

@@ -114,6 +114,9 @@ class TandemOptions(BaseModel):
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     include_usage: bool | None = False
+    # vLLM's usage on every chunk: refused, not ignored (a client asking for it got none without a word)
+    continuous_usage_stats: Annotated[None, refused("stream_options.continuous_usage_stats", False,
+                                                    schema=Literal[False] | None)] = None
 
 
 class TextFormat(BaseModel):  # for the schema only: response_format's one accepted value
