@@ -137,7 +137,21 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["generate", "--prompt", "hi", "--dtype", "fp64"], "unknown dtype"),  # accepted on llama.cpp
     (["bench-cluster", "--cluster", "{tmp}/gone.yaml", "--out", "{tmp}/never"], "gone.yaml"),
     (["serve", "--max-tokens", "64"], "unrecognized arguments: --max-tokens 64"),  # was --max-tokens-limit 64
+    (["models", "pull", "nosuch"], "known models: "),
 ]
+
+
+@pytest.mark.parametrize("target, says", [("/dev/null", "is not a regular file"),  # "no such model file"
+                                          ("{tmp}", "not a Hugging Face model folder")])  # "no tokenizer files"
+def test_a_target_that_is_no_model_says_what_it_is(target, says, files, capsys):
+    assert exit_code(["generate", "--prompt", "hi", "--target", target.format(**files)]) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_pull_of_an_unknown_name_does_not_offer_paths(capsys):
+    """`models pull` refuses paths, so its unknown-name error must not say a path is accepted."""
+    assert exit_code(["models", "pull", "nosuch"]) == 2
+    assert "also accepted" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, says", CASES, ids=[" ".join(a[:2]) + f" #{i}" for i, (a, _) in enumerate(CASES)])

@@ -7,9 +7,9 @@ Each handler takes the parsed args and returns an exit code; TandemError is left
 
 import argparse
 
-from tandem.errors import TandemError
+from tandem.errors import ModelNotFoundError, TandemError
 from tandem.memory_size import human_size
-from tandem.models.catalog import CATALOG, CatalogEntry
+from tandem.models.catalog import CATALOG, PATHS_ACCEPTED, CatalogEntry
 from tandem.models.pull import entry_dir, pull, pulled_state
 from tandem.models.remove import folder_bytes, local_conversions, remove_model
 from tandem.models.resolve import gguf_path, hf_path
@@ -66,7 +66,11 @@ def pull_model(args: argparse.Namespace) -> int:
     if args.name.endswith(".gguf") or "/" in args.name:
         raise TandemError(f"`tandem models pull` takes a catalog name (see `tandem models list`); a local file or "
                           f"folder such as {args.name} needs no pull: pass it to --target or --draft")
-    print(pull(args.name, progress=True))
+    try:
+        path = pull(args.name, progress=True)
+    except ModelNotFoundError as error:  # its "a local file is also accepted" is for --target, not pull
+        raise ModelNotFoundError(str(error).replace(PATHS_ACCEPTED, "").rstrip()) from None
+    print(path)
     return 0
 
 

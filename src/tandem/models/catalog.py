@@ -150,6 +150,9 @@ def float_source(name: str) -> str:
     return entry.derived.source if entry is not None and entry.derived is not None else name
 
 
+PATHS_ACCEPTED = "A path to a local .gguf file or a Hugging Face model folder is also accepted."
+
+
 def lookup(name: str) -> CatalogEntry:
     """The catalog entry called `name`; ModelNotFoundError listing the known names otherwise."""
     try:
@@ -157,6 +160,5 @@ def lookup(name: str) -> CatalogEntry:
     except KeyError:
         known = ", ".join(sorted(CATALOG))
         raise ModelNotFoundError(
-            f"unknown model {name!r}{did_you_mean(name, CATALOG)}; known models: {known}. "
-            "A path to a local .gguf file or a Hugging Face model folder is also accepted."
+            f"unknown model {name!r}{did_you_mean(name, CATALOG)}; known models: {known}. {PATHS_ACCEPTED}"
         ) from None

@@ -35,6 +35,9 @@ def gguf_path(name_or_path: str | Path, progress: bool = True) -> Path:
         if path.is_dir():
             raise TandemError(f"{path} is a folder: llama.cpp needs a .gguf file or a catalog name; a Hugging Face "
                               "folder runs on torch (--backend torch, or --draft-backend torch for a draft)")
+        if path.exists():  # neither a file nor a folder: a device, a pipe
+            raise TandemError(f"{path} is not a regular file: a model is a .gguf file, a Hugging Face folder "
+                              "or a catalog name")
         if path.suffix == ".gguf" or "/" in name:
             raise ModelNotFoundError(f"no such model file: {path}")
     return pull(name, progress=progress)  # raises ModelNotFoundError, listing names, if unknown
@@ -64,7 +67,8 @@ def tokenizer_path(name_or_path: str | Path) -> Path:
     folder = _given_folder(name_or_path)
     if folder is not None:
         if not any((folder / f).is_file() for f in _TOKENIZER_FILES):
-            raise ModelNotFoundError(f"{folder} has no tokenizer files ({', '.join(_TOKENIZER_FILES)})")
+            what = "" if (folder / "config.json").is_file() else ": it is not a Hugging Face model folder (no config.json)"
+            raise ModelNotFoundError(f"{folder} has no tokenizer files ({', '.join(_TOKENIZER_FILES)}){what}")
         return folder
     gguf = gguf_path(name_or_path)
     dest = _cache_dir(name_or_path, gguf) / "tokenizer"
