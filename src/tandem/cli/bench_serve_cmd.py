@@ -11,8 +11,9 @@ from tandem.bench.serve.settings import (DEFAULT_CONCURRENCY, DEFAULT_CONFIGS, M
                                          ServeBenchSettings, parse_concurrency, parse_configs)
 from tandem.bench.workload import DEFAULT_WORKLOAD
 from tandem.cli.int_list import thread_count
+from tandem.bench.serve.server_kinds import SERVER_KINDS
 from tandem.errors import TandemError
-from tandem.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, SHIPPED_DRAFT, default_draft
+from tandem.models.catalog import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET, SHIPPED_DRAFT, default_draft
 
 MULTITURN = "multiturn"  # not a JSONL file: bench/serve/conversations.py's scenarios
 
@@ -65,10 +66,19 @@ def run(args: argparse.Namespace) -> int:
                               "own users and turns")
         args.concurrency = "1"  # the levels' checks do not apply either
 
+    draft = args.draft or default_draft(args.draft_backend or args.backend)
+    configs = parse_configs(args.configs)
+    drafting = [name for name in configs if SERVER_KINDS[name].needs_draft]
+    if (drafting and args.draft is None and args.target in CATALOG
+            and CATALOG[args.target].family != CATALOG[draft].family):  # its servers failed to start on it
+        raise TandemError(f"{', '.join(drafting)} {'drafts' if len(drafting) == 1 else 'draft'} with the default draft {draft}, a {CATALOG[draft].family} "
+                          f"model with another tokenizer than {args.target}'s: name a draft that shares it with "
+                          "--draft, or compare configs that draft without one (tandem-nospec, tandem-ngram, "
+                          "tandem-suffix, llama-server, llama-server-ngram)")
     settings = ServeBenchSettings(
         target=args.target,
-        draft=args.draft or default_draft(args.draft_backend or args.backend),
-        configs=parse_configs(args.configs),
+        draft=draft,
+        configs=configs,
         concurrency=parse_concurrency(DEFAULT_CONCURRENCY if args.concurrency is None else args.concurrency),
         prompts_file=Path(args.prompts),
         out_dir=Path(args.out),

@@ -82,8 +82,12 @@ class TextTokenizer:
         return self._tok.get_vocab()
 
 
-def check_same_vocabulary(target: TextTokenizer, draft: TextTokenizer) -> None:
-    """Draft and target must map every token to the same id (a padded embedding is fine)."""
+DRAFTERS_WITHOUT_A_MODEL = "draft from the context without a model: --drafter ngram, suffix or none"
+
+
+def check_same_vocabulary(target: TextTokenizer, draft: TextTokenizer, instead: str = DRAFTERS_WITHOUT_A_MODEL) -> None:
+    """Draft and target must map every token to the same id (a padded embedding is fine). instead:
+    what the error offers beside naming another draft (the command's own way to draft without one)."""
     target_vocab, draft_vocab = target.vocabulary(), draft.vocabulary()
     if target_vocab == draft_vocab:
         return
@@ -92,6 +96,5 @@ def check_same_vocabulary(target: TextTokenizer, draft: TextTokenizer) -> None:
     raise VocabularyMismatchError(
         f"the draft and target tokenizers differ ({len(target_vocab)} vs {len(draft_vocab)} tokens, "
         f"{len(differing)} differing entries, e.g. {example[0]!r} -> {example[1]}): "
-        "speculative decoding needs a draft model with the target's tokenizer (name one with --draft, "
-        "or draft from the context without a model: --drafter ngram, suffix or none)"
+        f"speculative decoding needs a draft model with the target's tokenizer (name one with --draft, or {instead})"
     )

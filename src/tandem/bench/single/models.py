@@ -74,7 +74,9 @@ class BenchModels:
 
     def check_draft_vocabulary(self) -> None:
         """The draft model maps every token to the target's id (VocabularyMismatchError if not)."""
-        check_same_vocabulary(self.tokenizer, TextTokenizer(str(tokenizer_path(self.choice.draft.model))))
+        check_same_vocabulary(self.tokenizer, TextTokenizer(str(tokenizer_path(self.choice.draft.model))),
+                              "leave the configs that draft with a model out of --configs: none, ngram and suffix "
+                              "draft without one")
 
     def _runner(self, role: str, spec: RunnerSpec) -> BatchRunner:
         """One runner per role: a model drafting for itself still needs its own KV cache."""
