@@ -2,13 +2,14 @@
 
 On a terminal a tqdm bar. Where stderr is not one (a log file, a service, `2>log`), a bar
 rewritten in place would write every update into one endless line, so there it says one line
-when the work starts, one every PLAIN_EVERY_SECONDS with the count so far and the time left,
-and one when it ends ("done", or "stopped" when an exception left the `with` block).
+when the work starts, one every PLAIN_EVERY_SECONDS with the count so far and the time left (from
+a timer thread, so that one long item is not silence), and one when it ends ("done", or "stopped" when an exception left the `with` block).
 `disable=True` is silence either way. Use it as a context manager, so that the end line comes
 when the work ends.
 """
 
 import sys
+import threading
 import time
 
 from tqdm import tqdm
@@ -24,9 +25,15 @@ class ProgressBar(tqdm):
         self.plain_bytes = kwargs.get("unit") == "B"  # counts bytes: said in MiB
         self.plain_started = self.plain_said = time.monotonic()
         super().__init__(*args, disable=True if disable else None, **kwargs)
+        self._plain_stop = threading.Event()
         if self.disable and not disable:  # not a terminal: plain lines instead
             self.plain_desc = kwargs.get("desc") or "working"
             print(f"{self.plain_desc} ...", file=self.plain_file, flush=True)
+            threading.Thread(target=self._every_period, name="tandem-progress", daemon=True).start()
+
+    def _every_period(self) -> None:
+        while not self._plain_stop.wait(PLAIN_EVERY_SECONDS / 3):
+            self._say_how_far()
 
     def update(self, n: float = 1):
         if self.plain_desc is not None:
@@ -53,7 +60,7 @@ class ProgressBar(tqdm):
 
     def _say_how_far(self) -> None:
         now = time.monotonic()
-        if now - self.plain_said < PLAIN_EVERY_SECONDS:
+        if self.plain_desc is None or now - self.plain_said < PLAIN_EVERY_SECONDS:
             return
         self.plain_said = now
         elapsed = now - self.plain_started
@@ -67,6 +74,8 @@ class ProgressBar(tqdm):
         return f"{count / 2**20:.0f} MiB" if self.plain_bytes else f"{count:.0f}"
 
     def _end_line(self, how: str) -> None:
+        if hasattr(self, "_plain_stop"):
+            self._plain_stop.set()
         desc = getattr(self, "plain_desc", None)
         if desc is not None:
             self.plain_desc = None

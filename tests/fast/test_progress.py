@@ -52,3 +52,19 @@ def test_off_a_terminal_long_work_says_how_far_it_is(monkeypatch, iterated):
     assert middle and all(line.startswith("bench: ") and "/8 after " in line for line in middle)
     assert "s left" in middle[0]
     assert len(middle) < 8  # not a line per update
+
+
+def test_off_a_terminal_one_long_item_is_not_silence(monkeypatch):
+    """bench-step's fill of its slots is one item of minutes: nothing was said between its first
+    and last line, as lines came only with updates."""
+    import time
+
+    monkeypatch.setattr(progress, "PLAIN_EVERY_SECONDS", 0.15)
+    log = io.StringIO()
+    with ProgressBar(total=1, desc="filling", file=log) as bar:
+        time.sleep(0.6)
+        bar.update()
+    time.sleep(0.2)  # nothing more once it ended
+    lines = log.getvalue().splitlines()
+    assert any(line.startswith("filling: 0/1 after ") for line in lines[1:-1]), lines
+    assert lines[-1].startswith("filling: done in ")
