@@ -17,6 +17,7 @@ without waiting for anything.
 import asyncio
 import gc
 import logging
+import os
 import socket
 import sys
 import threading
@@ -194,6 +195,9 @@ def default_model_name(target: str) -> str:
     return path.stem if path.suffix == ".gguf" else path.name or target
 
 
+EXIT_INTERRUPTED = 130  # a third signal's exit, as an interrupted command's
+
+
 class DrainingServer(uvicorn.Server):
     """uvicorn's server with Tandem's shutdown: drain the engine first, then close the sockets."""
 
@@ -203,8 +207,10 @@ class DrainingServer(uvicorn.Server):
         self.hurried = False  # a second signal came during the drain
 
     def handle_exit(self, sig, frame) -> None:
-        if self.hurried:  # a third signal: stop waiting for anything
-            self.force_exit = self.should_exit = True
+        if self.hurried:  # a third signal: stop at once (uvicorn's force_exit logged a CancelledError traceback)
+            print("stopped at once (a third signal)", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(EXIT_INTERRUPTED)
         elif self.state.draining:  # a second one: no more grace
             self.hurried = True
             print("shutting down now: cancelling in-flight requests", file=sys.stderr, flush=True)
