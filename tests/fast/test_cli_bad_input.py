@@ -252,3 +252,31 @@ def test_a_catalog_target_of_another_family_drafts_without_the_default_draft(cap
     named = engine_config(parser.parse_args(["--target", "smollm2-135m-instruct", "--drafter", "hybrid"]))
     assert named.drafter == "hybrid"  # named: never changed (its tokenizers are refused at load)
     assert capsys.readouterr().err == ""
+
+
+def test_generate_json_interrupted_prints_what_was_generated(monkeypatch, capsys):
+    """Ctrl-C during `generate --json` printed nothing: everything generated was lost."""
+    from types import SimpleNamespace
+
+    from tandem.cli import generate_cmd
+
+    class Interrupted:
+        def __init__(self, config):
+            pass
+
+        def prompt_ids(self, prompt, messages):
+            return [1, 2]
+
+        def request(self, *args):
+            return None
+
+        def stream_text(self, request, stats):
+            yield "Hello", [7]
+            yield ",", [8]
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(generate_cmd, "engine_config", lambda args: SimpleNamespace(loading_note="loading"))
+    monkeypatch.setattr(generate_cmd, "TextGenerator", Interrupted)
+    assert main(["generate", "--prompt", "hi", "--json"]) == 130
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == {"text": "Hello,", "token_ids": [7, 8], "interrupted": True}

@@ -43,12 +43,17 @@ def run(args: argparse.Namespace) -> int:
     request = generator.request(prompt_ids, args.max_tokens, sampling, args.stop)
     stats = GenerationStats()
     text, token_ids = [], []
-    for delta, ids in generator.stream_text(request, stats):
-        token_ids += ids
-        text.append(delta)
-        if not args.json and delta:
-            sys.stdout.write(delta)
-            sys.stdout.flush()
+    try:
+        for delta, ids in generator.stream_text(request, stats):
+            token_ids += ids
+            text.append(delta)
+            if not args.json and delta:
+                sys.stdout.write(delta)
+                sys.stdout.flush()
+    except KeyboardInterrupt:  # Ctrl-C: --json still prints what was generated (it printed nothing)
+        if args.json:
+            print(json.dumps({"text": "".join(text), "token_ids": token_ids, "interrupted": True}))
+        raise
     summary = stats.summary()
     if args.json:
         print(json.dumps({"text": "".join(text), "token_ids": token_ids, "stats": summary}))
