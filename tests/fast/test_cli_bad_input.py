@@ -138,6 +138,7 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["bench-cluster", "--cluster", "{tmp}/gone.yaml", "--out", "{tmp}/never"], "gone.yaml"),
     (["serve", "--max-tokens", "64"], "unrecognized arguments: --max-tokens 64"),  # was --max-tokens-limit 64
     (["models", "pull", "nosuch"], "known models: "),
+    (["profile", "--model", "smollm2-135m-instruct", "--contexts", "100000"], "it holds 8192"),  # after 20 s of loading
     (["bench-serve", "--target", "smollm2-135m-instruct", "--out", "{tmp}/never"],
      "tandem-spec drafts with the default draft"),  # its servers failed to start
 ]

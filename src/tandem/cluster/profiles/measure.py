@@ -32,6 +32,7 @@ from tandem.heap import resident_bytes
 from tandem.models.backends import RunnerSpec, precision_of
 from tandem.models.batch_backends import load_batch_runner
 from tandem.models.batch_runner import BatchItem, BatchRunner
+from tandem.models.catalog import CATALOG
 from tandem.progress import ProgressBar
 
 FILLER_VOCAB = 200  # filler token ids cycle through 1..FILLER_VOCAB
@@ -64,11 +65,20 @@ class ProfileGrid:
 
 def measure_profile(spec: RunnerSpec, grid: ProfileGrid = ProfileGrid(), progress: bool = True) -> DeviceProfile:
     """Load `spec` as a batch runner with max(grid.batches) slots and time the grid."""
+    needed = context_needed(grid)
+    trained = CATALOG[spec.model].context_length if spec.model in CATALOG else None
+    if trained is not None and needed - 1 > trained:  # known before loading (it loaded and timed ~20 s first)
+        raise _too_long(spec, grid, needed, trained)
     spec = RunnerSpec(spec.model, spec.backend, spec.device, spec.dtype, spec.threads,
-                      max(spec.context_length, context_needed(grid))).resolved()
+                      max(spec.context_length, needed)).resolved()
     before = resident_bytes()
     runner = load_batch_runner(spec, grid.batches[-1])
     return profile_runner(runner, spec, grid, progress, loaded_bytes=resident_bytes() - before)
+
+
+def _too_long(spec: RunnerSpec, grid: ProfileGrid, needed: int, holds: int) -> TandemError:
+    return TandemError(f"profiling {spec.model} needs {needed - 1} tokens of context (--contexts up to "
+                       f"{grid.contexts[-1]} plus --sizes up to {grid.sizes[-1]}); it holds {holds}")
 
 
 def profile_runner(runner: BatchRunner, spec: RunnerSpec, grid: ProfileGrid = ProfileGrid(), progress: bool = True,
@@ -77,8 +87,7 @@ def profile_runner(runner: BatchRunner, spec: RunnerSpec, grid: ProfileGrid = Pr
     also for a runner made another way (scripts/gpu_check.py: random weights on a GPU)."""
     needed = context_needed(grid)
     if runner.context_length < needed - 1:  # past what the model was trained on: not a profile of it
-        raise TandemError(f"profiling {spec.model} needs {needed - 1} tokens of context (--contexts up to "
-                          f"{grid.contexts[-1]} plus --sizes up to {grid.sizes[-1]}); it holds {runner.context_length}")
+        raise _too_long(spec, grid, needed, runner.context_length)
     samples: dict[tuple[int, int, int], list[float]] = {}
     prompt_sizes = sorted(set(grid.sizes) | set(PROMPT_SIZES))
     prompt_samples: dict[int, list[float]] = {}
