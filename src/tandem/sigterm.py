@@ -54,5 +54,5 @@ def deferring_ctrl_c():
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-    if held:
-        raise KeyboardInterrupt
+        if held:  # the user's stop wins over the block's own failure
+            raise KeyboardInterrupt

@@ -352,29 +352,16 @@ def test_two_builds_of_one_folder_at_once_leave_one_whole_result(tmp_path, monke
 def test_ctrl_c_while_llama_cpp_requantizes_is_raised_after_the_call(tmp_path, monkeypatch):
     """Ctrl-C during a derived pull's re-quantization: the KeyboardInterrupt was raised inside
     llama.cpp's log callback (Python called from C), where ctypes swallows it, so the pull ran on,
-    kept the model and exited 0. Here C calls back into Python (libc's qsort with a Python
-    comparator) the way llama.cpp's log does, and the first callback sends SIGINT."""
-    import ctypes
-    import ctypes.util
-    import os
+    kept the model and exited 0."""
     import signal
 
     import llama_cpp
 
+    from c_callback_interrupt import ctrl_c_inside_a_c_callback
     from tandem.models.requantize import requantize
 
-    libc = ctypes.CDLL(ctypes.util.find_library("c"))
-    compare_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int))
-    sent = []
-
-    def compare(a, b):
-        if not sent:
-            sent.append(os.kill(os.getpid(), signal.SIGINT))
-        return a[0] - b[0]
-
     def quantizing(source, dest, params):
-        values = (ctypes.c_int * 64)(*range(64, 0, -1))
-        libc.qsort(values, 64, ctypes.sizeof(ctypes.c_int), compare_type(compare))
+        ctrl_c_inside_a_c_callback()
         with open(dest, "wb") as f:
             f.write(b"GGUF quantized")
         return 0
@@ -384,7 +371,23 @@ def test_ctrl_c_while_llama_cpp_requantizes_is_raised_after_the_call(tmp_path, m
     source.write_bytes(b"GGUF")
     with pytest.raises(KeyboardInterrupt):
         requantize(source, tmp_path / "out.gguf", "Q4_0")
-    assert sent and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_while_llama_cpp_loads_a_model_is_raised_after_the_load(monkeypatch):
+    """The same while a runner loads its model: `tandem generate` Ctrl-C'd ~3.5 s in ran to the end, exit 0."""
+    import llama_cpp
+
+    from c_callback_interrupt import ctrl_c_inside_a_c_callback
+    from tandem.models.llamacpp_batch_runner import LlamaCppBatchRunner
+
+    def loading(*args, **kwargs):
+        ctrl_c_inside_a_c_callback()
+        raise ValueError("no model here")  # the load fails too: the user's Ctrl-C wins
+
+    monkeypatch.setattr(llama_cpp, "Llama", loading)
+    with pytest.raises(KeyboardInterrupt):
+        LlamaCppBatchRunner("none.gguf", 1)
 
 
 def test_an_unreachable_index_is_said_not_a_missing_package():

@@ -52,6 +52,7 @@ from typing import Sequence
 import numpy as np
 
 from tandem.errors import TandemError
+from tandem.sigterm import deferring_ctrl_c
 from tandem.models.batch_runner import BatchItem, KvPoolFullError
 from tandem.models.cost import CostModel
 from tandem.models.host_bytes import bytes_address, new_bytes
@@ -135,9 +136,11 @@ class LlamaCppBatchRunner:
 
         threads = threads or os.cpu_count() or 1
         try:  # the Llama object owns the model; its own small context stays unused
-            # n_threads_batch too: llama-cpp-python would give multi-token calls every core
-            self._llm = Llama(model_path=str(gguf_path), n_ctx=64, n_batch=64, n_threads=threads,
-                              n_threads_batch=threads, logits_all=False, verbose=False)
+            # n_threads_batch too: llama-cpp-python would give multi-token calls every core; Ctrl-C is
+            # held to the end (raised in llama.cpp's log callback, ctypes swallowed it: the command ran on)
+            with deferring_ctrl_c():
+                self._llm = Llama(model_path=str(gguf_path), n_ctx=64, n_batch=64, n_threads=threads,
+                                  n_threads_batch=threads, logits_all=False, verbose=False)
         except (ValueError, RuntimeError, OSError) as error:
             raise TandemError(f"llama.cpp cannot load {gguf_path}: {error}") from None
         params = llama_cpp.llama_context_default_params()
@@ -154,7 +157,8 @@ class LlamaCppBatchRunner:
         params.kv_unified = True
         params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED  # see the module notes
         try:
-            self._ctx = LlamaContext(model=self._llm._model, params=params, verbose=False)
+            with deferring_ctrl_c():
+                self._ctx = LlamaContext(model=self._llm._model, params=params, verbose=False)
         except ValueError as error:  # llama.cpp says why in its log only
             raise TandemError(f"llama.cpp cannot make a context of {self.pool_tokens} KV cells for {self.cache_slots} "
                               f"sequences on {gguf_path}: {error}") from None
