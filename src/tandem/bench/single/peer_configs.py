@@ -17,6 +17,7 @@ from tandem.token_ids import cut_at_stop
 from tandem.bench.single.models import BenchModels
 from tandem.errors import TandemError
 from tandem.models.catalog import float_source
+from tandem.sigterm import deferring_ctrl_c
 
 PROMPT_LOOKUP_TOKENS = 10
 
@@ -41,8 +42,9 @@ class LlamaCppPlain:
         path = gguf_path(self.models.choice.target.model)
         context = self.models.choice.target.context_length
         try:
-            self.llm = Llama(model_path=str(path), n_ctx=context, n_threads=threads,
-                             n_threads_batch=threads, verbose=False)
+            with deferring_ctrl_c():  # a Ctrl-C in llama.cpp's log callback is swallowed (models/llamacpp_batch_runner.py)
+                self.llm = Llama(model_path=str(path), n_ctx=context, n_threads=threads,
+                                 n_threads_batch=threads, verbose=False)
         except (ValueError, RuntimeError, OSError) as error:
             raise TandemError(f"llama.cpp cannot load {path}: {error}") from None
 
