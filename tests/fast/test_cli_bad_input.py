@@ -115,6 +115,8 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["bench-cluster", "--cluster", CLUSTER, "--out", "{not_a_folder}"], "cannot create the output folder"),
     (["soak", "--serve-args", '"unbalanced', "--duration", "1m", "--sample-every", "10s"], "--serve-args"),
     (["soak", "--duration", "1m"], "no second sample"),
+    (["soak", "--url", "http://127.0.0.1:9/v1", "--target", "smollm2-135m-instruct", "--duration", "1m",
+      "--sample-every", "10s"], "--target starts a server here"),
     (["soak", "--duration", "1m", "--sample-every", "10s", "--warmup", "2h"], "nothing of --duration"),
     (["soak", "--duration", "1m", "--sample-every", "10s", "--prompts", "{binary}"], "cannot read the prompts file"),
     (["soak", "--duration", "1m", "--sample-every", "10s", "--out", "{not_a_folder}"], "cannot create the output folder"),

@@ -30,12 +30,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--url", default=None, help="soak this running server (its /v1 URL) instead of starting one")
     parser.add_argument("--api-key", default=os.environ.get("TANDEM_API_KEY"),
                         help="the server's API key (default: $TANDEM_API_KEY)")
-    parser.add_argument("--target", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET})")
+    parser.add_argument("--target", default=None, help=f"target model (default {DEFAULT_TARGET}; not with --url)")
     parser.add_argument("--draft", default=None,
                         help=f"draft model (default: `tandem serve`'s, by its draft backend: {DEFAULT_DRAFT} on "
-                        f"llama.cpp, {SHIPPED_DRAFT} on torch)")
+                        f"llama.cpp, {SHIPPED_DRAFT} on torch; not with --url)")
     parser.add_argument("--serve-args", default="", help="more `tandem serve` options, one string; write it with = where it starts with a dash: "
-                        "--serve-args='--protect-metrics --api-key K'")
+                        "--serve-args='--protect-metrics --api-key K' (not with --url)")
     parser.add_argument("--concurrency", type=whole_number(1), default=8, help="clients (default 8)")
     parser.add_argument("--duration", default="30m", help="how long the load runs: 90s, 30m, 1h (default 30m)")
     parser.add_argument("--sample-every", default="60s", help="sampling period (default 60s)")
@@ -73,6 +73,13 @@ def run(args: argparse.Namespace) -> int:
         raise TandemError(f"--sample-every {args.sample_every} leaves no second sample in --duration {args.duration}")
     if warmup >= duration:
         raise TandemError(f"--warmup {args.warmup} leaves nothing of --duration {args.duration} to measure")
+    starting_options = [name for name, value in (("--target", args.target), ("--draft", args.draft),
+                                                 ("--serve-args", args.serve_args)) if value]
+    if args.url is not None and starting_options:
+        verb = "start" if len(starting_options) > 1 else "starts"
+        raise TandemError(f"{' and '.join(starting_options)} {verb} a server here, but --url soaks the server already "
+                          f"there as it was started: give one or the other")
+    args.target = args.target or DEFAULT_TARGET
     try:
         shlex.split(args.serve_args)
     except ValueError as error:
