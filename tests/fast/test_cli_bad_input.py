@@ -114,6 +114,8 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["bench-cluster", "--cluster", CLUSTER, "--configs", ""], "no config named"),
     (["bench-cluster", "--cluster", CLUSTER, "--out", "{not_a_folder}"], "cannot create the output folder"),
     (["soak", "--serve-args", '"unbalanced', "--duration", "1m", "--sample-every", "10s"], "--serve-args"),
+    (["generate", "--prompt", "hi", "--backend", "llamacpp", "--dtype", "bf16", "--kv-memory", "1G"],
+     "--dtype bf16 and --kv-memory apply to the torch backend only"),
     (["soak", "--duration", "1m"], "no second sample"),
     (["soak", "--url", "http://127.0.0.1:9/v1", "--target", "smollm2-135m-instruct", "--duration", "1m",
       "--sample-every", "10s"], "--target starts a server here"),
@@ -179,6 +181,25 @@ def test_the_context_length_reaches_both_models():
     args = parser.parse_args(["--context-length", "16384"])
     assert target_spec(args).context_length == draft_spec(args).context_length == 16384
     assert target_spec(parser.parse_args([])).context_length == 4096
+
+
+def test_torch_only_options_on_an_auto_chosen_llama_cpp_are_noted(monkeypatch, capsys):
+    """Without a GPU, auto runs the models on llama.cpp, where --dtype and --torch-runner do
+    nothing: said in one note (they were dropped without a word), and the engine still builds."""
+    import argparse
+
+    from tandem.cli.options import add_model_options, engine_config
+    from tandem.models import backends
+
+    monkeypatch.setattr(backends, "_gpu_device", lambda: None)
+    parser = argparse.ArgumentParser()
+    add_model_options(parser)
+    config = engine_config(parser.parse_args(["--dtype", "bf16", "--torch-runner", "serial"]))
+    assert config.target.dtype == "bf16"
+    err = capsys.readouterr().err
+    assert "note: --dtype bf16 and --torch-runner serial apply to the torch backend only" in err, err
+    engine_config(parser.parse_args([]))
+    assert "note:" not in capsys.readouterr().err
 
 
 def test_sigterm_stops_a_command_as_ctrl_c_does(monkeypatch):

@@ -116,6 +116,29 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     if drafter == "none" and parse_depth(args.k) not in (Auto(), Fixed(0)):
         raise TandemError(f"--k {args.k} with --drafter none: that drafter drafts nothing")
     draft = draft_spec(args) if USES_MODEL[drafter] else None
+    _check_torch_options(args, target_spec(args), draft)
     return EngineConfig(target_spec(args), draft, drafter, args.k, step_token_budget=args.step_tokens,
                         prefill_floor=engine_prefill_floor(args.prefill_floor, THROUGHPUT_PREFILL_FLOOR),
                         prefill_waves=args.prefill_waves)
+
+
+def _check_torch_options(args: argparse.Namespace, target: RunnerSpec, draft: RunnerSpec | None) -> None:
+    """Options only the torch backend reads, given for models llama.cpp runs (it reads a GGUF
+    file's own precision and sizes its own KV pool): refused where --backend llamacpp was asked
+    for, noted where auto chose llama.cpp (no GPU here), since a script may pass them everywhere."""
+    target_on_llamacpp = target.resolved().backend == "llamacpp"
+    draft_on_llamacpp = draft is None or draft.resolved().backend == "llamacpp"
+    idle = [option for option, given, unread in (
+        (f"--dtype {args.dtype}", args.dtype != "fp32", target_on_llamacpp),
+        ("--kv-memory", args.kv_memory is not None, target_on_llamacpp),
+        (f"--draft-dtype {args.draft_dtype}", args.draft_dtype != "fp32", draft_on_llamacpp),
+        (f"--torch-runner {args.torch_runner}", args.torch_runner != "fused", target_on_llamacpp and draft_on_llamacpp),
+    ) if given and unread]
+    if not idle:
+        return
+    what = f"{' and '.join(idle)} appl{'ies' if len(idle) == 1 else 'y'} to the torch backend only"
+    if "llamacpp" in (args.backend, args.draft_backend):
+        raise TandemError(f"{what}, and the models run on llama.cpp (--backend llamacpp), which reads each GGUF "
+                          "file's own precision and sizes its own KV pool: drop them, or use --backend torch")
+    print(f"note: {what}; the models run on llama.cpp here (no GPU found), which reads each GGUF file's own "
+          "precision: ignored (--backend torch runs them)", file=sys.stderr)
