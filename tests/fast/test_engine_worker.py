@@ -8,7 +8,7 @@ import pytest
 
 from tandem.engine.events import SpeculationOptions
 from tandem.engine.request import GenerationRequest
-from tandem.engine.worker import EngineStoppedError, EngineWorker, QueueFullError
+from tandem.engine.worker import EngineStoppedError, EngineWorker, QueueFullError, retry_after_seconds
 from engine_support import MAX_TOKENS, PROMPTS, make_engine  # noqa: F401 (fixture)
 
 
@@ -56,7 +56,27 @@ def test_capacity_is_bounded(tiny_target, tiny_draft):
     worker.submit(GenerationRequest(PROMPTS[1], max_tokens=4))
     with pytest.raises(QueueFullError) as error:
         worker.submit(GenerationRequest(PROMPTS[2], max_tokens=4))
-    assert error.value.retry_after_seconds >= 1
+    assert error.value.retry_after_seconds == 1  # no request has finished yet: nothing to go by
+
+
+def test_retry_after_follows_how_often_requests_finish(tiny_target, tiny_draft):
+    """A 429's Retry-After is the interval at which places free (it was always 1 s, so clients
+    at a slow server retried dozens of times a request)."""
+    assert retry_after_seconds([]) == retry_after_seconds([5.0]) == 1
+    assert retry_after_seconds([0.0, 4.0, 8.0, 12.0]) == 4
+    assert retry_after_seconds([0.0, 0.1, 0.2]) == 1
+    assert retry_after_seconds([0.0, 600.0]) == 60
+    worker = EngineWorker(make_engine(tiny_target, tiny_draft, slots=1), max_waiting=0).start()
+    for prompt in PROMPTS[:3]:  # one at a time: each finish is recorded
+        collect_sync(worker.submit(GenerationRequest(prompt, max_tokens=4)))
+    assert len(worker._finish_times) == 3
+    worker._finish_times.extend([worker._finish_times[-1] + 7.5])  # as if the last request took 7.5 s
+    long = worker.submit(GenerationRequest(PROMPTS[0], max_tokens=10_000))
+    with pytest.raises(QueueFullError) as error:
+        worker.submit(GenerationRequest(PROMPTS[1], max_tokens=4))
+    assert error.value.retry_after_seconds == retry_after_seconds(worker._finish_times) >= 3
+    long.cancel()
+    worker.shutdown(grace_seconds=1)
 
 
 def test_cancel_and_shutdown_end_every_request(tiny_target, tiny_draft):

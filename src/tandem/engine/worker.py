@@ -19,10 +19,12 @@ loop's turn runs while the kernels do.
 import asyncio
 import itertools
 import logging
+import math
 import queue
 import threading
 import time
-from typing import Callable, Iterable, Protocol
+from collections import deque
+from typing import Callable, Iterable, Protocol, Sequence
 
 from tandem.engine.events import SequenceUpdate, SpeculationOptions, StepReport
 from tandem.engine.request import GenerationRequest
@@ -32,6 +34,20 @@ from tandem.models.openmp import release_openmp_threads
 log = logging.getLogger(__name__)
 IDLE_WAIT_SECONDS = 0.05  # how long the idle engine thread sleeps between command checks
 DEFAULT_MAX_WAITING = 64
+
+
+FINISHES_REMEMBERED = 16  # the recent request finishes a queue-full answer's Retry-After is read from
+RETRY_AFTER_MAX_SECONDS = 60
+
+
+def retry_after_seconds(finish_times: Sequence[float]) -> int:
+    """When a request refused at capacity should try again: a place frees when one in flight
+    finishes, so the mean interval between the recent finishes (monotonic seconds, oldest
+    first), rounded up; 1 s before two finishes are seen, at most a minute."""
+    if len(finish_times) < 2:
+        return 1
+    interval = (finish_times[-1] - finish_times[0]) / (len(finish_times) - 1)
+    return max(1, min(RETRY_AFTER_MAX_SECONDS, math.ceil(interval)))
 
 
 class QueueFullError(TandemError):
@@ -126,6 +142,7 @@ class EngineWorker:
         self._queue_told = (0, 0)  # the (running, waiting) observers last heard, by a report or directly
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._handles: dict[str, RequestHandle] = {}
+        self._finish_times: deque[float] = deque(maxlen=FINISHES_REMEMBERED)  # monotonic, for Retry-After
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._accepting = True
@@ -168,7 +185,7 @@ class EngineWorker:
             if not self._accepting:
                 raise EngineStoppedError()
             if len(self._handles) >= self.capacity:
-                raise QueueFullError(len(self._handles))
+                raise QueueFullError(len(self._handles), retry_after_seconds(self._finish_times))
             seq_id = f"seq-{next(self._ids)}"
             handle = RequestHandle(seq_id, self, loop)
             self._handles[seq_id] = handle
@@ -296,6 +313,8 @@ class EngineWorker:
         for update in updates:
             with self._lock:
                 handle = self._handles.pop(update.seq_id, None) if update.finished else self._handles.get(update.seq_id)
+                if handle is not None and update.finished:
+                    self._finish_times.append(time.monotonic())
             if handle is None:
                 continue
             if handle._loop is None:
