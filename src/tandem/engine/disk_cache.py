@@ -35,7 +35,7 @@ from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import AbstractSet, Callable, Sequence
 
 from tandem.engine.folder_lock import claim_folder, release_folder
 from tandem.engine.disk_cache_format import encode_entry, read_entry
@@ -262,20 +262,8 @@ class DiskPromptCache:
     def _free_own(self, nbytes: int, keep: set[Path]) -> bool:
         """Remove other keys' files and this key's least recently used, but those in keep, until
         nbytes are freed; whether anything was."""
-        freed = 0
         with self._lock:
-            while self.foreign and freed < nbytes:
-                path, size = self.foreign.popleft()
-                self.foreign_bytes -= size
-                self._removals.append(path)
-                self.evicted += 1
-                freed += size
-            for path in [path for path in self._records if path not in keep]:
-                if freed >= nbytes:
-                    break
-                freed += self._records[path].nbytes
-                self._drop(path)
-                self.evicted += 1
+            freed = self._remove_until(lambda freed: freed >= nbytes, keep)
         self._unlink_removed()
         return freed > 0
 
@@ -328,14 +316,25 @@ class DiskPromptCache:
     def _evict_for(self, extra: int) -> None:
         """Remove files until `extra` more bytes fit the budget: other keys' first, oldest
         first, then this key's, least recently used first."""
-        while self.foreign and self.nbytes + self.foreign_bytes + extra > self.capacity_bytes:
+        self._remove_until(lambda freed: self.nbytes + self.foreign_bytes + extra <= self.capacity_bytes)
+
+    def _remove_until(self, done: Callable[[int], bool], keep: AbstractSet[Path] = frozenset()) -> int:
+        """Take files off the books (under the lock), other keys' oldest first, then this key's
+        least recently used but those in keep, until done(bytes freed so far); the bytes freed."""
+        freed = 0
+        while self.foreign and not done(freed):
             path, size = self.foreign.popleft()
             self.foreign_bytes -= size
             self._removals.append(path)
             self.evicted += 1
-        while self._records and self.nbytes + self.foreign_bytes + extra > self.capacity_bytes:
-            self._drop(next(iter(self._records)))
+            freed += size
+        for path in [path for path in self._records if path not in keep]:
+            if done(freed):
+                break
+            freed += self._records[path].nbytes
+            self._drop(path)
             self.evicted += 1
+        return freed
 
     def _add(self, record: DiskRecord) -> None:
         self._records[record.path] = record
