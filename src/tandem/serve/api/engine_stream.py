@@ -19,7 +19,8 @@ from collections.abc import AsyncIterator
 
 from tandem.engine.worker import EngineStoppedError, EngineUnavailableError, QueueFullError, RequestHandle
 from tandem.errors import TandemError
-from tandem.serve.api.errors import APIError, queue_full, shutting_down, unavailable, unavailable_message
+from tandem.serve.api.errors import (RETRY_AFTER_SHUTDOWN_SECONDS, APIError, queue_full, shutting_down, unavailable,
+                                     unavailable_message)
 from tandem.serve.api.prepare import PreparedRequest
 from tandem.serve.state import ServerState
 from tandem.text.stream import TextStream
@@ -34,6 +35,14 @@ class EngineFailure(Exception):
     def __init__(self, message: str, finish_reason: str):
         super().__init__(message)
         self.finish_reason = finish_reason
+
+    def api_error(self) -> APIError:
+        """What the client gets, whole or as a stream's error event: the engine's own failure is a
+        500; a request cancelled by the shutdown, or with no worker left, a 503 to retry later."""
+        if self.finish_reason == "error":
+            return APIError(500, str(self), "server_error", code=self.finish_reason)
+        return APIError(503, str(self), "service_unavailable", code=self.finish_reason,
+                        headers={"Retry-After": str(RETRY_AFTER_SHUTDOWN_SECONDS)})  # as every 503
 
 
 class GenerationRun:

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from tandem.serve.api.auth import require_api_key
 from tandem.serve.api.body import read_request
 from tandem.serve.api.engine_stream import EngineFailure, GenerationRun, start_generation, usage_body
-from tandem.serve.api.errors import RETRY_AFTER_SHUTDOWN_SECONDS, APIError, request_timed_out, shutting_down
+from tandem.serve.api.errors import request_timed_out, shutting_down
 from tandem.serve.api.prepare import PreparedRequest, prepare_chat, prepare_completion
 from tandem.serve.api.protocol import ChatCompletionRequest, CompletionRequest
 from tandem.serve.api.responses import ResponseShape
@@ -119,10 +119,7 @@ async def _collect(run: GenerationRun, request: Request, deadline: float) -> Non
     try:
         collecting.result()
     except EngineFailure as failure:
-        if failure.finish_reason == "error":
-            raise APIError(500, str(failure), "server_error", code=failure.finish_reason) from None
-        raise APIError(503, str(failure), "service_unavailable", code=failure.finish_reason,
-                       headers={"Retry-After": str(RETRY_AFTER_SHUTDOWN_SECONDS)}) from None  # as every 503
+        raise failure.api_error() from None
 
 
 async def _run_to_end(run: GenerationRun) -> None:

@@ -26,7 +26,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from tandem.serve.api.engine_stream import EngineFailure, GenerationRun
-from tandem.serve.api.errors import error_body, request_timed_out
+from tandem.serve.api.errors import request_timed_out
 from tandem.serve.api.responses import ResponseShape
 from tandem.text.stream import TextStream
 
@@ -83,8 +83,7 @@ async def generation_events(run: GenerationRun, shape: ResponseShape,
         yield DONE
         return
     except EngineFailure as failure:
-        kind = "server_error" if failure.finish_reason == "error" else "service_unavailable"
-        yield sse(error_body(str(failure), kind, code=failure.finish_reason))
+        yield sse(failure.api_error().body())
         yield DONE
         return
     yield sse(shape.final_chunk(run.finish_reason))
