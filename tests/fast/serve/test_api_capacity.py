@@ -41,14 +41,20 @@ async def test_streaming_request_is_refused_before_the_stream_starts():
             await held
 
 
+async def one_request_in_flight(server, client) -> asyncio.Task:
+    """A completion the engine has taken and holds (its gate closed): the task awaiting it."""
+    in_flight = asyncio.create_task(client.post("/v1/completions", json=completion_body()))
+    await server.wait_until(lambda: server.worker.in_flight == 1)
+    return in_flight
+
+
 @async_test
 async def test_draining_server_refuses_with_503_and_finishes_in_flight_requests():
     engine = ScriptedEngine(reply_script(), max_running=1)
     engine.gate.clear()
     with TestServer(engine) as server:
         async with server.client() as client:
-            in_flight = asyncio.create_task(client.post("/v1/completions", json=completion_body()))
-            await server.wait_until(lambda: server.worker.in_flight == 1)
+            in_flight = await one_request_in_flight(server, client)
             server.state.draining = True
             refused = await client.post("/v1/completions", json=completion_body(prompt="late"))
             assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
@@ -80,8 +86,7 @@ async def test_a_whole_request_cancelled_by_shutdown_is_a_503_with_retry_after()
     engine.gate.clear()
     with TestServer(engine) as server:
         async with server.client() as client:
-            in_flight = asyncio.create_task(client.post("/v1/completions", json=completion_body()))
-            await server.wait_until(lambda: server.worker.in_flight == 1)
+            in_flight = await one_request_in_flight(server, client)
             await asyncio.to_thread(server.worker.shutdown, 0)  # no grace: in-flight requests are cancelled
             response = await in_flight
         assert response.status_code == 503 and int(response.headers["retry-after"]) >= 1, response.text
