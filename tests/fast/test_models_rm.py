@@ -44,3 +44,32 @@ def test_rm_of_nothing_kept_is_one_error_line(tmp_path, monkeypatch, capsys):
         err = capsys.readouterr().err
         assert err.startswith("error: ") and says in err and err.count("\n") == 1, err
     assert file.is_file()
+
+
+def test_an_interrupted_pulls_work_is_listed_and_rm_frees_it_unless_under_way(tmp_path, monkeypatch, capsys):
+    """A killed pull leaves its temp folder in the models folder: shown by `models list` (it was
+    invisible, a GiB perhaps, until the next pull of that model after 6 h) and removed by `models
+    rm NAME`, the model pulled or not; work written to in the last 10 minutes may be a live pull
+    and stays."""
+    import os
+    import time
+
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
+    models = entry_dir(NAME).parent
+    killed, live = models / f".{NAME}.tmp-killed", models / f".{NAME}.tmp-live"
+    for folder in (killed, live):
+        folder.mkdir(parents=True)
+        (folder / "model.gguf.part").write_bytes(bytes(7000))
+    an_hour_ago = time.time() - 3600
+    for path in (killed / "model.gguf.part", killed):
+        os.utime(path, (an_hour_ago, an_hour_ago))
+
+    assert main(["models", "list"]) == 0
+    listing = capsys.readouterr().out
+    assert "interrupted pulls" in listing and f"{NAME}: {killed.name}, idle 1.0 h" in listing
+    assert f"{live.name}, idle 0 min (written to just now: under way?)" in listing
+
+    assert main(["models", "rm", NAME]) == 0  # not pulled: its unfinished work alone goes
+    assert not killed.exists() and live.is_dir()
+    assert str(killed) in capsys.readouterr().out
+    assert main(["models", "rm", NAME]) == 2  # what is left is under way: nothing to remove

@@ -11,7 +11,7 @@ from tandem.errors import ModelNotFoundError, TandemError
 from tandem.memory_size import human_size
 from tandem.models.catalog import CATALOG, PATHS_ACCEPTED, CatalogEntry
 from tandem.models.pull import entry_dir, pull, pulled_state
-from tandem.models.remove import folder_bytes, local_conversions, remove_model
+from tandem.models.remove import UNDER_WAY_SECONDS, folder_bytes, local_conversions, remove_model, unfinished_work
 from tandem.models.resolve import gguf_path, hf_path
 from tandem.paths import models_dir
 
@@ -52,8 +52,20 @@ def list_models(args: argparse.Namespace) -> int:
         print("\nconversions of local .gguf files (`tandem models rm FILE` removes them):")
         for kept in conversions:
             print(f"  {human_size(kept.nbytes):>9}  {kept.source}")
+    unfinished = unfinished_work()
+    if unfinished:
+        print("\nleft by interrupted pulls or conversions (`tandem models rm NAME` removes them, the next pull "
+              "after 6 h):")
+        for work in unfinished:
+            under_way = " (written to just now: under way?)" if work.idle_seconds < UNDER_WAY_SECONDS else ""
+            print(f"  {human_size(work.nbytes):>9}  {work.name}: {work.folder.name}, idle "
+                  f"{_duration(work.idle_seconds)}{under_way}")
     print(f"\nin {models_dir()}")
     return 0
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
 
 
 def remove(args: argparse.Namespace) -> int:

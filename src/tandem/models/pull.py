@@ -166,9 +166,8 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
     """
     make_dir(dest.parent)
     for stale in (*dest.parent.glob(f".{dest.name}.tmp-*"), *dest.parent.glob(f".{dest.name}.old-*")):
-        with contextlib.suppress(OSError):  # the newest time in it: a live pull appends deep inside
-            newest = max(p.stat().st_mtime for p in (stale, *stale.rglob("*")))
-            if time.time() - newest > STALE_WORK_SECONDS:
+        with contextlib.suppress(OSError):
+            if time.time() - newest_write(stale) > STALE_WORK_SECONDS:
                 shutil.rmtree(stale, ignore_errors=True)
     work = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     try:
@@ -178,6 +177,11 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
+
+
+def newest_write(folder: Path) -> float:
+    """The latest modification time in folder, itself included (a live pull appends deep inside)."""
+    return max(p.stat().st_mtime for p in (folder, *folder.rglob("*")))
 
 
 def aside_path(dest: Path) -> Path:

@@ -9,13 +9,15 @@ pulls or converts again.
 """
 
 import os
+import re
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from tandem.errors import TandemError, did_you_mean
 from tandem.models.catalog import CATALOG
-from tandem.models.pull import aside_path, entry_dir
+from tandem.models.pull import aside_path, entry_dir, newest_write
 from tandem.models.resolve import LOCAL_SOURCE
 from tandem.paths import models_dir
 
@@ -50,14 +52,51 @@ def local_conversions() -> list[KeptFolder]:
     return kept
 
 
+UNFINISHED = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-")  # pull.atomic_dir's work, aside_path's leftovers
+UNDER_WAY_SECONDS = 600  # unfinished work written to this recently may be a pull still running: rm keeps it
+
+
+@dataclass(frozen=True, slots=True)
+class UnfinishedWork:
+    folder: Path
+    name: str  # the catalog model (or local-<key> folder) it was for
+    nbytes: int
+    idle_seconds: float  # since anything in it was last written
+
+
+def unfinished_work() -> list[UnfinishedWork]:
+    """Folders a pull or conversion left in models_dir() when it was killed (or is still writing):
+    invisible otherwise until the next pull of the same model, which removes them after
+    pull.STALE_WORK_SECONDS."""
+    found = []
+    for folder in sorted(models_dir().glob(".*")):
+        match = UNFINISHED.match(folder.name)
+        if match and folder.is_dir():
+            found.append(UnfinishedWork(folder, match["name"], folder_bytes(folder), time.time() - newest_write(folder)))
+    return found
+
+
+def _remove_unfinished(name: str) -> list[KeptFolder]:
+    """name's unfinished work idle for UNDER_WAY_SECONDS or more, removed; what went."""
+    gone = []
+    for work in unfinished_work():
+        if work.name == name and work.idle_seconds >= UNDER_WAY_SECONDS:
+            shutil.rmtree(work.folder, ignore_errors=True)
+            gone.append(KeptFolder(work.folder, name, work.nbytes))
+    return gone
+
+
 def remove_model(name_or_path: str) -> list[KeptFolder]:
-    """Remove a catalog model's folder, or a local .gguf file's conversions (not the file);
-    what went. TandemError where nothing is kept for it."""
+    """Remove a catalog model's folder and what an interrupted pull of it left, or a local .gguf
+    file's conversions (not the file); what went. TandemError where nothing is kept for it."""
     if name_or_path in CATALOG:
         folder = entry_dir(name_or_path)
+        unfinished = _remove_unfinished(name_or_path)
         if not folder.is_dir():
+            if unfinished:
+                return unfinished
             raise TandemError(f"{name_or_path} is not pulled: nothing to remove")
-        found = [KeptFolder(folder, name_or_path, folder_bytes(folder))]
+        found = unfinished + [KeptFolder(folder, name_or_path, folder_bytes(folder))]
     else:
         path = Path(name_or_path).expanduser()
         if not path.is_file():
@@ -69,6 +108,8 @@ def remove_model(name_or_path: str) -> list[KeptFolder]:
             raise TandemError(f"no conversions of {resolved} are kept: nothing to remove (the file itself "
                               f"is yours and stays)")
     for kept in found:
+        if not kept.folder.exists():  # unfinished work, already removed
+            continue
         aside = aside_path(kept.folder)
         try:
             os.rename(kept.folder, aside)
