@@ -41,6 +41,13 @@ class DashboardPage:
             f"Number(document.getElementById('{chart_id}').dataset.points) > {more_than}", timeout=timeout_ms)
         return self.points()[chart_id]
 
+    def wait_for_tile(self, label: str, value: str, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> None:
+        """Until the tile labelled `label` shows `value`."""
+        self.page.wait_for_function(
+            "([label, value]) => [...document.querySelectorAll('#tiles .tile')].some("
+            "t => t.querySelector('.label').textContent === label && t.querySelector('.value').textContent === value)",
+            arg=[label, value], timeout=timeout_ms)
+
     def alert_visible(self) -> bool:
         return self.page.is_visible("#alert-banner")
 

@@ -54,6 +54,9 @@ class SyntheticLoad:
         return self
 
     def __exit__(self, *exc):
+        self.stop()
+
+    def stop(self) -> None:
         self._stop.set()
         self._thread.join()
 
@@ -121,6 +124,10 @@ def test_dashboard_charts_update_and_alert_fires(dashboard_app):
 
         load.acceptance = HIGH_ACCEPTANCE
         dashboard.wait_for_alert(visible=False)
+        dashboard.wait_for_tile("mean k (last 5 s)", "4.00")
+
+        load.stop()  # the engine idles: its rounds' tile goes blank (it kept the last busy second's)
+        dashboard.wait_for_tile("mean k (last 5 s)", "–", timeout_ms=10_000)
         assert dashboard.errors == []
     assert SCREENSHOT.stat().st_size > 10_000
 

@@ -210,12 +210,18 @@ function last(values) {
   return null;
 }
 
+// The newest value of the last `seconds` complete seconds: a tile of rounds goes blank once the
+// engine idles, where last() kept showing the value of the last busy second however long ago.
+function recent(values, seconds) {
+  return last((values || []).slice(-seconds));
+}
+
 function renderTiles(snap) {
   const series = snap.series;
   const tiles = [
     ["rolling acceptance", orDash(snap.alert.rate, pct)],
     ["tokens/s (last second)", orDash(last(series.tokens_per_s), num)],
-    ["mean k", orDash(last(series.mean_k), num)],
+    ["mean k (last 5 s)", orDash(recent(series.mean_k, 5), num)],
     ["running / waiting", `${orDash(last(series.running), String)} / ${orDash(last(series.waiting), String)}`],
     ["TTFT p50 / p99", `${orDash(snap.latency.ttft.p50, secs)} / ${orDash(snap.latency.ttft.p99, secs)}`],
     ["ITL p50", orDash(snap.latency.itl.p50, (v) => ms(v * 1000))],
