@@ -32,7 +32,8 @@ from tandem.engine.request import GenerationRequest
 from tandem.engine.run_request import generate
 from tandem.models.torch_runner import TorchRunner
 from tandem.speculation.acceptance import AcceptResult, accept_positional, accept_sampling
-from tandem.speculation.sampling import SamplingParams, position_uniforms, probs_from_logits, sample
+from tandem.speculation.sampling import (SamplingParams, position_race, probs_from_logits, race_winner, sample,
+                                        sample_at)
 
 # --- the two wrong rules, same signature as accept_sampling ---------------------------------
 
@@ -217,13 +218,13 @@ def test_same_seed_same_tokens_different_seed_different_tokens():
 
 
 def positional_pair_counts(trials: int, seed: int, one_hot: bool) -> np.ndarray:
-    """token_pair_counts for the positional rule: each trial a request with its own uniform per
-    output position, used by every round that reaches the position (a round's unused uniforms
-    are the next round's), drafts from Q coupled to them (or one-hot, as in the harness)."""
+    """token_pair_counts for the positional rule: each trial a request with its own race per
+    output position, run by every round that reaches the position (a round's unused races are
+    the next round's), drafts from Q running the same races (or one-hot, as in the harness)."""
     rng = np.random.default_rng(seed)
     counts = np.zeros((2, len(P_START), len(P_START)), dtype=np.int64)
     for _ in range(trials):
-        uniforms, emitted = rng.random(8), []  # [position]
+        races, emitted = rng.standard_exponential((8, len(P_START))), []  # [position, vocab]
         while len(emitted) < 4:
             start, previous = len(emitted), (emitted[-1] if emitted else None)
             drafts, p_rows = [], [P_START if previous is None else P_NEXT[previous]]
@@ -231,12 +232,11 @@ def positional_pair_counts(trials: int, seed: int, one_hot: bool) -> np.ndarray:
                 if one_hot:
                     token = 0 if previous is None else (previous + 1) % len(P_START)
                 else:
-                    q_row = Q_START if previous is None else Q_NEXT[previous]
-                    token = int(np.searchsorted(np.cumsum(q_row), uniforms[start + depth], side="right"))
+                    token = race_winner(Q_START if previous is None else Q_NEXT[previous], races[start + depth])
                 drafts.append(token)
                 p_rows.append(P_NEXT[token])
                 previous = token
-            emitted += accept_positional(drafts, np.stack(p_rows), uniforms[start : start + 4]).emitted(drafts)
+            emitted += accept_positional(drafts, np.stack(p_rows), lambda i: races[start + i]).emitted(drafts)
         counts[0, emitted[0], emitted[1]] += 1
         counts[1, emitted[2], emitted[3]] += 1
     return counts
@@ -250,12 +250,45 @@ def test_positional_rule_token_pairs_follow_p_target(one_hot):
     assert_follows(counts[1], PAIR_P[1])
 
 
-def test_position_uniforms_are_uniform_and_depend_on_seed_and_position_only():
-    u = np.concatenate([position_uniforms(seed, 0, 20) for seed in range(1_000)])  # [20,000]
-    counts = np.histogram(u, bins=20, range=(0.0, 1.0))[0]
+def test_position_races_are_exponential_and_depend_on_seed_and_position_only():
+    times = np.concatenate([position_race(seed, 3, 20) for seed in range(1_000)])  # [20,000]
+    counts = np.histogram(1 - np.exp(-times), bins=20, range=(0.0, 1.0))[0]  # Exp(1) times: uniform here
     assert_follows(counts, np.full(20, 1 / 20))
-    assert np.array_equal(position_uniforms(5, 10, 3), position_uniforms(5, 0, 13)[10:])  # no stream state
-    assert not np.array_equal(position_uniforms(5, 0, 3), position_uniforms(6, 0, 3))
+    assert np.array_equal(position_race(5, 10, 30), position_race(5, 10, 151_936)[:30])  # any vocab: same times
+    assert np.array_equal(position_race(5, 10, 30), position_race(5, 10, 30))
+    assert not np.array_equal(position_race(5, 0, 30), position_race(6, 0, 30))
+    assert not np.array_equal(position_race(5, 0, 30), position_race(5, 1, 30))
+
+
+def test_a_race_never_picks_a_token_of_probability_zero():
+    probs = np.array([0.0, 0.5, 0.0, 0.5])
+    race = np.array([0.0, 2.0, 0.0, 1.0])  # a time of 0 happens (float32: ~1 in 6 million)
+    assert race_winner(probs, race) == 3
+
+
+def test_kernel_noise_moves_a_seeded_token_about_as_rarely_as_any_rule_can():
+    """What made a user's seeded request change with the server's state: logits that differ in
+    their last bits between call shapes (llama.cpp's Q4 kernels) moved the inverse CDF's
+    boundaries in token-id order, so the token could become its id neighbour (seen: p 0.20 to
+    0.024). No rule that fixes a position's randomness can keep every token when p moves to p':
+    the best possible changes it with probability TV(p, p'); the race's winner changes with at
+    most 2 TV / (1 + TV) (the Gumbel coupling's bound); the inverse CDF's, several times more."""
+    rng = np.random.default_rng(0)
+    vocab, positions, noise = 2_000, 3_000, 0.05
+    params = SamplingParams(temperature=0.8)
+    race_flips, cdf_flips, least, bound = 0, 0, 0.0, 0.0
+    for position in range(positions):
+        logits = rng.gumbel(size=(1, vocab)) * 1.5  # [1, vocab]: a few plausible tokens, a long tail
+        noisy = logits + rng.normal(scale=noise, size=logits.shape)
+        p, p_noisy = probs_from_logits(logits, params)[0], probs_from_logits(noisy, params)[0]
+        tv = 0.5 * np.abs(p - p_noisy).sum()
+        least, bound = least + tv, bound + 2 * tv / (1 + tv)
+        race = position_race(1, position, vocab)
+        race_flips += race_winner(p, race) != race_winner(p_noisy, race)
+        uniform = float(rng.random())
+        cdf_flips += sample_at(p, uniform) != sample_at(p_noisy, uniform)
+    assert least * 0.8 < race_flips < bound * 1.2, (least, race_flips, bound)
+    assert cdf_flips > 3 * race_flips, (cdf_flips, race_flips)
 
 
 SEEDED = dict(temperature=0.7, top_k=3)

@@ -21,7 +21,7 @@ class GenerationRequest:
     stop_token_ids: frozenset[int] = frozenset()
     stop_condition: StopCondition | None = None  # e.g. stop strings, checked at the edge's request
     output_offset: int = 0  # output tokens at the end of prompt_ids (a placement resumed elsewhere):
-    # the output positions of what this request emits start there (a seed's uniforms follow them)
+    # the output positions of what this request emits start there (a seed's races follow them)
 
     def __post_init__(self):
         if not self.prompt_ids:

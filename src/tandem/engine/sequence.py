@@ -68,7 +68,7 @@ class Sequence:
     @property
     def output_position(self) -> int:
         """The output position of the next token: the request's own output so far, after any
-        it resumed from (sampling.position_uniforms)."""
+        it resumed from (sampling.position_race)."""
         return self.request.output_offset + len(self.tokens) - len(self.request.prompt_ids)
 
     @property

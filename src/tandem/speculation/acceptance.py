@@ -18,23 +18,26 @@ probability min(1, p(d_i) / q(d_i)) and on rejection samples from norm(max(0, p 
 emitted tokens then follow p exactly.
 
 A seeded request (`SamplingParams.seed`) takes the positional rule instead: the target's token at
-output position i is the inverse CDF of its processed p_i at a uniform u_i that depends on the
-seed and i alone (`position_uniforms`), and a draft is kept while it equals that token, as greedy
-keeps the argmax. Each emitted token is then the token non-speculative sampling with the same
-uniforms emits, whatever was drafted: p_i is conditioned on the tokens before i, which are
-functions of u_<i, and u_i is uniform and independent of them, so token i follows p_i exactly;
-and the same seed gives the same output at any k, drafter or load, which a seed promises. A draft
-model couples to it by drafting with the same u_i (lockstep.py), keeping acceptance near
-speculative sampling's where q is near p; a one-hot draft is kept with probability p(d_i), as
-speculative sampling keeps it.
+output position i is the winner of an exponential race over its processed p_i, run with times
+E_i (one Exp(1) per token id) that depend on the seed and i alone (`position_race`: token t
+finishes at E_i[t] / p_i[t], and wins with probability p_i[t]), and a draft is kept while it
+equals that token, as greedy keeps the argmax. Each emitted token is then the token
+non-speculative sampling with the same races emits, whatever was drafted: p_i is conditioned on
+the tokens before i, which are functions of E_<i, and E_i is independent of them, so token i
+follows p_i exactly; and the same seed gives the same output at any k, drafter or load, which a
+seed promises, up to logits that differ between kernels: those change the winner only where two
+tokens' times nearly tie. A draft model couples to it by running the same race over q
+(lockstep.py): draft and target then pick the same token with probability at least
+(1 - TV) / (1 + TV), near speculative sampling's where q is near p; a one-hot draft is kept with
+probability p(d_i), as speculative sampling keeps it.
 """
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from tandem.speculation.sampling import SamplingParams, position_uniforms, probs_from_logits, sample, sample_at
+from tandem.speculation.sampling import SamplingParams, position_race, probs_from_logits, race_winner, sample
 
 if TYPE_CHECKING:
     import torch
@@ -79,8 +82,8 @@ def accept_round(
         return accept_greedy(draft_tokens, target_logits)
     p_target = probs_from_logits(target_logits, sampling)  # [k + 1, vocab]
     if sampling.seed is not None:
-        uniforms = position_uniforms(sampling.seed, position, len(draft_tokens) + 1)  # [k + 1]
-        return accept_positional(draft_tokens, p_target, uniforms)
+        return accept_positional(draft_tokens, p_target,
+                                 lambda i: position_race(sampling.seed, position + i, p_target.shape[-1]))
     return accept_sampling(draft_tokens, fit_vocab(q_draft, p_target.shape[-1]), p_target, rng)
 
 
@@ -124,16 +127,17 @@ def accept_sampling(
 def accept_positional(
     draft_tokens: list[int],
     p_target: np.ndarray,  # [k + 1, vocab]
-    uniforms: np.ndarray,  # [k + 1]: the uniforms of the round's output positions
+    race_of: Callable[[int], np.ndarray],  # row i -> the race of its output position, [vocab]
 ) -> AcceptResult:
-    """Keep drafts while each equals the target's token at its position (the inverse CDF of its
-    row at its uniform); the first that differs is replaced by that token."""
+    """Keep drafts while each equals the target's token at its position (the winner of its
+    row's race); the first that differs is replaced by that token. Races are drawn only for
+    the rows reached."""
     for i, token in enumerate(draft_tokens):
-        choice = sample_at(p_target[i], float(uniforms[i]))
+        choice = race_winner(p_target[i], race_of(i))
         if token != choice:
             return AcceptResult(i, choice)
     k = len(draft_tokens)
-    return AcceptResult(k, sample_at(p_target[k], float(uniforms[k])))
+    return AcceptResult(k, race_winner(p_target[k], race_of(k)))
 
 
 def _residual(p_row: np.ndarray, q_row: np.ndarray) -> np.ndarray:

@@ -13,15 +13,17 @@ the device has decided, the rule draws the most a round can use (k + 1), sends t
 tensor, and afterwards rewinds the rng and draws again only the number actually used. So the
 same seed gives the same tokens as the numpy rule (for probabilities equal to the last bit; see
 device_sampling.py) and leaves the rng in the same state for the next round. A seeded request's
-positional rule takes its uniforms from the seed and the positions, and uses no rng.
+positional rule takes its races from the seed and the positions, and uses no rng: drawn on
+the host (`sampling.position_race`, float32 values) for every row at once and sent as one
+tensor, so both sides run the same race.
 """
 
 import numpy as np
 import torch
 
 from tandem.speculation.acceptance import AcceptResult, fit_vocab
-from tandem.speculation.device_sampling import compute_dtype, probs_from_logits, sample_with_uniform
-from tandem.speculation.sampling import SamplingParams, position_uniforms
+from tandem.speculation.device_sampling import compute_dtype, probs_from_logits, race_winners, sample_with_uniform
+from tandem.speculation.sampling import SamplingParams, position_race
 
 
 def accept_round_on_device(
@@ -38,8 +40,10 @@ def accept_round_on_device(
         return accept_greedy_on_device(draft_tokens, target_logits)
     p_target = probs_from_logits(target_logits, sampling)  # [k + 1, vocab] float64
     if sampling.seed is not None:
-        uniforms = position_uniforms(sampling.seed, position, len(draft_tokens) + 1)  # [k + 1]
-        return accept_positional_on_device(draft_tokens, p_target, uniforms)
+        vocab = p_target.shape[-1]
+        races = np.stack([position_race(sampling.seed, position + i, vocab).astype(np.float32)
+                          for i in range(len(draft_tokens) + 1)])  # [k + 1, vocab]
+        return accept_positional_on_device(draft_tokens, p_target, races)
     q_on_device = _q_to_device(fit_vocab(q_draft, p_target.shape[-1]), p_target)  # [k, vocab] or None
     return accept_sampling_on_device(draft_tokens, q_on_device, p_target, rng)
 
@@ -91,12 +95,12 @@ def accept_sampling_on_device(
 def accept_positional_on_device(
     draft_tokens: list[int],
     p_target: torch.Tensor,  # [k + 1, vocab] on the device
-    uniforms: np.ndarray,  # [k + 1] on the host
+    races: np.ndarray,  # [k + 1, vocab] float32 on the host: each row's position's race
 ) -> AcceptResult:
-    """`accept_positional`: every row's token at its uniform at once, then greedy's prefix."""
+    """`accept_positional`: every row's race at once, then greedy's prefix."""
     k, device = len(draft_tokens), p_target.device
-    u = torch.tensor(uniforms, dtype=p_target.dtype, device=device)  # [k + 1]
-    choices = sample_with_uniform(p_target, u)  # [k + 1]
+    times = torch.from_numpy(races).to(device, non_blocking=True).to(p_target.dtype)  # [k + 1, vocab]
+    choices = race_winners(p_target, times)  # [k + 1]
     matches = (choices[:k] == _tokens_to_device(draft_tokens, device)).long()  # [k]
     accepted = matches.cumprod(dim=0).sum()  # []
     next_token = choices.index_select(0, accepted.reshape(1))[0]  # []

@@ -8,7 +8,8 @@ stable sort so equal probabilities keep their index order, as numpy's stable arg
 
 Randomness stays on the host: `sample_with_uniform` takes the uniform that `sample` would have
 drawn from the sequence's numpy rng and inverts the CDF exactly as `sample` does, so the same
-uniform gives the same token.
+uniform gives the same token; `race_winners` takes a seeded position's race as `race_winner`
+does.
 """
 
 import torch
@@ -53,3 +54,10 @@ def sample_with_uniform(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Ten
     target_mass = (uniform * cdf[..., -1])[..., None]  # [..., 1]
     index = torch.searchsorted(cdf, target_mass, right=True)[..., 0]  # [...]
     return index.clamp(max=probs.shape[-1] - 1)
+
+
+def race_winners(probs: torch.Tensor, race: torch.Tensor) -> torch.Tensor:
+    """Each row's exponential-race winner, as `sampling.race_winner`: the first token to finish
+    at race / probs (inf where probs is 0).  probs, race: [..., vocab] -> token ids [...] (no sync)."""
+    times = torch.where(probs > 0, race / probs, float("inf"))  # [..., vocab]; a time of 0 over 0 is no NaN
+    return times.argmin(dim=-1)

@@ -5,9 +5,14 @@
 function with the same `SamplingParams`, which is what keeps speculative sampling exact for the
 processed distribution. Temperature 0 means greedy decoding.
 
-A seeded request draws the uniform of each output position from the seed and the position
-(`position_uniforms`), not from a stream whose use depends on how rounds fall: its tokens are
-then the same whatever was drafted (acceptance.py, `accept_positional`).
+A seeded request's token at each output position is the winner of an exponential race drawn
+from the seed and the position alone (`position_race`, `race_winner`), not from a stream whose
+use depends on how rounds fall: its tokens are then the same whatever was drafted (acceptance.py,
+`accept_positional`). The race, not the inverse CDF at a uniform: inverting the CDF in token-id
+order, a change of the logits in their last bits (another batch shape of llama.cpp's Q4
+kernels) moves every boundary after it, so a token could turn into its neighbour by id, one ten
+times less likely (seen by a user: p 0.20 to 0.024); a race's winner changes only where two
+tokens' scores nearly tie.
 """
 
 from dataclasses import dataclass
@@ -83,7 +88,18 @@ def sample_at(probs: np.ndarray, uniform: float) -> int:
     return min(index, probs.shape[-1] - 1)
 
 
-def position_uniforms(seed: int, start: int, count: int) -> np.ndarray:
-    """The uniforms of a seeded request's output positions start .. start + count - 1: each a
-    function of the seed and the position alone, independent across positions.  -> [count]"""
-    return np.array([np.random.default_rng([seed, position]).random() for position in range(start, start + count)])
+def position_race(seed: int, position: int, vocab: int) -> np.ndarray:
+    """The race of a seeded request's output position: one Exp(1) time per token id, a function
+    of the seed and the position alone (ids below any vocab size get the same times, so a draft
+    model of a narrower vocabulary runs the same race).  -> [vocab] float64 (float32 values, so
+    a device gets them exactly in half the bytes)."""
+    return np.random.default_rng([seed, position]).standard_exponential(vocab, dtype=np.float32).astype(np.float64)
+
+
+def race_winner(probs: np.ndarray, race: np.ndarray) -> int:
+    """The token whose time race / probs comes first (the exponential race, i.e. Gumbel-max:
+    token i wins with probability probs[i]); tokens of probability 0 never run.
+    probs: [vocab]; race: [vocab] or longer (its first ids taken)."""
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        times = np.where(probs > 0, race[: probs.shape[-1]] / probs, np.inf)  # [vocab]; a time of 0 over 0 is no NaN
+    return int(np.argmin(times))

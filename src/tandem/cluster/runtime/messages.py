@@ -20,7 +20,7 @@ class DraftItem:
     k: int
     sampling: SamplingParams
     seed: int  # per-round rng seed for sampled drafts
-    output_start: int  # where output position 0 sits in the tokens, >= 1 (seeded drafts' uniforms follow positions)
+    output_start: int  # where output position 0 sits in the tokens, >= 1 (seeded drafts' races follow positions)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ import numpy as np
 from tandem.models.batch_runner import BatchItem, BatchRunner, cached_context
 from tandem.models.cost import CostView, catch_up_ms, fed_singly
 from tandem.speculation.drafters.base import DraftJob, KeepDrafting, SequenceDraft
-from tandem.speculation.sampling import position_uniforms, probs_from_logits, sample, sample_at
+from tandem.speculation.sampling import position_race, probs_from_logits, race_winner, sample
 from tandem.token_ids import common_prefix
 
 
@@ -118,9 +118,9 @@ class LocalDraftModel:
 
 def _pick(logits: np.ndarray, seq, depth: int) -> tuple[int, np.ndarray | None, float]:
     """The draft token from next-token logits [vocab], its q row (sampling), its confidence;
-    `depth`: drafts before it this round. A seeded request drafts with the uniform of the
-    token's output position, the one the target's positional rule will use (acceptance.py), so
-    draft and target pick the same token wherever q is near p. A device runner's tensor is
+    `depth`: drafts before it this round. A seeded request drafts by the race of the token's
+    output position, the one the target's positional rule will run (acceptance.py), so draft and
+    target pick the same token wherever q is near p. A device runner's tensor is
     read on the host (free on a CPU; one row per token on a GPU)."""
     if not isinstance(logits, np.ndarray):
         logits = logits.float().cpu().numpy()
@@ -133,6 +133,5 @@ def _pick(logits: np.ndarray, seq, depth: int) -> tuple[int, np.ndarray | None, 
     if sampling.seed is None:
         token = sample(q_row, seq.rng)
     else:
-        uniform = position_uniforms(sampling.seed, seq.output_position + depth, 1)[0]
-        token = sample_at(q_row, float(uniform))
+        token = race_winner(q_row, position_race(sampling.seed, seq.output_position + depth, len(q_row)))
     return token, q_row, float(q_row[token])
