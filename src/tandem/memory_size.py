@@ -31,7 +31,7 @@ def parse_memory(text: str, plain_unit: int = 1, allow_zero: bool = False) -> in
 
 def human_size(num_bytes: float) -> str:
     for unit in ("B", "KiB", "MiB"):
-        if num_bytes < 1024:
-            return f"{num_bytes:.0f} {unit}"
+        if num_bytes < 1024:  # a decimal below 10 of a unit: 1.5 MiB is not "2 MiB"
+            return f"{num_bytes:.1f} {unit}" if unit != "B" and num_bytes < 9.95 else f"{num_bytes:.0f} {unit}"
         num_bytes /= 1024
     return f"{num_bytes:.1f} GiB"

@@ -116,14 +116,19 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["soak", "--serve-args", '"unbalanced', "--duration", "1m", "--sample-every", "10s"], "--serve-args"),
     (["generate", "--prompt", "hi", "--backend", "llamacpp", "--dtype", "bf16", "--kv-memory", "1G"],
      "--dtype bf16 and --kv-memory apply to the torch backend only"),
+    (["bench-serve", "--prompts", "multiturn", "--num-prompts", "1", "--concurrency", "2"],
+     "--num-prompts and --concurrency do not apply"),
+    (["generate", "--prompt", "hi", "--top-k", "-2"], "argument --top-k: wants a number of at least -1"),
+    (["generate", "--prompt", "hi", "--step-tokens", "0"], "argument --step-tokens: wants a number of at least 1"),
+    (["generate", "--prompt", "hi", "--k", "-1"], "k must be 'auto' or an integer from 0 to 64, got -1\n"),
     (["soak", "--duration", "1m"], "no second sample"),
     (["soak", "--url", "http://127.0.0.1:9/v1", "--target", "smollm2-135m-instruct", "--duration", "1m",
       "--sample-every", "10s"], "--target starts a server here"),
     (["soak", "--duration", "1m", "--sample-every", "10s", "--warmup", "2h"], "nothing of --duration"),
     (["soak", "--duration", "1m", "--sample-every", "10s", "--prompts", "{binary}"], "cannot read the prompts file"),
     (["soak", "--duration", "1m", "--sample-every", "10s", "--out", "{not_a_folder}"], "cannot create the output folder"),
-    (["bench-serve", "--prompts", "multiturn", "--num-prompts", "1"], "do not apply to --prompts multiturn"),
-    (["bench-serve", "--prompts", "multiturn", "--concurrency", "1,2,4,8,16"], "do not apply to --prompts multiturn"),
+    (["bench-serve", "--prompts", "multiturn", "--num-prompts", "1"], "--num-prompts does not apply to --prompts multiturn"),
+    (["bench-serve", "--prompts", "multiturn", "--concurrency", "1,2,4,8,16"], "--concurrency does not apply to --prompts multiturn"),
     (["bench-serve", "--backend", "torch", "--dtype", "fp64"], "--dtype must be one of"),  # after loading, before
     (["serve", "--cache-dir", "{not_a_folder}"], "cannot create the folder"),
     (["generate", "--prompt", ""], "--prompt is empty"),
@@ -168,6 +173,12 @@ def test_bad_input_is_one_error_line_and_exit_2(argv, says, files, capsys):
     err = capsys.readouterr().err
     assert code == 2 and says in err, err
     assert err.startswith("error: ") and err.count("\n") == 1, err  # one line, argparse's usage errors too
+
+
+def test_generate_takes_top_k_minus_one_as_off_as_the_server_does():
+    from tandem.cli.main import build_parser
+
+    assert build_parser().parse_args(["generate", "--prompt", "hi", "--top-k", "-1"]).top_k == -1  # it was refused
 
 
 def test_the_context_length_reaches_both_models():

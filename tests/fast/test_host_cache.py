@@ -136,6 +136,9 @@ def test_the_start_up_line_names_the_tiers_that_are_on(tmp_path):
     host, disk = HostPromptCache(64 << 20, "tiny"), DiskPromptCache(tmp_path, 1 << 30, "tiny")
     assert len(host) == 0 and len(disk) == 0
     line = PromptCache(runner, None, host, disk).describe()
-    assert "host tier 64" in line and "disk tier 1" in line, line
-    assert "host tier off" in PromptCache(runner, None, None).describe()
+    assert "host tier 64" in line and "disk tier 1.0 GiB" in line and "(0 entries" in line, line
+    assert "4 slots" in line and "host tier off" in PromptCache(runner, None, None).describe()
+    one_slot = SimpleNamespace(max_slots=1, save_state=lambda slot: b"")
+    small = PromptCache(one_slot, None, HostPromptCache(int(1.5 * 2**20), "tiny")).describe()
+    assert "1 slot," in small and "host tier 1.5 MiB" in small, small  # it said "1 slots" and "2 MiB"
     disk.close()

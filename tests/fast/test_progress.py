@@ -3,6 +3,7 @@ line when it starts, one every PLAIN_EVERY_SECONDS with how far it is, and one w
 ("done", or "stopped" after an exception), not an endless line of in-place updates; disabled,
 nothing; the items pass through either way."""
 
+import os
 import io
 
 import pytest
@@ -68,3 +69,22 @@ def test_off_a_terminal_one_long_item_is_not_silence(monkeypatch):
     lines = log.getvalue().splitlines()
     assert any(line.startswith("filling: 0/1 after ") for line in lines[1:-1]), lines
     assert lines[-1].startswith("filling: done in ")
+
+
+def test_libraries_bars_are_silent_in_a_log_and_tandems_say_plain_lines():
+    """`tandem ... 2>log`: transformers' own tqdm bars (converting a GGUF, loading weights) wrote
+    carriage-return redraws into the log; the CLI silences them there, not Tandem's plain lines."""
+    import subprocess
+    import sys
+
+    script = ("import tandem.cli.main\n"
+              "from tqdm.auto import tqdm\n"
+              "from tandem.progress import ProgressBar\n"
+              "for _ in tqdm(range(3), desc='a library bar'): pass\n"
+              "with ProgressBar(range(3), desc='a tandem bar') as bar:\n"
+              "    for _ in bar: pass\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"})
+    assert done.returncode == 0, done.stderr
+    assert "a library bar" not in done.stderr and "\r" not in done.stderr, done.stderr
+    assert "a tandem bar ..." in done.stderr, done.stderr

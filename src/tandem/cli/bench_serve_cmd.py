@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         given = [option for option, value in (("--num-prompts", args.num_prompts is not None),
                                                ("--concurrency", args.concurrency is not None)) if value]
         if given:
-            raise TandemError(f"{' and '.join(given)} do not apply to --prompts multiturn: its scenarios set their "
+            raise TandemError(f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to --prompts multiturn: its scenarios set their "
                               "own users and turns")
         args.concurrency = "1"  # the levels' checks do not apply either
 

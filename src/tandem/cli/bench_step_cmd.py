@@ -15,7 +15,7 @@ from tandem.models.llamacpp_batch_runner import MAX_SEQUENCES
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("bench-step", help="time batched steps by batch size (torch: overhead, memory floor; llama.cpp: call layout)")
-    parser.add_argument("--model", default=DEFAULT_TARGET, help="catalog name or HF folder")
+    parser.add_argument("--model", default=DEFAULT_TARGET, help="catalog name or HF folder (default %(default)s)")
     parser.add_argument("--backend", choices=["torch", "llamacpp"], default="torch",
                         help="torch: the fused runner (default); llamacpp: the llama.cpp batch runner")
     parser.add_argument("--device", default="cpu", help="torch device: cpu, cuda:0, ... (default cpu)")

@@ -22,7 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), at most 2")
     parser.add_argument("--top-p", type=float, default=1.0,
                         help="sample from the smallest set of tokens whose probabilities sum to P (default 1 = off)")
-    parser.add_argument("--top-k", type=int, default=0, help="sample from the K likeliest tokens (default 0 = off)")
+    parser.add_argument("--top-k", type=whole_number(-1), default=0,
+                        help="sample from the K likeliest tokens (default 0 = off; -1 is off too, as the server and vLLM take it)")
     parser.add_argument("--seed", type=int, default=None,
                         help="sampling seed, for repeatable sampled runs (default: none)")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
@@ -32,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    sampling = SamplingParams(args.temperature, max(args.top_k, 0), args.top_p, args.seed)
     messages = _parse_messages(args.messages) if args.messages is not None else None
     if args.prompt is not None and not args.prompt:
         raise TandemError("--prompt is empty")  # before the models load, not after

@@ -5,7 +5,12 @@ import contextlib
 import os
 import sys
 
-from tandem.errors import TandemError
+if not sys.stderr.isatty():  # before anything imports tqdm, which reads its defaults then
+    # libraries' own bars (transformers converting a GGUF, loading weights) redraw one line with
+    # carriage returns into a log; Tandem's bars pass `disable` themselves and say plain lines there
+    os.environ.setdefault("TQDM_DISABLE", "1")
+
+from tandem.errors import TandemError  # noqa: E402
 from tandem.sigterm import sigterm_interrupts
 
 

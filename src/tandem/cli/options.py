@@ -24,16 +24,16 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--backend", default="auto", help="target backend: llamacpp | torch | auto (default: torch where a GPU exists, else llamacpp)")
     group.add_argument("--device", default="auto", help="target device: cpu, cuda:0, mps, npu:0, xpu ... (default: auto, the backend's)")
     group.add_argument("--dtype", default="fp32", help="target dtype for torch: fp32 | bf16 | fp16 (default %(default)s)")
-    group.add_argument("--draft-backend", default="auto", help="draft backend: llamacpp | torch | auto")
-    group.add_argument("--draft-device", default="auto", help="draft device")
-    group.add_argument("--draft-dtype", default="fp32", help="draft dtype for torch")
+    group.add_argument("--draft-backend", default="auto", help="draft backend: llamacpp | torch | auto (default %(default)s)")
+    group.add_argument("--draft-device", default="auto", help="draft device (default %(default)s: the backend's)")
+    group.add_argument("--draft-dtype", default="fp32", help="draft dtype for torch (default %(default)s)")
     group.add_argument("--threads", type=thread_count, default=None, help="CPU threads per model (default: all)")
     group.add_argument("--context-length", type=whole_number(64), default=4096, metavar="TOKENS",
                        help="most tokens a sequence holds, prompt and answer (default 4096; capped at what the "
                        "model was trained for)")
     group.add_argument("--k", default="auto", help="speculation depth: an integer from 0 to 64, or auto (default: "
                        "the planner chooses, up to 16 tokens of a draft model and 63 of a copy)")
-    group.add_argument("--step-tokens", type=int, default=STEP_TOKEN_BUDGET,
+    group.add_argument("--step-tokens", type=whole_number(1), default=STEP_TOKEN_BUDGET,
                        help=f"most tokens one engine step scores; long prompts are prefilled in chunks "
                        f"(default {STEP_TOKEN_BUDGET})")
     group.add_argument("--prefill-floor", default=None, type=prefill_floor_option, metavar="auto|N",

@@ -26,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--port", default="8000", help="port (default 8000; 0 picks a free one)")
     group.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
                        help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV})")
-    group.add_argument("--served-model-name", default=None, help="the model name clients send (default: --target)")
+    group.add_argument("--served-model-name", default=None, help="the model name clients send (default: --target's catalog name, or a .gguf file's or folder's name without .gguf)")
     group.add_argument("--max-running", default="8", help="sequences decoded together (default 8)")
     group.add_argument("--max-waiting", default="64", help="requests queued beyond those; more get 429 (default 64)")
     group.add_argument("--max-body-bytes", default=str(DEFAULT_MAX_BODY_BYTES), help="request body limit in bytes, beyond it a 413 (default %(default)s)")

@@ -64,8 +64,9 @@ class PromptCache:
         host = (f"host tier {human_size(self.host.capacity_bytes)} (--cache-ram)" if self.host is not None
                 else "host tier off")
         disk = (f", disk tier {human_size(self.disk.capacity_bytes)} in {self.disk.folder} "
-                f"({len(self.disk)} entries, {human_size(self.disk.nbytes)})") if self.disk is not None else ""
-        return f"prompt cache: {len(self.slots.owner)} slots, {host}{disk}"
+                f"({_count(len(self.disk), 'entry', 'entries')}, {human_size(self.disk.nbytes)})") \
+            if self.disk is not None else ""
+        return f"prompt cache: {_count(len(self.slots.owner), 'slot')}, {host}{disk}"
 
     def place(self, owner: str, prefix: list[int], first: bool, running_draft: RunningDraft) -> tuple[int, int, list[int]]:
         """A slot for `owner`, whose target cache must become `prefix`: the slot, the prompt
@@ -208,3 +209,7 @@ class PromptCache:
         if self.slots.owner[slot] is not None:
             return running_draft(slot)
         return self.retained_draft.get(slot, [])
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else many or one + 's'}"

@@ -221,7 +221,8 @@ class DrainingServer(uvicorn.Server):
 
     def _drain(self) -> None:
         grace = self.state.settings.grace_seconds
-        print(f"shutting down: finishing {self.state.worker.in_flight} in-flight requests "
+        in_flight = self.state.worker.in_flight
+        print(f"shutting down: finishing {in_flight} in-flight request{'' if in_flight == 1 else 's'} "
               f"(up to {grace:g}s)", file=sys.stderr, flush=True)
         self.state.worker.shutdown(grace)
         self.should_exit = True

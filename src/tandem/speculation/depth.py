@@ -65,8 +65,8 @@ def parse_depth(value: "str | int | Depth") -> Depth:
         return Auto()
     if isinstance(value, int) and not isinstance(value, bool):
         return Fixed(value)
-    if isinstance(value, str) and value.strip().isdigit():
-        return Fixed(int(value))
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        return Fixed(int(value))  # -1 is refused by Fixed, in the same words as 65
     raise TandemError(f"k must be 'auto' or an integer from 0 to {K_LIMIT}, got {value!r}")
 
 
