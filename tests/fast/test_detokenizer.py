@@ -186,6 +186,18 @@ def test_an_output_cut_inside_a_character_ends_in_a_replacement_character(tokeni
     assert stream.finish() == REPLACEMENT  # the cap came first: shown as decoding shows it
 
 
+def test_a_stop_string_is_not_completed_by_the_replacement_character_of_a_cut(tokenizer, decode):
+    """A user's stop "\ufffd" emptied an answer cut inside a character by max_tokens, finished
+    by its length: the model wrote no such character; the cap cut one."""
+    ids = tokenizer.encode("ok").ids + [byte_token(tokenizer, 0xE4)]
+    for stops in ([REPLACEMENT], ["k" + REPLACEMENT]):
+        stream = TextStream(decode, stops)
+        shown = "".join(stream.push([token]) for token in ids) + stream.finish()
+        assert shown == "ok" + REPLACEMENT and not stream.stopped, stops
+    stream = TextStream(decode, ["ok"])
+    assert "".join(stream.push([token]) for token in ids) + stream.finish() == "" and stream.stopped
+
+
 def test_stop_strings_equal_the_reference(tokenizer, decode):
     for _, ids, rng in cases(tokenizer, 900, seed=4):
         stops = stop_strings_for(decode(ids), rng)

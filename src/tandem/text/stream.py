@@ -26,6 +26,7 @@ class TextStream:
         self._detokenizer = IncrementalDetokenizer(decode)
         self._held = ""  # final text not shown yet: it may begin a stop string
         self._done = False
+        self.stopped = False  # a stop string ended the text (the engine may have ended on its cap just before)
 
     def push(self, new_ids: list[int]) -> str:
         """Add a round's tokens; return the text that is now safe to show."""
@@ -34,7 +35,7 @@ class TextStream:
         text = self._held + self._detokenizer.push(new_ids)
         stop = first_stop_start(text, self.stop_strings)
         if stop is not None:
-            self._done = True
+            self._done = self.stopped = True
             return text[:stop]
         safe = len(text) - held_back_length(text, self.stop_strings)
         self._held = text[safe:]
@@ -43,10 +44,15 @@ class TextStream:
     def finish(self) -> str:
         """Flush at the end of generation: the text held back and, where the output ends inside
         a character (a token cap cut it), the U+FFFD that decoding the whole output shows there;
-        cut before a stop string as push cuts."""
+        cut before a stop string as push cuts. Not before one the U+FFFD completes: the model
+        wrote no such character, its cap cut one (a stop "\ufffd" emptied such an answer and
+        left it finished by its length)."""
         if self._done:
             return ""
         self._done = True
         text = self._held + self._detokenizer.flush()
-        stop = first_stop_start(text, self.stop_strings)
-        return text if stop is None else text[:stop]
+        stop = first_stop_start(text.rstrip("\ufffd"), self.stop_strings)
+        if stop is None:
+            return text
+        self.stopped = True
+        return text[:stop]

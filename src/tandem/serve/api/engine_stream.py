@@ -79,6 +79,8 @@ class GenerationRun:
                 if update.finished:
                     self.finish_reason, self.error = update.finish_reason, update.error
                     delta += stream.finish()
+                    if stream.stopped and self.finish_reason == "length":  # the cap fell inside the stop string
+                        self.finish_reason = "stop"
                 if delta:
                     self.text += delta
                     yield delta
