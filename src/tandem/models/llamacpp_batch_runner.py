@@ -56,6 +56,7 @@ from tandem.sigterm import deferring_ctrl_c
 from tandem.models.batch_runner import BatchItem, KvPoolFullError
 from tandem.models.cost import CostModel
 from tandem.models.host_bytes import bytes_address, new_bytes
+from tandem.models.llamacpp_log import install_log_filter
 
 DEFAULT_CONTEXT = 4096  # per sequence
 MAX_POOL_TOKENS = 32768  # KV cells shared by all slots
@@ -133,6 +134,8 @@ class LlamaCppBatchRunner:
         import llama_cpp
         from llama_cpp import Llama
         from llama_cpp._internals import LlamaBatch, LlamaContext
+
+        install_log_filter()
 
         threads = threads or os.cpu_count() or 1
         try:  # the Llama object owns the model; its own small context stays unused

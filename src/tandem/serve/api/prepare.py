@@ -129,6 +129,6 @@ def _new_token_limit(context: int, prompt_tokens: int, body: SamplingFields, pro
     if requested > room:
         param = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
         raise APIError(400, f"{param} is {requested} but the prompt has {prompt_tokens} tokens and this "
-                       f"model's context is {context} tokens: at most {room} new tokens fit",
+                       f"model's context is {context} tokens: at most {room} new token{'' if room == 1 else 's'} fit{'s' if room == 1 else ''}",
                        param=param, code="context_length_exceeded")
     return requested
