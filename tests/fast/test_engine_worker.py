@@ -66,15 +66,17 @@ def test_retry_after_follows_how_often_requests_finish(tiny_target, tiny_draft):
     assert retry_after_seconds([0.0, 4.0, 8.0, 12.0]) == 4
     assert retry_after_seconds([0.0, 0.1, 0.2]) == 1
     assert retry_after_seconds([0.0, 600.0]) == 60
+    assert retry_after_seconds([0.0, 4.0, 8.0, 10_000.0, 10_004.0, 10_008.0]) == 4  # an idle spell is not a pace
     worker = EngineWorker(make_engine(tiny_target, tiny_draft, slots=1), max_waiting=0).start()
     for prompt in PROMPTS[:3]:  # one at a time: each finish is recorded
         collect_sync(worker.submit(GenerationRequest(prompt, max_tokens=4)))
     assert len(worker._finish_times) == 3
-    worker._finish_times.extend([worker._finish_times[-1] + 7.5])  # as if the last request took 7.5 s
+    last = worker._finish_times[-1]
+    worker._finish_times.extend(last + 7.5 * i for i in range(1, 5))  # as if four more came 7.5 s apart
     long = worker.submit(GenerationRequest(PROMPTS[0], max_tokens=10_000))
     with pytest.raises(QueueFullError) as error:
         worker.submit(GenerationRequest(PROMPTS[1], max_tokens=4))
-    assert error.value.retry_after_seconds == retry_after_seconds(worker._finish_times) >= 3
+    assert error.value.retry_after_seconds == retry_after_seconds(worker._finish_times) == 8
     long.cancel()
     worker.shutdown(grace_seconds=1)
 

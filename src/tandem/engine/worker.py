@@ -21,6 +21,7 @@ import itertools
 import logging
 import math
 import queue
+import statistics
 import threading
 import time
 from collections import deque
@@ -42,11 +43,12 @@ RETRY_AFTER_MAX_SECONDS = 60
 
 def retry_after_seconds(finish_times: Sequence[float]) -> int:
     """When a request refused at capacity should try again: a place frees when one in flight
-    finishes, so the mean interval between the recent finishes (monotonic seconds, oldest
-    first), rounded up; 1 s before two finishes are seen, at most a minute."""
+    finishes, so the median interval between the recent finishes (monotonic seconds, oldest
+    first; the median, so that an idle hour before a burst does not count), rounded up; 1 s
+    before two finishes are seen, at most a minute."""
     if len(finish_times) < 2:
         return 1
-    interval = (finish_times[-1] - finish_times[0]) / (len(finish_times) - 1)
+    interval = statistics.median(later - earlier for earlier, later in zip(finish_times, list(finish_times)[1:]))
     return max(1, min(RETRY_AFTER_MAX_SECONDS, math.ceil(interval)))
 
 
