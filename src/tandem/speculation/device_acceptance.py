@@ -41,8 +41,8 @@ def accept_round_on_device(
     p_target = probs_from_logits(target_logits, sampling)  # [k + 1, vocab] float64
     if sampling.seed is not None:
         vocab = p_target.shape[-1]
-        races = np.stack([position_race(sampling.seed, position + i, vocab).astype(np.float32)
-                          for i in range(len(draft_tokens) + 1)])  # [k + 1, vocab]
+        races = np.stack([position_race(sampling.seed, position + i, vocab)
+                          for i in range(len(draft_tokens) + 1)])  # [k + 1, vocab] float32
         return accept_positional_on_device(draft_tokens, p_target, races)
     q_on_device = _q_to_device(fit_vocab(q_draft, p_target.shape[-1]), p_target)  # [k, vocab] or None
     return accept_sampling_on_device(draft_tokens, q_on_device, p_target, rng)

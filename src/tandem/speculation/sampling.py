@@ -91,9 +91,9 @@ def sample_at(probs: np.ndarray, uniform: float) -> int:
 def position_race(seed: int, position: int, vocab: int) -> np.ndarray:
     """The race of a seeded request's output position: one Exp(1) time per token id, a function
     of the seed and the position alone (ids below any vocab size get the same times, so a draft
-    model of a narrower vocabulary runs the same race).  -> [vocab] float64 (float32 values, so
-    a device gets them exactly in half the bytes)."""
-    return np.random.default_rng([seed, position]).standard_exponential(vocab, dtype=np.float32).astype(np.float64)
+    model of a narrower vocabulary runs the same race).  -> [vocab] float32 (a device gets them
+    in half the bytes; divided by float64 probabilities, each side computes the same times)."""
+    return np.random.default_rng([seed, position]).standard_exponential(vocab, dtype=np.float32)
 
 
 def race_winner(probs: np.ndarray, race: np.ndarray) -> int:
