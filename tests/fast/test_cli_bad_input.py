@@ -96,6 +96,7 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["plan", "--cluster", "{exponent}"], "YAML reads it as text"),
     (["serve", "--cluster", MIXED, "--target", "x", "--context-length", "128"],
      "--target, --context-length describe one engine's models"),  # served the file's model, 4096 context
+    (["serve", "--cluster", MIXED, "--cache-disk", "1G"], "replicas have no disk tier"),  # it said: give --cache-dir
     (["serve", "--cluster", MIXED, "--draft-ahead"], "drafter 'ngram' drafts in the replica"),  # did nothing
     (["bench-cluster", "--cluster", MIXED, "--configs", "cluster,cluster+draft-ahead", "--drafter", "ngram",
       "--out", "{tmp}"], "drafter 'ngram' drafts in the replica"),  # reported a row that drafted nothing ahead

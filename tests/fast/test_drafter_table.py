@@ -108,3 +108,39 @@ def test_a_cluster_without_a_draft_model_defaults_to_copies_and_says_so(tmp_path
 def test_an_unknown_drafter_names_the_table():
     with pytest.raises(TandemError, match="choose one of none, ngram, suffix, model, hybrid"):
         check_drafter("oracle")
+
+
+def test_a_cluster_serves_the_files_drafter_and_k_as_plan_and_simulate_read_them(tmp_path, capsys):
+    """serve --cluster ran its default drafter (ngram) where the file said `drafter: none, k: 0`,
+    which `tandem plan` and `simulate` obeyed; --drafter and --k still win over the file."""
+    path = tmp_path / "cluster.yaml"
+    path.write_text(CLUSTER_WITHOUT_DRAFT_MODEL + "drafter: suffix\nk: 5\n")
+    cluster = ClusterOptions(load_cluster(str(path)))
+    args = argparse.Namespace(drafter=None, k="auto", step_tokens=512, prefill_floor=None, prefill_waves=False)
+    config = cluster_engine_config(cluster, args)
+    assert (config.drafter, str(config.k)) == ("suffix", "5"), config
+    assert "drafter: suffix (the cluster file's" in capsys.readouterr().err
+    given = cluster_engine_config(cluster, argparse.Namespace(**{**vars(args), "drafter": "none", "k": "0"}))
+    assert (given.drafter, str(given.k)) == ("none", "0")
+
+
+def test_a_ray_address_nobody_answers_at_is_one_error_in_seconds():
+    """`--ray-address` of nothing: ray.init retried for ever with Ctrl-C held (12 minutes seen)."""
+    import socket
+    import time
+
+    from tandem.cluster.runtime.launch import check_reachable
+
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen()
+    port = listening.getsockname()[1]
+    check_reachable(f"127.0.0.1:{port}")  # a head there: fine
+    listening.close()
+    started = time.monotonic()
+    with pytest.raises(TandemError, match=f"no Ray cluster answers at 127.0.0.1:{port}"):
+        check_reachable(f"127.0.0.1:{port}", timeout_s=2)
+    assert time.monotonic() - started < 5
+    with pytest.raises(TandemError, match="is not HOST:PORT"):
+        check_reachable("somewhere")
+    check_reachable("auto")  # Ray's to resolve

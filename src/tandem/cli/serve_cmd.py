@@ -84,14 +84,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = serve_settings(args)
     cluster = cluster_options(args)
     if cluster is not None:
         _check_no_engine_options(args)
-    if cluster is not None and (args.cache_dir is not None or args.cache_ram is not None):
-        raise TandemError("--cache-ram and --cache-dir size one process's prompt cache; a cluster's "
+    if cluster is not None and (args.cache_dir is not None or args.cache_ram is not None or args.cache_disk is not None):
+        raise TandemError("--cache-ram, --cache-dir and --cache-disk size one process's prompt cache (a cluster's "
+                          "replicas have no disk tier); a cluster's "
                           "replicas keep their own: give a worker `cache_ram: 2G` in the cluster file "
                           "(default: an equal share of one process's default per verifier replica)")
+    settings = serve_settings(args)  # after the cluster's refusals: its cache options' advice is theirs
     config = engine_config(args) if cluster is None else cluster_engine_config(cluster, args)
     from tandem.serve.server import serve  # fastapi, uvicorn and the models: only when serving
 
@@ -137,17 +138,20 @@ def cluster_engine_config(cluster, args: argparse.Namespace):
     from tandem.speculation.drafters.registry import USES_MODEL, check_drafter, default_drafter
 
     target = cluster.target
-    drafter = check_drafter(args.drafter or default_drafter(cluster.has_drafter), cluster.has_drafter,
+    filed = cluster.spec.drafter if cluster.spec.drafter != "auto" else None  # the file's, which plan and simulate read
+    drafter = check_drafter(args.drafter or filed or default_drafter(cluster.has_drafter), cluster.has_drafter,
                             how_to_add="the cluster file has no worker with a draft_model")
+    k = cluster.spec.k if args.k == "auto" and cluster.spec.k is not None else args.k  # --k, else the file's
     if cluster.draft_ahead:
         check_draft_ahead(drafter)
     if args.drafter is None:
-        print(f"drafter: {drafter} (the default for a cluster {'with' if cluster.has_drafter else 'without'} "
-              "a draft model; --drafter chooses another)", file=sys.stderr)
+        why = ("the cluster file's" if filed else
+               f"the default for a cluster {'with' if cluster.has_drafter else 'without'} a draft model")
+        print(f"drafter: {drafter} ({why}; --drafter chooses another)", file=sys.stderr)
     draft_worker = next((w for w in cluster.spec.workers if w.can_draft and w.drafting_model), None)
     draft = RunnerSpec(draft_worker.drafting_model, draft_worker.backend) if draft_worker else None
     return EngineConfig(RunnerSpec(target.model, target.backend, target.device, target.dtype, target.threads),
-                        draft if USES_MODEL.get(drafter, False) else None, drafter, args.k,
+                        draft if USES_MODEL.get(drafter, False) else None, drafter, k,
                         step_token_budget=args.step_tokens,
                         prefill_floor=engine_prefill_floor(args.prefill_floor, None),  # replicas: their gap bound
                         prefill_waves=args.prefill_waves)

@@ -112,6 +112,9 @@ def test_profiles_paths_are_relative_to_the_file(tmp_path):
     ("workers:\n  - name: d\n    role: draft\n    model: qwen2.5-coder-0.5b-instruct\n",
      "2: workers: at least one worker must have role verify or both"),
     ("workers: []\n", "1: workers: at least one worker is needed"),
+    ("workers:\n" + VERIFY + VERIFY.replace("name: verify", "name: other").replace("1.5b", "0.5b"),
+     "7: workers[1].model: verifier 'other' holds 'qwen2.5-coder-0.5b-instruct', verifier 'verify' "
+     "'qwen2.5-coder-1.5b-instruct': every verifier holds the one model"),
     ("workers:\n" + VERIFY + "drafter: modle\n",
      "5: drafter: must be one of auto, none, ngram, suffix, model, hybrid (got 'modle') (did you mean 'model'?)"),
     ("workers:\n" + VERIFY + "k: 99\n", "5: k: must be <= 64 (got 99)"),

@@ -269,6 +269,12 @@ def cluster_problems(spec: Mapping[str, Any]) -> list[tuple[Path, str]]:
         seen.add(worker.name)
     if workers and not any(w.can_verify for w in workers):
         problems.append((("workers",), "at least one worker must have role verify or both"))
+    verifiers = [(i, w) for i, w in enumerate(workers) if w.can_verify]
+    for i, worker in verifiers[1:]:  # one served model: the router moves a stream between replicas
+        if worker.model != verifiers[0][1].model:
+            problems.append((("workers", i, "model"), f"verifier {worker.name!r} holds {worker.model!r}, verifier "
+                             f"{verifiers[0][1].name!r} {verifiers[0][1].model!r}: every verifier holds the one "
+                             "model the cluster serves (a stream moves between them)"))
     return problems + _network_problems(spec) + _profile_problems(spec)
 
 

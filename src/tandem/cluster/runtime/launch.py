@@ -13,6 +13,7 @@ gives latencies).
 """
 
 import os
+import socket
 import sys
 from dataclasses import dataclass, replace
 
@@ -54,12 +55,31 @@ def router_group(spec: ClusterSpec) -> str:
     return next((w.group for w in spec.workers if w.can_draft), "local")
 
 
+RAY_CONNECT_SECONDS = 10
+
+
+def check_reachable(address: str, timeout_s: float = RAY_CONNECT_SECONDS) -> None:
+    """TandemError unless something accepts a connection at Ray's HOST:PORT ('auto' and ray://
+    addresses are Ray's to resolve)."""
+    if address == "auto" or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise TandemError(f"--ray-address {address!r} is not HOST:PORT (a Ray head's GCS address, e.g. 10.0.0.5:6379)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as error:
+        raise TandemError(f"no Ray cluster answers at {address} ({error.strerror or error}, {timeout_s:g} s): "
+                          "start its head there (`ray start --head --port PORT`) or give its address") from None
+
+
 def start_ray(spec: ClusterSpec, address: str | None = None) -> None:
     import ray
 
     if ray.is_initialized():
         return
     if address:
+        check_reachable(address)  # ray.init retries an address nobody answers at for ever, Ctrl-C held
         with keeping_sigterm_handler(), deferring_ctrl_c():
             ray.init(address=address, log_to_driver=False)
         return

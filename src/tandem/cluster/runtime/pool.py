@@ -91,5 +91,5 @@ class Worker:
         return not self.alive and self._starting is not None
 
     def state(self) -> dict:
-        return {"name": self.name, "role": self.role, "alive": self.alive, "pid": self.pid,
-                "sequences": len(self.sequences), "restarts": self.restarts, "rtt_ms": self.rtt_ms}
+        return {"name": self.name, "role": self.role, "alive": self.alive, "restarting": self.restarting,
+                "pid": self.pid, "sequences": len(self.sequences), "restarts": self.restarts, "rtt_ms": self.rtt_ms}

@@ -257,7 +257,7 @@ function renderWorkers(workers) {
   if (section.hidden) return;
   document.getElementById("worker-rows").replaceChildren(...workers.map((w) => {
     const row = document.createElement("tr");
-    const state = w.alive ? "up" : "restarting";
+    const state = w.alive ? "up" : w.restarting ? "restarting" : "down";  // down: out of restarts
     [w.name, w.role, state, w.pid ?? "—", w.sequences, w.restarts, `${w.rtt_ms} ms`].forEach((value) => {
       const cell = document.createElement("td");
       cell.textContent = String(value);
