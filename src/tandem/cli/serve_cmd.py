@@ -88,9 +88,8 @@ def run(args: argparse.Namespace) -> int:
     if cluster is not None:
         _check_no_engine_options(args)
     if cluster is not None and (args.cache_dir is not None or args.cache_ram is not None or args.cache_disk is not None):
-        raise TandemError("--cache-ram, --cache-dir and --cache-disk size one process's prompt cache (a cluster's "
-                          "replicas have no disk tier); a cluster's "
-                          "replicas keep their own: give a worker `cache_ram: 2G` in the cluster file "
+        raise TandemError("--cache-ram, --cache-dir and --cache-disk size one process's prompt cache; a cluster's "
+                          "replicas have no disk tier and keep their own host tier: give a worker `cache_ram: 2G` in the cluster file "
                           "(default: an equal share of one process's default per verifier replica)")
     settings = serve_settings(args)  # after the cluster's refusals: its cache options' advice is theirs
     config = engine_config(args) if cluster is None else cluster_engine_config(cluster, args)

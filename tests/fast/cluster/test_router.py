@@ -421,3 +421,18 @@ def test_clearing_the_cluster_forgets_earlier_answers_too(tiny_target, tiny_draf
     router.clear_caches()
     assert len(store) == 0
     assert endpoints[0].worker.engine.drafters["suffix"].shared.tokens == 0
+
+
+def test_a_request_moved_before_its_first_token_reports_what_its_prompt_found_cached():
+    """usage.prompt_tokens_details.cached_tokens was 0 for a request moved or failed over before
+    its first token (only the first placement's hit was kept); a later placement, whose prompt
+    holds output too, says nothing of the client's prompt."""
+    from tandem.cluster.runtime.routed import Routed
+    from tandem.engine.events import SequenceUpdate, SpeculationOptions
+
+    routed = Routed("s", GenerationRequest(tuple(range(100)), 10), SpeculationOptions())
+    routed.next_placement(None)
+    routed.next_placement(None)  # moved before any update
+    assert routed.take(SequenceUpdate("s@2", (7,), cached_tokens=96)).cached_tokens == 96
+    routed.next_placement(None)  # failed over with output: its prompt is the prompt and the output
+    assert routed.take(SequenceUpdate("s@3", (8,), cached_tokens=101)).cached_tokens == 96

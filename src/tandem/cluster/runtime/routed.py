@@ -24,7 +24,7 @@ class Routed:
     placement: str | None = None  # the current placement's id on its replica
     base: int = 0  # output tokens the current placement was given in its prompt
     attempts: int = 0
-    cached_tokens: int = 0  # the first placement's prompt-cache hit
+    cached_tokens: int = 0  # the prompt's cache hit, by the placement that ran it before any output
     reason: str = "cost"  # why it is next placed: cost | failover | move
     moving: tuple[Worker, str, Pending] | None = None  # a detach in flight: to where, which placement
 
@@ -65,8 +65,8 @@ class Routed:
             keep = stop.tokens_to_keep(self.output + tokens)
             if keep is not None:
                 tokens, finished, reason, error = tokens[: max(0, keep - len(self.output))], True, "stop", None
-        if self.attempts == 1:
-            self.cached_tokens = max(self.cached_tokens, update.cached_tokens)
+        if not self.output:  # a placement of the client's prompt alone (a first, or one moved before any token)
+            self.cached_tokens = max(self.cached_tokens, min(update.cached_tokens, len(self.request.prompt_ids)))
         self.output += tokens
         return SequenceUpdate(self.seq_id, tuple(tokens), update.drafted, update.accepted, finished, reason, error,
                               self.cached_tokens)
