@@ -4,6 +4,7 @@ drafter dying mid-generation loses and duplicates nothing, streams move to an id
 conversations return to the replica holding their prefix, and the health monitor finds idle
 dead workers."""
 
+import logging
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -327,8 +328,10 @@ def test_round_trips_are_measured_and_a_drafters_feeds_the_replicas_depth_planne
     assert planner.draft_call_ms == 12.0 and planner.draft is not None
 
 
-def test_health_monitor_restarts_an_idle_dead_drafter_and_tells_listeners(tiny_target, tiny_draft, references):
+def test_health_monitor_restarts_an_idle_dead_drafter_and_tells_listeners(tiny_target, tiny_draft, references,
+                                                                          caplog):
     router, _ = make_cluster(tiny_target, tiny_draft, verifiers=1, drafter="model", k=2)
+    caplog.set_level(logging.WARNING, logger="tandem.cluster.runtime.health")
     seen = []
     router.health.listeners.append(seen.append)
     drafter = router.drafter_workers[0]
@@ -340,19 +343,26 @@ def test_health_monitor_restarts_an_idle_dead_drafter_and_tells_listeners(tiny_t
     assert drafter.alive and [s["alive"] for s in seen[-1] if s["name"] == "draft-0"] == [True]
     router.health.check()
     assert sum("draft-0 is down" in e for e in router.events) == 1  # each transition once
+    # the recovery shows at the default level (warnings), as the loss did: it was logged at INFO
+    assert [r.getMessage() for r in caplog.records] == [
+        "cluster worker draft-0 is down; restarting it (restart 1 of 5)",
+        f"cluster worker draft-0 is up again (pid {drafter.pid}, restart 1 of 5)"]
     outputs, _ = run(router, PROMPTS[:2])
     assert outputs == [references[p] for p in PROMPTS[:2]]
     replica = router.verifiers[0].endpoint.worker
     assert [d.restarts for d in replica.remote.drafters] == [1]  # the replica was told of the new one
 
 
-def test_an_idle_dead_verifier_gets_no_sequence_until_it_is_back(tiny_target, tiny_draft, references):
+def test_an_idle_dead_verifier_gets_no_sequence_until_it_is_back(tiny_target, tiny_draft, references, caplog):
     router, _ = make_cluster(tiny_target, tiny_draft, verifiers=2, drafter="none", k=0)
     victim = router.verifiers[0]
     victim.restarts = 99  # no restart left: it stays down
     victim.endpoint.kill()
-    router.health.check()
+    with caplog.at_level(logging.WARNING, logger="tandem.cluster.runtime.health"):
+        router.health.check()
     assert not victim.alive and not victim.restarting
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.ERROR, "cluster worker verify-0 is down and will not be restarted: all 5 restarts are used")]
     outputs, reasons = run(router, PROMPTS[:4])
     assert outputs == [references[p] for p in PROMPTS[:4]]
     assert all(reason[0] in ("stop", "length") for reason in reasons.values())

@@ -443,3 +443,32 @@ async def test_a_request_arriving_with_nothing_left_to_run_it_is_a_503_unavailab
             server.engine.unavailable_reason = None  # a verifier back
             assert (await client.get("/health")).json()["status"] == "ok"
         assert not server.engine.added
+
+
+def worker_state(name: str, role: str, alive: bool, restarting: bool = False) -> dict:
+    return {"name": name, "role": role, "alive": alive, "restarting": restarting, "pid": None,
+            "sequences": 0, "restarts": 0, "rtt_ms": 0.0, "routed": {}}
+
+
+@async_test
+async def test_health_names_a_clusters_workers_that_are_not_up():
+    """/health said "ok" while a verifier restarted or a drafter was down for good (nothing told a
+    cluster was degraded), and 200 "ok" while every verifier was restarting and nothing served."""
+    with TestServer() as server:
+        workers = [worker_state("verify-0", "verify", alive=True), worker_state("verify-1", "verify", alive=False,
+                                                                                restarting=True),
+                   worker_state("draft-0", "draft", alive=False)]
+        server.engine.worker_states = lambda: workers
+        async with server.client() as client:
+            health = await client.get("/health")
+            assert health.status_code == 200 and health.json()["status"] == "degraded"
+            assert health.json()["workers_not_up"] == [{"name": "verify-1", "role": "verify", "state": "restarting"},
+                                                       {"name": "draft-0", "role": "draft", "state": "down"}]
+            workers[0] = worker_state("verify-0", "verify", alive=False, restarting=True)
+            health = await client.get("/health")
+            assert health.status_code == 503 and health.json()["status"] == "unavailable"
+            assert health.json()["reason"] == "no verifier is up; restarting: verify-0, verify-1"
+            workers[:] = [worker_state("verify-0", "verify", alive=True)]
+            health = await client.get("/health")
+            assert health.status_code == 200 and health.json()["status"] == "ok"
+            assert "workers_not_up" not in health.json()

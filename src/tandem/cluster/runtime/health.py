@@ -16,7 +16,7 @@ import time
 from typing import Callable
 
 from tandem.cluster.runtime.endpoints import Pending, WorkerDiedError
-from tandem.cluster.runtime.pool import Worker
+from tandem.cluster.runtime.pool import MAX_RESTARTS, Worker
 from tandem.errors import TandemError
 
 log = logging.getLogger(__name__)
@@ -108,9 +108,21 @@ class HealthMonitor:
             up = worker.alive
             if up != self._was_up.get(worker.name):
                 self._was_up[worker.name] = up
-                message = (f"cluster worker {worker.name} is up (pid {worker.pid})" if up
-                           else f"cluster worker {worker.name} is down; restarting it"
-                           if worker.restarting else f"cluster worker {worker.name} is down")
-                (log.info if up else log.warning)(message)
+                message, level = transition_message(worker)
+                log.log(level, message)
                 if self.events is not None:
                     self.events.append(message)
+
+
+def transition_message(worker: Worker) -> tuple[str, int]:
+    """What the log says when a worker goes down or comes back, and how loudly: a recovery as
+    loudly as the loss it ends (the default log level shows warnings only), a worker lost for
+    good as an error."""
+    name = f"cluster worker {worker.name}"
+    if worker.alive:
+        return f"{name} is up again (pid {worker.pid}, restart {worker.restarts} of {MAX_RESTARTS})", logging.WARNING
+    if worker.restarting:
+        return f"{name} is down; restarting it (restart {worker.restarts} of {MAX_RESTARTS})", logging.WARNING
+    why = (f"all {MAX_RESTARTS} restarts are used" if worker.start is not None
+           else "it was not started by this server")
+    return f"{name} is down and will not be restarted: {why}", logging.ERROR

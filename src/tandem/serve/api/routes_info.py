@@ -3,7 +3,9 @@
 /openapi.json is the API's schema (serve/api/openapi.py), open like /metrics unless --protect-metrics.
 /health answers 200 with {"status": "ok", ...} while serving and 503 with "draining" during
 shutdown, so a load balancer stops sending traffic; running/waiting are the engine's counts,
-in_flight every request submitted and not yet finished (queued in the worker included).
+in_flight every request submitted and not yet finished (queued in the worker included). A cluster
+says which workers are not up: "degraded" (200) while a verifier still serves, "unavailable" (503)
+while none does, even where one is restarting (requests sent anyway wait for it).
 """
 
 import asyncio
@@ -42,11 +44,15 @@ def status_router(state: ServerState, openapi: Callable[[], dict]) -> APIRouter:
     @router.head("/health", include_in_schema=False)  # load balancers probe with either
     async def health():
         engine = state.worker.engine
-        unavailable = getattr(engine, "unavailable_reason", None)  # a cluster with no verifier left
-        status = "draining" if state.draining else "unavailable" if unavailable else "ok"
+        workers = engine.worker_states() if hasattr(engine, "worker_states") else []  # a cluster's
+        not_up = _workers_not_up(workers)
+        unavailable = getattr(engine, "unavailable_reason", None) or _no_verifier_up(not_up, workers)
+        status = ("draining" if state.draining else "unavailable" if unavailable
+                  else "degraded" if not_up else "ok")
         body = {"status": status, "model": state.model_name, **({"reason": unavailable} if unavailable else {}),
+                **({"workers_not_up": not_up} if not_up else {}),
                 "running": engine.num_running, "waiting": engine.num_waiting, "in_flight": state.worker.in_flight}
-        if status != "ok":  # as the 503s new requests get: a load balancer sends them elsewhere
+        if status in ("draining", "unavailable"):  # as the 503s new requests get: a load balancer sends them elsewhere
             return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_SHUTDOWN_SECONDS)})
         return JSONResponse(body)
 
@@ -60,6 +66,21 @@ def status_router(state: ServerState, openapi: Callable[[], dict]) -> APIRouter:
         return JSONResponse(openapi())
 
     return router
+
+
+def _workers_not_up(workers: list[dict]) -> list[dict]:
+    """The workers that do not answer now: name, role, and "restarting" or "down" (out of restarts)."""
+    return [{"name": w["name"], "role": w["role"], "state": "restarting" if w["restarting"] else "down"}
+            for w in workers if not w["alive"]]
+
+
+def _no_verifier_up(not_up: list[dict], workers: list[dict]) -> str | None:
+    """Why nothing serves now where every verifier is restarting (none left at all is the engine's
+    own `unavailable_reason`)."""
+    if not any(w["role"] == "verify" and w["alive"] for w in workers):
+        restarting = [w["name"] for w in not_up if w["role"] == "verify"]
+        return f"no verifier is up; restarting: {', '.join(restarting)}" if restarting else None
+    return None
 
 
 def _model_card(state: ServerState) -> dict:
