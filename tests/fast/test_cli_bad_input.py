@@ -117,6 +117,8 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["soak", "--serve-args", '"unbalanced', "--duration", "1m", "--sample-every", "10s"], "--serve-args"),
     (["generate", "--prompt", "hi", "--backend", "llamacpp", "--dtype", "bf16", "--kv-memory", "1G"],
      "--dtype bf16 and --kv-memory apply to the torch backend only"),
+    (["generate", "--prompt", "hi", "--draft-backend", "llamacpp", "--draft-dtype", "bf16"],
+     "--draft-dtype bf16 applies to the torch backend only, and llama.cpp runs the draft (--draft-backend llamacpp)"),
     (["bench-serve", "--prompts", "multiturn", "--num-prompts", "1", "--concurrency", "2"],
      "--num-prompts and --concurrency do not apply"),
     (["generate", "--prompt", "hi", "--top-k", "-2"], "argument --top-k: wants a number of at least -1"),
@@ -212,6 +214,10 @@ def test_torch_only_options_on_an_auto_chosen_llama_cpp_are_noted(monkeypatch, c
     assert "note: --dtype bf16 and --torch-runner serial apply to the torch backend only" in err, err
     engine_config(parser.parse_args([]))
     assert "note:" not in capsys.readouterr().err
+    # the side an option belongs to decides: a draft option with only the target named is a note
+    # (it was refused, and the message named --backend for an option --backend does not govern)
+    engine_config(parser.parse_args(["--backend", "llamacpp", "--draft-dtype", "bf16"]))
+    assert "note: --draft-dtype bf16 applies to the torch backend only" in capsys.readouterr().err
 
 
 def test_sigterm_stops_a_command_as_ctrl_c_does(monkeypatch):

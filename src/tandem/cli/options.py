@@ -124,21 +124,33 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
 
 def _check_torch_options(args: argparse.Namespace, target: RunnerSpec, draft: RunnerSpec | None) -> None:
     """Options only the torch backend reads, given for models llama.cpp runs (it reads a GGUF
-    file's own precision and sizes its own KV pool): refused where --backend llamacpp was asked
-    for, noted where auto chose llama.cpp (no GPU here), since a script may pass them everywhere."""
-    target_on_llamacpp = target.resolved().backend == "llamacpp"
-    draft_on_llamacpp = draft is None or draft.resolved().backend == "llamacpp"
-    idle = [option for option, given, unread in (
-        (f"--dtype {args.dtype}", args.dtype != "fp32", target_on_llamacpp),
-        ("--kv-memory", args.kv_memory is not None, target_on_llamacpp),
-        (f"--draft-dtype {args.draft_dtype}", args.draft_dtype != "fp32", draft_on_llamacpp),
-        (f"--torch-runner {args.torch_runner}", args.torch_runner != "fused", target_on_llamacpp and draft_on_llamacpp),
-    ) if given and unread]
-    if not idle:
-        return
-    what = f"{' and '.join(idle)} appl{'ies' if len(idle) == 1 else 'y'} to the torch backend only"
-    if "llamacpp" in (args.backend, args.draft_backend):
-        raise TandemError(f"{what}, and the models run on llama.cpp (--backend llamacpp), which reads each GGUF "
-                          "file's own precision and sizes its own KV pool: drop them, or use --backend torch")
-    print(f"note: {what}; the models run on llama.cpp here (no GPU found), which reads each GGUF file's own "
-          "precision: ignored (--backend torch runs them)", file=sys.stderr)
+    file's own precision and sizes its own KV pool): refused where the side an option belongs to
+    was put on llama.cpp by name (--backend or --draft-backend llamacpp), noted where auto chose
+    llama.cpp (no GPU here), since a script may pass them everywhere."""
+    target_side = ("--backend", target.resolved().backend == "llamacpp", args.backend == "llamacpp")
+    draft_side = ("--draft-backend", draft is None or draft.resolved().backend == "llamacpp",
+                  draft is not None and args.draft_backend == "llamacpp")
+    unread = []  # (option, the sides that would read it)
+    for option, given, sides in (
+        (f"--dtype {args.dtype}", args.dtype != "fp32", [target_side]),
+        ("--kv-memory", args.kv_memory is not None, [target_side]),
+        (f"--draft-dtype {args.draft_dtype}", args.draft_dtype != "fp32", [draft_side]),
+        (f"--torch-runner {args.torch_runner}", args.torch_runner != "fused", [target_side, draft_side]),
+    ):
+        if given and all(on_llamacpp for _, on_llamacpp, _ in sides):
+            unread.append((option, sides))
+    named = sorted({flag for _, sides in unread for flag, _, by_name in sides if by_name})
+    refused = [option for option, sides in unread if any(by_name for _, _, by_name in sides)]
+    if refused:
+        models = " and ".join("the target" if flag == "--backend" else "the draft" for flag in named)
+        raise TandemError(f"{_torch_only(refused)}, and llama.cpp runs {models} "
+                          f"({', '.join(f'{flag} llamacpp' for flag in named)}), which reads each GGUF file's own "
+                          "precision and sizes its own KV pool: drop them, or use --backend torch")
+    if unread:
+        print(f"note: {_torch_only([option for option, _ in unread])}; the models run on llama.cpp here (no GPU "
+              "found), which reads each GGUF file's own precision: ignored (--backend torch runs them)",
+              file=sys.stderr)
+
+
+def _torch_only(options: list[str]) -> str:
+    return f"{' and '.join(options)} appl{'ies' if len(options) == 1 else 'y'} to the torch backend only"
