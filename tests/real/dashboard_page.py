@@ -54,6 +54,13 @@ class DashboardPage:
     def wait_for_alert(self, visible: bool = True, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> None:
         self.page.wait_for_selector("#alert-banner", state="visible" if visible else "hidden", timeout=timeout_ms)
 
+    def worker_rows(self, count: int, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> list[list[str]]:
+        """The cluster workers table's cells, row by row, once it has `count` rows."""
+        self.page.wait_for_function(f"document.querySelectorAll('#worker-rows tr').length === {count}",
+                                    timeout=timeout_ms)
+        return self.page.eval_on_selector_all(
+            "#worker-rows tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))")
+
     def alert_text(self) -> str:
         return self.page.inner_text("#alert-banner")
 

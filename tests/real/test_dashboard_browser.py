@@ -132,6 +132,24 @@ def test_dashboard_charts_update_and_alert_fires(dashboard_app):
     assert SCREENSHOT.stat().st_size > 10_000
 
 
+def test_dashboard_shows_each_cluster_workers_state_and_placements(dashboard_app):
+    """A worker out of restarts said "restarting" (untested), the router's placements were in the
+    data but not drawn, and the round trip showed every digit (0.43217 ms)."""
+    base_url, metrics = dashboard_app
+    worker = {"role": "verify", "pid": 7, "sequences": 2, "restarts": 0, "rtt_ms": 0.43217, "routed": {}}
+    metrics.observe_workers([
+        {**worker, "name": "verify-0", "alive": True, "restarting": False, "routed": {"cost": 12, "prefix": 3}},
+        {**worker, "name": "verify-1", "alive": False, "restarting": True, "rtt_ms": 12.3456},
+        {**worker, "name": "draft-0", "role": "draft", "alive": False, "restarting": False, "restarts": 5}])
+    with open_dashboard(base_url) as dashboard:
+        rows = dashboard.worker_rows(3)
+        assert [row[:3] for row in rows] == [["verify-0", "verify", "up"], ["verify-1", "verify", "restarting"],
+                                             ["draft-0", "draft", "down"]]
+        assert [row[5] for row in rows] == ["cost 12, prefix 3", "—", "—"]
+        assert [row[7] for row in rows] == ["0.43 ms", "12 ms", "0.43 ms"]
+        assert dashboard.errors == []
+
+
 SERVE_COMMAND = [str(Path(sys.executable).parent / "tandem"), "serve", "--target", "smollm2-135m-instruct", "--draft", "smollm2-135m-instruct",
                  "--backend", "llamacpp", "--draft-backend", "llamacpp", "--k", "2", "--port", "0"]  # fixed k: drafts happen
 SERVE_START_SECONDS = 240

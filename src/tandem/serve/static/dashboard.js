@@ -258,7 +258,9 @@ function renderWorkers(workers) {
   document.getElementById("worker-rows").replaceChildren(...workers.map((w) => {
     const row = document.createElement("tr");
     const state = w.alive ? "up" : w.restarting ? "restarting" : "down";  // down: out of restarts
-    [w.name, w.role, state, w.pid ?? "—", w.sequences, w.restarts, `${w.rtt_ms} ms`].forEach((value) => {
+    const placed = Object.entries(w.routed || {}).map(([reason, n]) => `${reason} ${n}`).join(", ") || "—";
+    const rtt = w.rtt_ms < 10 ? w.rtt_ms.toPrecision(2) : w.rtt_ms.toFixed(0);  // 0.43 ms, 4.3 ms, 12 ms
+    [w.name, w.role, state, w.pid ?? "—", w.sequences, placed, w.restarts, `${rtt} ms`].forEach((value) => {
       const cell = document.createElement("td");
       cell.textContent = String(value);
       row.appendChild(cell);
