@@ -7,7 +7,8 @@ import pytest
 
 from tandem.cli.serve_cmd import cluster_options, cluster_engine_config
 from tandem.cluster.config.cluster_spec import ClusterSpec, WorkerSpec
-from tandem.cluster.runtime.launch import ClusterOptions, replica_cache_ram, router_group, roles_of
+from tandem.cluster.runtime.launch import (ClusterOptions, local_cluster_resources, replica_cache_ram, router_group,
+                                          roles_of, shared_cores_note)
 from tandem.engine.host_cache import default_cache_ram_bytes
 from tandem.cluster.config.load import load_cluster
 from tandem.errors import TandemError
@@ -22,6 +23,18 @@ def test_roles_and_replicas_from_the_example_files():
     assert ("draft", "draft", "qwen2.5-coder-0.5b-instruct") in roles
     assert ("verify", "verify", "qwen2.5-coder-1.5b-instruct") in roles
     assert spec.worker("verify").replicas == 2
+
+
+def test_a_local_cluster_asking_for_more_cpus_than_the_machine_has_says_so():
+    """Workers whose `resources:` or threads add up past this machine's CPUs started without a
+    word (Ray was told the sum); they still start (emulation shares the cores), with a note."""
+    spec = ClusterSpec([WorkerSpec("v", "verify", "m", replicas=2, resources={"CPU": 4, "npu": 1}),
+                        WorkerSpec("d", "draft", "m2", threads=3)])
+    cpus, gpus, custom = local_cluster_resources(spec)
+    assert (gpus, custom) == (0, {"npu": 2.0}) and cpus >= 11
+    assert shared_cores_note(11, 2) == ("note: the cluster file's workers ask for 11 CPUs in all and this machine "
+                                        "has 2: on one machine they share its cores (Ray is told 11)")
+    assert shared_cores_note(2, 2) is None
 
 
 def test_the_router_sits_with_the_drafter_and_verifiers_pay_the_round_trip():

@@ -83,6 +83,21 @@ def start_ray(spec: ClusterSpec, address: str | None = None) -> None:
         with keeping_sigterm_handler(), deferring_ctrl_c():
             ray.init(address=address, log_to_driver=False)
         return
+    cpus, gpus, need = local_cluster_resources(spec)
+    note = shared_cores_note(cpus, os.cpu_count() or 1)
+    if note:
+        print(note, file=sys.stderr)
+    # a Ctrl-C waits for the start (a few seconds), then shuts Ray down; a SIGTERM mid-start (Ray's
+    # own handler ends the process there) leaves no Ray agent behind
+    with keeping_sigterm_handler(), stopping_what_it_started(ray.shutdown):
+        with deferring_ctrl_c():
+            ray.init(num_cpus=cpus, num_gpus=gpus or None, resources=need or None, include_dashboard=False,
+                     log_to_driver=False)
+
+
+def local_cluster_resources(spec: ClusterSpec) -> tuple[int, int, dict[str, float]]:
+    """What a local Ray cluster is declared with: (CPUs, GPUs, custom resources), enough for every
+    replica of every worker (at least this machine's CPUs), so heterogeneity can be emulated here."""
     need: dict[str, float] = {}
     for worker in spec.workers:
         for _ in roles_of(worker):
@@ -90,12 +105,16 @@ def start_ray(spec: ClusterSpec, address: str | None = None) -> None:
                 need[name] = need.get(name, 0.0) + amount * worker.replicas
     cpus = max(os.cpu_count() or 1, int(need.pop("CPU", 1) + 0.999))
     gpus = int(need.pop("GPU", 0) + 0.999)
-    # a Ctrl-C waits for the start (a few seconds), then shuts Ray down; a SIGTERM mid-start (Ray's
-    # own handler ends the process there) leaves no Ray agent behind
-    with keeping_sigterm_handler(), stopping_what_it_started(ray.shutdown):
-        with deferring_ctrl_c():
-            ray.init(num_cpus=cpus, num_gpus=gpus or None, resources=need or None, include_dashboard=False,
-                     log_to_driver=False)
+    return cpus, gpus, need
+
+
+def shared_cores_note(cpus: int, machine_cpus: int) -> str | None:
+    """Said where a local cluster's workers ask for more CPUs than the machine has (they start
+    anyway: emulation shares the cores)."""
+    if cpus <= machine_cpus:
+        return None
+    return (f"note: the cluster file's workers ask for {cpus} CPUs in all and this machine has {machine_cpus}: "
+            f"on one machine they share its cores (Ray is told {cpus})")
 
 
 def build_workers(spec: ClusterSpec, settings: ReplicaSettings = ReplicaSettings()) -> tuple[list[Worker], list[Worker]]:
