@@ -93,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
                           "(default: an equal share of one process's default per verifier replica)")
     settings = serve_settings(args)  # after the cluster's refusals: its cache options' advice is theirs
     config = engine_config(args) if cluster is None else cluster_engine_config(cluster, args)
+    if cluster is not None and cluster.ray_address is None:
+        from tandem.cluster.runtime.launch import prepare_models
+
+        prepare_models(cluster.spec)  # first: a model not found is an error at its line in the file
     from tandem.serve.server import serve  # fastapi, uvicorn and the models: only when serving
 
     return serve(config, settings, cluster)

@@ -7,8 +7,8 @@ import pytest
 
 from tandem.cli.serve_cmd import cluster_options, cluster_engine_config
 from tandem.cluster.config.cluster_spec import ClusterSpec, WorkerSpec
-from tandem.cluster.runtime.launch import (ClusterOptions, local_cluster_resources, replica_cache_ram, router_group,
-                                          roles_of, shared_cores_note)
+from tandem.cluster.runtime.launch import (ClusterOptions, local_cluster_resources, prepare_models, replica_cache_ram,
+                                          router_group, roles_of, shared_cores_note)
 from tandem.engine.host_cache import default_cache_ram_bytes
 from tandem.cluster.config.load import load_cluster
 from tandem.errors import TandemError
@@ -35,6 +35,23 @@ def test_a_local_cluster_asking_for_more_cpus_than_the_machine_has_says_so():
     assert shared_cores_note(11, 2) == ("note: the cluster file's workers ask for 11 CPUs in all and this machine "
                                         "has 2: on one machine they share its cores (Ray is told 11)")
     assert shared_cores_note(2, 2) is None
+
+
+def test_a_model_that_cannot_be_found_is_an_error_at_its_line_in_the_file(tmp_path, capsys):
+    """`serve --cluster` said only the resolver's message for a misspelt model: which worker, which
+    line, was left to the reader (every other mistake in the file names its line)."""
+    path = tmp_path / "cluster.yaml"
+    path.write_text("workers:\n  - name: d\n    role: draft\n    model: no-such-model-here\n"
+                    "  - name: v\n    role: verify\n    model: no-such-model-here\n")
+    with pytest.raises(TandemError) as error:
+        prepare_models(load_cluster(path))
+    assert str(error.value).startswith(f"{path}:4: workers[0].model: ")
+    assert "no-such-model-here" in str(error.value)
+
+    from tandem.cli.main import main
+
+    assert main(["serve", "--cluster", str(path), "--port", "0"]) == 2  # before the server reads its tokenizer
+    assert f"error: {path}:4: workers[0].model: unknown model 'no-such-model-here'" in capsys.readouterr().err
 
 
 def test_the_router_sits_with_the_drafter_and_verifiers_pay_the_round_trip():

@@ -75,6 +75,16 @@ def load_cluster(path: str | Path) -> ClusterSpec:
     return ClusterSpec(**kwargs)
 
 
+def located_error(spec: ClusterSpec, path: tuple, message: str) -> TandemError:
+    """`message` at the line of `path` (("workers", 2, "model")) in the file `spec` was loaded
+    from, for a problem found after loading (a model that cannot be found); unlocated where the
+    spec was built by hand or its file is gone."""
+    try:
+        return _locate(compose_file(spec.source), path).error(message)
+    except (TandemError, OSError, TypeError):
+        return TandemError(message)
+
+
 def _worker(item: Located) -> WorkerSpec:
     fields = item.mapping(tuple(WORKER_RULES), required=WORKER_REQUIRED)
     kwargs = {name: node.read(WORKER_RULES[name]) for name, node in fields.items()}

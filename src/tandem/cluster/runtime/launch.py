@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from tandem.cluster.runtime.actors import start_actor
 from tandem.cluster.config.cluster_spec import ClusterSpec, WorkerSpec
+from tandem.cluster.config.load import located_error
 from tandem.cluster.runtime.health import DEFAULT_PERIOD_S, check_period
 from tandem.cluster.runtime.emulation import Emulation
 from tandem.cluster.runtime.pool import Worker
@@ -26,7 +27,7 @@ from tandem.cluster.runtime.reap import stopping_what_it_started
 from tandem.cluster.runtime.replica import ReplicaSettings
 from tandem.cluster.runtime.router import ClusterRouter
 from tandem.engine.host_cache import default_cache_ram_bytes
-from tandem.errors import TandemError
+from tandem.errors import ModelNotFoundError, TandemError
 from tandem.models.backends import RunnerSpec
 from tandem.sigterm import deferring_ctrl_c, keeping_sigterm_handler
 from tandem.speculation.drafters.registry import USES_MODEL, check_drafter
@@ -151,11 +152,20 @@ def prepare_models(spec: ClusterSpec) -> None:
     start: replicas of one model would otherwise each pull it at once."""
     from tandem.models.resolve import gguf_path, hf_path
 
-    for model, backend in sorted({(role.model, w.backend) for w in spec.workers for role in roles_of(w)}):
-        if backend == "torch":
-            hf_path(model)
-        else:
-            gguf_path(model)
+    done = set()
+    for i, worker in enumerate(spec.workers):
+        for role in roles_of(worker):
+            if (role.model, worker.backend) in done:
+                continue
+            done.add((role.model, worker.backend))
+            try:
+                if worker.backend == "torch":
+                    hf_path(role.model)
+                else:
+                    gguf_path(role.model)
+            except ModelNotFoundError as error:
+                field = "model" if role.model == worker.model else "draft_model"
+                raise located_error(spec, ("workers", i, field), str(error)) from None
 
 
 def check_one_tokenizer(spec: ClusterSpec, vocabulary=None) -> None:
