@@ -2,7 +2,7 @@
 
 A worker that dies is marked dead at once (its requests are re-submitted by the router) and
 a replacement is started in the background with the same placement; it rejoins when its first
-`info` call answers. Restarts are bounded per worker. When a worker comes up, the round trip to
+`info` call answers; one that dies first is replaced again. Restarts are bounded per worker. When a worker comes up, the round trip to
 it is measured (a few calls that do nothing but travel) and reported with the worker's state
 (the depth planner prices network time from the cluster file's latencies).
 """
@@ -45,8 +45,14 @@ class Worker:
         return self._take_info()
 
     def poll_ready(self) -> bool:
-        """Non-blocking: has a (re)starting worker come up?"""
-        return self._starting is not None and self._starting.ready() and self._take_info()
+        """Non-blocking: has a (re)starting worker come up? A replacement that died while starting
+        (a model that failed to load, a process killed) is replaced again while restarts remain."""
+        if self._starting is None or not self._starting.ready():
+            return False
+        if self._take_info():
+            return True
+        self._restart()
+        return False
 
     def _take_info(self) -> bool:
         try:
@@ -81,10 +87,13 @@ class Worker:
         """Forget the worker's sequences (returned) and start a replacement if allowed."""
         orphans, self.sequences = self.sequences, set()
         self.alive = False
+        self._restart()
+        return orphans
+
+    def _restart(self) -> None:
         if self.start is not None and self.restarts < MAX_RESTARTS:
             self.restarts += 1
             self.launch()
-        return orphans
 
     @property
     def restarting(self) -> bool:
