@@ -218,6 +218,12 @@ def test_torch_only_options_on_an_auto_chosen_llama_cpp_are_noted(monkeypatch, c
     # (it was refused, and the message named --backend for an option --backend does not govern)
     engine_config(parser.parse_args(["--backend", "llamacpp", "--draft-dtype", "bf16"]))
     assert "note: --draft-dtype bf16 applies to the torch backend only" in capsys.readouterr().err
+    # no draft model (a drafter that needs none): its options act on nothing, neither noted as
+    # llama.cpp's nor refused (they said the models ran on llama.cpp beside a torch target)
+    engine_config(parser.parse_args(["--backend", "torch", "--drafter", "ngram", "--draft-dtype", "bf16"]))
+    engine_config(parser.parse_args(["--backend", "torch", "--drafter", "none", "--draft-backend", "llamacpp",
+                                     "--draft-dtype", "bf16"]))
+    assert capsys.readouterr().err == ""
 
 
 def test_sigterm_stops_a_command_as_ctrl_c_does(monkeypatch):

@@ -126,16 +126,17 @@ def _check_torch_options(args: argparse.Namespace, target: RunnerSpec, draft: Ru
     """Options only the torch backend reads, given for models llama.cpp runs (it reads a GGUF
     file's own precision and sizes its own KV pool): refused where the side an option belongs to
     was put on llama.cpp by name (--backend or --draft-backend llamacpp), noted where auto chose
-    llama.cpp (no GPU here), since a script may pass them everywhere."""
+    llama.cpp (no GPU here), since a script may pass them everywhere. Without a draft model (a
+    drafter that needs none) the draft's options have nothing to act on, whatever its backend."""
     target_side = ("--backend", target.resolved().backend == "llamacpp", args.backend == "llamacpp")
-    draft_side = ("--draft-backend", draft is None or draft.resolved().backend == "llamacpp",
-                  draft is not None and args.draft_backend == "llamacpp")
+    draft_sides = [] if draft is None else [
+        ("--draft-backend", draft.resolved().backend == "llamacpp", args.draft_backend == "llamacpp")]
     unread = []  # (option, the sides that would read it)
     for option, given, sides in (
         (f"--dtype {args.dtype}", args.dtype != "fp32", [target_side]),
         ("--kv-memory", args.kv_memory is not None, [target_side]),
-        (f"--draft-dtype {args.draft_dtype}", args.draft_dtype != "fp32", [draft_side]),
-        (f"--torch-runner {args.torch_runner}", args.torch_runner != "fused", [target_side, draft_side]),
+        (f"--draft-dtype {args.draft_dtype}", args.draft_dtype != "fp32" and draft is not None, draft_sides),
+        (f"--torch-runner {args.torch_runner}", args.torch_runner != "fused", [target_side, *draft_sides]),
     ):
         if given and all(on_llamacpp for _, on_llamacpp, _ in sides):
             unread.append((option, sides))

@@ -275,6 +275,23 @@ def test_option_parsing_and_defaults():
         ServeBenchSettings("t", "d", ("tandem-spec",), (1,), DEFAULT_WORKLOAD, "out", max_tokens=0)
 
 
+def test_tandem_servers_get_a_dtype_only_for_models_torch_runs(monkeypatch):
+    """`bench-serve --backend torch --dtype bf16 --draft-backend llamacpp` (torch-fused.md's sweep)
+    gave every server `--draft-dtype bf16`, which serve refuses for a GGUF draft: each exited 2."""
+    from tandem.cli.main import build_parser
+    from tandem.cli.options import engine_config
+    from tandem.models import backends
+
+    monkeypatch.setattr(backends, "_gpu_device", lambda: None)
+    launch = ServerLaunch("tiny", "tiny", "/m.gguf", 1, 4, 512, backend="torch", dtype="bf16", draft_backend="llamacpp")
+    for kind in ("tandem-spec", "tandem-nospec"):
+        command = SERVER_KINDS[kind]().command(launch, 1234)
+        assert "--draft-dtype" not in command and command[command.index("--dtype") + 1] == "bf16"
+        engine_config(build_parser().parse_args(command[3:]))  # serve's own check passes
+    command = SERVER_KINDS["tandem-spec"]().command(LAUNCH, 1234)  # llama.cpp for both: no dtype at all
+    assert "--dtype" not in command and "--draft-dtype" not in command
+
+
 def test_server_kind_command_lines(tmp_path, monkeypatch):
     peer = tmp_path / "llama-server"  # the command line only names the binary: no build needed (CI has none)
     peer.write_text("")

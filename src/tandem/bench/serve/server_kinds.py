@@ -97,9 +97,11 @@ class TandemSpecServer:
 
     def command(self, launch: ServerLaunch, port: int) -> list[str]:
         """`port` is unused: the server picks a free one (--port 0) and prints its URL."""
+        draft_backend = launch.draft_backend or launch.backend
+        dtypes = [*(["--dtype", launch.dtype] if launch.backend == "torch" else []),  # llama.cpp refuses them:
+                  *(["--draft-dtype", launch.dtype] if draft_backend == "torch" else [])]  # a GGUF has its own
         return [sys.executable, "-m", "tandem.cli.main", "serve", "--target", launch.target,
-                "--draft", launch.draft, "--backend", launch.backend, "--draft-backend", launch.draft_backend or launch.backend,
-                "--dtype", launch.dtype, "--draft-dtype", launch.dtype,
+                "--draft", launch.draft, "--backend", launch.backend, "--draft-backend", draft_backend, *dtypes,
                 "--port", "0", "--max-running", str(launch.max_running), "--threads", str(launch.threads),
                 *self.serve_options]
 
