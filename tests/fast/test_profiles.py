@@ -68,6 +68,19 @@ def test_a_profile_without_its_deep_curve_is_measured_again_and_a_short_context_
     assert max(n + c for n, c in runner.calls) <= 256
 
 
+def test_a_context_too_short_for_the_base_and_the_largest_call_is_profiled_on_fewer_cached_tokens(tmp_path,
+                                                                                                   monkeypatch):
+    """--context-length 64 to 127 on torch: the profile timed 64-token calls on 64 cached tokens,
+    past the context, and every first start failed ("slot 0 would exceed the context of 100")."""
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
+    for context in (64, 100, 127, 128):
+        spec = RunnerSpec(str(tmp_path / "model"), backend="torch", device="cpu", threads=1, context_length=context)
+        runner = CacheTimedRunner(context)
+        cost = cached_profile(spec, runner, (1, 4, 64))
+        assert max(n + c for n, c in runner.calls) <= context
+        assert cost.base_context == min(PROFILE_BASE_LENGTH, context - 64)
+
+
 def test_the_profiles_folder_stays_within_its_bound_evicting_the_least_recently_used(tmp_path, monkeypatch):
     monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
     folder = tmp_path / "profiles"

@@ -114,9 +114,9 @@ def cached_profile(spec: RunnerSpec, runner: ModelRunner, sizes: tuple[int, ...]
             pass
         return cached
     make_dir(path.parent)  # before the minute of measuring, not after
-    cost = _measure_at(runner, PROFILE_BASE_LENGTH, sizes)
-    record = {"runner": runner.name, "spec": spec.__repr__(), "latency_ms": cost.to_json(),
-              "base_context": PROFILE_BASE_LENGTH}
+    base = profile_base_length(runner.context_length, max(sizes))
+    cost = _measure_at(runner, base, sizes)
+    record = {"runner": runner.name, "spec": spec.__repr__(), "latency_ms": cost.to_json(), "base_context": base}
     if deep_context:
         record |= {"deep_latency_ms": _measure_at(runner, deep_context, sizes, DEEP_REPEATS).to_json(),
                    "deep_context": deep_context}
@@ -166,10 +166,17 @@ def deep_profile_length(context_length: int, largest: int) -> int:
     return length if length >= 2 * PROFILE_BASE_LENGTH else 0
 
 
+def profile_base_length(context_length: int, largest_call: int) -> int:
+    """The cached tokens the profile's calls are timed on: PROFILE_BASE_LENGTH, fewer where a
+    short context (--context-length 64 to 127) would not hold them and the largest call."""
+    return max(0, min(PROFILE_BASE_LENGTH, context_length - largest_call))
+
+
 def _measure_at(runner: ModelRunner, cached: int, sizes: tuple[int, ...], repeats: int = 5) -> CostModel:
     """The sweep on `cached` tokens, with a progress bar (a first start spends ~20-40 s a model here)."""
     runner.reset()
-    runner.forward([1] * cached, num_logits=0)
+    if cached:
+        runner.forward([1] * cached, num_logits=0)
     with ProgressBar(total=1 + repeats * len(sizes), desc=f"profiling {runner.name} on {cached} cached tokens (once: cached)",
               unit="call", file=sys.stderr, leave=False) as bar:
         return measure_cost(runner.forward, runner.rollback, cached, sizes, repeats, bar.update)
