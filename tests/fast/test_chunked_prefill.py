@@ -113,6 +113,24 @@ def test_rounds_over_the_budget_still_leave_the_oldest_prompt_its_minimum_chunk(
     assert all(tokens <= 2 + MIN_PREFILL_CHUNK for tokens in scored[-steps:])  # the documented exception
 
 
+@pytest.mark.parametrize("drafter,k", [("model", 6), ("ngram", 64)])
+def test_drafts_are_cut_so_a_step_scores_at_most_the_budget(tiny_target, tiny_draft, references, drafter, k):
+    """--step-tokens bounded prompt chunks only: three rounds of a fixed k 6 scored 21 tokens a step
+    on a budget of 7 (k 64, 195). Now the drafts are cut to fit; the output is unchanged."""
+    engine = make_engine(tiny_target, tiny_draft, drafter, k, slots=3, step_token_budget=7)
+    scored = count_forward_tokens(engine)
+    reports = []
+    step = engine.step
+    engine.step = lambda: (lambda result: reports.append(result[1]) or result)(step())
+    prompts = PROMPTS[:3]
+    outputs, _ = run_all(engine, {0: [(f"r{i}", p, SpeculationOptions()) for i, p in enumerate(prompts)]})
+    for i, prompt in enumerate(prompts):
+        assert outputs[f"r{i}"] == references[prompt]
+    decoding = [tokens for tokens, report in zip(scored, reports) if not report.prefilled]
+    assert decoding and max(decoding) <= 7
+    assert sum(r.batch_tokens > len(r.rounds) for r in reports if not r.prefilled)  # it still drafted
+
+
 def arrivals(prompts, options=None):
     """Three prompts at a time: more requests than slots, joining at different steps."""
     by_step = {0: [], 1: [], 4: []}

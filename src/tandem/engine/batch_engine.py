@@ -358,6 +358,7 @@ class BatchEngine(SequencePool):
                 over -= len(rounds[i].unprefilled) + 1
                 waits.insert(0, rounds.pop(i))
                 drafts.pop(i)
+        drafts = _drafts_within(rounds, drafts, self.step_token_budget)
         scored = _round_tokens(rounds, drafts)
         left = budget - scored
         if budget < self.step_token_budget:  # held back: auto drafts beyond the rounds' bounds ride on top
@@ -441,6 +442,25 @@ class BatchEngine(SequencePool):
         self.retire(seq)
         self.kv_tight = False
         self.prompt_cache.release(seq.slot, seq.draft_cached)
+
+
+def _drafts_within(rounds: list[Sequence], drafts: list[SequenceDraft], limit: int) -> list[SequenceDraft]:
+    """The drafts cut, longest first, so that the rounds score at most `limit` tokens
+    (--step-tokens bounds what a step scores, as vLLM's max_num_batched_tokens does, drafts
+    included): each draft is cut to at most a common length, the largest that fits. A cut
+    draft is still exact (acceptance reads a draft's tokens in order, and a sampled draft's q
+    rows with them). Only each round's last token (and rest of prompt) is never cut."""
+    over = _round_tokens(rounds, drafts) - limit
+    lengths = [len(d.token_ids) for d in drafts]
+    if over <= 0 or not any(lengths):
+        return drafts
+    keep = sum(lengths) - over
+    level = max(lengths)
+    while level > 0 and sum(min(n, level) for n in lengths) > keep:
+        level -= 1
+    return [d if len(d.token_ids) <= level else
+            replace(d, token_ids=d.token_ids[:level], q_draft=None if d.q_draft is None else d.q_draft[:level])
+            for d in drafts]
 
 
 def _round_tokens(rounds: list[Sequence], drafts: list[SequenceDraft]) -> int:
