@@ -117,6 +117,8 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["soak", "--serve-args", '"unbalanced', "--duration", "1m", "--sample-every", "10s"], "--serve-args"),
     (["generate", "--prompt", "hi", "--backend", "llamacpp", "--dtype", "bf16", "--kv-memory", "1G"],
      "--dtype bf16 and --kv-memory apply to the torch backend only"),
+    (["generate", "--prompt", "hi", "--backend", "torch", "--torch-runner", "serial", "--kv-memory", "1G"],
+     "--torch-runner serial keeps a cache per sequence that it does not bound"),  # it was silently ignored
     (["generate", "--prompt", "hi", "--draft-backend", "llamacpp", "--draft-dtype", "bf16"],
      "--draft-dtype bf16 applies to the torch backend only, and llama.cpp runs the draft (--draft-backend llamacpp)"),
     (["bench-serve", "--prompts", "multiturn", "--num-prompts", "1", "--concurrency", "2"],
@@ -195,6 +197,14 @@ def test_the_context_length_reaches_both_models():
     args = parser.parse_args(["--context-length", "16384"])
     assert target_spec(args).context_length == draft_spec(args).context_length == 16384
     assert target_spec(parser.parse_args([])).context_length == 4096
+
+
+def test_kv_memory_takes_a_plain_number_as_mib_as_cache_ram_does():
+    """`--kv-memory 1024` was 1024 bytes ("a KV budget of 0 MiB") beside `--cache-ram 1024`, 1 GiB."""
+    from tandem.cli.options import kv_memory_option
+
+    assert kv_memory_option("1024") == 2**30 and kv_memory_option("1.5G") == 3 * 2**29
+    assert kv_memory_option("4096B") == 4096
 
 
 def test_torch_only_options_on_an_auto_chosen_llama_cpp_are_noted(monkeypatch, capsys):

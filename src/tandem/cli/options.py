@@ -50,7 +50,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                        help="torch backend: fused (one paged forward for all sequences, default) or serial "
                        "(transformers, one sequence at a time)")
     group.add_argument("--kv-memory", default=None, type=kv_memory_option,
-                       help="KV pool size for the fused torch runner, e.g. 2G (default: a quarter of free memory)")
+                       help="KV pool size for the fused torch runner's target, e.g. 2G; a plain number is MiB "
+                       "(default: a quarter of free memory)")
 
 
 def prefill_floor_option(text: str) -> int | str:
@@ -74,10 +75,11 @@ def engine_prefill_floor(option: int | str | None, default: int | None) -> int |
 
 
 def kv_memory_option(text: str) -> int:
-    from tandem.memory_size import parse_memory
+    """'2G', '512M', or a plain number of MiB (as --cache-ram takes it: '1024' was 1024 bytes)."""
+    from tandem.memory_size import MIB, parse_memory
 
     try:
-        return parse_memory(text)
+        return parse_memory(text, plain_unit=MIB)
     except TandemError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 
@@ -117,6 +119,9 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         raise TandemError(f"--k {args.k} with --drafter none: that drafter drafts nothing")
     draft = draft_spec(args) if USES_MODEL[drafter] else None
     _check_torch_options(args, target_spec(args), draft)
+    if args.kv_memory is not None and args.torch_runner == "serial" and target_spec(args).resolved().backend == "torch":
+        raise TandemError("--kv-memory sizes the fused runner's paged KV pool; --torch-runner serial keeps a cache "
+                          "per sequence that it does not bound: drop one of them")
     return EngineConfig(target_spec(args), draft, drafter, args.k, step_token_budget=args.step_tokens,
                         prefill_floor=engine_prefill_floor(args.prefill_floor, THROUGHPUT_PREFILL_FLOOR),
                         prefill_waves=args.prefill_waves)

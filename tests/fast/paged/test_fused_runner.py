@@ -2,11 +2,13 @@
 at a time (SerialBatchRunner over TorchRunner), on tiny Qwen2 and Llama models in fp32."""
 
 import random
+import re
 
 import numpy as np
 import pytest
 import torch
 
+from tandem.errors import TandemError
 from tandem.models.batch_runner import BatchItem
 from tandem.models.paged.decoder import PagedDecoder
 from tandem.models.paged.fused_runner import FusedTorchRunner, KvPoolFullError
@@ -76,8 +78,11 @@ def test_a_full_pool_refuses_the_step_without_changing_any_slot(tiny_target):
 
 
 def test_a_budget_below_one_context_is_a_clear_error(tiny_target):
-    with pytest.raises(Exception, match="raise --kv-memory"):
+    """It said "a KV budget of 0 MiB ...: raise --kv-memory", neither by how much nor the other way out."""
+    with pytest.raises(TandemError) as error:
         _fused(tiny_target, kv_memory=1024)
+    assert re.fullmatch(r"a KV budget of 1.0 KiB holds 0 tokens, less than one context of 256 \(\S+ \S+\): "
+                        r"raise --kv-memory to at least \d+M, or lower --context-length", str(error.value)), error.value
 
 
 def test_logits_stay_on_the_device_as_float32(tiny_target):

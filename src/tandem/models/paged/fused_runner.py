@@ -24,6 +24,7 @@ from typing import Sequence
 import torch
 
 from tandem.errors import TandemError
+from tandem.memory_size import MIB, human_size
 from tandem.models.batch_runner import BatchItem
 from tandem.models.cost import CostModel
 from tandem.models.host_bytes import bytes_buffer, new_bytes
@@ -61,8 +62,10 @@ class FusedTorchRunner:
         budget = kv_budget_bytes(decoder.device, kv_memory)
         num_blocks = min(wanted_blocks, budget // (row_bytes * BLOCK_SIZE))
         if num_blocks * BLOCK_SIZE < self.context_length:
-            raise TandemError(f"a KV budget of {budget / 2**20:.0f} MiB holds {num_blocks * BLOCK_SIZE} tokens, "
-                              f"less than one context of {self.context_length}: raise --kv-memory")
+            needed = self.context_length * row_bytes
+            raise TandemError(f"a KV budget of {human_size(budget)} holds {num_blocks * BLOCK_SIZE} tokens, less than "
+                              f"one context of {self.context_length} ({human_size(needed)}): raise --kv-memory to "
+                              f"at least {-(-needed // MIB)}M, or lower --context-length")
         self.blocks = BlockManager(num_blocks, BLOCK_SIZE, self.cache_slots)
         self.cache = PagedKvCache(config.num_layers, num_blocks * BLOCK_SIZE, config.num_kv_heads,
                                   config.head_dim, decoder.dtype, decoder.device)
