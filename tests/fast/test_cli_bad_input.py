@@ -338,3 +338,27 @@ def test_generate_json_interrupted_prints_what_was_generated(monkeypatch, capsys
     assert main(["generate", "--prompt", "hi", "--json"]) == 130
     printed = json.loads(capsys.readouterr().out)
     assert printed == {"text": "Hello,", "token_ids": [7, 8], "interrupted": True}
+
+
+def test_generate_caps_its_default_answer_by_the_context_and_says_what_would_fit():
+    """`--context-length 128` without --max-tokens was an error (the default 128 did not fit beside
+    the prompt), and a prompt longer than the context was told to lower --max-tokens."""
+    from types import SimpleNamespace
+
+    from tandem.errors import TandemError
+    from tandem.speculation.sampling import SamplingParams
+    from tandem.text.text_generator import TextGenerator
+
+    generator = object.__new__(TextGenerator)
+    generator.engine = SimpleNamespace(context_length=128)
+    generator.config = SimpleNamespace(target=SimpleNamespace(context_length=128))
+    generator.tokenizer = SimpleNamespace(stop_token_ids=frozenset(), decode=lambda ids: "")
+    greedy = SamplingParams()
+    assert generator.request((1,) * 20, None, greedy).max_tokens == 108  # capped, not refused
+    assert generator.request((1,) * 20, 50, greedy).max_tokens == 50
+    with pytest.raises(TandemError, match="--max-tokens 200 exceed the context of 128 tokens: lower --max-tokens "
+                                          "to 108 or shorten the prompt, or raise --context-length"):
+        generator.request((1,) * 20, 200, greedy)
+    with pytest.raises(TandemError, match="a 600-token prompt leaves no room for an answer in the context of 128 "
+                                          "tokens: shorten the prompt or raise --context-length"):
+        generator.request((1,) * 600, None, greedy)

@@ -9,7 +9,7 @@ from tandem.cli.options import add_model_options, engine_config
 from tandem.engine.stats import GenerationStats
 from tandem.errors import TandemError
 from tandem.speculation.sampling import SamplingParams
-from tandem.text.text_generator import TextGenerator, check_messages
+from tandem.text.text_generator import DEFAULT_MAX_TOKENS, TextGenerator, check_messages
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -18,7 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     prompt = parser.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="raw prompt text (no chat template)")
     prompt.add_argument("--messages", help='chat messages as JSON: [{"role": "user", "content": "..."}]')
-    parser.add_argument("--max-tokens", type=whole_number(1), default=128, help="new tokens at most (default 128)")
+    parser.add_argument("--max-tokens", type=whole_number(1), default=None,
+                        help=f"new tokens at most (default {DEFAULT_MAX_TOKENS}, capped by what the context leaves)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default), at most 2")
     parser.add_argument("--top-p", type=float, default=1.0,
                         help="sample from the smallest set of tokens whose probabilities sum to P (default 1 = off)")

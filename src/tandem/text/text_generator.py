@@ -20,6 +20,8 @@ from tandem.text.stop_strings import StopStrings
 from tandem.text.stream import TextStream
 from tandem.text.tokenizer import TextTokenizer
 
+DEFAULT_MAX_TOKENS = 128  # `tandem generate`'s, where --max-tokens is not given
+
 
 class TextGenerator:
     def __init__(self, config: EngineConfig, engine: BatchEngine | None = None):
@@ -35,15 +37,23 @@ class TextGenerator:
             raise TandemError("the prompt is empty: give --prompt TEXT or --messages JSON")
         return tuple(self.tokenizer.encode(prompt))
 
-    def request(self, prompt_ids, max_tokens: int, sampling: SamplingParams, stop: list[str] | None = None):
+    def request(self, prompt_ids, max_tokens: int | None, sampling: SamplingParams, stop: list[str] | None = None):
         """The engine request; a prompt and max_tokens beyond the context are refused, as the server
-        refuses them (the answer would end at the context without a word)."""
+        refuses them (the answer would end at the context without a word). `max_tokens` None:
+        DEFAULT_MAX_TOKENS, capped by what the context leaves after the prompt (as the server's default)."""
         context = self.engine.context_length
-        if len(prompt_ids) + max_tokens > context:
-            asked = self.config.target.context_length
-            capped = asked is not None and asked > context  # by what the model was trained on, or the KV pool
-            advice = ("lower --max-tokens or shorten the prompt (the model holds no more)" if capped
-                      else "lower --max-tokens or raise --context-length")
+        asked = self.config.target.context_length
+        capped = asked is not None and asked > context  # by what the model was trained on, or the KV pool
+        room = context - len(prompt_ids)
+        if room < 1:
+            raise TandemError(f"a {len(prompt_ids)}-token prompt leaves no room for an answer in the context of "
+                              f"{context} tokens: shorten the prompt"
+                              + (" (the model holds no more)" if capped else " or raise --context-length"))
+        if max_tokens is None:
+            max_tokens = min(DEFAULT_MAX_TOKENS, room)
+        elif max_tokens > room:
+            advice = (f"lower --max-tokens to {room} or shorten the prompt"
+                      + (" (the model holds no more)" if capped else ", or raise --context-length"))
             raise TandemError(f"a {len(prompt_ids)}-token prompt and --max-tokens {max_tokens} exceed the context of "
                               f"{context} tokens: {advice}")
         stops = StopStrings(self.tokenizer.decode, stop or [])
