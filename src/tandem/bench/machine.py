@@ -27,6 +27,18 @@ def machine_info() -> dict:
     return info
 
 
+def machine_line(info: dict) -> str:
+    """One line for a table printed at the terminal: a figure is read with the machine it came
+    from (the report's Machine section has the rest)."""
+    parts = [f"{info.get('cpu_model') or 'unknown CPU'}, {info.get('cpu_count')} CPUs"]
+    if info.get("gpu"):
+        parts.append(str(info["gpu"]))
+    if info.get("llama_cpp_cpu"):
+        vector = [f for f in info["llama_cpp_cpu"].split() if f.startswith(("AVX512", "AMX")) or f == "AVX2"]
+        parts.append(f"llama.cpp built for {' '.join(vector) or 'baseline x86-64'}")
+    return "machine: " + "; ".join(parts)
+
+
 def _version(distribution: str) -> str | None:
     try:
         return metadata.version(distribution)

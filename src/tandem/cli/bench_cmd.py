@@ -7,6 +7,7 @@ from pathlib import Path
 
 from tandem.bench.single.models import ModelChoice
 from tandem.bench.single.registry import CONFIGS
+from tandem.bench.machine import machine_line
 from tandem.bench.single.report import main_table
 from tandem.bench.single.session import BenchSettings, run_session
 from tandem.bench.workload import DEFAULT_WORKLOAD
@@ -50,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         command=shlex.join(["tandem"] + sys.argv[1:]),
     )
     results = run_session(settings)
+    print(machine_line(results["machine"]))
     print("\n".join(main_table(results)))
     print(f"\nwrote results.json, report.md and plots to {settings.out_dir}", file=sys.stderr)
     return 130 if "interrupted_after_prompts" in results else 0  # a Ctrl-C's finished part, written

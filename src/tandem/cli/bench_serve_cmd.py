@@ -5,6 +5,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from tandem.bench.machine import machine_line
 from tandem.bench.serve.report import throughput_table
 from tandem.bench.serve.server_kinds import SERVER_KINDS
 from tandem.bench.serve.settings import (DEFAULT_CONCURRENCY, DEFAULT_CONFIGS, MIN_REQUESTS, REQUESTS_PER_CLIENT,
@@ -94,8 +95,12 @@ def run(args: argparse.Namespace) -> int:
     if args.prompts == MULTITURN:
         from tandem.bench.serve.multiturn import multiturn_table, run_multiturn_bench
 
-        print("\n".join(multiturn_table(run_multiturn_bench(settings))))
+        results = run_multiturn_bench(settings)
+        print(machine_line(results["machine"]))
+        print("\n".join(multiturn_table(results)))
     else:
-        print("\n".join(throughput_table(run_serve_bench(settings))))
+        results = run_serve_bench(settings)
+        print(machine_line(results["machine"]))
+        print("\n".join(throughput_table(results)))
     print(f"\nwrote results.json, report.md, plots and server logs to {settings.out_dir}", file=sys.stderr)
     return 0

@@ -321,20 +321,23 @@ def test_cli_rejects_bad_input_with_one_line(capsys):
         assert error.startswith("error: ") and error.count("\n") == 1
 
 
-def test_the_draft_left_out_is_the_one_tandem_serve_would_pick_for_the_draft_backend(monkeypatch, tmp_path):
+def test_the_draft_left_out_is_the_one_tandem_serve_would_pick_for_the_draft_backend(monkeypatch, tmp_path, capsys):
     """bench-serve hands the servers one draft file; left out, it is the one `tandem serve` picks for
     Tandem's draft backend (the re-quantized file on llama.cpp, the shipped one on torch)."""
     from tandem.bench.serve import session
     from tandem.models.catalog import DEFAULT_DRAFT, SHIPPED_DRAFT
 
     seen = []
-    monkeypatch.setattr(session, "run_serve_bench", lambda settings: seen.append(settings.draft) or [])
+    machine = {"cpu_model": "AMD EPYC", "cpu_count": 2, "llama_cpp_cpu": "SSE3 AVX2 FMA AVX512 AVX512_VNNI OPENMP"}
+    monkeypatch.setattr(session, "run_serve_bench", lambda settings: seen.append(settings.draft) or {"machine": machine})
     monkeypatch.setattr("tandem.cli.bench_serve_cmd.throughput_table", lambda results: [])
     base = ["bench-serve", "--configs", "tandem-spec", "--concurrency", "1", "--out", str(tmp_path / "out")]
     for extra in ([], ["--backend", "torch"], ["--backend", "torch", "--draft-backend", "llamacpp"],
                   ["--backend", "torch", "--draft", DEFAULT_DRAFT]):
         assert main(base + extra) == 0
     assert seen == [DEFAULT_DRAFT, SHIPPED_DRAFT, DEFAULT_DRAFT, DEFAULT_DRAFT]
+    # the table at the terminal names its machine (only the report did)
+    assert capsys.readouterr().out.splitlines()[0] == "machine: AMD EPYC, 2 CPUs; llama.cpp built for AVX2 AVX512 AVX512_VNNI"
 
 
 def test_a_soaked_server_gets_the_draft_named_and_else_picks_its_own():
