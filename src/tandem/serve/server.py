@@ -33,6 +33,7 @@ from tandem.models.checksum import model_checksum, model_version
 from tandem.models.resolve import tokenizer_digest, tokenizer_path
 from tandem.serve.api.app import create_app
 from tandem.serve.api.host_guard import is_loopback_name
+from tandem.serve.connections import AcceptErrorsSaidOnce, HeaderTimedH11Protocol, raise_open_file_limit
 from tandem.serve.observability.metrics import ServingMetrics
 from tandem.serve.observability.process_stats import track_process
 from tandem.serve.observability.tracing import RequestTracer
@@ -62,8 +63,9 @@ def serve(config: EngineConfig, settings: ServeSettings, cluster=None) -> int:
             state = build_state(config, settings, model_name, ngram_store, cluster)
         settle_heap()
         try:
+            raise_open_file_limit()
             server = DrainingServer(state, uvicorn.Config(
-                create_app(state), log_level="warning", access_log=False,
+                create_app(state), log_level="warning", access_log=False, http=HeaderTimedH11Protocol,
                 timeout_graceful_shutdown=UVICORN_CLOSE_SECONDS))
             asyncio.run(_serve(server, sock, _banner(model_name, settings.host, sock.getsockname()[1])))
         finally:
@@ -205,6 +207,7 @@ class DrainingServer(uvicorn.Server):
         super().__init__(config)
         self.state = state
         self.hurried = False  # a second signal came during the drain
+        self.loop: asyncio.AbstractEventLoop | None = None  # the one serving, once it runs
 
     def handle_exit(self, sig, frame) -> None:
         if self.hurried:  # a third signal: stop at once (uvicorn's force_exit logged a CancelledError traceback)
@@ -217,6 +220,8 @@ class DrainingServer(uvicorn.Server):
             self.state.worker.cut_grace()
         else:
             self.state.draining = True
+            if self.state.drain_started is not None and self.loop is not None:  # a signal handler: not in the loop
+                self.loop.call_soon_threadsafe(self.state.drain_started.set)
             threading.Thread(target=self._drain, name="tandem-drain", daemon=True).start()
 
     def _drain(self) -> None:
@@ -228,7 +233,10 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-async def _serve(server: uvicorn.Server, sock, banner: str) -> None:
+async def _serve(server: DrainingServer, sock, banner: str) -> None:
+    server.loop = asyncio.get_running_loop()
+    server.loop.set_exception_handler(AcceptErrorsSaidOnce())
+    server.state.drain_started = asyncio.Event()
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started and not serving.done():
         await asyncio.sleep(0.02)

@@ -1,5 +1,6 @@
 """Everything a request handler needs, built once by server.py (or a test) and passed to create_app."""
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -41,6 +42,7 @@ class ServerState:
     speculation_defaults: SpeculationOptions = field(default_factory=SpeculationOptions)  # the engine's drafter, k
     created: int = field(default_factory=lambda: int(time.time()))
     draining: bool = False  # set on SIGINT/SIGTERM: new requests are refused with 503
+    drain_started: asyncio.Event | None = None  # set with it, in the server's loop: bodies still arriving get 503
     streams: StreamLimit | None = None  # open streams per client; from settings when not given
 
     def __post_init__(self):

@@ -163,6 +163,57 @@ async def test_a_body_that_stops_arriving_is_a_408_at_the_request_time_limit():
     assert "--request-timeout" in str(error.value)
 
 
+@async_test
+async def test_a_body_still_arriving_when_the_server_drains_is_a_503_at_once():
+    """SIGTERM while a client was mid-body: nothing cut the read, uvicorn cancelled it at its close
+    timeout (after the grace), and the client got a plain-text 500, the log a traceback."""
+    import asyncio
+
+    from starlette.requests import Request
+
+    from tandem.serve.api.body import read_limited
+    from tandem.serve.api.errors import APIError
+
+    sent = iter([{"type": "http.request", "body": b'{"mod', "more_body": True}])
+
+    async def receive():
+        message = next(sent, None)
+        if message is None:
+            await asyncio.Event().wait()  # the rest never comes
+        return message
+
+    request = Request({"type": "http", "method": "POST", "headers": [(b"content-length", b"200")]}, receive)
+    drain = asyncio.Event()
+    asyncio.get_running_loop().call_later(0.1, drain.set)
+    with pytest.raises(APIError) as error:
+        await asyncio.wait_for(read_limited(request, 65536, timeout_s=30, stop=drain), timeout=5)
+    assert error.value.status == 503 and error.value.code == "shutting_down"
+    assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []  # no read left behind
+
+
+def test_the_first_signal_sets_the_drain_event_in_the_serving_loop():
+    import asyncio
+    from types import SimpleNamespace
+
+    import uvicorn
+
+    from tandem.serve.server import DrainingServer
+
+    worker = SimpleNamespace(in_flight=0, shutdown=lambda grace: None)
+    state = SimpleNamespace(draining=False, drain_started=None, worker=worker,
+                            settings=SimpleNamespace(grace_seconds=1.0))
+    server = DrainingServer(state, uvicorn.Config(lambda scope, receive, send: None))
+
+    async def serving():
+        server.loop = asyncio.get_running_loop()
+        state.drain_started = asyncio.Event()
+        server.handle_exit(15, None)  # as the signal handler runs it: in the loop's thread, outside the loop
+        await asyncio.wait_for(state.drain_started.wait(), timeout=5)
+
+    asyncio.run(serving())
+    assert state.draining
+
+
 @pytest.mark.parametrize("path,raw", [
     ("/v1/chat/completions", b'{"model": "M", "messages": [{"role": "user", "content": "\\ud83d"}]}'),
     ("/v1/chat/completions", b'{"model": "M", "messages": [{"role": "user", "content": "hi"}], "stop": ["\\udc00x"]}'),

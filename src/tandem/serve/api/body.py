@@ -9,22 +9,30 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
-from tandem.serve.api.errors import APIError, invalid_body
+from tandem.serve.api.errors import APIError, invalid_body, shutting_down
 
 M = TypeVar("M", bound=BaseModel)
 MAX_JSON_DEPTH = 32  # nested arrays and objects; a request needs 4 (messages, a message, its content parts, a part)
 
 
-async def read_limited(request: Request, limit: int, timeout_s: float | None = None) -> bytes:
+async def read_limited(request: Request, limit: int, timeout_s: float | None = None,
+                       stop: asyncio.Event | None = None) -> bytes:
     """The body, at most `limit` bytes, arrived within timeout_s (None: no limit; a client that
-    stops mid-body held its connection for ever, the request's time limit starting after it)."""
+    stops mid-body held its connection for ever, the request's time limit starting after it).
+    `stop` set (the server drains) while it still arrives: a 503 (uvicorn cancelled the read at its
+    close timeout, which answered a plain-text 500 and logged a traceback)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise _too_large(int(declared), limit)
     chunks, size = [], 0
     try:
         async with asyncio.timeout(timeout_s):
-            async for chunk in request.stream():
+            arriving = request.stream().__aiter__()
+            while True:
+                try:
+                    chunk = await _unless_stopped(arriving.__anext__(), stop)
+                except StopAsyncIteration:
+                    break
                 size += len(chunk)
                 if size > limit:
                     raise _too_large(size, limit)
@@ -36,6 +44,22 @@ async def read_limited(request: Request, limit: int, timeout_s: float | None = N
         raise APIError(408, f"the request body did not arrive within {timeout_s:g} s (--request-timeout)",
                        code="request_timeout") from None
     return b"".join(chunks)
+
+
+async def _unless_stopped(step, stop: asyncio.Event | None):
+    """`await step`, unless `stop` is set first: then a 503 shutting_down."""
+    if stop is None:
+        return await step
+    step, halt = asyncio.ensure_future(step), asyncio.ensure_future(stop.wait())
+    try:
+        done, _ = await asyncio.wait((step, halt), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        halt.cancel()
+        if not step.done():  # stopped, timed out or cancelled: the read goes too
+            step.cancel()
+    if step in done:
+        return step.result()
+    raise shutting_down("the server is shutting down; the request's body was still arriving")
 
 
 def parse_json_object(body: bytes) -> dict:
@@ -79,9 +103,10 @@ def _check_unicode(value: dict) -> None:
                        code="invalid_value") from None
 
 
-async def read_request(request: Request, model: type[M], limit: int, timeout_s: float | None = None) -> M:
-    """The body as `model`, validated; it must arrive within timeout_s."""
-    body = parse_json_object(await read_limited(request, limit, timeout_s))
+async def read_request(request: Request, model: type[M], limit: int, timeout_s: float | None = None,
+                       stop: asyncio.Event | None = None) -> M:
+    """The body as `model`, validated; it must arrive within timeout_s, and before `stop` is set."""
+    body = parse_json_object(await read_limited(request, limit, timeout_s, stop))
     try:
         return model.model_validate(body)
     except ValidationError as error:

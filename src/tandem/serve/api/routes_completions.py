@@ -38,14 +38,14 @@ def completions_router(state: ServerState) -> APIRouter:
     async def completions(request: Request):
         received_at = time.perf_counter()
         _refuse_if_draining(state)
-        body = await read_request(request, CompletionRequest, limit, timeout_s)
+        body = await read_request(request, CompletionRequest, limit, timeout_s, state.drain_started)
         return await _respond(state, request, await prepare_completion(state, body), "text", received_at)
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         received_at = time.perf_counter()
         _refuse_if_draining(state)
-        body = await read_request(request, ChatCompletionRequest, limit, timeout_s)
+        body = await read_request(request, ChatCompletionRequest, limit, timeout_s, state.drain_started)
         return await _respond(state, request, await prepare_chat(state, body), "chat", received_at)
 
     return router

@@ -1,0 +1,93 @@
+"""The server's client connections: a bound on the wait for a request's headers, as many open
+files as the system lets the process have, and refused accepts said once a while.
+
+uvicorn times a connection out only after a response (`timeout_keep_alive`), and not at all
+while it sends part of its headers: a client that connects and sends nothing, or a request line
+and then nothing, held its socket for ever, and enough of them took every file handle the
+process had (then asyncio logged each refused accept, thousands of lines a second, and /health
+went unanswered). Here a connection must finish its headers within HEADER_TIMEOUT_S of opening,
+or of its last response; then it is closed. The body has its own bound (--request-timeout, 408).
+"""
+
+import logging
+import resource
+import time
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+HEADER_TIMEOUT_S = 30.0  # as nginx's client_header_timeout is 60 s and Node's headersTimeout 60 s
+ACCEPT_ERROR_INTERVAL_S = 10.0  # at most one log line this often while accepts fail for want of file handles
+log = logging.getLogger(__name__)
+
+
+class HeaderTimedH11Protocol(H11Protocol):
+    header_timeout_s = HEADER_TIMEOUT_S
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._header_deadline = None
+        self._start_header_clock()
+
+    def connection_lost(self, exc) -> None:
+        self._stop_header_clock()
+        super().connection_lost(exc)
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.conn.their_state is not h11.IDLE:  # a request's headers are in
+            self._stop_header_clock()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._start_header_clock()  # the next request's, on a kept-alive connection
+
+    def _start_header_clock(self) -> None:
+        self._stop_header_clock()
+        self._header_deadline = self.loop.call_later(self.header_timeout_s, self._headers_too_slow)
+
+    def _stop_header_clock(self) -> None:
+        if getattr(self, "_header_deadline", None) is not None:
+            self._header_deadline.cancel()
+            self._header_deadline = None
+
+    def _headers_too_slow(self) -> None:
+        self._header_deadline = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()
+
+
+def raise_open_file_limit() -> int:
+    """The soft limit on open files raised to the hard one (as vLLM does): each client is a
+    socket, and the default soft limit is often 1,024. Returns the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            return hard
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+class AcceptErrorsSaidOnce:
+    """A loop exception handler: a refused accept (out of file handles) is logged once each
+    ACCEPT_ERROR_INTERVAL_S with how many there were, not once per try with a traceback (asyncio
+    logged ~16,800 lines a second, 282 MB in 40 s); everything else goes to the default."""
+
+    def __init__(self, clock=time.monotonic):
+        self.clock = clock
+        self.refused = 0
+        self.said_at: float | None = None
+
+    def __call__(self, loop, context: dict) -> None:
+        if not str(context.get("message", "")).startswith("socket.accept() out of system resource"):
+            loop.default_exception_handler(context)
+            return
+        self.refused += 1
+        now = self.clock()
+        if self.said_at is None or now - self.said_at >= ACCEPT_ERROR_INTERVAL_S:
+            since = "" if self.said_at is None else f" in the last {now - self.said_at:.0f} s"
+            log.error("refusing new connections, out of file handles (%s): %d refused%s; the open ones: "
+                      "process_open_fds on /metrics", context.get("exception"), self.refused, since)
+            self.said_at, self.refused = now, 0

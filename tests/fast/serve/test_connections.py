@@ -1,0 +1,99 @@
+"""Client connections (serve/connections.py), over real sockets to uvicorn in a thread: a
+connection that does not finish its headers in time is closed; one that did is not, however
+slowly its body comes; refused accepts are logged once a while."""
+
+import logging
+import socket
+import threading
+import time
+
+import pytest
+import uvicorn
+
+from tandem.serve.connections import AcceptErrorsSaidOnce, HeaderTimedH11Protocol
+
+HEADER_TIMEOUT_S = 0.3
+
+
+class QuickHeaders(HeaderTimedH11Protocol):
+    header_timeout_s = HEADER_TIMEOUT_S
+
+
+async def echo_length(scope, receive, send):
+    """Answers the body's length once all of it came."""
+    if scope["type"] != "http":
+        return
+    size, more = 0, True
+    while more:
+        message = await receive()
+        size += len(message.get("body", b""))
+        more = message.get("more_body", False)
+    body = str(size).encode()
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/plain"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+@pytest.fixture
+def port():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(echo_length, log_level="warning", http=QuickHeaders))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    yield sock.getsockname()[1]
+    server.should_exit = True
+    thread.join(timeout=10)
+    sock.close()
+
+
+def closed_within(conn: socket.socket, seconds: float) -> bool:
+    """Whether the server closed `conn` (an empty read) within `seconds`."""
+    conn.settimeout(seconds)
+    try:
+        return conn.recv(1024) == b""
+    except TimeoutError:
+        return False
+
+
+@pytest.mark.parametrize("sent", [b"", b"POST / HTTP/1.1\r\nHost: local"])
+def test_a_connection_that_does_not_finish_its_headers_is_closed(port, sent):
+    """One that sent nothing, or stopped mid-headers, was held for ever (600 of them: 611 files)."""
+    conn = socket.create_connection(("127.0.0.1", port))
+    conn.sendall(sent)
+    started = time.monotonic()
+    assert closed_within(conn, 5)
+    assert HEADER_TIMEOUT_S * 0.9 <= time.monotonic() - started < 3
+
+
+def test_headers_in_time_are_answered_however_slowly_the_body_comes_and_the_next_request_gets_its_own_clock(port):
+    conn = socket.create_connection(("127.0.0.1", port))
+    conn.sendall(b"POST / HTTP/1.1\r\nHost: local\r\nContent-Length: 10\r\n\r\n12345")
+    time.sleep(3 * HEADER_TIMEOUT_S)  # the body is --request-timeout's to bound, not the header clock's
+    conn.sendall(b"67890")
+    conn.settimeout(5)
+    answer = b""
+    while not answer.endswith(b"\r\n\r\n10"):
+        answer += conn.recv(1024)
+    conn.sendall(b"GET / HTTP/1.1\r\nHost: local")  # a kept-alive connection's next request, never finished
+    assert closed_within(conn, 5)
+
+
+def test_refused_accepts_are_said_once_a_while_with_their_count(caplog):
+    clock = [0.0]
+    handler = AcceptErrorsSaidOnce(clock=lambda: clock[0])
+    other = []
+    loop = type("Loop", (), {"default_exception_handler": lambda self, context: other.append(context)})()
+    refused = {"message": "socket.accept() out of system resource", "exception": OSError(24, "Too many open files")}
+    with caplog.at_level(logging.ERROR, logger="tandem.serve.connections"):
+        for step in range(1000):
+            clock[0] = step * 0.015  # 15 s of refusals
+            handler(loop, refused)
+        handler(loop, {"message": "something else"})
+    assert len(caplog.records) == 2 and "out of file handles" in caplog.records[0].getMessage()
+    assert caplog.records[1].getMessage().endswith(": 667 refused in the last 10 s; the open ones: "
+                                                   "process_open_fds on /metrics")
+    assert other == [{"message": "something else"}]
