@@ -56,6 +56,13 @@ async def test_cors_only_for_the_configured_origins():
             assert other.headers.get("access-control-allow-origin") != "https://evil.example"
             answer = await client.post("/v1/chat/completions", json=chat_body(), headers={"Origin": ORIGIN})
             assert answer.headers["access-control-allow-origin"] == ORIGIN
+            # the official JS client's headers pass the preflight (it was a 400 "Disallowed CORS headers"),
+            # and a page may read Retry-After (of a 429)
+            sdk = await client.options("/v1/chat/completions", headers={
+                **preflight(ORIGIN), "Access-Control-Request-Headers": "authorization,content-type,x-stainless-arch,"
+                "x-stainless-lang,x-stainless-os,x-stainless-package-version,x-stainless-retry-count"})
+            assert sdk.status_code == 200, sdk.text
+            assert "retry-after" in answer.headers["access-control-expose-headers"].lower()
 
 
 @async_test

@@ -34,8 +34,10 @@ def create_app(state: ServerState) -> FastAPI:
     settings = state.settings
     app.include_router(dashboard_router(state.metrics, settings.api_key if settings.protect_metrics else None))
     if settings.allowed_origins:
+        # any request header (the official JS client sends X-Stainless-*: a browser's preflight was
+        # refused), as vLLM and llama-server allow; the origins are what is guarded
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"], max_age=600)
+                           allow_headers=["*"], expose_headers=["Retry-After"], max_age=600)
     app.add_middleware(OriginGuard, allowed=settings.allowed_origins,  # before CORS answers a preflight
                        on_refused=lambda: state.metrics.request_rejected(403))
     if is_loopback_name(settings.host):  # outermost
