@@ -54,7 +54,8 @@ def retry_after_seconds(finish_times: Sequence[float]) -> int:
 
 class QueueFullError(TandemError):
     def __init__(self, in_flight: int, retry_after_seconds: int = 1):
-        super().__init__(f"the server is at capacity ({in_flight} requests in flight); retry later")
+        super().__init__(f"the server is at capacity ({in_flight} request{'' if in_flight == 1 else 's'} in flight); "
+                         "retry later")
         self.retry_after_seconds = retry_after_seconds
 
 

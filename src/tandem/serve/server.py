@@ -227,8 +227,8 @@ class DrainingServer(uvicorn.Server):
     def _drain(self) -> None:
         grace = self.state.settings.grace_seconds
         in_flight = self.state.worker.in_flight
-        print(f"shutting down: finishing {in_flight} in-flight request{'' if in_flight == 1 else 's'} "
-              f"(up to {grace:g}s)", file=sys.stderr, flush=True)
+        print(f"shutting down: finishing {in_flight} in-flight request{'' if in_flight == 1 else 's'} (up to {grace:g}s)"
+              if in_flight else "shutting down: no request in flight", file=sys.stderr, flush=True)
         self.state.worker.shutdown(grace)
         self.should_exit = True
 

@@ -20,6 +20,7 @@ async def test_queue_full_is_429_with_retry_after():
             assert int(response.headers["retry-after"]) >= 1
             error = response.json()["error"]
             assert error["type"] == "rate_limit_error" and error["code"] == "queue_full"
+            assert "(2 requests in flight)" in error["message"]
             health = (await client.get("/health")).json()
             assert health["in_flight"] == 2 and health["status"] == "ok"
             server.engine.gate.set()
@@ -37,6 +38,7 @@ async def test_streaming_request_is_refused_before_the_stream_starts():
             await server.wait_until(lambda: server.worker.in_flight == 1)
             response = await client.post("/v1/completions", json=completion_body(stream=True, prompt="other"))
             assert response.status_code == 429 and response.headers["content-type"] == "application/json"
+            assert "(1 request in flight)" in response.json()["error"]["message"]  # it said "1 requests"
             server.engine.gate.set()
             await held
 

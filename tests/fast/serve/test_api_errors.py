@@ -341,9 +341,11 @@ async def test_unknown_model_is_404():
 async def test_unknown_route_and_wrong_method():
     with TestServer() as server:
         async with server.client() as client:
-            assert_error(await client.get("/v1/nothing"), 404, says="no route GET /v1/nothing")
+            assert_error(await client.get("/v1/nothing"), 404, code="not_found", says="no route GET /v1/nothing")
             assert_error(await client.get("/dashboard/static/x.js"), 404, says="no dashboard asset named 'x.js'")
-            assert_error(await client.get("/v1/completions"), 405)
+            # a 405 said "Method Not Allowed" with code null, unlike the 404 beside it
+            assert_error(await client.get("/v1/completions"), 405, code="method_not_allowed",
+                         says="GET is not allowed on /v1/completions; use POST")
 
 
 @async_test

@@ -142,9 +142,15 @@ def install_error_handlers(app: FastAPI, metrics) -> None:
     async def on_http_exception(request: Request, error: HTTPException):
         kind = "server_error" if error.status_code >= 500 else "invalid_request_error"
         message = error.detail if isinstance(error.detail, str) else "request failed"
+        code = None
         if error.status_code == 404 and message == "Not Found":  # the router's own: no such route
-            message = f"no route {request.method} {request.url.path}"
-        return refused(APIError(error.status_code, message, kind, headers=dict(error.headers or {})), request)
+            message, code = f"no route {request.method} {request.url.path}", "not_found"
+        elif error.status_code == 405 and message == "Method Not Allowed":  # the router's own, with its Allow
+            allowed = (error.headers or {}).get("Allow", "")
+            message = f"{request.method} is not allowed on {request.url.path}" + (f"; use {allowed}" if allowed else "")
+            code = "method_not_allowed"
+        return refused(APIError(error.status_code, message, kind, code=code, headers=dict(error.headers or {})),
+                       request)
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, error: Exception):
