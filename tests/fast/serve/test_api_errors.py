@@ -164,6 +164,18 @@ async def test_a_body_that_stops_arriving_is_a_408_at_the_request_time_limit():
 
 
 @async_test
+async def test_a_compressed_body_is_a_415_not_invalid_json():
+    import gzip
+    import json
+
+    with TestServer() as server:
+        async with server.client() as client:
+            response = await client.post("/v1/completions", content=gzip.compress(json.dumps(completion_body()).encode()),
+                                         headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+            assert_error(response, 415, code="unsupported_content_encoding", says="send the body uncompressed")
+
+
+@async_test
 async def test_a_body_still_arriving_when_the_server_drains_is_a_503_at_once():
     """SIGTERM while a client was mid-body: nothing cut the read, uvicorn cancelled it at its close
     timeout (after the grace), and the client got a plain-text 500, the log a traceback."""

@@ -21,6 +21,10 @@ async def read_limited(request: Request, limit: int, timeout_s: float | None = N
     stops mid-body held its connection for ever, the request's time limit starting after it).
     `stop` set (the server drains) while it still arrives: a 503 (uvicorn cancelled the read at its
     close timeout, which answered a plain-text 500 and logged a traceback)."""
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):  # a gzipped body read as text was "not valid JSON"
+        raise APIError(415, f"Content-Encoding {encoding!r} is not supported: send the body uncompressed",
+                       code="unsupported_content_encoding")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise _too_large(int(declared), limit)

@@ -10,6 +10,7 @@ Status codes, following OpenAI (which answers 400 for every invalid request, not
   404 invalid_request_error  unknown model (code model_not_found), unknown route
   405 invalid_request_error  wrong method on a known route
   413 invalid_request_error  body larger than --max-body-bytes
+  415 invalid_request_error  a compressed body (Content-Encoding other than identity)
   429 rate_limit_error       the engine queue is full; Retry-After says when to try again
   500 server_error           the engine failed (our fault, not the client's); no traceback is sent
   429 rate_limit_error       also: this client already holds --max-streams-per-client open streams
