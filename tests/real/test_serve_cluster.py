@@ -78,7 +78,12 @@ def test_an_idle_worker_killed_is_seen_down_within_a_period_and_comes_back(serve
     os.kill(before["pid"], signal.SIGKILL)  # nothing is running: no call would notice
     seconds = wait_for(lambda: worker_up(server, name) == 0, 10)
     assert seconds <= PERIOD_S + 0.5  # one period, plus the check's wait for answers
+    health = server.health()  # the other verifier still serves: degraded, naming the one restarting
+    assert health["status"] == "degraded", health
+    assert {"name": name, "role": before["role"], "state": "restarting"} in health["workers_not_up"]
     wait_for(lambda: worker_up(server, name) == 1, 120)  # restarted in the background
     after = workers(server)[name]
     assert after["pid"] != before["pid"] and after["restarts"] == before["restarts"] + 1
-    assert "is down" in "".join(server.output) and ask(server)
+    wait_for(lambda: f"{name} is up again" in "".join(server.output), 5)  # at the default log level
+    assert f"{name} is down; restarting it" in "".join(server.output) and ask(server)
+    assert server.health()["status"] == "ok"
