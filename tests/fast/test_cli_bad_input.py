@@ -117,6 +117,10 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["soak", "--serve-args", '"unbalanced', "--duration", "1m", "--sample-every", "10s"], "--serve-args"),
     (["generate", "--prompt", "hi", "--backend", "llamacpp", "--dtype", "bf16", "--kv-memory", "1G"],
      "--dtype bf16 and --kv-memory apply to the torch backend only"),
+    # the draft's placement in its own option names (they said --backend and --device, the target's)
+    (["generate", "--prompt", "hi", "--draft-device", "cuda"],
+     "the draft model: the llamacpp backend runs on the cpu here, not 'cuda': use --draft-backend torch"),
+    (["generate", "--prompt", "hi", "--draft-backend", "torch", "--draft-device", "cuda:0"], "use --draft-device cpu"),
     (["generate", "--prompt", "hi", "--backend", "torch", "--torch-runner", "serial", "--kv-memory", "1G"],
      "--torch-runner serial keeps a cache per sequence that it does not bound"),  # it was silently ignored
     (["generate", "--prompt", "hi", "--draft-backend", "llamacpp", "--draft-dtype", "bf16"],

@@ -108,6 +108,7 @@ def draft_spec(args: argparse.Namespace) -> RunnerSpec:
     """The draft named, or where none is, the one its backend runs best (catalog.default_draft)."""
     spec = RunnerSpec(args.draft or DEFAULT_DRAFT, args.draft_backend, args.draft_device, args.draft_dtype,
                       args.threads, args.context_length, torch_runner=args.torch_runner)
+    _check_draft_placement(spec)
     if args.draft is None:
         spec = replace(spec, model=default_draft(spec.resolved().backend))
     return spec
@@ -125,6 +126,20 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(target_spec(args), draft, drafter, args.k, step_token_budget=args.step_tokens,
                         prefill_floor=engine_prefill_floor(args.prefill_floor, THROUGHPUT_PREFILL_FLOOR),
                         prefill_waves=args.prefill_waves)
+
+
+def _check_draft_placement(draft: RunnerSpec) -> None:
+    """The draft's backend and device, checked before any model loads, in the draft's own option
+    names (a draft on cuda said "use --backend torch", the target's option)."""
+    try:
+        resolved = draft.resolved()
+        if resolved.backend == "torch":
+            from tandem.models.torch_runner import torch_device
+
+            torch_device(resolved.device)
+    except TandemError as error:
+        raise TandemError(f"the draft model: {error}".replace("--backend ", "--draft-backend ")
+                          .replace("--device ", "--draft-device ")) from None
 
 
 def _check_torch_options(args: argparse.Namespace, target: RunnerSpec, draft: RunnerSpec | None) -> None:
