@@ -46,6 +46,7 @@ from tandem.speculation.drafters.registry import DRAFTER_NAMES
 from tandem.speculation.shared_store.store import open_ngram_store
 from tandem.text.tokenizer import TextTokenizer
 
+SOCKET_BACKLOG = 2048  # uvicorn's own default backlog
 UVICORN_CLOSE_SECONDS = 5  # after the drain, how long uvicorn waits for connections to close
 
 
@@ -64,6 +65,7 @@ def serve(config: EngineConfig, settings: ServeSettings, cluster=None) -> int:
         settle_heap()
         try:
             raise_open_file_limit()
+            claim(sock, settings.host)
             server = DrainingServer(state, uvicorn.Config(
                 create_app(state), log_level="warning", access_log=False, http=HeaderTimedH11Protocol,
                 timeout_graceful_shutdown=UVICORN_CLOSE_SECONDS))
@@ -183,6 +185,19 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.close()
         raise TandemError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
     return sock
+
+
+def claim(sock: socket.socket, host: str) -> None:
+    """Listen, once the server is ready to answer: the port is bound early but taken only now
+    (clients are refused while models load), and a second server may have bound it meanwhile
+    (SO_REUSEADDR lets two sockets bind while neither listens): the one that listens first wins,
+    the other stops with one line (it died after loading with uvicorn's traceback, exit 1)."""
+    try:
+        sock.listen(SOCKET_BACKLOG)
+    except OSError as error:
+        port = sock.getsockname()[1]
+        raise TandemError(f"cannot listen on {host}:{port}: {error.strerror or error} (another server took the port "
+                          "while the models loaded)") from None
 
 
 def ngram_namespace(config: EngineConfig, model_name: str) -> str:

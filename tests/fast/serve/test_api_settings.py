@@ -5,7 +5,7 @@ import pytest
 
 from tandem.cli.main import main
 from tandem.errors import TandemError
-from tandem.serve.server import bind_socket, default_model_name
+from tandem.serve.server import bind_socket, claim, default_model_name
 from tandem.serve.settings import ServeSettings
 
 
@@ -82,6 +82,21 @@ def test_a_taken_port_is_a_clear_error():
             bind_socket("127.0.0.1", first.getsockname()[1])
     finally:
         first.close()
+
+
+def test_two_servers_bound_to_one_port_while_loading_the_second_to_listen_gets_one_line():
+    """Both bind (neither listens while its models load); the first to listen wins. The other
+    died after loading with uvicorn's two tracebacks and exit 1."""
+    first = bind_socket("127.0.0.1", 0)
+    port = first.getsockname()[1]
+    second = bind_socket("127.0.0.1", port)
+    try:
+        claim(second, "127.0.0.1")
+        with pytest.raises(TandemError, match=f"cannot listen on 127.0.0.1:{port}: .*another server took the port"):
+            claim(first, "127.0.0.1")
+    finally:
+        first.close()
+        second.close()
 
 
 def test_the_response_cache_knows_another_model_at_the_same_path(tmp_path):
