@@ -540,3 +540,18 @@ def test_a_peer_never_built_is_an_error_before_any_server_starts(tmp_path, monke
     with pytest.raises(TandemError, match="no llama-server"):
         session.run_serve_bench(settings, progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_soak_url_without_its_v1_says_to_add_it(monkeypatch):
+    """`soak --url http://host:port` (no /v1) said httpx's two-line 404 and nothing to do."""
+    import httpx
+
+    from tandem.bench.soak import server
+
+    monkeypatch.setattr(httpx, "get", lambda url, **kwargs: httpx.Response(404, request=httpx.Request("GET", url)))
+    with pytest.raises(TandemError) as error:
+        server._served_model("http://127.0.0.1:9", None)
+    assert str(error.value) == ("http://127.0.0.1:9/models is not found: give the API's URL, with its /v1 "
+                                "(http://127.0.0.1:9/v1)")
+    with pytest.raises(TandemError, match=r"models: HTTP 404$"):
+        server._served_model("http://127.0.0.1:9/v1", None)

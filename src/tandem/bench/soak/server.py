@@ -57,7 +57,11 @@ def _served_model(base_url: str, api_key: str | None) -> str:
         if response.status_code == 401:
             raise TandemError(f"{base_url} wants an API key: give soak the server's key with --api-key "
                               f"({'this one was refused' if api_key else 'none was given'})")
-        response.raise_for_status()
+        if response.status_code == 404 and not base_url.rstrip("/").endswith("/v1"):
+            raise TandemError(f"{base_url}/models is not found: give the API's URL, with its /v1 "
+                              f"({base_url.rstrip('/')}/v1)")
+        if response.status_code != 200:
+            raise TandemError(f"cannot read the served model from {base_url}/models: HTTP {response.status_code}")
         return response.json()["data"][0]["id"]
     except (httpx.HTTPError, KeyError, IndexError, ValueError) as error:
         raise TandemError(f"cannot read the served model from {base_url}/models: {error}") from None
