@@ -43,3 +43,23 @@ def _long_options(parser: argparse.ArgumentParser) -> list[str]:
                 options += _long_options(sub)
         options += [o for o in action.option_strings if o.startswith("--") and o != "--help"]
     return options
+
+
+def test_the_top_level_says_its_version_its_commands_and_where_options_go(capsys):
+    """`tandem --version` and `tandem --foo` said "the following arguments are required: COMMAND",
+    and bare `tandem` only that."""
+    import pytest
+
+    from tandem import __version__
+    from tandem.cli.main import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out == f"tandem {__version__}\n"
+    assert main([]) == 2
+    assert "generate" in capsys.readouterr().err  # the help, with its commands
+    with pytest.raises(SystemExit) as exit_:
+        main(["--foo"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == ("error: unknown option --foo: a command comes first, its options after it "
+                                       "(see tandem --help)\n")

@@ -10,6 +10,7 @@ if not sys.stderr.isatty():  # before anything imports tqdm, which reads its def
     # carriage returns into a log; Tandem's bars pass `disable` themselves and say plain lines there
     os.environ.setdefault("TQDM_DISABLE", "1")
 
+from tandem import __version__  # noqa: E402
 from tandem.errors import TandemError  # noqa: E402
 from tandem.sigterm import sigterm_interrupts
 
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
                             bench_step_cmd, generate_cmd, models_cmd, plan_cmd, profile_cmd, serve_cmd, simulate_cmd, soak_cmd)
 
     parser = OneLineErrors(prog="tandem", description="Lossless speculative decoding.")
+    parser.add_argument("--version", action="version", version=f"tandem {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module in (generate_cmd, serve_cmd, bench_cmd, bench_serve_cmd, bench_peer_cmd, bench_step_cmd, bench_cluster_cmd,
                    bench_ceiling_cmd, models_cmd, profile_cmd, plan_cmd, simulate_cmd, soak_cmd):
@@ -44,6 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = build_parser()
+    given = sys.argv[1:] if argv is None else argv
+    if not given:  # bare `tandem`: what it can do, not a usage error
+        parser.print_help(sys.stderr)
+        return 2
+    if given[0].startswith("-") and given[0] not in ("-h", "--help", "--version"):
+        parser.error(f"unknown option {given[0]}: a command comes first, its options after it")
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # "see tandem generate --help", not "see tandem --help"
         parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
