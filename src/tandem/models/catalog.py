@@ -56,6 +56,7 @@ class CatalogEntry:
     parameters: str  # "1.5B"
     quantization: str  # GGUF file type: "Q4_K_M"
     context_length: int
+    vocab_size: int  # entries of its tokenizer's vocabulary: a local target of another size cannot share it
     role: str  # "default target", "default draft", "small, for tests"
     derived: Derivation | None = None  # None: assembled from `parts`
 
@@ -95,6 +96,7 @@ _ENTRIES = (
         parameters="1.5B",
         quantization="Q4_K_M",
         context_length=32768,
+        vocab_size=151936,
         role="default target",
     ),
     CatalogEntry(
@@ -106,6 +108,7 @@ _ENTRIES = (
         parameters="0.5B",
         quantization="Q4_K_M",
         context_length=32768,
+        vocab_size=151936,
         role="default draft on torch; the Q4_0 one's source",
     ),
     CatalogEntry(
@@ -117,6 +120,7 @@ _ENTRIES = (
         parameters="0.5B",
         quantization="Q4_0",
         context_length=32768,
+        vocab_size=151936,
         role="default draft",
         derived=Derivation(SHIPPED_DRAFT, "Q4_0"),
     ),
@@ -129,6 +133,7 @@ _ENTRIES = (
         parameters="135M",
         quantization="Q4_1",
         context_length=8192,
+        vocab_size=49152,
         role="small, for tests",
     ),
 )
