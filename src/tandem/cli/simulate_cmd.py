@@ -155,7 +155,7 @@ def _simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=1))
     else:
-        placement = f"plan: {plan.chosen.label()}" if plan else "roles as written"
+        placement = _placement_label(plan, args.k if args.k is not None else spec.k)
         print("\n".join(summary_lines(result, f"simulated {result.requests} requests on {args.cluster} "
                                                f"({placement})")))
         if comparison:
@@ -167,6 +167,19 @@ def _simulate(args: argparse.Namespace) -> int:
         path.write_text(json.dumps(report, indent=1))
         print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def _placement_label(plan, fixed_k: int | None) -> str:
+    """What was simulated: the plan's placement and drafter, and the depth the rounds drafted (the
+    engine's planner per round unless --k or the file fixes it; the header said the plan's k,
+    which is its estimate, not what ran)."""
+    if plan is None:
+        return "roles as written" + (f", k={fixed_k}" if fixed_k is not None else "")
+    chosen = plan.chosen
+    if chosen.drafter_kind == "none":
+        return "plan: none"
+    depth = f"k={fixed_k}" if fixed_k is not None else f"k auto per round; the plan estimated k={chosen.k}"
+    return f"plan: {chosen.drafter_kind}, {depth}"
 
 
 def _scaling(args: argparse.Namespace) -> int:

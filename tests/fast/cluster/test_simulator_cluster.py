@@ -303,3 +303,16 @@ def test_tandem_simulate_replays_a_multi_turn_run(tmp_path, capsys):
     assert "not a multi-turn run" in capsys.readouterr().err
     assert main(["simulate", "--cluster", str(cluster), "--conversations", str(tmp_path / "missing.json")]) == 2
     assert "cannot read the multi-turn run" in capsys.readouterr().err
+
+
+def test_the_header_says_the_depth_that_ran_not_the_plans_estimate(capsys):
+    """`simulate` on a plan said "(plan: ngram k=3)" while every round's k was the engine
+    planner's (mean k 12.4); the plan's k runs only where --k (or the file) fixes it."""
+    from pathlib import Path
+
+    hetero = str(Path(__file__).parents[3] / "examples" / "clusters" / "hetero-64.yaml")
+    assert main(["simulate", "--cluster", hetero, "--requests", "4", "--max-tokens", "16"]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert "k auto per round; the plan estimated k=" in header
+    assert main(["simulate", "--cluster", hetero, "--requests", "4", "--max-tokens", "16", "--k", "3"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith("(plan: ngram, k=3)")
