@@ -56,7 +56,8 @@ class EngineConfig:
     def loading_note(self) -> str:
         """What a command says on stderr before it loads these models."""
         draft = f" and {self.draft.model}" if self.draft is not None else ""
-        return f"loading {self.target.model}{draft} (a first start also pulls and profiles them: minutes) ..."
+        return (f"loading {self.target.model}{draft} (a first start also pulls and profiles "
+                f"{'them' if draft else 'it'}: minutes) ...")
 
 
 def build_engine(config: EngineConfig, max_running: int = DEFAULT_MAX_RUNNING, ngram_store=None,
@@ -75,6 +76,10 @@ def build_engine(config: EngineConfig, max_running: int = DEFAULT_MAX_RUNNING, n
         check_same_vocabulary(target_tokenizer, TextTokenizer(str(tokenizer_path(config.draft.model))))
         draft = load_batch_runner(config.draft, max_running, cache_slots)
     target = load_batch_runner(config.target, max_running, cache_slots)
+    if target.context_length < config.target.context_length:  # it was capped without a word (vLLM refuses)
+        print(f"note: a sequence holds {target.context_length} tokens, fewer than --context-length "
+              f"{config.target.context_length}: what {config.target.model} was trained for, or its KV pool holds "
+              f"for {max_running} sequence{'s' if max_running > 1 else ''}", file=sys.stderr)
     host_cache = host_cache_for(target, draft, cache_ram_bytes)
     disk_cache = None
     if cache_dir is not None and host_cache is None:
