@@ -335,3 +335,74 @@ def test_the_key_names_another_llama_library(monkeypatch):
     bundled = llama_cpp_version()
     monkeypatch.setenv("LLAMA_CPP_LIB_PATH", "/opt/llama.cpp/build/bin")
     assert llama_cpp_version() == bundled + " lib /opt/llama.cpp/build/bin"
+
+
+def test_a_file_whose_header_names_another_prompts_tokens_is_never_loaded(tmp_path, caplog):
+    """The checksum covered the states alone: two files with their headers' token lists swapped
+    (their lengths kept) restored one prompt's KV for the other (a user's trial saw the other
+    story's words in an answer). Now the header is summed too, and a file is checked against
+    what it held when indexed."""
+    a, b = entry(range(0, 40)), entry(range(100, 140))
+    cache = written(DiskPromptCache(tmp_path, 1 << 20, KEY), a, b)
+    paths = {cache.lookup(e.tokens, KEY).record.path: e for e in (a, b)}
+    cache.close()
+    blobs = {}
+    for path in paths:
+        data = path.read_bytes()
+        length = struct.unpack("<I", data[8:12])[0]
+        blobs[path] = (json.loads(data[12:12 + length]), data[12 + length:])
+    (pa, (ha, sa)), (pb, (hb, sb)) = blobs.items()
+    for path, header, states, other in ((pa, ha, sa, hb), (pb, hb, sb, ha)):
+        swapped = json.dumps({**header, "tokens": other["tokens"], "draft_tokens": other["draft_tokens"]}).encode()
+        path.write_bytes(b"TANDEMKV" + struct.pack("<I", len(swapped)) + swapped + states)
+    again = DiskPromptCache(tmp_path, 1 << 20, KEY)
+    with caplog.at_level(logging.WARNING):
+        for e in (a, b):
+            match = again.lookup(e.tokens, KEY)
+            assert match is None or again.load(match) is None
+    assert "do not match their checksum" in caplog.text
+
+
+def test_a_file_replaced_since_it_was_indexed_is_not_loaded(tmp_path, caplog):
+    a, b = entry(range(0, 40)), entry(range(100, 140))
+    cache = written(DiskPromptCache(tmp_path, 1 << 20, KEY), a, b)
+    pa, pb = (cache.lookup(e.tokens, KEY).record.path for e in (a, b))
+    pa.write_bytes(pb.read_bytes())  # a whole, valid file of b's, under a's name
+    with caplog.at_level(logging.WARNING):
+        assert cache.load(cache.lookup(a.tokens, KEY)) is None
+    assert "other tokens than when it was indexed" in caplog.text
+    assert cache.load(cache.lookup(b.tokens, KEY)) == b
+
+
+def test_the_folder_removed_while_serving_is_made_again_and_written_to(tmp_path, caplog):
+    """Every later write failed (a warning each), and the size counted the files that were gone."""
+    import shutil
+
+    cache = written(DiskPromptCache(tmp_path, 1 << 20, KEY), entry(range(0, 40)), entry(range(100, 140)))
+    shutil.rmtree(cache.folder)
+    with caplog.at_level(logging.WARNING):
+        written(cache, entry(range(200, 240)), entry(range(300, 340)))
+    assert caplog.text.count("removed while serving") == 1 and "could not write" not in caplog.text
+    assert len(cache) == 2 and files_bytes(cache) == cache.nbytes
+    assert cache.load(cache.lookup(list(range(300, 340)), KEY)) == entry(range(300, 340))
+
+
+def test_the_folder_never_holds_more_than_the_budget_while_a_file_is_written(tmp_path, monkeypatch):
+    """Room was made after the new file's .tmp was written: the folder held up to 1.65x the
+    budget for a moment (a trial polled it every 20 ms)."""
+    from pathlib import Path
+
+    one = len(entry([1] * 40, nbytes=300).target_state) + 150 + 700
+    cache = DiskPromptCache(tmp_path, 3 * one, KEY)
+    seen = []
+    write_bytes = Path.write_bytes
+
+    def measured(path, data):
+        result = write_bytes(path, data)
+        seen.append(sum(p.stat().st_size for p in cache.folder.iterdir() if p.is_file()))
+        return result
+
+    monkeypatch.setattr(Path, "write_bytes", measured)
+    for i in range(8):
+        written(cache, entry([i] * 40, nbytes=300))
+    assert len(seen) == 8 and max(seen) <= cache.capacity_bytes

@@ -149,6 +149,8 @@ class DiskPromptCache:
         try:
             with path.open("rb") as f:
                 entry = read_entry(f, self.model_key, with_states=True)
+            if entry.tokens != match.record.tokens:  # replaced since it was indexed
+                raise ValueError("it holds other tokens than when it was indexed")
         except (OSError, ValueError) as error:
             if not isinstance(error, FileNotFoundError):  # (gone: evicted since the lookup, or removed)
                 log.warning("prompt cache: ignoring %s: %s", path, error)
@@ -222,16 +224,19 @@ class DiskPromptCache:
         data = encode_entry(entry, self.model_key)
         if len(data) > self.capacity_bytes:
             return  # its header takes it past the whole budget: nothing is evicted for it
-        with self._lock:
+        with self._lock:  # room first, so the folder never holds more than the budget, its file being written
             replaced = {self._index.extended_by(entry.tokens), path} & set(self._records)
+            self._evict_for(len(data), keep=replaced)
+            self.nbytes += len(data)  # reserved until it is renamed into place and indexed, or fails
+        self._unlink_removed()
         tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp")
         if not self._write_temporary(tmp, path, data, replaced):
+            with self._lock:
+                self.nbytes -= len(data)
             return
-        with self._lock:  # written: what it replaces and what its room needs go now
+        with self._lock:  # written: what it replaces goes now
             for old in replaced & set(self._records):
                 self._drop(old)
-            self._evict_for(len(data))
-            self.nbytes += len(data)  # reserved until it is renamed into place and indexed
         self._unlink_removed()  # before the rename: the path itself may be among them
         try:
             os.replace(tmp, path)
@@ -255,6 +260,8 @@ class DiskPromptCache:
             except OSError as error:
                 if attempt == 0 and error.errno == errno.ENOSPC and self._free_own(len(data), keep):
                     continue
+                if attempt == 0 and error.errno == errno.ENOENT and self._folder_gone():
+                    continue
                 self._write_failed(tmp, path, error)
                 return False
         return False
@@ -266,6 +273,22 @@ class DiskPromptCache:
             freed = self._remove_until(lambda freed: freed >= nbytes, keep)
         self._unlink_removed()
         return freed > 0
+
+    def _folder_gone(self) -> bool:
+        """Where the model's folder was removed while serving (a user freeing space, a tmp
+        cleaner): its files are off the books and it is made again. Whether it was (every later
+        write failed, a warning each, and the size kept counting the files that were gone)."""
+        if self.folder.exists():
+            return False
+        with self._lock:
+            for path in list(self._records):
+                self._drop(path)  # (their unlinks find nothing)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return False
+        log.warning("prompt cache: %s was removed while serving; made again, empty", self.folder)
+        return True
 
     def _write_failed(self, tmp: Path, path: Path, error: OSError) -> None:
         with contextlib.suppress(OSError):
@@ -313,10 +336,12 @@ class DiskPromptCache:
             self.foreign.append((path, size))
             self.foreign_bytes += size
 
-    def _evict_for(self, extra: int) -> None:
+    def _evict_for(self, extra: int, keep: AbstractSet[Path] = frozenset()) -> None:
         """Remove files until `extra` more bytes fit the budget: other keys' first, oldest
-        first, then this key's, least recently used first."""
-        self._remove_until(lambda freed: self.nbytes + self.foreign_bytes + extra <= self.capacity_bytes)
+        first, then this key's, least recently used first (those in keep last of all)."""
+        fits = lambda freed: self.nbytes + self.foreign_bytes + extra <= self.capacity_bytes  # noqa: E731
+        self._remove_until(fits, keep)
+        self._remove_until(fits)
 
     def _remove_until(self, done: Callable[[int], bool], keep: AbstractSet[Path] = frozenset()) -> int:
         """Take files off the books (under the lock), other keys' oldest first, then this key's

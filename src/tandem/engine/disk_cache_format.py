@@ -3,8 +3,10 @@
     MAGIC | header length (4 bytes, little-endian) | header (JSON) | target state | draft state
 
 The header names the model key, the format, the tokens each state holds, the states' sizes and
-the SHA-256 of the states. Reading checks every field, so a damaged, truncated, padded or hostile
-file is a ValueError, never another exception and never a state of the wrong tokens.
+the SHA-256 of all of these with the states (format 1 summed the states alone, so a header's
+tokens swapped with another file's restored one prompt's KV for another). Reading checks every
+field, so a damaged, truncated, padded or hostile file is a ValueError, never another exception
+and never a state of the wrong tokens.
 """
 
 import hashlib
@@ -15,19 +17,23 @@ import struct
 from tandem.engine.host_cache import HostEntry
 
 MAGIC = b"TANDEMKV"
-FORMAT = 1
+FORMAT = 2
 _LENGTH = struct.Struct("<I")
 
 
 def encode_entry(entry: HostEntry, model_key: str) -> bytes:
     payload = entry.target_state + (entry.draft_state or b"")
-    header = json.dumps({
-        "format": FORMAT, "model_key": model_key, "tokens": list(entry.tokens),
-        "draft_tokens": list(entry.draft_tokens), "target_bytes": len(entry.target_state),
-        "draft_bytes": None if entry.draft_state is None else len(entry.draft_state),
-        "sha256": hashlib.sha256(payload).hexdigest(),
-    }).encode()
+    fields = {"format": FORMAT, "model_key": model_key, "tokens": list(entry.tokens),
+              "draft_tokens": list(entry.draft_tokens), "target_bytes": len(entry.target_state),
+              "draft_bytes": None if entry.draft_state is None else len(entry.draft_state)}
+    header = json.dumps({**fields, "sha256": _checksum(fields, payload)}).encode()
     return MAGIC + _LENGTH.pack(len(header)) + header + payload
+
+
+def _checksum(fields: dict, payload: bytes) -> str:
+    """SHA-256 of the header's fields (canonical JSON) and the states."""
+    described = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(_LENGTH.pack(len(described)) + described + payload).hexdigest()
 
 
 def read_entry(f, model_key: str, with_states: bool) -> HostEntry:
@@ -63,7 +69,9 @@ def read_entry(f, model_key: str, with_states: bool) -> HostEntry:
     payload = f.read(total + 1)
     if len(payload) != total:
         raise ValueError("truncated or padded states")
-    if hashlib.sha256(payload).hexdigest() != checksum:
-        raise ValueError("the states do not match their checksum")
+    fields = {"format": FORMAT, "model_key": model_key, "tokens": list(tokens), "draft_tokens": list(draft_tokens),
+              "target_bytes": target_bytes, "draft_bytes": draft_bytes}
+    if _checksum(fields, payload) != checksum:
+        raise ValueError("the header and states do not match their checksum")
     draft_state = None if draft_bytes is None else payload[target_bytes:]
     return HostEntry(tokens, payload[:target_bytes], draft_tokens, draft_state)
