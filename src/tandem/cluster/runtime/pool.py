@@ -2,9 +2,10 @@
 
 A worker that dies is marked dead at once (its requests are re-submitted by the router) and
 a replacement is started in the background with the same placement; it rejoins when its first
-`info` call answers; one that dies first is replaced again. Restarts are bounded per worker. When a worker comes up, the round trip to
-it is measured (a few calls that do nothing but travel) and reported with the worker's state
-(the depth planner prices network time from the cluster file's latencies).
+`info` call answers, and one that dies before it answers is replaced again. Restarts are bounded
+per worker. When a worker comes up, the round trip to it is measured (a few calls that do
+nothing but travel) and reported with the worker's state (the depth planner prices network time
+from the cluster file's latencies).
 """
 
 import time
