@@ -137,26 +137,33 @@ async def test_a_client_gone_before_its_body_arrived_is_a_counted_400_not_a_500(
     assert error.value.status == 400 and error.value.code == "client_disconnected"
 
 
-@async_test
-async def test_a_body_that_stops_arriving_is_a_408_at_the_request_time_limit():
-    """A client that sends half a body and waits held its connection for ever: the request's time
-    limit started after the body arrived."""
+def half_sent_request():
+    """A request whose client sent part of its body, and the rest never comes."""
     import asyncio
 
     from starlette.requests import Request
-
-    from tandem.serve.api.body import read_limited
-    from tandem.serve.api.errors import APIError
 
     sent = iter([{"type": "http.request", "body": b'{"mod', "more_body": True}])
 
     async def receive():
         message = next(sent, None)
         if message is None:
-            await asyncio.Event().wait()  # the rest never comes
+            await asyncio.Event().wait()
         return message
 
-    request = Request({"type": "http", "method": "POST", "headers": [(b"content-length", b"200")]}, receive)
+    return Request({"type": "http", "method": "POST", "headers": [(b"content-length", b"200")]}, receive)
+
+
+@async_test
+async def test_a_body_that_stops_arriving_is_a_408_at_the_request_time_limit():
+    """A client that sends half a body and waits held its connection for ever: the request's time
+    limit started after the body arrived."""
+    import asyncio
+
+    from tandem.serve.api.body import read_limited
+    from tandem.serve.api.errors import APIError
+
+    request = half_sent_request()
     with pytest.raises(APIError) as error:
         await asyncio.wait_for(read_limited(request, 65536, timeout_s=0.2), timeout=5)
     assert error.value.status == 408 and error.value.code == "request_timeout"
@@ -181,20 +188,10 @@ async def test_a_body_still_arriving_when_the_server_drains_is_a_503_at_once():
     timeout (after the grace), and the client got a plain-text 500, the log a traceback."""
     import asyncio
 
-    from starlette.requests import Request
-
     from tandem.serve.api.body import read_limited
     from tandem.serve.api.errors import APIError
 
-    sent = iter([{"type": "http.request", "body": b'{"mod', "more_body": True}])
-
-    async def receive():
-        message = next(sent, None)
-        if message is None:
-            await asyncio.Event().wait()  # the rest never comes
-        return message
-
-    request = Request({"type": "http", "method": "POST", "headers": [(b"content-length", b"200")]}, receive)
+    request = half_sent_request()
     drain = asyncio.Event()
     asyncio.get_running_loop().call_later(0.1, drain.set)
     with pytest.raises(APIError) as error:
