@@ -1,6 +1,12 @@
 """build_engine from an EngineConfig, on a tiny torch model built in the test."""
 
+from dataclasses import replace
+
+import pytest
+
+from tandem.engine import build
 from tandem.engine.build import EngineConfig, build_engine
+from tandem.errors import TandemError
 from tandem.models.backends import RunnerSpec
 
 
@@ -12,3 +18,34 @@ def test_a_context_longer_than_the_model_holds_is_capped_with_a_note(tiny_target
     assert engine.context_length < 100_000
     assert (f"note: a sequence holds {engine.context_length} tokens, fewer than --context-length 100000"
             in capsys.readouterr().err)
+
+
+def test_the_draft_pool_is_bounded_by_its_own_option_and_a_generous_bound_says_so(tiny_target, tiny_draft, tmp_path,
+                                                                                 monkeypatch, capsys):
+    """A torch draft's pool took its slots' contexts whatever --kv-memory said (1.4 GiB beside a
+    256 MiB target); a --kv-memory above what the sequences need was shrunk without a word."""
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
+    monkeypatch.setattr(build, "tokenizer_path", lambda model: model)  # tiny models have no tokenizer: not checked
+    monkeypatch.setattr(build, "TextTokenizer", lambda path: None)
+    monkeypatch.setattr(build, "check_same_vocabulary", lambda target, draft: None)
+    target = RunnerSpec(str(tiny_target), "torch", "cpu", threads=1, context_length=256, kv_memory=64 * 2**20)
+    draft = RunnerSpec(str(tiny_draft), "torch", "cpu", threads=1, context_length=256)
+    unbounded = build_engine(EngineConfig(target, draft, "model", "auto"), max_running=4, cache_ram_bytes=0)
+    assert "less than the 64 MiB allowed: 4 sequences of 256 tokens need no more" in capsys.readouterr().err
+    bound = unbounded.draft.row_bytes * 16 * 20  # 20 blocks, fewer than 4 x 256 tokens need
+    bounded = build_engine(EngineConfig(target, replace(draft, kv_memory=bound), "model", "auto"), max_running=4,
+                           cache_ram_bytes=0)
+    assert bounded.draft.kv_bytes <= bound < unbounded.draft.kv_bytes
+    with pytest.raises(TandemError, match=r"raise --draft-kv-memory to at least"):
+        build_engine(EngineConfig(target, replace(draft, kv_memory=1024), "model", "auto"), max_running=4,
+                     cache_ram_bytes=0)
+
+
+def test_draft_kv_memory_reaches_the_draft_spec_only():
+    from tandem.cli.main import build_parser
+    from tandem.cli.options import engine_config
+
+    args = build_parser().parse_args(["generate", "--prompt", "hi", "--backend", "torch", "--draft-backend", "torch",
+                                      "--kv-memory", "100", "--draft-kv-memory", "50"])
+    config = engine_config(args)
+    assert (config.target.kv_memory, config.draft.kv_memory) == (100 * 2**20, 50 * 2**20)

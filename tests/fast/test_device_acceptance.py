@@ -194,12 +194,12 @@ def test_device_rule_from_logits_follows_the_processed_distribution(params):
     assert_follows(first_token_counts(from_logits, p, q, 10_000, seed=64), p)
 
 
-@pytest.mark.parametrize("temperature", [0.7, 1e-308, 5e-324])
-def test_device_probabilities_match_numpy_down_to_a_tiny_temperature(temperature):
+@pytest.mark.parametrize("temperature, top_p", [(0.7, 1.0), (1e-308, 1.0), (5e-324, 1.0), (1.0, 0.0), (1.0, 0.6)])
+def test_device_probabilities_match_numpy_down_to_a_tiny_temperature(temperature, top_p):
     from tandem.speculation.device_sampling import probs_from_logits as device_probs_from_logits
 
     logits = np.stack([TARGET_LOGITS, DRAFT_LOGITS]).astype(np.float32) * 40  # [2, vocab]
-    params = SamplingParams(temperature=temperature, top_k=4)
+    params = SamplingParams(temperature=temperature, top_k=4, top_p=top_p)
     expected = probs_from_logits(logits, params)  # [2, vocab]
     got = device_probs_from_logits(torch.from_numpy(logits), params).numpy()
     assert np.isfinite(got).all()

@@ -90,6 +90,13 @@ def test_top_k_top_p_keep_exactness_for_the_processed_distribution(params):
     assert_follows(counts, p)
 
 
+def test_top_p_zero_keeps_the_most_likely_token_alone():
+    """OpenAI takes top_p from 0 to 1: 0 keeps the likeliest token (the filter kept none, 0/0)."""
+    logits = np.stack([TARGET_LOGITS, DRAFT_LOGITS]).astype(np.float32)  # [2, vocab]
+    probs = probs_from_logits(logits, SamplingParams(temperature=1.0, top_p=0.0))  # [2, vocab]
+    np.testing.assert_array_equal(probs, np.eye(logits.shape[1])[logits.argmax(axis=1)])
+
+
 @pytest.mark.parametrize("temperature", [1e-300, 1e-308, 5e-324])
 def test_a_tiny_temperature_is_greedy_not_nan(temperature):
     """Logits divided by a temperature near zero overflow to inf, and inf - inf made every

@@ -247,7 +247,7 @@ def test_generation_request_rejects_bad_input(kwargs):
         GenerationRequest(**{"prompt_ids": (1, 2), **kwargs})
 
 
-@pytest.mark.parametrize("kwargs", [{"temperature": -0.1}, {"temperature": 2.5}, {"top_p": 0.0}, {"top_p": 1.5},
+@pytest.mark.parametrize("kwargs", [{"temperature": -0.1}, {"temperature": 2.5}, {"top_p": -0.1}, {"top_p": 1.5},
                                     {"top_k": -1}])
 def test_sampling_params_reject_bad_input(kwargs):
     with pytest.raises(TandemError):

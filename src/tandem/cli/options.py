@@ -52,6 +52,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--kv-memory", default=None, type=kv_memory_option,
                        help="KV pool size for the fused torch runner's target, e.g. 2G; a plain number is MiB "
                        "(default: a quarter of free memory)")
+    group.add_argument("--draft-kv-memory", default=None, type=kv_memory_option,
+                       help="the same for a torch draft model's pool (default: what its sequences' contexts "
+                       "need, within a quarter of free memory)")
 
 
 def prefill_floor_option(text: str) -> int | str:
@@ -120,7 +123,8 @@ def target_spec(args: argparse.Namespace) -> RunnerSpec:
 def draft_spec(args: argparse.Namespace) -> RunnerSpec:
     """The draft named, or where none is, the one its backend runs best (catalog.default_draft)."""
     spec = RunnerSpec(args.draft or DEFAULT_DRAFT, args.draft_backend, args.draft_device, args.draft_dtype,
-                      args.threads, args.context_length, torch_runner=args.torch_runner)
+                      args.threads, args.context_length, torch_runner=args.torch_runner,
+                      kv_memory=args.draft_kv_memory)
     _check_draft_placement(spec)
     if args.draft is None:
         spec = replace(spec, model=default_draft(spec.resolved().backend))
@@ -133,9 +137,11 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         raise TandemError(f"--k {args.k} with --drafter none: that drafter drafts nothing")
     draft = draft_spec(args) if USES_MODEL[drafter] else None
     _check_torch_options(args, target_spec(args), draft)
-    if args.kv_memory is not None and args.torch_runner == "serial" and target_spec(args).resolved().backend == "torch":
-        raise TandemError("--kv-memory sizes the fused runner's paged KV pool; --torch-runner serial keeps a cache "
-                          "per sequence that it does not bound: drop one of them")
+    for option, given, spec in (("--kv-memory", args.kv_memory, target_spec(args)),
+                                ("--draft-kv-memory", args.draft_kv_memory, draft)):
+        if given is not None and spec is not None and args.torch_runner == "serial" and spec.resolved().backend == "torch":
+            raise TandemError(f"{option} sizes the fused runner's paged KV pool; --torch-runner serial keeps a cache "
+                              "per sequence that it does not bound: drop one of them")
     return EngineConfig(target_spec(args), draft, drafter, args.k, step_token_budget=args.step_tokens,
                         prefill_floor=engine_prefill_floor(args.prefill_floor, THROUGHPUT_PREFILL_FLOOR),
                         prefill_waves=args.prefill_waves)
@@ -168,6 +174,7 @@ def _check_torch_options(args: argparse.Namespace, target: RunnerSpec, draft: Ru
     for option, given, sides in (
         (f"--dtype {args.dtype}", args.dtype != "fp32", [target_side]),
         ("--kv-memory", args.kv_memory is not None, [target_side]),
+        ("--draft-kv-memory", args.draft_kv_memory is not None and draft is not None, draft_sides),
         (f"--draft-dtype {args.draft_dtype}", args.draft_dtype != "fp32" and draft is not None, draft_sides),
         (f"--torch-runner {args.torch_runner}", args.torch_runner != "fused", [target_side, *draft_sides]),
     ):

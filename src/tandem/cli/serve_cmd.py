@@ -14,7 +14,8 @@ from tandem.serve.settings import (API_KEY_ENV, DEFAULT_CACHE_TTL_SECONDS, DEFAU
 
 # model options that describe one engine's models; with --cluster the file describes every worker's
 ONE_ENGINE_OPTIONS = ("target", "draft", "backend", "device", "dtype", "draft_backend", "draft_device",
-                      "draft_dtype", "threads", "context_length", "torch_runner", "kv_memory")
+                      "draft_dtype", "threads", "context_length", "torch_runner", "kv_memory",
+                      "draft_kv_memory")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -41,7 +41,8 @@ def _top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keep the smallest set of most likely tokens whose mass reaches top_p.  [n, vocab]."""
     sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)  # [n, vocab]
     mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    keep_sorted = mass_before < top_p  # the first token is always kept
+    keep_sorted = mass_before < top_p
+    keep_sorted[..., 0] = True  # the most likely token always stays (top_p 0 keeps it alone)
     keep = torch.empty_like(keep_sorted).scatter_(-1, order, keep_sorted)  # [n, vocab]
     filtered = torch.where(keep, probs, 0.0)
     return filtered / filtered.sum(dim=-1, keepdim=True)

@@ -35,8 +35,8 @@ class SamplingParams:
     def __post_init__(self):
         if not (isinstance(self.temperature, (int, float)) and 0.0 <= self.temperature <= MAX_TEMPERATURE):
             raise TandemError(f"temperature must be a number in [0, {MAX_TEMPERATURE:g}], got {self.temperature!r}")
-        if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
-            raise TandemError(f"top-p must be in (0, 1], got {self.top_p!r}")
+        if not (isinstance(self.top_p, (int, float)) and 0.0 <= self.top_p <= 1.0):
+            raise TandemError(f"top-p must be in [0, 1], got {self.top_p!r}")
         if not (isinstance(self.top_k, int) and self.top_k >= 0):
             raise TandemError(f"top-k must be a non-negative integer, got {self.top_k!r}")
         if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 2**63):
@@ -68,7 +68,8 @@ def _top_p_filter(probs: np.ndarray, top_p: float) -> np.ndarray:
     order = np.argsort(-probs, axis=-1, kind="stable")  # [n, vocab]
     sorted_probs = np.take_along_axis(probs, order, axis=-1)
     mass_before = np.cumsum(sorted_probs, axis=-1) - sorted_probs
-    keep_sorted = mass_before < top_p  # the first token is always kept
+    keep_sorted = mass_before < top_p
+    keep_sorted[:, 0] = True  # the most likely token always stays (top_p 0 keeps it alone)
     keep = np.empty_like(keep_sorted)
     np.put_along_axis(keep, order, keep_sorted, axis=-1)
     filtered = np.where(keep, probs, 0.0)

@@ -59,6 +59,20 @@ async def test_request_fields_reach_the_engine():
 
 
 @async_test
+async def test_text_parts_are_lines_seed_minus_one_is_none_and_top_p_zero_passes():
+    """As vLLM: text parts join with a newline; llama.cpp's seed -1 is no seed; OpenAI's top_p 0."""
+    with TestServer() as server:
+        async with server.client() as client:
+            response = await client.post("/v1/chat/completions", json=chat_body(
+                messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+                temperature=0.7, seed=-1, top_p=0))
+            assert response.status_code == 200, response.text
+        _, request, _ = server.engine.added[0]
+        assert bytes(request.prompt_ids).decode() == "<user>a\nb\n<assistant>"
+        assert (request.sampling.seed, request.sampling.top_p) == (None, 0.0)
+
+
+@async_test
 async def test_top_k_minus_one_is_off_as_vllm_takes_it():
     with TestServer() as server:
         async with server.client() as client:

@@ -2,6 +2,7 @@
 refusal is counted. Statuses follow OpenAI: 400 for malformed JSON and for invalid values alike."""
 
 import json
+import logging
 
 import pytest
 from api_doubles import MODEL, ScriptedEngine, TestServer, async_test, chat_body, completion_body, reply_script
@@ -40,9 +41,11 @@ BAD_COMPLETIONS = [
     (completion_body(temperature=-0.1), "temperature", "invalid_value", ""),
     (completion_body(temperature=2.5), "temperature", "invalid_value", ""),
     (completion_body(temperature="hot"), "temperature", "invalid_type", ""),
-    (completion_body(top_p=0), "top_p", "invalid_value", ""),
+    (completion_body(top_p=-0.1), "top_p", "invalid_value", ""),
     (completion_body(top_p=1.5), "top_p", "invalid_value", ""),
-    (completion_body(seed=-1), "seed", "invalid_value", ""),
+    (completion_body(seed=-2), "seed", "invalid_value", "-1"),
+    (completion_body(seed=2**63), "seed", "invalid_value", ""),
+    (completion_body(seed="7"), "seed", "invalid_value", ""),
     (completion_body(stop=5), "stop", "invalid_type", ""),
     (completion_body(stop=[f"s{i}" for i in range(17)]), "stop", "invalid_value", "16"),
     (completion_body(stream="yes"), "stream", "invalid_type", ""),
@@ -66,7 +69,7 @@ BAD_CHATS = [
     (chat_body(messages=[{"role": "wizard", "content": "x"}]), "messages[0].role", "invalid_value", ""),
     (chat_body(messages=[{"role": "user", "content": 5}]), "messages[0].content", "invalid_type", ""),
     (chat_body(messages=[{"role": "user", "content": None}]), "messages[0].content", "invalid_type", ""),
-    (chat_body(messages=[{"role": "user", "content": "  "}]), "messages", "invalid_value", "empty"),
+    (chat_body(messages=[{"role": "user", "content": ""}]), "messages", "invalid_value", "empty"),
     (chat_body(max_completion_tokens=0), "max_completion_tokens", "invalid_value", ""),
 ]
 
@@ -262,6 +265,10 @@ async def test_fields_that_change_nothing_pass():
                 modalities=["text"], messages=[{"role": "assistant", "content": "hi", "tool_calls": []},
                                                {"role": "user", "content": "hi", "name": "ann"}]))
             assert response.status_code == 200, response.text
+            response = await client.post("/v1/chat/completions", json=chat_body(  # no-op values of other servers'
+                logit_bias={"50": 0, "7": 0.0}, seed=-1, add_generation_prompt=True, continue_final_message=False,
+                chat_template_kwargs={}, messages=[{"role": "user", "content": "  "}]))  # whitespace is a message
+            assert response.status_code == 200, response.text
             response = await client.post("/v1/chat/completions", json=chat_body(messages=[  # null: OpenAI's empty turn
                 {"role": "user", "content": "hi"}, {"role": "assistant", "content": None},
                 {"role": "user", "content": "again"}]))
@@ -310,6 +317,16 @@ async def test_features_not_implemented_are_refused_not_ignored():
                ("/v1/chat/completions", chat_body(audio={"voice": "alloy"}), "audio"),
                ("/v1/chat/completions", chat_body(web_search_options={}), "web_search_options"),
                ("/v1/completions", completion_body(max_completion_tokens=5), "max_completion_tokens"),
+               ("/v1/completions", completion_body(logit_bias={"50": 0, "7": -0.5}), "logit_bias"),
+               ("/v1/chat/completions", chat_body(reasoning_effort="low"), "reasoning_effort"),
+               ("/v1/chat/completions", chat_body(verbosity="low"), "verbosity"),
+               # vLLM's template controls, ignored before: an assistant prefill got a new turn without a word
+               ("/v1/chat/completions", chat_body(continue_final_message=True, add_generation_prompt=False),
+                "add_generation_prompt"),
+               ("/v1/chat/completions", chat_body(continue_final_message=True), "continue_final_message"),
+               ("/v1/chat/completions", chat_body(chat_template_kwargs={"enable_thinking": False}),
+                "chat_template_kwargs"),
+               ("/v1/chat/completions", chat_body(chat_template="{{ messages }}"), "chat_template"),
                ("/v1/chat/completions", chat_body(messages=[{"role": "assistant", "content": "", "tool_calls": [
                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]),
                 "messages[0].tool_calls"),
@@ -322,6 +339,18 @@ async def test_features_not_implemented_are_refused_not_ignored():
             for path, body, field in refused:
                 error = assert_error(await client.post(path, json=body), 400, param=field, code="unsupported_value")
                 assert "not supported" in error["message"], (field, error)
+
+
+@async_test
+async def test_a_refused_value_is_quoted_as_json_not_python():
+    """A JSON client wrote true, null and "5": the message said True, None and '5'."""
+    with TestServer() as server:
+        async with server.client() as client:
+            for body, shown in ((chat_body(logprobs=True), "(true)"), (completion_body(max_tokens="5"), '("5")'),
+                                (completion_body(stop={"a": None}), '({"a": null})')):
+                error = (await client.post("/v1/completions" if "prompt" in body else "/v1/chat/completions",
+                                           json=body)).json()["error"]
+                assert shown in error["message"], error["message"]
 
 
 @async_test
@@ -344,6 +373,35 @@ async def test_unknown_model_is_404():
                 assert "gpt-4" in error["message"] and MODEL in error["message"]
             assert_error(await client.get("/v1/models/gpt-4"), 404, code="model_not_found")
         assert server.metrics.rejected == [404, 404, 404]
+
+
+@async_test
+async def test_a_trailing_slash_reaches_the_route_not_an_empty_redirect():
+    """POST /v1/chat/completions/ was starlette's 307 with no body."""
+    with TestServer() as server:
+        async with server.client() as client:
+            response = await client.post("/v1/chat/completions/", json=chat_body())
+            assert response.status_code == 200 and response.json()["object"] == "chat.completion", response.text
+            assert (await client.get("/v1/models//")).json()["data"][0]["id"] == MODEL
+            assert_error(await client.get("/v1/nothing/"), 404, code="not_found", says="no route GET /v1/nothing")
+
+
+def test_unknown_fields_are_ignored_and_logged_once_each(caplog):
+    """A misspelt field (`max_token`) changes nothing: the server's log names it, once."""
+    caplog.set_level(logging.WARNING, logger="tandem.serve.api.body")
+
+    @async_test
+    async def send_twice():
+        with TestServer() as server:
+            async with server.client() as client:
+                for _ in range(2):
+                    body = completion_body(max_token=3, max_new_tokens=3, user="u")
+                    assert (await client.post("/v1/completions", json=body)).status_code == 200
+
+    send_twice()
+    said = [r.getMessage() for r in caplog.records if "unknown request field" in r.getMessage()]
+    assert len([m for m in said if "'max_token'" in m]) == 1 and len([m for m in said if "'max_new_tokens'" in m]) == 1
+    assert not any("'user'" in m for m in said)  # a known field
 
 
 @async_test

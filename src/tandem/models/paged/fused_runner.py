@@ -72,6 +72,7 @@ class FusedTorchRunner:
         self.pool_tokens = self.blocks.pool_tokens
         self.kv_bytes = num_blocks * BLOCK_SIZE * row_bytes
         self.row_bytes = row_bytes
+        self.kv_memory_asked = kv_memory  # bytes the caller allowed (None: a share of free memory)
         self.last_model_ms = 0.0  # the decoder's share of the last forward_batch (the rest is overhead)
 
     @classmethod
@@ -87,8 +88,12 @@ class FusedTorchRunner:
         return cls(decoder, max_slots, context_length, kv_memory, name, cache_slots)
 
     def describe_pool(self) -> str:
-        return (f"KV pool: {self.blocks.num_blocks} blocks x {BLOCK_SIZE} tokens = {self.pool_tokens} tokens, "
+        pool = (f"KV pool: {self.blocks.num_blocks} blocks x {BLOCK_SIZE} tokens = {self.pool_tokens} tokens, "
                 f"{self.kv_bytes / 2**20:.0f} MiB on {self.device}")
+        if self.kv_memory_asked is not None and self.kv_bytes + self.row_bytes * BLOCK_SIZE <= self.kv_memory_asked:
+            pool += (f" (less than the {human_size(self.kv_memory_asked)} allowed: {self.max_slots} sequences of "
+                     f"{self.context_length} tokens need no more)")
+        return pool
 
     def num_cached_tokens(self, slot: int) -> int:
         return self.blocks.length(slot)

@@ -19,6 +19,7 @@ from tandem.serve.api.host_guard import LoopbackHostGuard, is_loopback_name
 from tandem.serve.api.origin_guard import OriginGuard
 from tandem.serve.api.routes_completions import completions_router
 from tandem.serve.api.routes_info import models_router, status_router
+from tandem.serve.api.trailing_slash import TrailingSlashStripped
 from tandem.serve.observability.dashboard import dashboard_router
 from tandem.serve.state import ServerState
 
@@ -40,6 +41,7 @@ def create_app(state: ServerState) -> FastAPI:
                            allow_headers=["*"], expose_headers=["Retry-After"], max_age=600)
     app.add_middleware(OriginGuard, allowed=settings.allowed_origins,  # before CORS answers a preflight
                        on_refused=lambda: state.metrics.request_rejected(403))
+    app.add_middleware(TrailingSlashStripped)
     if is_loopback_name(settings.host):  # outermost
         app.add_middleware(LoopbackHostGuard, allowed=settings.allowed_hosts,
                            on_refused=lambda: state.metrics.request_rejected(403))

@@ -3,6 +3,7 @@ the pydantic model. Each failure is an APIError with the status OpenAI would use
 
 import asyncio
 import json
+import logging
 from typing import TypeVar
 
 from fastapi import Request
@@ -10,6 +11,10 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
 from tandem.serve.api.errors import APIError, invalid_body, shutting_down
+from tandem.serve.api.protocol import FIELDS_WITHOUT_EFFECT
+
+log = logging.getLogger(__name__)
+MAX_IGNORED_NAMES_SAID = 64  # unknown field names logged once each, up to this many (a client may send any)
 
 M = TypeVar("M", bound=BaseModel)
 MAX_JSON_DEPTH = 32  # nested arrays and objects; a request needs 4 (messages, a message, its content parts, a part)
@@ -108,13 +113,27 @@ def _check_unicode(value: dict) -> None:
 
 
 async def read_request(request: Request, model: type[M], limit: int, timeout_s: float | None = None,
-                       stop: asyncio.Event | None = None) -> M:
-    """The body as `model`, validated; it must arrive within timeout_s, and before `stop` is set."""
+                       stop: asyncio.Event | None = None, ignored_said: set[str] | None = None) -> M:
+    """The body as `model`, validated; it must arrive within timeout_s, and before `stop` is set.
+    Unknown fields not yet in `ignored_said` are logged and added to it."""
     body = parse_json_object(await read_limited(request, limit, timeout_s, stop))
     try:
-        return model.model_validate(body)
+        parsed = model.model_validate(body)
     except ValidationError as error:
         raise invalid_body(error) from None
+    if ignored_said is not None:
+        _say_ignored(body, model, ignored_said)
+    return parsed
+
+
+def _say_ignored(body: dict, model: type[BaseModel], said: set[str]) -> None:
+    """Unknown top-level fields are ignored (another server's options, a misspelt one: `max_token`):
+    the server's log names each once, so an operator can see what clients send that does nothing."""
+    unknown = [name for name in body if name not in model.model_fields and name not in FIELDS_WITHOUT_EFFECT
+               and name not in said]
+    for name in unknown[:max(0, MAX_IGNORED_NAMES_SAID - len(said))]:
+        said.add(name)
+        log.warning("ignored an unknown request field %r on %s (said once per field name)", name[:64], model.__name__)
 
 
 def _too_large(size: int, limit: int) -> APIError:

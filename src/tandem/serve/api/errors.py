@@ -106,10 +106,18 @@ def invalid_body(error: ValidationError | RequestValidationError) -> APIError:
     if kind == "extra_forbidden":
         return APIError(400, f"Unrecognized parameter: '{param}'.", param=param, code="unknown_parameter")
     code = "invalid_type" if kind.endswith("_type") else kind if kind == "unsupported_value" else "invalid_value"
-    shown = repr(first.get("input"))
+    shown = _as_json(first.get("input"))
     shown = shown if len(shown) <= MAX_INPUT_ECHO else shown[:MAX_INPUT_ECHO] + "..."
     message = f"Invalid value for '{param}' ({shown}): {first.get('msg', 'invalid')}."
     return APIError(400, message, param=param, code=code)
+
+
+def _as_json(value) -> str:
+    """The value as the client wrote it (true, null, "5"), not as Python shows it (True, None, '5')."""
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        return repr(value)
 
 
 def _param_name(loc) -> str:

@@ -48,7 +48,7 @@ async def prepare_completion(state: ServerState, body: CompletionRequest) -> Pre
 async def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> PreparedRequest:
     _check_body(state, body)
     messages = [m.as_template_message() for m in body.messages]
-    if not any(m["content"].strip() for m in messages):
+    if not any(m["content"] for m in messages):
         raise APIError(400, "the prompt is empty: every message has empty content", param="messages",
                        code="invalid_value")
     prompt_ids = await _tokenize(state.tokenizer.chat_prompt_ids, messages)

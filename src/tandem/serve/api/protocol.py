@@ -18,6 +18,10 @@ from tandem.speculation.sampling import MAX_TEMPERATURE
 from tandem.speculation.drafters.registry import DRAFTER_NAMES
 from tandem.text.chat_roles import CHAT_ROLES
 
+# OpenAI's fields that change no token of an answer: ignored without a word (other unknown fields
+# are ignored too, and the server's log names each once: serve/api/body.py)
+FIELDS_WITHOUT_EFFECT = frozenset({"user", "metadata", "store", "service_tier", "prediction", "parallel_tool_calls",
+                                   "safety_identifier", "prompt_cache_key", "prompt_cache_retention"})
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256  # per stop string
 
@@ -65,6 +69,23 @@ def _depth(value) -> int | str | None:
     raise PydanticCustomError("invalid_value", f"must be 'auto' or an integer from 0 to {K_LIMIT}")
 
 
+def _seed(value) -> int | None:
+    """0 to 2^63-1; -1 is no seed (llama.cpp's "random", which its clients send by default)."""
+    value = _whole_number(value)
+    if value is None or value == -1 and type(value) is int:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63:
+        return value
+    raise PydanticCustomError("invalid_value", "must be an integer from 0 to 2^63-1 (or -1: no seed)")
+
+
+def _no_bias(value) -> None:
+    """logit_bias is not implemented: an empty map, or one whose every bias is 0, changes nothing and passes."""
+    if value is None or isinstance(value, dict) and all(type(b) in (int, float) and b == 0 for b in value.values()):
+        return None
+    raise PydanticCustomError("unsupported_value", "logit_bias is not supported by this server (only biases of 0)")
+
+
 def refused(name: str, *no_ops, schema=None):
     """A field this server does not implement. Its no-op values (what clients send by default:
     null, false, 0, an empty list, text output) pass; any other would change what comes back, so
@@ -84,13 +105,13 @@ class TextPart(BaseModel):  # for the schema only: _message_text checks content 
 
 
 def _message_text(value) -> str:
-    """A message's content: a string, or a list of {"type": "text", "text": ...} parts."""
+    """A message's content: a string, or a list of {"type": "text", "text": ...} parts, one line each."""
     if isinstance(value, str):
         return value
     if isinstance(value, list) and all(
         isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in value
     ):
-        return "".join(p["text"] for p in value)
+        return "\n".join(p["text"] for p in value)  # as vLLM joins them
     others = [p["type"] for p in value if isinstance(p, dict) and isinstance(p.get("type"), str)
               and p["type"] != "text"] if isinstance(value, list) else []
     if others:  # image_url, input_audio, file: well formed, not implemented
@@ -130,12 +151,13 @@ class SamplingFields(BaseModel):
     model: str
     max_tokens: integer(ge=1) | None = None
     temperature: float | None = Field(None, ge=0.0, le=MAX_TEMPERATURE)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)  # 0: the most likely token alone
     top_k: integer(ge=-1) | None = None  # not OpenAI's; as vLLM takes it, -1 (and 0) for off
-    seed: integer(ge=0, lt=2**63) | None = None
+    seed: Annotated[int | None, PlainValidator(_seed, json_schema_input_type=Annotated[
+        int, Field(ge=-1, lt=2**63)] | None)] = None
     stop: Annotated[list[str], PlainValidator(_stop_strings, json_schema_input_type=str | Annotated[
         list[str], Field(max_length=MAX_STOP_STRINGS)] | None)] = Field(default_factory=list)
-    logit_bias: Annotated[None, refused("logit_bias", {}, schema=Annotated[dict, Field(max_length=0)] | None)] = None
+    logit_bias: Annotated[None, PlainValidator(_no_bias, json_schema_input_type=dict[str, Literal[0]] | None)] = None
     n: integer(ge=1) | None = None
     presence_penalty: Annotated[None, refused("presence_penalty", 0, 0.0, schema=Literal[0] | None)] = None
     frequency_penalty: Annotated[None, refused("frequency_penalty", 0, 0.0, schema=Literal[0] | None)] = None
@@ -222,6 +244,15 @@ class ChatCompletionRequest(SamplingFields):
     modalities: Annotated[None, refused("modalities (audio output)", ["text"], schema=Literal[("text",)] | None)] = None
     audio: Annotated[None, refused("audio (audio output)")] = None
     web_search_options: Annotated[None, refused("web_search_options (web search)")] = None
+    reasoning_effort: Annotated[None, refused("reasoning_effort (reasoning models)")] = None
+    verbosity: Annotated[None, refused("verbosity")] = None
+    # vLLM's chat template controls: the template is applied as it is, opening a new assistant turn
+    add_generation_prompt: Annotated[None, refused("add_generation_prompt", True, schema=Literal[True] | None)] = None
+    continue_final_message: Annotated[None, refused("continue_final_message (a new assistant turn always opens)",
+                                                    False, schema=Literal[False] | None)] = None
+    chat_template: Annotated[None, refused("chat_template (the model's own is applied)")] = None
+    chat_template_kwargs: Annotated[None, refused("chat_template_kwargs", {}, schema=Annotated[
+        dict, Field(max_length=0)] | None)] = None
 
     def new_token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

@@ -38,14 +38,16 @@ def completions_router(state: ServerState) -> APIRouter:
     async def completions(request: Request):
         received_at = time.perf_counter()
         _refuse_if_draining(state)
-        body = await read_request(request, CompletionRequest, limit, timeout_s, state.drain_started)
+        body = await read_request(request, CompletionRequest, limit, timeout_s, state.drain_started,
+                                  state.ignored_fields_said)
         return await _respond(state, request, await prepare_completion(state, body), "text", received_at)
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         received_at = time.perf_counter()
         _refuse_if_draining(state)
-        body = await read_request(request, ChatCompletionRequest, limit, timeout_s, state.drain_started)
+        body = await read_request(request, ChatCompletionRequest, limit, timeout_s, state.drain_started,
+                                  state.ignored_fields_said)
         return await _respond(state, request, await prepare_chat(state, body), "chat", received_at)
 
     return router
