@@ -1,5 +1,5 @@
 #!/bin/bash
-# The simulator's replays of the Zen 4 mixed-replica runs (bench-mixed-c8-zen4, bench-mixed-c4-zen4)
+# The simulator's replays of the Zen 4 mixed-replica runs (bench-mixed-c8-zen4, -c8-zen4-2, -c4-zen4)
 # on this folder's profile (`tandem profile --cluster examples/clusters/mixed-replicas.yaml --force`,
 # the same VM); prints the moves and the errors against each run. Run from the repository root;
 # replay only (seconds).
@@ -9,7 +9,8 @@ TMP=$(mktemp -d)
 Z4=$PWD/docs/cluster/sim-zen4/profile-smollm2-1t.json
 sed '/^workers:/,$!d' examples/clusters/mixed-replicas.yaml > "$TMP/mixed.yaml"
 printf 'profiles:\n  fast: %s\n  slow: %s\n' "$Z4" "$Z4" >> "$TMP/mixed.yaml"
-for m in docs/cluster/bench-mixed-c8-zen4/measured.json docs/cluster/bench-mixed-c4-zen4/measured.json; do
+for m in docs/cluster/bench-mixed-c8-zen4/measured.json docs/cluster/bench-mixed-c8-zen4-2/measured.json \
+         docs/cluster/bench-mixed-c4-zen4/measured.json; do
   c=$(python3 -c "import json;print(json.load(open('$m'))['concurrency'])")
   n=$(python3 -c "import json;print(json.load(open('$m'))['requests'])")
   echo "== $m (C=$c, $n requests)"
