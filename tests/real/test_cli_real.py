@@ -87,7 +87,7 @@ BAD_INPUTS = {
     "k negative": ["--prompt", "hi", "--k", "-1"],
     "k not a number": ["--prompt", "hi", "--k", "lots"],
     "negative temperature": ["--prompt", "hi", "--temperature", "-0.5"],
-    "top-p zero": ["--prompt", "hi", "--top-p", "0"],
+    "top-p below zero": ["--prompt", "hi", "--top-p", "-0.1"],
     "top-p above one": ["--prompt", "hi", "--top-p", "1.5"],
     "max tokens zero": ["--prompt", "hi", "--max-tokens", "0"],
     "answer beyond context": ["--prompt", "hi", "--max-tokens", "100000"],
