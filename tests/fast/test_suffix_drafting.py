@@ -8,7 +8,8 @@ import random
 from collections import Counter
 
 from tandem.speculation.drafters.suffix import SuffixDrafter, suffix_source
-from tandem.speculation.suffix_index import MAX_MATCH, MIN_SHARE, GrowingSuffixIndex, SuffixIndex
+from tandem.speculation.suffix_index import MAX_MATCH, MIN_SHARE, GrowingSuffixIndex, Node, SuffixIndex, _add_runs
+from tandem.speculation.suffix_index import lookup as trie_lookup
 
 DEPTH = 6
 
@@ -87,6 +88,26 @@ def test_growing_index_matches_brute_force_counts():
         index.extend(tokens[cut:])
         assert index.length == len(tokens)
         check(index, [tokens], tokens, rng.randint(1, 8))
+
+
+def test_growing_index_reads_as_the_trie_of_its_runs_ties_included():
+    """The per-request index keeps no trie; its lookups equal the trie's (speculation/suffix_index.py's
+    `lookup` over every run counted), the follower picked among equally frequent ones included."""
+    rng = random.Random(3)
+    for _ in range(200):
+        depth = rng.choice([2, 6, 16])
+        alphabet = rng.randint(2, 6)
+        tokens = [rng.randrange(alphabet) for _ in range(rng.randint(1, 120))]
+        index = GrowingSuffixIndex(depth=depth)
+        root = Node()
+        for cut in sorted(rng.sample(range(len(tokens) + 1), min(4, len(tokens) + 1))):
+            index.extend(tokens[index.length:cut])
+            root = Node()
+            _add_runs(root, tokens[:cut], depth, +1)
+            for context in (tokens[:cut], [rng.randrange(alphabet) for _ in range(rng.randint(1, 14))]):
+                if context:
+                    limit = rng.randint(1, 20)
+                    assert index.lookup(context, limit) == trie_lookup(root, context, limit)
 
 
 class Seq:
