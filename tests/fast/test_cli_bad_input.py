@@ -56,8 +56,8 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["simulate", "--scaling", CLUSTER, "--out", "{tmp}", "--sizes", "1,x"], "wants whole numbers"),
     (["simulate", "--cluster", CLUSTER, "--prompt-tokens", "-5"], "at least 1"),
     (["simulate", "--cluster", CLUSTER, "--concurrency", "0"], "at least 1"),
-    (["simulate", "--cluster", CLUSTER, "--acceptance", "1.5"], "at most 1"),
-    (["simulate", "--cluster", CLUSTER, "--acceptance", "1"], "[0, 1)"),
+    (["simulate", "--cluster", CLUSTER, "--acceptance", "1.5"], "below 1"),
+    (["simulate", "--cluster", CLUSTER, "--acceptance", "1"], "below 1"),  # said "at most 1", then refused 1
     (["simulate", "--cluster", CLUSTER, "--sizes", "2"], "only with --scaling"),
     (["simulate", "--scaling", CLUSTER, "--out", "{tmp}", "--measured", "{list}"], "only with --cluster"),
     (["simulate", "--scaling", CLUSTER, "--out", "{tmp}", "--rate", "3"], "--rate: applies only with --cluster"),
@@ -79,7 +79,8 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["plan", "--cluster", "{control}"], "is not allowed"),
     (["plan", "--cluster", CLUSTER, "--k", "100"], "from 0 to 64"),
     (["plan", "--cluster", CLUSTER, "--latency-target-ms", "nan"], "finite number above 0"),
-    (["plan", "--cluster", CLUSTER, "--acceptance", "model=nan"], "rates from 0 to 1"),
+    (["plan", "--cluster", CLUSTER, "--acceptance", "model=nan"], "rates from 0 to below 1"),
+    (["plan", "--cluster", CLUSTER, "--acceptance", "model=1"], "rates from 0 to below 1"),
     (["simulate", "--cluster", CLUSTER, "--rate", "nan"], "finite number"),  # it simulated for ever
     (["simulate", "--cluster", CLUSTER, "--rate", "inf"], "finite number"),
     (["simulate", "--cluster", CLUSTER, "--step-overhead-ms", "nan"], "finite number"),  # printed nan latencies
@@ -96,6 +97,11 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["plan", "--cluster", "{exponent}"], "YAML reads it as text"),
     (["serve", "--cluster", MIXED, "--target", "x", "--context-length", "128"],
      "--target, --context-length describe one engine's models"),  # served the file's model, 4096 context
+    (["serve", "--cluster", MIXED, "--target", "qwen2.5-coder-1.5b-instruct"],
+     "--target describes one engine's models"),  # the default's name given: served the file's model, no word
+    (["serve", "--cluster", MIXED, "--dtype", "fp32"], "--dtype describes"),
+    (["profile", "--cluster", CLUSTER, "--threads", "1"], "--threads: applies only with --model"),  # ignored: 2 threads
+    (["profile", "--cluster", CLUSTER, "--backend", "llamacpp", "--dtype", "fp32"], "--backend, --dtype: apply only"),
     (["serve", "--cluster", MIXED, "--cache-disk", "1G"], "replicas have no disk tier"),  # it said: give --cache-dir
     (["serve", "--cluster", MIXED, "--draft-ahead"], "drafter 'ngram' drafts in the replica"),  # did nothing
     (["bench-cluster", "--cluster", MIXED, "--configs", "cluster,cluster+draft-ahead", "--drafter", "ngram",

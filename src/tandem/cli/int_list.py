@@ -47,19 +47,21 @@ def whole_number(lowest: int = 1, highest: int | None = None) -> Callable[[str],
     return parse
 
 
-def real_number(lowest: float, highest: float | None = None, *, above: bool = False) -> Callable[[str], float]:
-    """A parser of one finite number within [lowest, highest] (above: lowest itself excluded);
-    nan and inf are refused."""
+def real_number(lowest: float, highest: float | None = None, *, above: bool = False,
+                below: bool = False) -> Callable[[str], float]:
+    """A parser of one finite number within [lowest, highest] (above: lowest itself excluded;
+    below: highest itself excluded); nan and inf are refused."""
 
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             value = math.nan
-        inside = (value > lowest if above else value >= lowest) and (highest is None or value <= highest)
+        inside = ((value > lowest if above else value >= lowest)
+                  and (highest is None or (value < highest if below else value <= highest)))
         if not (math.isfinite(value) and inside):
             low = f"above {lowest:g}" if above else f"of at least {lowest:g}"
-            bounds = f"{low} and at most {highest:g}" if highest is not None else low
+            bounds = low if highest is None else f"{low} and {'below' if below else 'at most'} {highest:g}"
             raise argparse.ArgumentTypeError(f"wants a finite number {bounds}, got {text!r}")
         return value
 

@@ -53,9 +53,9 @@ def _acceptance(text: str | None) -> dict[str, float] | None:
     for part in text.split(","):
         name, _, value = part.partition("=")
         try:
-            values[name.strip()] = real_number(0, 1)(value)
+            values[name.strip()] = real_number(0, 1, below=True)(value)
         except argparse.ArgumentTypeError:
-            raise TandemError(f"--acceptance wants NAME=RATE pairs with rates from 0 to 1, like model=0.7 "
+            raise TandemError(f"--acceptance wants NAME=RATE pairs with rates from 0 to below 1, like model=0.7 "
                               f"(got {part!r})") from None
     unknown = set(values) - set(ACCEPTANCE_SOURCES)
     if unknown:

@@ -4,7 +4,7 @@ import argparse
 import os
 import sys
 
-from tandem.cli.options import add_model_options, engine_config, engine_prefill_floor
+from tandem.cli.options import StoreGiven, add_model_options, engine_config, engine_prefill_floor, given_options
 from tandem.engine.host_cache import parse_cache_ram
 from tandem.errors import TandemError
 from tandem.serve.settings import (API_KEY_ENV, DEFAULT_CACHE_TTL_SECONDS, DEFAULT_MAX_BODY_BYTES,
@@ -20,8 +20,8 @@ ONE_ENGINE_OPTIONS = ("target", "draft", "backend", "device", "dtype", "draft_ba
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("serve", help="serve an OpenAI-compatible API with speculative decoding")
+    parser.register("action", None, StoreGiven)  # --cluster refuses the one-engine options given, defaults or not
     add_model_options(parser)
-    parser.set_defaults(one_engine_defaults={dest: parser.get_default(dest) for dest in ONE_ENGINE_OPTIONS})
     group = parser.add_argument_group("server")
     group.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     group.add_argument("--port", default="8000", help="port (default 8000; 0 picks a free one)")
@@ -119,8 +119,7 @@ def cluster_options(args: argparse.Namespace):
 def _check_no_engine_options(args: argparse.Namespace) -> None:
     """With --cluster the file says what each worker runs: a one-engine model option given too
     would be dropped without a word, so it is refused."""
-    given = [f"--{dest.replace('_', '-')}" for dest in ONE_ENGINE_OPTIONS
-             if getattr(args, dest) != args.one_engine_defaults[dest]]
+    given = [f"--{dest.replace('_', '-')}" for dest in ONE_ENGINE_OPTIONS if dest in given_options(args)]
     if given:
         raise TandemError(f"{', '.join(given)} describe{'s' if len(given) == 1 else ''} one engine's models; with "
                           "--cluster each worker's model, backend, device, dtype and threads come from the "

@@ -55,7 +55,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "DIR/SCENARIO.json): its conversations turn by turn, each turn resending the history, at "
                         "its concurrency (--concurrency overrides); prints TTFT p50 by turn and the router's "
                         "placements against the run's")
-    parser.add_argument("--acceptance", type=real_number(0, 1), default=None, help="per-token acceptance of draft models")
+    parser.add_argument("--acceptance", type=real_number(0, 1, below=True), default=None,
+                        help="per-token acceptance of draft models, from 0 to below 1")
     parser.add_argument("--seed", type=whole_number(0), default=0, help="the simulation's random seed (default 0)")
     parser.add_argument("--roles", choices=("plan", "as-written"), default="plan",
                         help="simulate the planner's placement (default) or the file's roles as written")
@@ -139,6 +140,7 @@ def _simulate(args: argparse.Namespace) -> int:
     if conversations is not None:
         workload = _checked(lambda: conversations.workload(args.concurrency, _shared_prefixes(args, ())))
     else:
+        _as_measured(args, measured)
         recorded = _recorded_prompts(args, measured)
         workload = _workload(args, recorded, _shared_prefixes(args, measured.prompt_prefixes if recorded is not None else ()))
     result = simulate(_checked(lambda: simulation_from_cluster(spec, workload, options, plan)))
@@ -204,6 +206,37 @@ def _scaling(args: argparse.Namespace) -> int:
               f"p50 {row['latency_ms']['p50']:>7,.0f} ms")
     print(f"wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
     return 0
+
+
+def _as_measured(args: argparse.Namespace, measured) -> None:
+    """A measured run is simulated as it ran: its requests, concurrency and answer length (the
+    mean answer, else max_tokens) where the options do not say them, and a note where they say
+    otherwise or the run does not record them (the comparison is then of another workload: 64
+    default requests of 128 tokens against a run of 2 gave errors of +266% and +854%)."""
+    if measured is None:
+        return
+    taken, differ, unknown = [], [], []
+    for option, name, value in (("--requests", "requests", measured.requests),
+                                ("--concurrency", "concurrency", measured.concurrency),
+                                ("--max-tokens", "max_tokens", measured.answer_tokens())):
+        given = getattr(args, name)
+        if value is None:
+            if given is None and not (name == "concurrency" and args.rate is not None):
+                unknown.append(option)
+        elif name == "concurrency" and args.rate is not None:
+            differ.append(f"--rate {args.rate:g} (the run: concurrency {value})")
+        elif given is None:
+            setattr(args, name, value)
+            taken.append(f"{option} {value}")
+        elif given != value:
+            differ.append(f"{option} {given} (the run: {value})")
+    if taken:
+        print(f"from the measured run: {', '.join(taken)}", file=sys.stderr)
+    if differ:
+        print(f"note: simulating {', '.join(differ)}: the comparison below is with another workload", file=sys.stderr)
+    if unknown:
+        print(f"note: {args.measured} does not say its {', '.join(o[2:] for o in unknown)}: simulated with the "
+              f"defaults; give {', '.join(unknown)} as the run had {'them' if len(unknown) > 1 else 'it'}", file=sys.stderr)
 
 
 def _recorded_prompts(args: argparse.Namespace, measured):

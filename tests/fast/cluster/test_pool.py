@@ -68,3 +68,29 @@ def test_restarts_stop_at_the_bound_and_the_log_says_why():
         "cluster worker draft-0 is down and will not be restarted: all 5 restarts are used", logging.ERROR)
     outside = Worker("verify-1", "verify", None)  # joined, not started here
     assert transition_message(outside)[0].endswith("it was not started by this server")
+
+
+def test_a_worker_that_fails_in_its_constructor_says_why():
+    """Ray reports a constructor's exception under its traceback; the launch error quotes its
+    last line (it said only "failed to start (see the Ray logs)")."""
+    from ray.exceptions import ActorDiedError, RayTaskError
+
+    from tandem.cluster.runtime.endpoints import start_failure
+    from tandem.errors import TandemError
+
+    cause = TandemError("torch device 'cuda' is not available here")
+    trace = ("Traceback (most recent call last):\n  File \"replica.py\", line 40, in __init__\n"
+             f"tandem.errors.TandemError: {cause}")
+    died = ActorDiedError(RayTaskError("VerifyReplica.__init__", trace, cause))
+    assert start_failure(died) == "TandemError: torch device 'cuda' is not available here"
+    assert start_failure(ActorDiedError()) is None  # died otherwise: nothing to quote
+    assert start_failure(RuntimeError("x")) is None
+    from tandem.cluster.runtime.endpoints import WorkerDiedError
+
+    class Failing(Answering):
+        def info(self) -> dict:
+            raise WorkerDiedError("w0 died: ActorDiedError", "TandemError: no such model")
+
+    worker = Worker("w", "verify", lambda: LocalEndpoint("w0", Failing()))
+    worker.launch()
+    assert not worker.wait_ready() and worker.start_error == "TandemError: no such model"

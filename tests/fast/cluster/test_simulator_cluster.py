@@ -154,6 +154,34 @@ def test_tandem_simulate_replays_a_measured_runs_prompts_with_a_fixed_k(tmp_path
     assert main(["simulate", "--cluster", str(cluster), "--measured", str(measured)]) == 2
 
 
+def test_tandem_simulate_runs_a_measured_runs_requests_concurrency_and_answer_length(tmp_path, capsys):
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(f"workers:\n  - {{name: g, role: verify, model: {TARGET}, backend: torch, device: cuda,"
+                       " dtype: bf16, hardware: l4}\ndrafter: none\n")
+    measured = tmp_path / "measured.json"
+    figures = {"throughput_tok_s": 30.0, "latency_ms_p50": 900.0, "prompt_tokens": [40, 60, 80],
+               "requests": 3, "concurrency": 2, "max_tokens": 16, "completion_tokens": 36}
+
+    def simulated(*options, **more) -> tuple[dict, str]:
+        measured.write_text(json.dumps(figures | more))
+        assert main(["simulate", "--cluster", str(cluster), "--measured", str(measured), "--json", *options]) == 0
+        out = capsys.readouterr()
+        return json.loads(out.out)["result"], out.err
+
+    result, said = simulated()
+    assert result["requests"] == 3 and result["output_tokens"] == 36  # 3 answers of 12 tokens (36 / 3), not 64 x 128
+    assert "from the measured run: --requests 3, --concurrency 2, --max-tokens 12" in said
+    result, said = simulated("--requests", "5")
+    assert result["requests"] == 5 and "note: simulating --requests 5 (the run: 3)" in said
+    result, said = simulated(completion_tokens=None)
+    assert result["output_tokens"] == 3 * 16  # no answers recorded: the run's max_tokens
+    result, said = simulated(requests=None, concurrency=None, max_tokens=None, completion_tokens=None)
+    assert "does not say its requests, concurrency, max-tokens" in said
+    measured.write_text(json.dumps(figures | {"concurrency": 0}))
+    assert main(["simulate", "--cluster", str(cluster), "--measured", str(measured)]) == 2
+    assert "concurrency must be at least 1" in capsys.readouterr().err
+
+
 def test_device_speed_slows_every_device_and_run_speed_finds_it():
     from tandem.cluster.sim.validation import run_speed
 

@@ -588,6 +588,9 @@ async def test_health_names_a_clusters_workers_that_are_not_up():
             health = await client.get("/health")
             assert health.status_code == 503 and health.json()["status"] == "unavailable"
             assert health.json()["reason"] == "no verifier is up; restarting: verify-0, verify-1"
+            workers[1] = worker_state("verify-1", "verify", alive=False)  # out of restarts
+            health = await client.get("/health")
+            assert health.json()["reason"] == "no verifier is up; restarting: verify-0; down for good: verify-1"
             workers[:] = [worker_state("verify-0", "verify", alive=True)]
             health = await client.get("/health")
             assert health.status_code == 200 and health.json()["status"] == "ok"

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tandem.bench.cluster.drive import drive
 from tandem.bench.workload import DEFAULT_WORKLOAD, format_prompt, load_prompts
-from tandem.cluster.runtime.launch import ClusterOptions, launch_cluster
+from tandem.cluster.runtime.launch import ClusterOptions, check_one_tokenizer, launch_cluster, prepare_models
 from tandem.cluster.runtime.router import ClusterRouter
 from tandem.engine.request import GenerationRequest
 from tandem.models.backends import RunnerSpec
@@ -58,7 +58,9 @@ def run_cluster_bench(cluster: ClusterOptions, drafter: str, k, concurrency: int
     first pass keep the configuration's name, later ones add " #2", " #3" ..."""
     target = cluster.target
     requests = requests_for(target.model, count, max_tokens)
-    if "single" in configs:
+    if "single" in configs:  # its models here, as a local cluster's: its own refusal of another tokenizer named --draft
+        prepare_models(cluster.spec)
+        check_one_tokenizer(cluster.spec)
         progress("loading the single-process engine ...")
     single = _single_engine(cluster, drafter, k, concurrency) if "single" in configs else None
     engine = None
@@ -96,13 +98,14 @@ def run_cluster_bench(cluster: ClusterOptions, drafter: str, k, concurrency: int
     (out / "results.json").write_text(json.dumps(report, indent=1))
     for name in configs:  # each cluster run, in the form `tandem simulate --measured` reads
         if name.startswith("cluster") and name in results:
-            measured = {**measured_figures(results, name), "prompt_tokens": [len(r.prompt_ids) for r in requests],
+            measured = {**measured_figures(results, name), "concurrency": concurrency, "max_tokens": max_tokens,
+                        "prompt_tokens": [len(r.prompt_ids) for r in requests],
                         "prompt_prefixes": prompt_prefixes([r.prompt_ids for r in requests]),
                         "note": f"tandem bench-cluster, {name}"}
             (out / measured_file(name)).write_text(json.dumps(measured))
     (out / "report.md").write_text(markdown(report))
     if interrupted:
-        progress(f"interrupted: wrote the {len(results)} runs finished to {out}")
+        progress(f"interrupted: wrote the {len(results)} run{'s' if len(results) != 1 else ''} finished to {out}")
         raise KeyboardInterrupt
     return report
 

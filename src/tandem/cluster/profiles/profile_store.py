@@ -16,6 +16,7 @@ and otherwise says which `tandem profile` command would make one.
 import hashlib
 import os
 import re
+import sys
 from pathlib import Path
 
 from tandem.cluster.config.cluster_spec import ClusterSpec, WorkerSpec
@@ -60,6 +61,10 @@ def worker_profile(spec: ClusterSpec, worker: WorkerSpec, model: str) -> DeviceP
     if worker.hardware in DEVICE_CLASSES:
         return public_profile(worker.hardware, model, worker.backend, _precision(worker), worker.device)
     path = default_profile_path(model, worker.backend, worker.device, worker.dtype, worker.threads)
+    if worker.hardware is not None:  # a label of its own is fine, but one mistyped priced this machine silently
+        print(f"note: worker {worker.name!r}: hardware {worker.hardware!r} is neither a known device class"
+              f"{did_you_mean(worker.hardware, DEVICE_CLASSES)} nor a profiles: key; it is priced on its measured "
+              f"profile ({path})", file=sys.stderr)
     if path.exists():
         return load_profile(path)
     if model not in CATALOG and not os.path.exists(os.path.expanduser(model)):

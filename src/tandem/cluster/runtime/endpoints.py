@@ -10,7 +10,27 @@ from typing import Any, Protocol
 
 
 class WorkerDiedError(Exception):
-    pass
+    """A worker's process is gone. `reason`: why, where it is known (the error its constructor
+    raised: a model that cannot load, a device that is not there)."""
+
+    def __init__(self, message: str, reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason
+
+
+def start_failure(error: Exception) -> str | None:
+    """Why a Ray actor failed in its constructor: the last line of the error Ray reports (the
+    exception and its message, under the constructor's traceback), its module path dropped;
+    None where it died otherwise."""
+    if not getattr(error, "actor_init_failed", False):
+        return None
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        return None
+    name, colon, message = lines[-1].partition(": ")
+    if colon and " " not in name:
+        return f"{name.rsplit('.', 1)[-1]}: {message}"
+    return lines[-1]
 
 
 class Pending(Protocol):
@@ -95,7 +115,7 @@ class _RayPending:
         try:
             return ray.get(self._ref)
         except RayActorError as error:
-            raise WorkerDiedError(f"{self._name} died: {type(error).__name__}") from None
+            raise WorkerDiedError(f"{self._name} died: {type(error).__name__}", start_failure(error)) from None
 
 
 class RayEndpoint:

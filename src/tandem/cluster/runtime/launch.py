@@ -140,7 +140,8 @@ def build_workers(spec: ClusterSpec, settings: ReplicaSettings = ReplicaSettings
         w.launch()  # all actors load their models concurrently
     for ready, w in enumerate(workers, start=1):
         if not w.wait_ready():
-            raise TandemError(f"cluster worker {w.name} failed to start (see the Ray logs: "
+            why = f": {w.start_error}" if w.start_error else ""
+            raise TandemError(f"cluster worker {w.name} failed to start{why} (the Ray logs: "
                               f"/tmp/ray/session_latest/logs)")
         print(f"  {w.name} ready ({ready}/{len(workers)})", file=sys.stderr, flush=True)
     return verifiers, drafters

@@ -35,6 +35,7 @@ class Worker:
     sequences: set[str] = field(default_factory=set)  # placed here (a verifier) or drafted for here
     group: str = "local"  # the cluster file's network group
     carries_state: bool = False  # a replica whose sequences move with their KV state
+    start_error: str | None = None  # why its last start failed, where the worker said
     _starting: Pending | None = None
 
     def launch(self) -> None:
@@ -58,8 +59,8 @@ class Worker:
     def _take_info(self) -> bool:
         try:
             info = self._starting.result()
-        except WorkerDiedError:
-            self._starting = None
+        except WorkerDiedError as error:
+            self._starting, self.start_error = None, error.reason
             return False
         self._starting = None
         self.pid = info["pid"]

@@ -33,7 +33,8 @@ from tandem.models.cost import CostModel, CostView
 from tandem.speculation.depth import Auto, Depth, parse_depth
 from tandem.speculation.drafters.registry import USES_MODEL, check_drafter
 
-NO_VERIFIER = "no verifier is alive in the cluster"
+NO_VERIFIER = ("no verifier is alive in the cluster, and none will restart (each is out of restarts): the "
+               "server must be restarted")
 NO_DRAFT_MODEL = "the cluster file has no worker with a draft_model"
 MAX_EVENTS = 256  # failovers, moves and restarts kept for logs and tests
 STEP_WAIT_S = 0.02  # how long step() waits for news before giving the engine thread back

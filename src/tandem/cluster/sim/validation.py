@@ -12,11 +12,14 @@ A measured run is a JSON object. Either Tandem's own form:
                                       # opening it shares with other prompts, or null
      "scored_tokens": 7127,           # optional: tokens the replicas' verify calls scored
      "concurrency": 4, "requests": 32, "max_tokens": 128,   # optional: what was run
+     "completion_tokens": 4096,       # optional: tokens answered in all
      "note": "2 verifiers + 1 drafter, Ray on one machine"}  # optional
 
 or one concurrency level's figures from `tandem bench-serve` results.json (the same keys,
 except that request latency is `e2e_s_p50` in seconds, which is converted). The run's setup
-(cluster file, concurrency, requests, max tokens, acceptance) should be simulated as it ran;
+(cluster file, concurrency, requests, max tokens, acceptance) should be simulated as it ran:
+`tandem simulate --measured` takes the requests, concurrency and answer length the run records
+(`workload_of`) where it is not told them, and says so where it is told otherwise;
 `compare_with_measurement` then says whether the prediction is within TOLERANCE.
 
 A profile is measured at another time than the run, and a VM's speed drifts between the two
@@ -46,6 +49,10 @@ class MeasuredRun:
     call_seconds: float | None = None  # the workers' calls' wall time, summed over the run (bench-cluster)
     prompt_prefixes: tuple[tuple[int, int] | None, ...] = ()  # per request: (group, tokens) it shares (bench-cluster)
     scored_tokens: int | None = None  # tokens the replicas' verify calls scored (bench-cluster)
+    requests: int | None = None  # what was run, where the file says
+    concurrency: int | None = None
+    max_tokens: int | None = None
+    completion_tokens: int | None = None
 
     def __post_init__(self):
         if self.throughput_tok_s <= 0 or self.latency_ms_p50 <= 0:
@@ -54,6 +61,11 @@ class MeasuredRun:
             raise TandemError("a measured run's call_seconds must be positive")
         if self.scored_tokens is not None and self.scored_tokens < 0:
             raise TandemError("a measured run's scored_tokens must be >= 0")
+        for name in ("requests", "concurrency", "max_tokens"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise TandemError(f"a measured run's {name} must be at least 1")
+        if self.completion_tokens is not None and self.completion_tokens < 0:
+            raise TandemError("a measured run's completion_tokens must be >= 0")
         if any(p is not None and p[1] < 0 for p in self.prompt_prefixes):
             raise TandemError("a measured run's prompt_prefixes must not be negative")
         if self.prompt_prefixes and len(self.prompt_prefixes) != len(self.prompt_tokens):
@@ -83,9 +95,17 @@ class MeasuredRun:
         except (TypeError, ValueError, IndexError, KeyError):
             raise TandemError("a measured run's prompt_tokens must be a list of token counts, its prompt_prefixes "
                               "of [group, tokens] pairs or null") from None
-        scored = {"scored_tokens": int(data["scored_tokens"])} if data.get("scored_tokens") is not None else {}
+        counts = {key: int(data[key]) for key in ("scored_tokens", "requests", "concurrency", "max_tokens",
+                                                  "completion_tokens") if data.get(key) is not None}
         return cls(float(data["throughput_tok_s"]), float(latency), **optional, prompt_tokens=prompts,
-                   prompt_prefixes=prefixes, **scored)
+                   prompt_prefixes=prefixes, **counts)
+
+    def answer_tokens(self) -> int | None:
+        """Tokens a request answered: the mean answer (completion tokens over requests, at
+        least 1; answers may stop before max_tokens), else max_tokens, else None."""
+        if self.completion_tokens is not None and self.requests:
+            return max(1, round(self.completion_tokens / self.requests))
+        return self.max_tokens
 
     @classmethod
     def load(cls, path: str | Path) -> "MeasuredRun":

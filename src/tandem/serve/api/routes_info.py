@@ -78,8 +78,11 @@ def _no_verifier_up(not_up: list[dict], workers: list[dict]) -> str | None:
     """Why nothing serves now where every verifier is restarting (none left at all is the engine's
     own `unavailable_reason`)."""
     if not any(w["role"] == "verify" and w["alive"] for w in workers):
-        restarting = [w["name"] for w in not_up if w["role"] == "verify"]
-        return f"no verifier is up; restarting: {', '.join(restarting)}" if restarting else None
+        restarting = [w["name"] for w in not_up if w["role"] == "verify" and w["state"] == "restarting"]
+        down = [w["name"] for w in not_up if w["role"] == "verify" and w["state"] == "down"]
+        if restarting:  # a verifier out of restarts was listed as restarting too
+            return f"no verifier is up; restarting: {', '.join(restarting)}" + (
+                f"; down for good: {', '.join(down)}" if down else "")
     return None
 
 
