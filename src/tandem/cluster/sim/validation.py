@@ -19,7 +19,7 @@ or one concurrency level's figures from `tandem bench-serve` results.json (the s
 except that request latency is `e2e_s_p50` in seconds, which is converted). The run's setup
 (cluster file, concurrency, requests, max tokens, acceptance) should be simulated as it ran:
 `tandem simulate --measured` takes the requests, concurrency and answer length the run records
-(`workload_of`) where it is not told them, and says so where it is told otherwise;
+(`MeasuredRun.answer_tokens` for the length) where it is not told them, and says where it is told otherwise;
 `compare_with_measurement` then says whether the prediction is within TOLERANCE.
 
 A profile is measured at another time than the run, and a VM's speed drifts between the two
