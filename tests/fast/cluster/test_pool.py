@@ -75,7 +75,7 @@ def test_a_worker_that_fails_in_its_constructor_says_why():
     last line (it said only "failed to start (see the Ray logs)")."""
     from ray.exceptions import ActorDiedError, RayTaskError
 
-    from tandem.cluster.runtime.endpoints import start_failure
+    from tandem.cluster.runtime.endpoints import WorkerDiedError, start_failure
     from tandem.errors import TandemError
 
     cause = TandemError("torch device 'cuda' is not available here")
@@ -85,9 +85,8 @@ def test_a_worker_that_fails_in_its_constructor_says_why():
     assert start_failure(died) == "TandemError: torch device 'cuda' is not available here"
     assert start_failure(ActorDiedError()) is None  # died otherwise: nothing to quote
     assert start_failure(RuntimeError("x")) is None
-    from tandem.cluster.runtime.endpoints import WorkerDiedError
 
-    class Failing(Answering):
+    class Failing(Answering):  # the pool keeps what the worker's death said
         def info(self) -> dict:
             raise WorkerDiedError("w0 died: ActorDiedError", "TandemError: no such model")
 
