@@ -42,7 +42,8 @@ def files(tmp_path):
                 "huge_replicas": base.replace("threads: 1\n    slowdown", "threads: 1\n    replicas: 99999999999999999999\n    slowdown"),
                 "merge_key": base.replace("  - name: slow\n", "  - &slow\n    name: slow\n", 1) + "  - <<: *slow\n    name: slower\n",
                 "exponent": base.replace("threads: 1\n    slowdown", "threads: 1e9\n    slowdown"),
-                "file_drafter_model": "drafter: model\n" + base}
+                "file_drafter_model": "drafter: model\n" + base,
+                "wrong_model": base.replace("smollm2-135m-instruct", "smollm2-135m-instrukt")}
     for name, content in clusters.items():
         (tmp_path / f"{name}.yaml").write_text(content)
     return {"binary": str(binary), "control": str(control), "list": str(listed), "text": str(text),
@@ -88,6 +89,7 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["plan", "--cluster", CLUSTER, "--drafter", "none", "--k", "5"], "drafts nothing"),
     (["plan", "--cluster", MIXED, "--drafter", "model"], "needs a draft model"),  # exit 0 and "drafter model, k=1"
     (["plan", "--cluster", "{file_drafter_model}"], "needs a draft model"),  # the file's drafter: the same plan
+    (["plan", "--cluster", "{wrong_model}"], "wrong_model.yaml:7: workers[0].model: worker 'fast'"),  # no file:line
     (["plan", "--cluster", "{nan_slowdown}"], "must be a finite number"),  # the planner's ValueError traceback
     (["simulate", "--cluster", "{nan_slowdown}"], "must be a finite number"),
     (["simulate", "--cluster", "{nan_slowdown}", "--out", "{tmp}/never"], "must be a finite number"),  # left the folder
