@@ -70,12 +70,12 @@ def worker_profile(spec: ClusterSpec, worker: WorkerSpec, model: str) -> DeviceP
     if model not in CATALOG and not os.path.exists(os.path.expanduser(model)):
         from tandem.cluster.config.load import located_error
 
-        line = next((i for i, w in enumerate(spec.workers) if w is worker), None)
+        entry = next((i for i, w in enumerate(spec.workers) if w is worker), None)  # its place in the file's list
         message = (f"worker {worker.name!r}: model {model!r} is neither a catalog model nor a file or folder "
                    f"here{did_you_mean(model, CATALOG)}")
-        if line is None:
+        if entry is None:
             raise TandemError(message)
-        raise located_error(spec, ("workers", line, "model" if model == worker.model else "draft_model"), message)
+        raise located_error(spec, ("workers", entry, "model" if model == worker.model else "draft_model"), message)
     source = f" --cluster {spec.source}" if spec.source else ""
     raise TandemError(
         f"no profile for worker {worker.name!r} ({model} on {worker.device}, {worker.backend}): "
