@@ -14,21 +14,6 @@ from tandem.engine.batch_engine import STEP_TOKEN_BUDGET, THROUGHPUT_PREFILL_FLO
 from tandem.engine.build import EngineConfig
 
 
-class StoreGiven(argparse._StoreAction):
-    """argparse's store, which also notes the option's dest in `given_options`: an option
-    named with its default value is still given (`tandem serve --cluster F --target <the
-    default>` was taken as not given, and served the file's model without a word)."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        super().__call__(parser, namespace, values, option_string)
-        namespace.given_options = getattr(namespace, "given_options", frozenset()) | {self.dest}
-
-
-def given_options(args: argparse.Namespace) -> frozenset[str]:
-    """The dests named on the command line, of a parser that stores with StoreGiven."""
-    return getattr(args, "given_options", frozenset())
-
-
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("models")
     group.add_argument("--target", default=DEFAULT_TARGET, help="catalog name, .gguf file or HF folder (default %(default)s)")

@@ -11,6 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from tandem.cli.given import StoreGiven, given_options
 from tandem.cli.int_list import int_list, thread_count, whole_number
 from tandem.cluster.profiles.measure import ProfileGrid, measure_profile
 from tandem.cluster.profiles.profile import save_profile
@@ -25,10 +26,11 @@ _GRID = ProfileGrid()
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("profile", help="measure a model's cost curves on a device")
+    parser.register("action", None, StoreGiven)  # --cluster refuses the one-model options given, defaults or not
     parser.add_argument("--model", help="catalog name, .gguf file or HF folder")
-    parser.add_argument("--backend", default=None, help="llamacpp | torch (default llamacpp)")
-    parser.add_argument("--device", default=None, help="cpu, cuda:0, npu:0, ... (default cpu)")
-    parser.add_argument("--dtype", default=None, help="torch dtype: fp32 | bf16 | fp16 (default fp32)")
+    parser.add_argument("--backend", default="llamacpp", help="llamacpp | torch (default llamacpp)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda:0, npu:0, ... (default cpu)")
+    parser.add_argument("--dtype", default="fp32", help="torch dtype: fp32 | bf16 | fp16 (default fp32)")
     parser.add_argument("--threads", type=thread_count, default=None, help="CPU threads (default: all)")
     parser.add_argument("--cluster", help="profile every (model, backend, device, dtype, threads) of this cluster file")
     parser.add_argument("--out", help="profile file to write (single profile only)")
@@ -51,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         raise TandemError("--force re-measures a cluster's saved profiles; with --model a profile is always measured")
     if args.cluster and args.out:
         raise TandemError("--out names one file; with --cluster profiles go to their default paths")
-    given = [option for option in ("backend", "device", "dtype", "threads") if getattr(args, option) is not None]
+    given = [option for option in ("backend", "device", "dtype", "threads") if option in given_options(args)]
     if args.cluster and given:  # each worker is profiled as its file line says; these were ignored
         raise TandemError(f"{', '.join('--' + o for o in given)}: {'apply' if len(given) > 1 else 'applies'} only with "
                           "--model; with --cluster each worker is profiled with its own backend, device, dtype and "
@@ -61,8 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
         check_out_file(Path(args.out))  # before measuring, not after it
     grid = ProfileGrid(args.sizes, args.contexts, args.batches, args.repeats)
-    specs = [RunnerSpec(args.model, args.backend or "llamacpp", args.device or "cpu", args.dtype or "fp32",
-                        args.threads)] if args.model \
+    specs = [RunnerSpec(args.model, args.backend, args.device, args.dtype, args.threads)] if args.model \
         else _cluster_specs(args.cluster, args.force)
     if not specs:
         print("nothing to profile: every worker has a saved, listed or public-spec profile (--force re-measures)",

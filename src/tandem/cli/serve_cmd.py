@@ -4,7 +4,8 @@ import argparse
 import os
 import sys
 
-from tandem.cli.options import StoreGiven, add_model_options, engine_config, engine_prefill_floor, given_options
+from tandem.cli.given import StoreGiven, given_options
+from tandem.cli.options import add_model_options, engine_config, engine_prefill_floor
 from tandem.engine.host_cache import parse_cache_ram
 from tandem.errors import TandemError
 from tandem.serve.settings import (API_KEY_ENV, DEFAULT_CACHE_TTL_SECONDS, DEFAULT_MAX_BODY_BYTES,

@@ -13,6 +13,7 @@ worker running a model, `worker_profile` looks, in order, at:
 and otherwise says which `tandem profile` command would make one.
 """
 
+import functools
 import hashlib
 import os
 import re
@@ -20,6 +21,7 @@ import sys
 from pathlib import Path
 
 from tandem.cluster.config.cluster_spec import ClusterSpec, WorkerSpec
+from tandem.cluster.config.load import located_error
 from tandem.cluster.profiles.profile import DeviceProfile, load_profile
 from tandem.cluster.profiles.public_profiles import DEVICE_CLASSES, public_profile
 from tandem.errors import TandemError, did_you_mean
@@ -62,14 +64,10 @@ def worker_profile(spec: ClusterSpec, worker: WorkerSpec, model: str) -> DeviceP
         return public_profile(worker.hardware, model, worker.backend, _precision(worker), worker.device)
     path = default_profile_path(model, worker.backend, worker.device, worker.dtype, worker.threads)
     if worker.hardware is not None:  # a label of its own is fine, but one mistyped priced this machine silently
-        print(f"note: worker {worker.name!r}: hardware {worker.hardware!r} is neither a known device class"
-              f"{did_you_mean(worker.hardware, DEVICE_CLASSES)} nor a profiles: key; it is priced on its measured "
-              f"profile ({path})", file=sys.stderr)
+        _note_unknown_hardware(worker.name, worker.hardware, str(path))
     if path.exists():
         return load_profile(path)
     if model not in CATALOG and not os.path.exists(os.path.expanduser(model)):
-        from tandem.cluster.config.load import located_error
-
         entry = next((i for i, w in enumerate(spec.workers) if w is worker), None)  # its place in the file's list
         message = (f"worker {worker.name!r}: model {model!r} is neither a catalog model nor a file or folder "
                    f"here{did_you_mean(model, CATALOG)}")
@@ -83,6 +81,14 @@ def worker_profile(spec: ClusterSpec, worker: WorkerSpec, model: str) -> DeviceP
         f"--device {worker.device}" + (f" --threads {worker.threads}" if worker.threads else "")
         + "`, name a file under profiles:, or give the worker a known hardware class "
         f"({', '.join(DEVICE_CLASSES)})")
+
+
+@functools.cache
+def _note_unknown_hardware(worker: str, hardware: str, path: str) -> None:
+    """Said once a process: profiles are read per replica and per size of a scaling sweep."""
+    print(f"note: worker {worker!r}: hardware {hardware!r} is neither a known device class"
+          f"{did_you_mean(hardware, DEVICE_CLASSES)} nor a profiles: key; it is priced on its measured "
+          f"profile ({path})", file=sys.stderr)
 
 
 def cluster_profiles(spec: ClusterSpec) -> dict[tuple[str, str], DeviceProfile]:
