@@ -75,6 +75,7 @@ def test_target_only_matches_naive_decode(prompt):
     assert_cache_invariant(target, prompt, output)
     assert stats.target_forwards == 30  # the prompt rides in the first round's forward
     assert stats.drafted == 0 and stats.chosen_k == [0] * 30
+    assert stats.summary()["finish_reason"] == "length"  # what `generate --json` reports
 
 
 def test_drafting_own_greedy_continuation_accepts_everything():
@@ -148,6 +149,7 @@ def test_eos_inside_an_accepted_round_cuts_the_output_there():
     chunks, stats = stream(target, OracleDrafter(HashRunner()), Fixed(6), request)
     assert chunks == [reference[:j]]
     assert stats.chosen_k == [6] and stats.accepted == 6 and stats.new_tokens == j
+    assert stats.finish_reason == "stop"
 
 
 def test_eos_as_the_first_token_emits_nothing():
@@ -155,7 +157,7 @@ def test_eos_as_the_first_token_emits_nothing():
     eos = naive_greedy(target, PROMPT, 1)[0]
     request = GenerationRequest(PROMPT, max_tokens=30, stop_token_ids=frozenset({eos}))
     chunks, stats = stream(target, OracleDrafter(HashRunner()), Fixed(6), request)
-    assert chunks == [] and stats.new_tokens == 0
+    assert chunks == [] and stats.new_tokens == 0 and stats.finish_reason == "stop"
 
 
 def test_an_eos_token_in_the_prompt_does_not_stop():

@@ -27,14 +27,15 @@ def test_generate_json_output():
                 "target_forwards", "draft_forwards"):
         assert key in data["stats"]
     assert data["stats"]["seconds"] > 0
+    assert data["finish_reason"] == ("length" if data["stats"]["new_tokens"] == 16 else "stop")
 
 
 def test_stop_string_cuts_output():
     result = tandem(*BASE, "--messages", '[{"role": "user", "content": "Count from 1 to 20, one number per line."}]',
                     "--max-tokens", "60", "--stop", "5", "--json")
     assert result.returncode == 0, result.stderr
-    text = json.loads(result.stdout)["text"]
-    assert "5" not in text and "4" in text
+    data = json.loads(result.stdout)
+    assert "5" not in data["text"] and "4" in data["text"] and data["finish_reason"] == "stop"
 
 
 def test_bench_step_times_the_llamacpp_runner_beside_one_call(tmp_path):

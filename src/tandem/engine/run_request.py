@@ -29,6 +29,8 @@ def stream_tokens(engine: BatchEngine, request: GenerationRequest, stats: Genera
             if update.seq_id != seq_id:
                 continue
             finished = update.finished
+            if finished:
+                stats.finish_reason = update.finish_reason
             stats.new_tokens += len(update.token_ids)
             if update.token_ids:
                 yield list(update.token_ids)

@@ -15,6 +15,7 @@ from tandem.engine.events import StepReport
 class GenerationStats:
     prompt_tokens: int = 0
     new_tokens: int = 0
+    finish_reason: str | None = None  # as the API says it: "stop" (end of sequence or a stop string), "length"
     seconds: float = 0.0
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
@@ -67,6 +68,7 @@ class GenerationStats:
     def summary(self) -> dict:
         return {
             "new_tokens": self.new_tokens,
+            "finish_reason": self.finish_reason,
             "seconds": round(self.seconds, 4),
             "tokens_per_s": round(self.new_tokens / self.seconds, 3) if self.seconds else 0.0,
             "acceptance_rate": round(self.accepted / self.drafted, 4) if self.drafted else 0.0,
