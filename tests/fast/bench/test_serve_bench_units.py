@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, StreamingRespon
 from starlette.routing import Route
 
 from tandem.bench.serve import launcher as launcher_module
-from tandem.bench.serve.client import RequestRecord, build_record
+from tandem.bench.serve.client import RequestRecord, answer_tokens_only, build_record
 from tandem.bench.serve.launcher import ServerProcess, free_port
 from tandem.bench.serve.loadgen import LoadItem, LoadResult, run_load
 from tandem.bench.serve.metrics import compare, summarize
@@ -28,7 +28,7 @@ from tandem.bench.serve.server_kinds import SERVER_KINDS, ServerLaunch
 from tandem.bench.serve.session import plan_levels, write_outputs
 from tandem.bench.serve.settings import ServeBenchSettings, parse_concurrency, parse_configs
 from tandem.bench.serve.sse import DONE, SseDecoder, parse_chunk
-from tandem.bench.serve.sweep import LevelPlan, config_order, run_sweep
+from tandem.bench.serve.sweep import LevelPlan, as_answers, config_order, run_sweep
 from tandem.bench.workload import DEFAULT_WORKLOAD, BenchPrompt, load_prompts
 from tandem.cli.main import main
 from tandem.errors import TandemError
@@ -170,6 +170,23 @@ def test_record_counts_tokens_from_usage_else_chunks():
     assert plain.tpot_s == pytest.approx(0.15)
     empty = build_record("p", "c", 1.0, 1.2, [], None, "stop")
     assert empty.ttft_s is None and empty.tpot_s is None and empty.completion_tokens == 0
+
+
+def test_every_server_is_counted_by_the_answers_tokens_its_end_token_left_out():
+    """llama-server's usage counts the end-of-sequence token it sampled ("Bonjour" + end: 2), Tandem's
+    does not: an answer that ended by itself was one token longer on llama-server's side."""
+    times = [1.5, 1.6, 1.8]
+    ended = build_record("p", "c", 1.0, 2.0, times, {"completion_tokens": 4}, "stop")
+    assert answer_tokens_only(ended).completion_tokens == 3
+    cut = build_record("p", "c", 1.0, 2.0, times, {"completion_tokens": 3}, "length")
+    chunks = build_record("p", "c", 1.0, 2.0, times, None, "stop")  # counted by chunks: no end token in them
+    for record in (cut, chunks, RequestRecord("p", "c", ok=False, error="boom")):
+        assert answer_tokens_only(record) == record
+    result = LoadResult(1, (ended, cut), 1.0, 1)
+    counted = {label: [r.completion_tokens for r in as_answers(result, SERVER_KINDS[label]).records]
+               for label in ("llama-server", "llama-server-ngram", "tandem-spec", "llamacpp-server")}
+    assert counted == {"llama-server": [3, 3], "llama-server-ngram": [3, 3], "tandem-spec": [4, 3],
+                       "llamacpp-server": [4, 3]}
 
 
 # --- figures and ratios -----------------------------------------------------------------------
@@ -389,6 +406,7 @@ class ScriptKind:
     needs_draft = False
     health_path = "/health"
     metrics_path = None
+    usage_counts_end_token = False
     request_extras = MappingProxyType({})
     notes = "test double"
 

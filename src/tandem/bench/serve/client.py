@@ -4,7 +4,9 @@ Times are `time.perf_counter` seconds from just before the request is sent. A to
 stream chunk with non-empty content. TTFT = first token chunk - send; inter-token latencies
 (ITL) = gaps between consecutive token chunks (a server that streams several tokens in one chunk
 shows fewer, longer gaps); e2e = end of stream - send. Completion tokens come from the usage
-chunk when the server sends one, else they are the count of token chunks. TPOT (time per output
+chunk when the server sends one, else they are the count of token chunks; they are the answer's
+tokens, so where a server's usage also counts the end-of-sequence token it sampled (llama-server's
+does, Tandem's does not) `answer_tokens_only` takes it off an answer that ended by itself. TPOT (time per output
 token after the first) = (last token chunk - first token chunk) / (completion tokens - 1).
 Cached prompt tokens come from the usage chunk's `prompt_tokens_details.cached_tokens` (OpenAI's
 field; None where a server does not send it). The answer's text is kept for multi-turn
@@ -12,7 +14,7 @@ workloads, which send it back as the next turn's history.
 """
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 
@@ -69,6 +71,15 @@ def build_record(prompt_id: str, category: str, start: float, end: float, token_
         prompt_tokens=int(prompt_tokens) if isinstance(prompt_tokens, (int, float)) else None,
         text=text,
     )
+
+
+def answer_tokens_only(record: RequestRecord) -> RequestRecord:
+    """The record of a server whose usage counts the end-of-sequence token, counted as the answer's
+    tokens: one fewer where the answer ended by itself (finish_reason "stop"; the benchmarks send
+    no stop strings), else as it was."""
+    if not (record.ok and record.tokens_from_usage and record.finish_reason == "stop" and record.completion_tokens):
+        return record
+    return replace(record, completion_tokens=record.completion_tokens - 1)
 
 
 def failed(prompt_id: str, category: str, error: str, start: float) -> RequestRecord:

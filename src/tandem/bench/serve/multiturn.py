@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from tandem.bench.machine import machine_info
+from tandem.bench.serve.client import answer_tokens_only
 from tandem.bench.serve.conversations import CONCURRENCY, SCENARIOS, load_scenarios, run_scenario, summarize_scenario
 from tandem.bench.serve.server_kinds import SERVER_KINDS
 from tandem.bench.serve.session import LOG_FOLDER, server_launch
@@ -59,6 +60,8 @@ def run_scenario_on_all(scenario: str, conversations, index: int, kinds: list, e
         endpoint = endpoints[kind.label]
         run = run_scenario(endpoint.chat_url, scenario, conversations, endpoint.model, settings.max_tokens,
                            dict(kind.request_extras), CONCURRENCY[scenario])
+        if kind.usage_counts_end_token:  # counted as the answer's tokens, as every server's
+            run = replace(run, turns=tuple(replace(t, record=answer_tokens_only(t.record)) for t in run.turns))
         summary = summarize_scenario(run)
         print(f"{scenario} {kind.label}: {summary['requests']} requests in {summary['wall_s']:.1f} s, "
               f"TTFT p50 by turn {summary['ttft_p50_ms_by_turn']} ms"

@@ -78,6 +78,7 @@ class ServerKind(Protocol):
     needs_draft: bool
     health_path: str
     metrics_path: str | None  # Tandem's /metrics, read for the draft sources of a run; None elsewhere
+    usage_counts_end_token: bool  # its usage.completion_tokens counts the end-of-sequence token it sampled
     request_extras: Mapping[str, object]
     notes: str
 
@@ -91,6 +92,7 @@ class TandemSpecServer:
     needs_draft = True
     health_path = "/health"
     metrics_path: str | None = "/metrics"
+    usage_counts_end_token = False  # the answer's tokens
     request_extras: Mapping[str, object] = MappingProxyType({})
     serve_options: tuple[str, ...] = ()  # `tandem serve` options beyond the launch's (none: its defaults)
     notes = "`tandem serve`, speculation with its defaults (--drafter hybrid --k auto)"
@@ -169,6 +171,7 @@ class LlamaCppServer:
     needs_draft = False
     health_path = "/v1/models"  # no /health; the model is loaded before the port opens
     metrics_path = None
+    usage_counts_end_token = False
     request_extras: Mapping[str, object] = MappingProxyType({"repeat_penalty": 1.0})
     notes = ("llama-cpp-python's server: one request at a time (no parallel slots in this version), "
              "--interrupt_requests False, --logits_all False, same threads and context, repeat_penalty 1.0")
@@ -205,6 +208,7 @@ class LlamaServer:
     needs_draft = False
     health_path = "/health"
     metrics_path = None
+    usage_counts_end_token = True  # "Bonjour" then its end token: completion_tokens 2
     request_extras: Mapping[str, object] = MappingProxyType({})
     speculation: tuple[str, ...] = ()
     notes = "llama.cpp's C++ llama-server: a slot per client, one unified KV pool of as many cells as Tandem's, same threads"

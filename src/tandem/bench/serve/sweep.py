@@ -8,12 +8,13 @@ the whole sweep (idle ones cost memory, not CPU) and are stopped at the end, on 
 
 import sys
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
 import httpx
 
+from tandem.bench.serve.client import answer_tokens_only
 from tandem.bench.serve.draft_sources import parse_sources, read_metrics, source_delta
 from tandem.bench.serve.engine_steps import parse_steps, step_delta
 from tandem.bench.serve.launcher import READY_TIMEOUT_S, ServerProcess
@@ -134,7 +135,7 @@ def run_turns(endpoints: Sequence[Endpoint], plan: LevelPlan, max_tokens: int, p
             shift = i % len(endpoints)
             for endpoint in [*endpoints[shift:], *endpoints[:shift]]:
                 label = endpoint.kind.label
-                one = run_load(endpoint.chat_url, [items[label][i]], 1)
+                one = as_answers(run_load(endpoint.chat_url, [items[label][i]], 1), endpoint.kind)
                 records[label] += one.records
                 wall[label] += one.wall_s
                 bar.update()
@@ -151,8 +152,15 @@ def run_level(endpoint: Endpoint, plan: LevelPlan, max_tokens: int, progress: bo
     items = load_items(plan.requests, endpoint.model, max_tokens, dict(kind.request_extras))
     with ProgressBar(total=len(items), desc=f"C={plan.concurrency} {kind.label}", unit="req", file=sys.stderr,
               disable=not progress, leave=False) as bar:
-        result = run_load(url, items, plan.concurrency, on_done=lambda _record: bar.update())
+        result = as_answers(run_load(url, items, plan.concurrency, on_done=lambda _record: bar.update()), kind)
     errors = sum(not r.ok for r in result.records)
     print(f"C={plan.concurrency} {kind.label}: {len(items)} requests in {result.wall_s:.1f} s"
           + (f", {errors} errors" if errors else ""), file=sys.stderr)
     return result
+
+
+def as_answers(result: LoadResult, kind: ServerKind) -> LoadResult:
+    """Every server's completion tokens counted alike, as the answer's tokens (`answer_tokens_only`)."""
+    if not kind.usage_counts_end_token:
+        return result
+    return replace(result, records=tuple(answer_tokens_only(record) for record in result.records))
