@@ -7,12 +7,11 @@ from pathlib import Path
 
 from tandem.bench.machine import machine_line
 from tandem.bench.serve.report import throughput_table
-from tandem.bench.serve.server_kinds import SERVER_KINDS
+from tandem.bench.serve.server_kinds import DRAFTLESS_CONFIGS, SERVER_KINDS
 from tandem.bench.serve.settings import (DEFAULT_CONCURRENCY, DEFAULT_CONFIGS, MIN_REQUESTS, REQUESTS_PER_CLIENT,
                                          ServeBenchSettings, parse_concurrency, parse_configs)
 from tandem.bench.workload import DEFAULT_WORKLOAD
 from tandem.cli.int_list import thread_count
-from tandem.bench.serve.server_kinds import SERVER_KINDS
 from tandem.errors import TandemError
 from tandem.models.catalog import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET, SHIPPED_DRAFT, default_draft
 
@@ -74,8 +73,7 @@ def run(args: argparse.Namespace) -> int:
             and CATALOG[args.target].family != CATALOG[draft].family):  # its servers failed to start on it
         raise TandemError(f"{', '.join(drafting)} {'drafts' if len(drafting) == 1 else 'draft'} with the default draft {draft}, a {CATALOG[draft].family} "
                           f"model with another tokenizer than {args.target}'s: name a draft that shares it with "
-                          "--draft, or compare configs that draft without one (tandem-nospec, tandem-ngram, "
-                          "tandem-suffix, llama-server, llama-server-ngram)")
+                          f"--draft, or compare configs that draft without one ({DRAFTLESS_CONFIGS})")
     settings = ServeBenchSettings(
         target=args.target,
         draft=draft,

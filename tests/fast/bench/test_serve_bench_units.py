@@ -8,6 +8,7 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 from types import MappingProxyType
 
 import pytest
@@ -573,3 +574,23 @@ def test_a_soak_url_without_its_v1_says_to_add_it(monkeypatch):
                                 "(http://127.0.0.1:9/v1)")
     with pytest.raises(TandemError, match=r"models: HTTP 404$"):
         server._served_model("http://127.0.0.1:9/v1", None)
+
+
+def test_a_draft_file_with_another_tokenizer_is_refused_before_any_server_starts(tmp_path, monkeypatch):
+    """A draft given as a .gguf path was not checked: tandem-spec failed to start on it, after the
+    out folder was made, and llama-server-draft ran with it."""
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from test_chat_prompt import chatml_tokenizer
+
+    from tandem.bench.serve import session
+    from tandem.errors import VocabularyMismatchError
+
+    target, draft = tmp_path / "target", tmp_path / "draft"
+    chatml_tokenizer(target)
+    chatml_tokenizer(draft, corpus="another vocabulary for another model")
+    monkeypatch.setattr(session, "gguf_path", Path)  # the folders stand for the GGUF files
+    for config in ("tandem-spec", "llama-server-draft"):
+        settings = ServeBenchSettings(str(target), str(draft), (config,), (1,), DEFAULT_WORKLOAD, tmp_path / "out")
+        with pytest.raises(VocabularyMismatchError, match=f"tokenizers differ.*leave {config} out of --configs"):
+            session.run_serve_bench(settings, progress=False)
+        assert not (tmp_path / "out").exists()

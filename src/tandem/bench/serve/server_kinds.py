@@ -50,6 +50,7 @@ from typing import Mapping, Protocol
 from tandem.models.llamacpp_batch_runner import kv_pool_tokens
 
 HOST = "127.0.0.1"
+DRAFTLESS_CONFIGS = "tandem-nospec, tandem-ngram, tandem-suffix, llama-server and llama-server-ngram"  # for errors
 TANDEM_URL = re.compile(r"https?://[\w.\-\[\]:]+/v1")  # the line `tandem serve` prints when ready
 
 

@@ -16,13 +16,14 @@ from tandem.bench.serve.plots import write_plots
 from tandem.bench.serve.report import render_report
 from tandem.bench.serve.requests import level_requests, repeats
 from tandem.bench.serve.results import build_results
-from tandem.bench.serve.server_kinds import SERVER_KINDS, ServerLaunch
+from tandem.bench.serve.server_kinds import DRAFTLESS_CONFIGS, SERVER_KINDS, ServerLaunch
 from tandem.bench.serve.settings import ServeBenchSettings
 from tandem.bench.serve.sweep import LevelPlan, SweepOutcome, run_sweep
 from tandem.bench.out_dir import prepare_out_dir
 from tandem.bench.workload import load_prompts
 from tandem.models.backends import RunnerSpec
-from tandem.models.resolve import gguf_path
+from tandem.models.resolve import gguf_path, tokenizer_path
+from tandem.text.tokenizer import TextTokenizer, check_same_vocabulary
 
 LOG_FOLDER = "logs"
 
@@ -47,7 +48,12 @@ def plan_levels(settings: ServeBenchSettings, prompts: list) -> list[LevelPlan]:
 def server_launch(settings: ServeBenchSettings, kinds: list) -> ServerLaunch:
     """Resolve the models (pulling catalog ones if needed); raises TandemError if one is missing."""
     target_gguf = gguf_path(settings.target)
-    draft_gguf = gguf_path(settings.draft) if any(kind.needs_draft for kind in kinds) else None
+    drafting = [kind.label for kind in kinds if kind.needs_draft]
+    draft_gguf = gguf_path(settings.draft) if drafting else None
+    if drafting:  # a draft given as a file is checked too, before any server starts (it failed to start on it)
+        check_same_vocabulary(TextTokenizer(str(tokenizer_path(settings.target))),
+                              TextTokenizer(str(tokenizer_path(settings.draft))),
+                              f"leave {', '.join(drafting)} out of --configs: {DRAFTLESS_CONFIGS} draft without one")
     return ServerLaunch(
         target=settings.target,
         draft=settings.draft,
