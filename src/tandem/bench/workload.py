@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Protocol
 
 from tandem.errors import TandemError
+from tandem.text.chat_roles import CHAT_ROLES
 
 DEFAULT_WORKLOAD = Path(__file__).parent / "workloads" / "default.jsonl"
 LONG_WORKLOAD = Path(__file__).parent / "workloads" / "long_output.jsonl"
@@ -61,7 +62,7 @@ def load_prompts(path: str | Path) -> list[BenchPrompt]:
     if not path.is_file():
         raise TandemError(f"no such prompts file: {path}")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark, as some editors write, is not JSON
     except (OSError, UnicodeDecodeError) as error:
         raise TandemError(f"cannot read the prompts file {path}: {error}") from None
     prompts, seen = [], {}
@@ -79,6 +80,12 @@ def load_prompts(path: str | Path) -> list[BenchPrompt]:
     return prompts
 
 
+def recorded_prompts_file(path: str | Path) -> str:
+    """How a run's results name its prompts: a packaged workload by its name, a file by its absolute
+    path (bench-ceiling reads it again, from whatever folder it is run in)."""
+    return str(path) if str(path) in NAMED_WORKLOADS else str(Path(path).resolve())
+
+
 def parse_line(line: str, number: int, path: str | Path = "<prompts>") -> BenchPrompt:
     where = f"{path} line {number}"
     try:
@@ -94,8 +101,8 @@ def parse_line(line: str, number: int, path: str | Path = "<prompts>") -> BenchP
     messages, prompt = record.get("messages"), record.get("prompt")
     if (messages is None) == (prompt is None):
         raise TandemError(f"{where}: give exactly one of 'messages' and 'prompt'")
-    if prompt is not None and not (isinstance(prompt, str) and prompt):
-        raise TandemError(f"{where}: 'prompt' must be a non-empty string")
+    if prompt is not None and not (isinstance(prompt, str) and prompt.strip()):
+        raise TandemError(f"{where}: 'prompt' must be a string with more than white space")
     if messages is not None:
         _check_messages(messages, where)
         messages = tuple(messages)
@@ -109,6 +116,8 @@ def _check_messages(messages, where: str) -> None:
         if not (isinstance(message, dict) and isinstance(message.get("role"), str)
                 and isinstance(message.get("content"), str)):
             raise TandemError(f"{where}: each message needs string 'role' and 'content', got {message!r}")
+        if message["role"] not in CHAT_ROLES:  # the servers refuse it with a 400, every request of the run
+            raise TandemError(f"{where}: a message's role is {message['role']!r}: use one of {', '.join(CHAT_ROLES)}")
     if not any(m["content"].strip() for m in messages):
         raise TandemError(f"{where}: every message has empty content")
 

@@ -216,7 +216,9 @@ def test_loading_fills_defaults_and_skips_blank_lines(tmp_path):
     ("[1, 2]", "line 2: expected a JSON object"),
     ('{"id": "x"}', "line 2: give exactly one of 'messages' and 'prompt'"),
     ('{"prompt": "a", "messages": []}', "line 2: give exactly one"),
-    ('{"prompt": ""}', "line 2: 'prompt' must be a non-empty string"),
+    ('{"prompt": ""}', "line 2: 'prompt' must be a string with more than white space"),
+    ('{"prompt": " \\n"}', "line 2: 'prompt' must be a string with more than white space"),
+    ('{"messages": [{"role": "bogus", "content": "hi"}]}', "line 2: a message's role is 'bogus': use one of system"),
     ('{"messages": []}', "line 2: 'messages' must be a non-empty list"),
     ('{"messages": [{"role": "user"}]}', "line 2: each message needs"),
     ('{"messages": [{"role": "user", "content": " "}]}', "line 2: every message has empty content"),
@@ -227,6 +229,24 @@ def test_bad_lines_name_their_line(tmp_path, line, message):
     path = write_lines(tmp_path, [json.dumps({"id": "first", "prompt": "a"}), line])
     with pytest.raises(TandemError, match=message):
         load_prompts(path)
+
+
+def test_a_file_opening_with_a_byte_order_mark_is_read(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"id": "a", "prompt": "hi"}).encode() + b"\n")
+    assert [p.id for p in load_prompts(path)] == ["a"]
+
+
+def test_a_run_records_its_prompts_file_so_that_it_is_found_from_any_folder(tmp_path, monkeypatch):
+    from tandem.bench.workload import recorded_prompts_file
+
+    monkeypatch.chdir(tmp_path)
+    write_lines(tmp_path, [json.dumps({"prompt": "a"})])
+    recorded = recorded_prompts_file("prompts.jsonl")
+    assert recorded == str(tmp_path / "prompts.jsonl")
+    monkeypatch.chdir("/")
+    assert load_prompts(recorded)[0].prompt == "a"
+    assert recorded_prompts_file("long") == "long"  # a packaged workload keeps its name
 
 
 def test_missing_and_empty_files(tmp_path):

@@ -43,7 +43,7 @@ from tandem.bench.serve.requests import BenchRequest, level_requests, warmup_req
 from tandem.bench.serve.results import request_entry
 from tandem.bench.serve.settings import check_num_prompts, requests_per_level
 from tandem.bench.out_dir import prepare_out_dir
-from tandem.bench.workload import load_prompts
+from tandem.bench.workload import load_prompts, recorded_prompts_file
 from tandem.errors import TandemError
 from tandem.models.backends import RunnerSpec
 from tandem.models.resolve import hf_path, tokenizer_path
@@ -266,7 +266,7 @@ def build_results(settings: CbPeerSettings, device: str, info: dict, runs: dict[
     header = {"command": settings.command, "settings": {
         "target": settings.model, "hf_folder": str(hf_path(settings.model)), "device": device,
         "dtype": settings.dtype, "threads": settings.threads, "concurrency": list(settings.concurrency),
-        "prompts_file": str(settings.prompts_file), "max_tokens": settings.max_tokens,
+        "prompts_file": recorded_prompts_file(settings.prompts_file), "max_tokens": settings.max_tokens,
         "requests_per_level": {str(c): len(run.result.records) for c, run in runs.items()},
     }, "machine": machine_info()}
     levels = []

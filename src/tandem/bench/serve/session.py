@@ -20,7 +20,7 @@ from tandem.bench.serve.server_kinds import DRAFTLESS_CONFIGS, SERVER_KINDS, Ser
 from tandem.bench.serve.settings import ServeBenchSettings
 from tandem.bench.serve.sweep import LevelPlan, SweepOutcome, run_sweep
 from tandem.bench.out_dir import prepare_out_dir
-from tandem.bench.workload import load_prompts
+from tandem.bench.workload import load_prompts, recorded_prompts_file
 from tandem.models.backends import RunnerSpec
 from tandem.models.resolve import gguf_path, tokenizer_path
 from tandem.text.tokenizer import TextTokenizer, check_same_vocabulary
@@ -100,7 +100,7 @@ def header(settings: ServeBenchSettings, launch: ServerLaunch, plans: list[Level
             "target_gguf": launch.target_gguf,
             "configs": list(settings.configs),
             "concurrency": list(settings.concurrency),
-            "prompts_file": str(settings.prompts_file),
+            "prompts_file": recorded_prompts_file(settings.prompts_file),
             "requests_per_level": {str(plan.concurrency): len(plan.requests) for plan in plans},
             "repeats_per_level": {str(plan.concurrency): repeats(plan.requests) for plan in plans},
             "max_tokens": settings.max_tokens,

@@ -19,7 +19,8 @@ from tandem.bench.single.plots import write_plots
 from tandem.bench.single.registry import build_configs, parse_config_names, setup_all
 from tandem.bench.single.report import render_report
 from tandem.bench.single.results import build_results
-from tandem.bench.workload import WARMUP_PROMPTS, BenchPrompt, format_prompt, load_prompts, select_prompts
+from tandem.bench.workload import (WARMUP_PROMPTS, BenchPrompt, format_prompt, load_prompts, recorded_prompts_file,
+                                   select_prompts)
 from tandem.errors import TandemError
 
 
@@ -78,7 +79,7 @@ def _header(settings: BenchSettings, prompt_count: int, uses_draft: bool) -> dic
     return {
         "command": settings.command,
         "settings": {
-            "prompts_file": str(settings.prompts_file),
+            "prompts_file": recorded_prompts_file(settings.prompts_file),
             "prompts": prompt_count,
             "max_tokens": settings.max_tokens,
             "warmup": settings.warmup,
