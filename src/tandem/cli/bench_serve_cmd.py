@@ -7,6 +7,7 @@ from pathlib import Path
 
 from tandem.bench.machine import machine_line
 from tandem.bench.serve.report import throughput_table
+from tandem.bench.serve.results import failed_runs
 from tandem.bench.serve.server_kinds import DRAFTLESS_CONFIGS, SERVER_KINDS
 from tandem.bench.serve.settings import (DEFAULT_CONCURRENCY, DEFAULT_CONFIGS, MIN_REQUESTS, REQUESTS_PER_CLIENT,
                                          ServeBenchSettings, parse_concurrency, parse_configs)
@@ -101,4 +102,8 @@ def run(args: argparse.Namespace) -> int:
         print(machine_line(results["machine"]))
         print("\n".join(throughput_table(results)))
     print(f"\nwrote results.json, report.md, plots and server logs to {settings.out_dir}", file=sys.stderr)
+    failed = failed_runs(results) if args.prompts != MULTITURN else []
+    if failed:  # a table of zeros is no measurement: said, and the exit status says it too
+        print(f"error: every request failed for {', '.join(failed)}: report.md quotes their errors", file=sys.stderr)
+        return 1
     return 0

@@ -80,6 +80,10 @@ def test_results_without_answer_texts_are_a_clear_error(tmp_path):
     results, level = _results(tmp_path, "", "")
     with pytest.raises(TandemError, match="no answer texts"):
         ceilings(results, level, CharTokenizer(), lambda n, c: 1.0, None)
+    for record in level["configs"]["tandem-spec"]["request_records"]:  # every request failed: said so
+        record.update(ok=False, error="HTTP 400: bad role")
+    with pytest.raises(TandemError, match="all 3 requests of tandem-spec failed in this level .*HTTP 400: bad role"):
+        ceilings(results, level, CharTokenizer(), lambda n, c: 1.0, None)
 
 
 def test_the_long_run_ceiling_decodes_short_runs_plainly():

@@ -313,6 +313,7 @@ def test_tandem_servers_get_a_dtype_only_for_models_torch_runs(monkeypatch):
 def test_server_kind_command_lines(tmp_path, monkeypatch):
     peer = tmp_path / "llama-server"  # the command line only names the binary: no build needed (CI has none)
     peer.write_text("")
+    peer.chmod(0o755)
     monkeypatch.setenv("TANDEM_LLAMA_SERVER", str(peer))
     spec, nospec, llama = (SERVER_KINDS[n]() for n in ("tandem-spec", "tandem-nospec", "llamacpp-server"))
     assert "--drafter" not in spec.command(LAUNCH, 1234) and "--port" in spec.command(LAUNCH, 1234)
@@ -347,7 +348,7 @@ def test_the_draft_left_out_is_the_one_tandem_serve_would_pick_for_the_draft_bac
 
     seen = []
     machine = {"cpu_model": "AMD EPYC", "cpu_count": 2, "llama_cpp_cpu": "SSE3 AVX2 FMA AVX512 AVX512_VNNI OPENMP"}
-    monkeypatch.setattr(session, "run_serve_bench", lambda settings: seen.append(settings.draft) or {"machine": machine})
+    monkeypatch.setattr(session, "run_serve_bench", lambda settings: seen.append(settings.draft) or {"machine": machine, "levels": []})
     monkeypatch.setattr("tandem.cli.bench_serve_cmd.throughput_table", lambda results: [])
     base = ["bench-serve", "--configs", "tandem-spec", "--concurrency", "1", "--out", str(tmp_path / "out")]
     for extra in ([], ["--backend", "torch"], ["--backend", "torch", "--draft-backend", "llamacpp"],
@@ -594,3 +595,31 @@ def test_a_draft_file_with_another_tokenizer_is_refused_before_any_server_starts
         with pytest.raises(VocabularyMismatchError, match=f"tokenizers differ.*leave {config} out of --configs"):
             session.run_serve_bench(settings, progress=False)
         assert not (tmp_path / "out").exists()
+
+
+def test_a_peer_binary_that_cannot_run_is_a_clear_error_not_a_traceback(tmp_path, monkeypatch):
+    from tandem.bench.serve.server_kinds import llama_server_binary
+
+    data = tmp_path / "model.gguf"
+    data.write_bytes(b"GGUF")
+    monkeypatch.setenv("TANDEM_LLAMA_SERVER", str(data))
+    with pytest.raises(TandemError, match="is not executable"):
+        llama_server_binary()
+    data.chmod(0o755)  # executable, but not a program: the launcher says so (a PermissionError went up)
+    kind = ScriptKind("")
+    kind.command = lambda launch, port: [str(data)]
+    with pytest.raises(TandemError, match="script cannot start .*model.gguf: .*Exec format error"):
+        with ServerProcess(kind, LAUNCH, tmp_path / "s.log"):
+            pass
+
+
+def test_a_config_whose_every_request_failed_is_named():
+    """Every request refused (a 400 on each) gave a table of zeros and exit status 0."""
+    from tandem.bench.serve.results import failed_runs
+
+    ok, bad = {"ok": True}, {"ok": False}
+    results = {"levels": [{"concurrency": 1, "configs": {"tandem-spec": {"request_records": [ok, bad]},
+                                                         "llama-server": {"request_records": [bad, bad]}}},
+                          {"concurrency": 4, "configs": {"tandem-spec": {"request_records": [bad]},
+                                                         "llama-server": {"request_records": [ok]}}}]}
+    assert failed_runs(results) == ["llama-server at C=1", "tandem-spec at C=4"]

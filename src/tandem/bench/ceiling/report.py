@@ -123,8 +123,12 @@ def answers_of(level: dict, reference: str | None) -> tuple[str, dict[str, str]]
     label = reference or next((c for c in configs if c.startswith("tandem")), next(iter(configs)))
     if label not in configs:
         raise TandemError(f"no config {label!r} in this level; it has {', '.join(configs)}")
-    texts = {r["id"]: r.get("text", "") for r in first_pass(configs[label]["request_records"])}
+    records = configs[label]["request_records"]
+    texts = {r["id"]: r.get("text", "") for r in first_pass(records)}
     if not any(texts.values()):
+        if records and not any(r.get("ok") for r in records):
+            raise TandemError(f"all {len(records)} requests of {label} failed in this level (the first: "
+                              f"{records[0].get('error')}): nothing to price")
         raise TandemError("these results keep no answer texts: rerun bench-serve with this version")
     return label, texts
 

@@ -71,10 +71,13 @@ class ServerProcess:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("wb") as log:
-            self._process = subprocess.Popen(
-                self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-            )
+            try:
+                self._process = subprocess.Popen(
+                    self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True, preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                )
+            except OSError as error:  # not a program (a binary for another machine, a data file)
+                raise TandemError(f"{self.kind.label} cannot start {self.command[0]}: {error}") from None
 
     def wait_ready(self) -> str:
         started = time.monotonic()

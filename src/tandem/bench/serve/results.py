@@ -74,3 +74,10 @@ def build_results(outcome: SweepOutcome, header: dict) -> dict:
             "ratios": ratios(summaries),
         })
     return {**header, "configs": list(outcome.servers), "servers": outcome.servers, "levels": levels}
+
+
+def failed_runs(results: dict) -> list[str]:
+    """The configs (with their level) whose every request failed: a run that measured nothing."""
+    return [f"{label} at C={level['concurrency']}" for level in results["levels"]
+            for label, config in level["configs"].items()
+            if config["request_records"] and not any(r["ok"] for r in config["request_records"])]

@@ -201,6 +201,8 @@ def llama_server_binary() -> str:
     if not binary.is_file():
         raise TandemError(f"no llama-server at {binary}: build it with scripts/build-llama-server.sh (~15 min), "
                           "or set TANDEM_LLAMA_SERVER to one")
+    if not os.access(binary, os.X_OK):
+        raise TandemError(f"{binary} is not executable: TANDEM_LLAMA_SERVER names llama.cpp's llama-server binary")
     return str(binary)
 
 
