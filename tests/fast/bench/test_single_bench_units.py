@@ -419,3 +419,27 @@ def test_a_draft_with_another_tokenizer_is_refused_before_anything_runs(tmp_path
         with pytest.raises(VocabularyMismatchError, match="tokenizers differ"):
             run_session(BenchSettings(choice, configs, DEFAULT_WORKLOAD, out))
         assert not out.exists()
+
+
+def test_a_prompt_longer_than_the_context_is_refused_before_the_models_load(tmp_path):
+    """It was refused by the engine, after the models had loaded and been profiled (~100 s)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from test_chat_prompt import chatml_tokenizer
+
+    from tandem.bench.single.models import ModelChoice
+    from tandem.bench.single.session import BenchSettings, run_session
+    from tandem.models.backends import RunnerSpec
+
+    model = tmp_path / "model"
+    chatml_tokenizer(model)
+    prompts = write_lines(tmp_path, [json.dumps({"id": "short", "prompt": "hi"}),
+                                     json.dumps({"id": "huge", "prompt": "hi there " * 40})])
+    choice = ModelChoice(RunnerSpec(str(model), "torch", context_length=32), RunnerSpec(str(model), "torch"))
+    out = tmp_path / "out"
+    with pytest.raises(TandemError, match="prompt 'huge' of .*prompts.jsonl has [0-9]+ tokens but the target's "
+                                          "context holds 32"):
+        run_session(BenchSettings(choice, "none", prompts, out))
+    assert not out.exists()

@@ -50,8 +50,9 @@ def run_session(settings: BenchSettings) -> dict:
     configs = build_configs(specs, models)
     if any(config.uses_draft_model for config in configs):
         models.check_draft_vocabulary()  # transformers' assisted generation would die on it mid-run
-    prepare_out_dir(settings.out_dir)  # fail before the long part, not after
     items = [FormattedPrompt(p, format_prompt(models.tokenizer, p)) for p in prompts]
+    _check_lengths(items, settings.models.target.context_length, settings.prompts_file)
+    prepare_out_dir(settings.out_dir)  # fail before the long part, not after
     warmups = [FormattedPrompt(p, format_prompt(models.tokenizer, p)) for p in warmup_prompts(settings.warmup)]
     print(f"loading models for {len(configs)} configs...", file=sys.stderr)
     setup_all(configs)
@@ -65,6 +66,15 @@ def run_session(settings: BenchSettings) -> dict:
     results = build_results(configs, records, memory, header)
     write_outputs(results, settings.out_dir)
     return results
+
+
+def _check_lengths(items: list[FormattedPrompt], context_length: int, prompts_file) -> None:
+    """Every prompt leaves room for an answer in the target's context, checked before the models load
+    (the engine refused it only after loading and profiling them)."""
+    for item in items:
+        if len(item.token_ids) >= context_length:
+            raise TandemError(f"prompt {item.prompt.id!r} of {prompts_file} has {len(item.token_ids)} tokens but "
+                              f"the target's context holds {context_length}: shorten it or leave it out")
 
 
 def warmup_prompts(count: int) -> list[BenchPrompt]:
