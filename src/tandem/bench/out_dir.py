@@ -17,6 +17,8 @@ def prepare_out_dir(out_dir: Path) -> None:
 
 
 def _make_folder(out_dir: Path) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise TandemError(f"{out_dir} is a file, not a folder: give --out a folder to write the outputs in")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:

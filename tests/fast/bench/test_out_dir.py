@@ -19,3 +19,14 @@ def test_a_file_that_exists_is_named_but_not_its_folder(tmp_path, capsys):
     (tmp_path / "steps.json").write_text("{}")
     check_out_file(tmp_path / "steps.json")
     assert "steps.json exists; this run replaces it" in capsys.readouterr().err
+
+
+def test_an_out_folder_that_is_a_file_is_said_to_be_one(tmp_path):
+    import pytest
+
+    from tandem.errors import TandemError
+
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(TandemError, match="afile is a file, not a folder"):  # it said "File exists"
+        prepare_out_dir(tmp_path / "afile")
+    assert (tmp_path / "afile").read_text() == "x"

@@ -103,7 +103,7 @@ class FakeServer:
                 yield _event({"choices": [{"index": 0, "delta": {"content": f" w{i}"}}]})
             yield _event({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
             if body.get("stream_options", {}).get("include_usage"):
-                usage = {"completion_tokens": body["max_tokens"],
+                usage = {"completion_tokens": body["max_tokens"], "prompt_tokens": 7,
                          "speculative": {"drafted_tokens": 4, "accepted_tokens": 3}}
                 yield _event({"choices": [], "usage": usage})
             yield f"data: {DONE}\n\n"
@@ -480,6 +480,7 @@ def test_sweep_alternates_order_and_writes_every_output(fake_server, tmp_path):
     write_outputs(results, tmp_path)
     level = results["levels"][1]
     assert level["concurrency"] == 2 and level["configs"]["tandem-spec"]["peak_in_flight"] == 2
+    assert level["configs"]["tandem-spec"]["request_records"][0]["prompt_tokens"] == 7  # each request's, as sent
     assert level["ratios"][0]["a"] == "tandem-spec" and level["ratios"][0]["throughput"] > 0
     assert json.loads((tmp_path / "results.json").read_text())["configs"] == ["tandem-spec", "tandem-nospec"]
     report = (tmp_path / "report.md").read_text()

@@ -47,6 +47,8 @@ def request_entry(record: RequestRecord) -> dict:
         "error": record.error,
         "ttft_ms": ms(record.ttft_s),
         "e2e_ms": ms(record.e2e_s),
+        "prompt_tokens": record.prompt_tokens,  # as the server's usage says (None where it sends none)
+        "cached_tokens": record.cached_tokens,
         "completion_tokens": record.completion_tokens,
         "token_chunks": record.token_chunks,
         "finish_reason": record.finish_reason,
