@@ -170,7 +170,7 @@ def main() -> None:
         parser.error("--check-shares and --check-min-k take numbers separated by commas")
 
     from tandem.bench.ceiling.drafting_replay import DraftingReplay, replay_pricing
-    from tandem.bench.ceiling.oracle import MAX_DRAFT, oracle_rounds, rounds_ms
+    from tandem.bench.ceiling.oracle import MAX_DRAFT, oracle_ms, oracle_rounds
     from tandem.bench.ceiling.report import load_level, read_curves, recorded_answers
     from tandem.models.resolve import tokenizer_path
     from tandem.text.tokenizer import TextTokenizer
@@ -187,7 +187,7 @@ def main() -> None:
         cost_ms, planner = replay_pricing(read_curves(Path(curves_file).read_text()))
         ceiling: dict[str, float] = defaultdict(float)
         for category, prompt, answer in work:
-            ceiling[category] += rounds_ms(oracle_rounds(prompt, answer, MAX_DRAFT), cost_ms)
+            ceiling[category] += oracle_ms(oracle_rounds(prompt, answer, MAX_DRAFT), cost_ms)
         spent: dict[str, dict[str, float]] = {}
         checks: dict[str, dict[str, float]] = {}
         by_source: dict[str, list[int]] = {}

@@ -41,7 +41,7 @@ def main() -> None:
 
     import tandem.bench.ceiling.report as report
     from tandem.bench.ceiling.drafting_replay import DraftingReplay, planner_curve
-    from tandem.bench.ceiling.oracle import MAX_DRAFT, ContextCurves, oracle_rounds, rounds_ms
+    from tandem.bench.ceiling.oracle import MAX_DRAFT, ContextCurves, oracle_ms, oracle_rounds
     from tandem.models.batch_backends import BATCH_PROFILE_SIZES
     from tandem.models.resolve import tokenizer_path
     from tandem.text.tokenizer import TextTokenizer
@@ -63,7 +63,7 @@ def main() -> None:
     work = [(recorded.category, recorded.prompt, recorded.answer) for recorded in answers]
     ceiling: dict[str, float] = defaultdict(float)
     for category, prompt, answer in work:
-        ceiling[category] += rounds_ms(oracle_rounds(prompt, answer, MAX_DRAFT), cost_ms)
+        ceiling[category] += oracle_ms(oracle_rounds(prompt, answer, MAX_DRAFT), cost_ms)
     categories = sorted(ceiling)
     print(f"# {args.results}: {label}'s answers, {len(work)} requests; truth: {args.measure or args.curves}")
     print("| the planner reads sizes | " + " | ".join(categories) + " | all | replayed s |")

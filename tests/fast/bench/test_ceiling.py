@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from tandem.bench.ceiling.oracle import (ContextCurves, Round, _Source, long_run_ms, longest_copy_run, oracle_rounds,
+from tandem.bench.ceiling.oracle import (ContextCurves, Round, _Source, long_run_ms, longest_copy_run, oracle_ms, oracle_rounds,
                                          plain_ms, rounds_ms, suffix_rounds)
 from tandem.speculation.drafters.ngram import find_ngram_match
 from ceiling_support import CharTokenizer, _results
@@ -91,6 +91,22 @@ def test_the_long_run_ceiling_decodes_short_runs_plainly():
     cost = lambda n, c: 10.0 + n  # noqa: E731
     assert long_run_ms(rounds, cost, min_run=8) == 4 * 11.0 + 21.0 + 11.0
     assert long_run_ms(rounds, cost, min_run=1) == rounds_ms(rounds, cost)
+
+
+def test_the_oracle_never_drafts_at_a_loss_so_its_ceiling_is_never_below_plain_decoding():
+    """A bench-serve run priced its category's ceiling at 0.96x plain decoding: on a compute-bound
+    curve a call of two tokens cost more than two one-token calls, and the oracle drafted anyway."""
+    random.seed(3)
+    dear_short = lambda n, c: 10.0 if n == 1 else 40.0 + n  # noqa: E731  up to 4 tokens cost more than 4 x 10
+    for _ in range(50):
+        prompt = [random.randrange(6) for _ in range(40)]
+        answer = [random.randrange(6) for _ in range(30)]
+        rounds = oracle_rounds(prompt, answer)
+        assert oracle_ms(rounds, dear_short) <= plain_ms(len(prompt), len(answer), dear_short)
+        assert oracle_ms(rounds, dear_short) <= rounds_ms(rounds, dear_short)
+        assert long_run_ms(rounds, dear_short) <= plain_ms(len(prompt), len(answer), dear_short)
+    copy = oracle_rounds(list(range(40)), list(range(30)))  # one long copy: drafted, where it pays
+    assert oracle_ms(copy, dear_short) == rounds_ms(copy, dear_short) < plain_ms(40, 30, dear_short)
 
 
 def test_a_round_is_priced_between_the_curves_of_the_contexts_around_it():

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from tandem.bench.ceiling.oracle import (LONG_RUN, MAX_DRAFT, CostMs, long_run_ms, oracle_rounds, plain_ms, rounds_ms,
-                                  suffix_rounds)
+from tandem.bench.ceiling.oracle import (LONG_RUN, MAX_DRAFT, CostMs, long_run_ms, oracle_ms, oracle_rounds, plain_ms,
+                                        rounds_ms, suffix_rounds)
 from tandem.bench.workload import format_prompt, load_prompts
 from tandem.errors import TandemError
 from tandem.models.cost import CostModel
@@ -168,7 +168,7 @@ def ceilings(results: dict, level: dict, tokenizer, cost_ms: CostMs, reference: 
             row.plain_ms += plain_ms(len(prompt), len(answer), cost_ms)
             row.suffix_ms += rounds_ms(suffix_rounds(prompt, answer, max_draft), cost_ms)
             oracle = oracle_rounds(prompt, answer, max_draft)
-            row.oracle_ms += rounds_ms(oracle, cost_ms)
+            row.oracle_ms += oracle_ms(oracle, cost_ms)
             row.long_ms += long_run_ms(oracle, cost_ms)
             row.oracle_rounds += len(oracle)
             if replay is not None:
