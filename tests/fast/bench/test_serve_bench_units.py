@@ -485,6 +485,9 @@ def test_sweep_alternates_order_and_writes_every_output(fake_server, tmp_path):
     assert json.loads((tmp_path / "results.json").read_text())["configs"] == ["tandem-spec", "tandem-nospec"]
     report = (tmp_path / "report.md").read_text()
     assert "## Concurrency 2" in report and "tandem-spec vs tandem-nospec" in report
+    assert "Target `t`, draft `d`," in report  # tandem-spec drafts with it
+    from tandem.bench.serve.report import render_report
+    assert "Target `t` (no config drafts with a model)," in render_report(results | {"configs": ["tandem-nospec"]})
     # the level's 3 requests, read off /metrics before and after tandem-spec's run
     assert level["configs"]["tandem-spec"]["draft_sources"] == {
         "suffix9": {"rounds": 3, "drafted": 12, "accepted": 9}, "ngram3": {"rounds": 3, "drafted": 0, "accepted": 0}}

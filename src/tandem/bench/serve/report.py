@@ -1,6 +1,7 @@
 """`report.md` of a serving benchmark, built from the `results.json` dict alone."""
 
 from tandem.bench.markdown import markdown_table, number_cell, percent_cell, speedup_cell
+from tandem.bench.serve.server_kinds import SERVER_KINDS
 
 DEFINITIONS = (
     "Closed loop: C clients each send their next request as soon as the last one ends. "
@@ -105,7 +106,9 @@ def render_report(results: dict) -> str:
     lines = ["# Tandem serving benchmark", "", f"`{results['command']}`", ""]
     if results.get("interrupted"):
         lines += ["**Interrupted**: only the levels every server finished are here.", ""]
-    lines += [f"Target `{settings['target']}`, draft `{settings['draft']}`, CPU threads per server: "
+    drafted = any(label in SERVER_KINDS and SERVER_KINDS[label].needs_draft for label in results["configs"])
+    draft = f", draft `{settings['draft']}`" if drafted else " (no config drafts with a model)"
+    lines += [f"Target `{settings['target']}`{draft}, CPU threads per server: "
               f"{settings['threads']}; up to {settings['max_tokens']}{_spread(settings)} greedy tokens per request; prompts from "
               f"`{settings['prompts_file']}`, requests per level: {_per_level(settings)}.", "",
               DEFINITIONS, ""]
