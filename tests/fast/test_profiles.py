@@ -139,3 +139,20 @@ def test_a_damaged_profile_is_measured_again_not_a_failed_start(tmp_path, monkey
         cached_profile(spec, again, (1, 4))
         assert again.calls == []  # and written whole
     assert [p.name for p in (tmp_path / "profiles").iterdir()] == [path.name]  # no temp file left
+
+
+def test_a_catalog_model_and_the_path_of_its_pulled_file_share_one_profile(tmp_path, monkeypatch):
+    """A user naming the pulled file instead of its catalog name profiled the same model again (~80 s)."""
+    from tandem.models.pull import catalog_name_of
+
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
+    pulled = tmp_path / "models" / "smollm2-135m-instruct" / "model.gguf"
+    pulled.parent.mkdir(parents=True)
+    pulled.write_bytes(b"GGUF")
+    copy = tmp_path / "elsewhere" / "smollm2-135m-instruct" / "model.gguf"  # the same name, not the pulled file
+    copy.parent.mkdir(parents=True)
+    copy.write_bytes(b"GGUF")
+    assert catalog_name_of(str(pulled)) == catalog_name_of("smollm2-135m-instruct") == "smollm2-135m-instruct"
+    assert catalog_name_of(str(copy)) is None and catalog_name_of(str(tmp_path / "missing.gguf")) is None
+    key = lambda model: backends._profile_key(RunnerSpec(model, "llamacpp", threads=1), None)  # noqa: E731
+    assert key(str(pulled)) == key("smollm2-135m-instruct") != key(str(copy))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from tandem.errors import ModelNotFoundError, TandemError
 from tandem.hardware import cpu_model, llama_cpp_build
 from tandem.models.checksum import model_version
+from tandem.models.pull import catalog_name_of
 from tandem.models.cost import PROFILE_SIZES, CostModel, measure_cost
 from tandem.models.runner import ModelRunner
 from tandem.models.torch_runner import DTYPES
@@ -195,9 +196,10 @@ def _curve_of(points: dict[str, float]) -> dict[int, float]:
 
 def _profile_key(spec: RunnerSpec, runner: ModelRunner) -> str:
     threads = spec.threads or os.cpu_count()
-    model = os.path.abspath(spec.model) if os.path.exists(spec.model) else spec.model
+    named = catalog_name_of(spec.model)
+    model = named or (os.path.abspath(spec.model) if os.path.exists(spec.model) else spec.model)
     build = llama_cpp_build() if spec.backend == "llamacpp" else ""
-    text = (f"{model}|{_version(spec.model)}|{spec.backend}|{spec.device}|{_device_name(spec.device)}|"
+    text = (f"{model}|{_version(named or spec.model)}|{spec.backend}|{spec.device}|{_device_name(spec.device)}|"
             f"{_precision(spec)}|{threads}|{spec.context_length}|{cpu_model()}|{build}")
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

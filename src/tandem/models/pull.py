@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Iterator
 
 from tandem.errors import ChecksumError, TandemError
-from tandem.models.catalog import CatalogEntry, lookup
+from tandem.models.catalog import CATALOG, CatalogEntry, lookup
 from tandem.models.checksum import model_checksum
 from tandem.models.requantize import requantize
 from tandem.paths import make_dir, models_dir
@@ -42,6 +42,20 @@ STALE_WORK_SECONDS = 6 * 3600  # an atomic_dir temp folder this old was left by 
 def entry_dir(name: str) -> Path:
     """Where the catalog model `name` lives once pulled (it may not exist yet)."""
     return models_dir() / name
+
+
+def catalog_name_of(model: str) -> str | None:
+    """The catalog name of `model`: itself where it is one, the name whose pulled GGUF it is where
+    it is a path to that file (so that a profile measured for the name serves the path); else None."""
+    if model in CATALOG:
+        return model
+    path = Path(model).expanduser()
+    if path.name != GGUF_FILENAME or not path.is_file():
+        return None
+    name = path.resolve().parent.name
+    if name in CATALOG and (entry_dir(name) / GGUF_FILENAME).resolve() == path.resolve():
+        return name
+    return None
 
 
 def is_pulled(name: str) -> bool:
