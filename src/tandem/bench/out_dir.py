@@ -13,12 +13,12 @@ def prepare_out_dir(out_dir: Path) -> None:
     if out_dir.is_dir() and any(out_dir.iterdir()):
         print(f"note: the output folder {out_dir} is not empty; files of the same name are replaced (give --out "
               "another folder to keep them)", file=sys.stderr)
+    if out_dir.is_file():
+        raise TandemError(f"{out_dir} is a file, not a folder: give --out a folder to write the outputs in")
     _make_folder(out_dir)
 
 
 def _make_folder(out_dir: Path) -> None:
-    if out_dir.exists() and not out_dir.is_dir():
-        raise TandemError(f"{out_dir} is a file, not a folder: give --out a folder to write the outputs in")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
