@@ -101,7 +101,7 @@ def test_a_damaged_file_is_ignored_with_a_warning_and_never_loaded(tmp_path, cap
     assert not path.exists() and len(cache) == 0
 
 
-def test_the_files_never_exceed_the_budget_and_the_least_recently_used_go_first(tmp_path):
+def test_the_files_never_exceed_the_budget_and_the_least_recently_used_go_first(tmp_path, caplog):
     one = len(entry([1] * 40, nbytes=300).target_state) + 150 + 700  # states + a header's bound
     cache = DiskPromptCache(tmp_path, 3 * one, KEY)
     for i in range(8):
@@ -111,10 +111,15 @@ def test_the_files_never_exceed_the_budget_and_the_least_recently_used_go_first(
     assert cache.load(cache.lookup([5] * 40, KEY)) is not None  # used: now the most recent
     written(cache, entry([99] * 40, nbytes=300))
     assert cache.lookup([6] * 40, KEY) is None and cache.lookup([5] * 40, KEY) is not None
-    assert not cache.put(entry([9] * 40, nbytes=4 * one), KEY)  # larger than the whole budget
+    assert "does not fit" not in caplog.text
+    assert not cache.put(entry([9] * 40, nbytes=4 * one), KEY)  # larger than the whole budget: said, once
+    assert not cache.put(entry([8] * 40, nbytes=4 * one), KEY)
+    assert caplog.text.count("does not fit the disk tier's whole") == 1 and "give --cache-disk more" in caplog.text
     cache.close()
-    smaller = DiskPromptCache(tmp_path, one, KEY)  # restarted with less room: the oldest go
+    with caplog.at_level(logging.WARNING):
+        smaller = DiskPromptCache(tmp_path, one, KEY)  # restarted with less room: the oldest go, said
     assert len(smaller) == 1 and files_bytes(smaller) <= one
+    assert "removed 2 files" in caplog.text and "to fit its" in caplog.text
     assert smaller.lookup([99] * 40, KEY) is not None
 
 
@@ -254,6 +259,17 @@ def test_an_entry_waiting_for_its_write_is_found_at_once_and_the_queue_is_bounde
     cache.flush()
     assert cache.queued_bytes == 0 and len(cache) == 1
     assert cache.load(cache.lookup(list(range(3, 60)), KEY)) == saved  # now from its file
+
+
+def test_a_write_a_crash_interrupted_is_removed_and_said(tmp_path, caplog):
+    written(DiskPromptCache(tmp_path, 1 << 20, KEY), entry(range(3, 60))).close()
+    folder = next(p for p in tmp_path.iterdir() if p.is_dir())
+    (folder / "deadbeef.4242.tmp").write_bytes(b"half a state")
+    with caplog.at_level(logging.WARNING):
+        restarted = DiskPromptCache(tmp_path, 1 << 20, KEY)
+    assert not (folder / "deadbeef.4242.tmp").exists() and len(restarted) == 1
+    assert "removed 1 unfinished write in" in caplog.text
+    restarted.close()
 
 
 def test_an_entry_whose_header_does_not_fit_evicts_nothing(tmp_path):

@@ -142,3 +142,13 @@ def test_the_start_up_line_names_the_tiers_that_are_on(tmp_path):
     small = PromptCache(one_slot, None, HostPromptCache(int(1.5 * 2**20), "tiny")).describe()
     assert "1 slot," in small and "host tier 1.5 MiB" in small, small  # it said "1 slots" and "2 MiB"
     disk.close()
+
+
+def test_a_budget_smaller_than_every_state_is_said_once_and_zero_is_off_without_a_word(caplog):
+    """`--cache-ram 1K` started, kept nothing and said nothing."""
+    small = HostPromptCache(1000, "m")
+    assert not small.put(entry(range(BLOCK), nbytes=2000), "m") and not small.put(entry(range(1, BLOCK + 1), nbytes=3000), "m")
+    assert caplog.text.count("does not fit the host tier's whole") == 1 and "give --cache-ram more" in caplog.text
+    caplog.clear()
+    assert not HostPromptCache(0, "m").put(entry(range(BLOCK), nbytes=2000), "m")  # --cache-ram 0: off
+    assert caplog.text == ""

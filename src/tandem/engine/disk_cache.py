@@ -39,9 +39,10 @@ from typing import AbstractSet, Callable, Sequence
 
 from tandem.engine.folder_lock import claim_folder, release_folder
 from tandem.engine.disk_cache_format import encode_entry, read_entry
-from tandem.engine.host_cache import HostEntry
+from tandem.engine.host_cache import HostEntry, TooLargeNote
 from tandem.engine.prefix_index import BLOCK, PrefixIndex
 from tandem.errors import TandemError
+from tandem.memory_size import human_size
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,7 @@ class DiskPromptCache:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tandem-disk-cache")
         self._pending: list[Future] = []
         self._closed = False
+        self.too_large = TooLargeNote("disk", "--cache-disk")
         self._scan()
 
     def __len__(self) -> int:
@@ -169,8 +171,10 @@ class DiskPromptCache:
     def put(self, entry: HostEntry, model_key: str) -> bool:
         """Write entry in the background; False where it cannot be kept (too large, too short,
         another model's)."""
-        if (self._closed or model_key != self.model_key or entry.nbytes > self.capacity_bytes
-                or len(entry.tokens) < BLOCK):
+        if self._closed or model_key != self.model_key or len(entry.tokens) < BLOCK:
+            return False
+        if entry.nbytes > self.capacity_bytes:
+            self.too_large.tell(entry.nbytes, self.capacity_bytes)
             return False
         path = self._path(entry)
         with self._lock:
@@ -222,8 +226,9 @@ class DiskPromptCache:
 
     def _store(self, entry: HostEntry, path: Path) -> None:
         data = encode_entry(entry, self.model_key)
-        if len(data) > self.capacity_bytes:
-            return  # its header takes it past the whole budget: nothing is evicted for it
+        if len(data) > self.capacity_bytes:  # its header takes it past the whole budget: nothing is evicted for it
+            self.too_large.tell(len(data), self.capacity_bytes)
+            return
         with self._lock:  # room first, so the folder never holds more than the budget, its file being written
             replaced = {self._index.extended_by(entry.tokens), path} & set(self._records)
             self._evict_for(len(data), keep=replaced)
@@ -302,8 +307,12 @@ class DiskPromptCache:
     def _scan(self) -> None:
         """Index this model's files, oldest first; damaged ones are removed with a warning, and
         what exceeds the budget goes, least recently used first."""
-        for tmp in self.folder.glob("*.tmp"):
-            _remove(tmp)  # a write a crash interrupted
+        interrupted = list(self.folder.glob("*.tmp"))  # writes a crash interrupted
+        for tmp in interrupted:
+            _remove(tmp)
+        if interrupted:
+            log.warning("prompt cache: removed %d unfinished write%s in %s (a crash stopped them)",
+                        len(interrupted), "" if len(interrupted) == 1 else "s", self.folder)
         found = []
         for path in self.folder.glob(f"*{SUFFIX}"):
             if path.is_dir():
@@ -320,7 +329,11 @@ class DiskPromptCache:
         for _, record in sorted(found, key=lambda item: item[0]):
             self._add(record)
         self._scan_foreign()
-        self._evict_for(0)
+        before, freed = self.evicted, self._remove_until(lambda _freed: self.nbytes + self.foreign_bytes <= self.capacity_bytes)
+        if self.evicted > before:  # a smaller budget than the folder's last run had, or other models' files
+            log.warning("prompt cache: removed %d file%s (%s) from %s to fit its %s budget", self.evicted - before,
+                        "" if self.evicted - before == 1 else "s", human_size(freed), self.root,
+                        human_size(self.capacity_bytes))
         self._unlink_removed()
 
     def _scan_foreign(self) -> None:

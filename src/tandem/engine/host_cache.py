@@ -16,6 +16,7 @@ of entries dropped, the freed memory is handed back to the system (tandem/heap.p
 process's memory follows the budget instead of creeping past it.
 """
 
+import logging
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -23,7 +24,25 @@ from typing import Sequence
 
 from tandem.engine.prefix_index import BLOCK, PrefixIndex
 from tandem.heap import release_freed
-from tandem.memory_size import MIB, parse_memory
+from tandem.memory_size import MIB, human_size, parse_memory
+
+log = logging.getLogger(__name__)
+
+
+class TooLargeNote:
+    """A tier whose budget is smaller than the states it is asked to keep keeps nothing, where an
+    operator reads only that it started: said once, with the option that sizes it."""
+
+    def __init__(self, tier: str, option: str):
+        self.tier, self.option, self.told = tier, option, False
+
+    def tell(self, nbytes: int, capacity_bytes: int) -> None:
+        if capacity_bytes and not self.told:  # a budget of 0 turns the tier off: nothing to say
+            self.told = True
+            log.warning("prompt cache: a %s prompt state does not fit the %s tier's whole %s budget, so it is "
+                        "not kept (nor any as large): give %s more", human_size(nbytes), self.tier,
+                        human_size(capacity_bytes), self.option)
+
 
 DEFAULT_MAX_BYTES = 8 << 30  # llama-server's --cache-ram default (8 GiB), or a quarter of the RAM if less
 RELEASE_EVERY_BYTES = 64 << 20  # entries dropped between two hand-backs of freed memory
@@ -80,6 +99,7 @@ class HostPromptCache:
         self._entries: OrderedDict[int, HostEntry] = OrderedDict()  # least recently used first
         self._index: PrefixIndex[int] = PrefixIndex()
         self._next_id = 0
+        self.too_large = TooLargeNote("host", "--cache-ram")
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -102,7 +122,10 @@ class HostPromptCache:
     def put(self, entry: HostEntry, model_key: str) -> bool:
         """Keep entry, evicting least recently used ones for room; False where it cannot fit (or
         belongs to another model). An entry whose tokens all begin the new one's is replaced."""
-        if model_key != self.model_key or entry.nbytes > self.capacity_bytes or len(entry.tokens) < BLOCK:
+        if model_key != self.model_key or len(entry.tokens) < BLOCK:
+            return False
+        if entry.nbytes > self.capacity_bytes:
+            self.too_large.tell(entry.nbytes, self.capacity_bytes)
             return False
         superseded = self._index.extended_by(entry.tokens)
         if superseded is not None:

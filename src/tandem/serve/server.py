@@ -7,7 +7,7 @@ client never reaches a server that cannot answer yet (until then a connection is
 nothing were there). `--port 0` binds any free port, and the banner naming the real URL is
 printed once uvicorn accepts connections. A SIGINT or SIGTERM before then stops the start (exit
 130), a cluster's Ray processes with it. Shutdown, on the first SIGINT or
-SIGTERM: new requests get 503 (and /health says "draining"), in-flight requests get
+SIGTERM (or SIGHUP, unless nohup ignores it): new requests get 503 (and /health says "draining"), in-flight requests get
 `grace_seconds` to finish (then they are cancelled), then uvicorn closes and the process exits 0.
 A second signal cuts the grace short: in-flight requests are cancelled at once (a stream ends
 with an error event, others get 503) and the process exits 0 as before. A third one stops
@@ -15,9 +15,11 @@ without waiting for anything.
 """
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -223,6 +225,23 @@ class DrainingServer(uvicorn.Server):
         self.state = state
         self.hurried = False  # a second signal came during the drain
         self.loop: asyncio.AbstractEventLoop | None = None  # the one serving, once it runs
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        """uvicorn's SIGINT and SIGTERM, and SIGHUP taken as SIGTERM: a closed terminal or a
+        supervisor's hangup drains (by default it ended the process at once, in-flight answers cut
+        and the prompt cache unsaved). Where SIGHUP is ignored (nohup), it stays ignored."""
+        with super().capture_signals():
+            hang_up = getattr(signal, "SIGHUP", None)
+            if (hang_up is None or threading.current_thread() is not threading.main_thread()
+                    or signal.getsignal(hang_up) is signal.SIG_IGN):
+                yield
+                return
+            previous = signal.signal(hang_up, self.handle_exit)
+            try:
+                yield
+            finally:
+                signal.signal(hang_up, previous if previous is not None else signal.SIG_DFL)
 
     def handle_exit(self, sig, frame) -> None:
         if self.hurried:  # a third signal: stop at once (uvicorn's force_exit logged a CancelledError traceback)

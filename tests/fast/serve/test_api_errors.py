@@ -226,6 +226,34 @@ def test_the_first_signal_sets_the_drain_event_in_the_serving_loop():
     assert state.draining
 
 
+def test_a_hangup_drains_as_sigterm_does_unless_nohup_ignores_it():
+    """SIGHUP ended the server at once: in-flight answers cut, the prompt cache unsaved."""
+    import os
+    import signal
+    from types import SimpleNamespace
+
+    import uvicorn
+
+    from tandem.serve.server import DrainingServer
+
+    drains = []
+    state = SimpleNamespace(draining=False, drain_started=None, worker=SimpleNamespace(in_flight=0),
+                            settings=SimpleNamespace(grace_seconds=1.0))
+    server = DrainingServer(state, uvicorn.Config(lambda scope, receive, send: None))
+    server._drain = lambda: drains.append("drained")
+    before = signal.getsignal(signal.SIGHUP)
+    try:
+        with server.capture_signals():
+            os.kill(os.getpid(), signal.SIGHUP)  # its handler runs on this thread before the next line
+            assert state.draining
+        assert signal.getsignal(signal.SIGHUP) == before  # put back after serving
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # under nohup
+        with server.capture_signals():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, before)
+
+
 @pytest.mark.parametrize("path,raw", [
     ("/v1/chat/completions", b'{"model": "M", "messages": [{"role": "user", "content": "\\ud83d"}]}'),
     ("/v1/chat/completions", b'{"model": "M", "messages": [{"role": "user", "content": "hi"}], "stop": ["\\udc00x"]}'),
