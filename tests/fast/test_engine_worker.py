@@ -50,6 +50,18 @@ def test_event_loop_side_gets_updates_without_blocking(tiny_target, tiny_draft, 
     worker.shutdown(grace_seconds=1)
 
 
+def test_requests_the_engine_has_not_taken_yet_count_as_waiting(tiny_target, tiny_draft):
+    """/health said running 1, waiting 0 with 4 in flight: the 3 submitted during a long step
+    were in neither count."""
+    engine = make_engine(tiny_target, tiny_draft, slots=1)
+    worker = EngineWorker(engine, max_waiting=8)  # not started: the engine thread takes nothing
+    for prompt in PROMPTS[:3]:
+        worker.submit(GenerationRequest(prompt, max_tokens=4))
+    assert (engine.num_waiting, worker.num_waiting, worker.in_flight) == (0, 3, 3)
+    worker._take_commands(block=False)  # what the engine thread does between steps
+    assert worker.num_waiting == engine.num_waiting == 3
+
+
 def test_capacity_is_bounded(tiny_target, tiny_draft):
     worker = EngineWorker(make_engine(tiny_target, tiny_draft, slots=1), max_waiting=1)  # not started
     worker.submit(GenerationRequest(PROMPTS[0], max_tokens=4))

@@ -148,6 +148,7 @@ class EngineWorker:
         self._finish_times: deque[float] = deque(maxlen=FINISHES_REMEMBERED)  # monotonic, for Retry-After
         self._lock = threading.Lock()
         self._ids = itertools.count()
+        self._adds_queued = 0  # submitted, not yet taken by the engine thread (under the lock)
         self._accepting = True
         self._drain_deadline: float | None = None
         self._closed = False  # engine.close() called (once, by whichever shutdown gets there first)
@@ -164,6 +165,13 @@ class EngineWorker:
     def in_flight(self) -> int:
         with self._lock:
             return len(self._handles)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests not running yet: the engine's waiting ones and those submitted since its step
+        began (the engine takes them between steps; a long step hid them from /health)."""
+        with self._lock:
+            return self.engine.num_waiting + self._adds_queued
 
     def start(self) -> "EngineWorker":
         release_openmp_threads()  # the models' work on this thread is done: one OpenMP team left
@@ -192,6 +200,7 @@ class EngineWorker:
             seq_id = f"seq-{next(self._ids)}"
             handle = RequestHandle(seq_id, self, loop)
             self._handles[seq_id] = handle
+            self._adds_queued += 1
         if on_created is not None:
             on_created(seq_id)
         self._commands.put(("add", seq_id, request, options))
@@ -254,6 +263,8 @@ class EngineWorker:
 
     def _apply(self, kind: str, seq_id: str | None, payload, options) -> None:
         if kind == "add":
+            with self._lock:
+                self._adds_queued -= 1
             try:
                 self.engine.add(seq_id, payload, options)
             except TandemError as error:

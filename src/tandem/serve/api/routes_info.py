@@ -2,8 +2,9 @@
 
 /openapi.json is the API's schema (serve/api/openapi.py), open like /metrics unless --protect-metrics.
 /health answers 200 with {"status": "ok", ...} while serving and 503 with "draining" during
-shutdown, so a load balancer stops sending traffic; running/waiting are the engine's counts,
-in_flight every request submitted and not yet finished (queued in the worker included). A cluster
+shutdown, so a load balancer stops sending traffic; running/waiting are the engine's counts (waiting with the
+requests submitted since its step began, which it takes between steps), in_flight every request
+submitted and not yet finished. A cluster
 says which workers are not up: "degraded" (200) while a verifier still serves, "unavailable" (503)
 while none does, even where one is restarting (requests sent anyway wait for it).
 """
@@ -51,7 +52,7 @@ def status_router(state: ServerState, openapi: Callable[[], dict]) -> APIRouter:
                   else "degraded" if not_up else "ok")
         body = {"status": status, "model": state.model_name, **({"reason": unavailable} if unavailable else {}),
                 **({"workers_not_up": not_up} if not_up else {}),
-                "running": engine.num_running, "waiting": engine.num_waiting, "in_flight": state.worker.in_flight}
+                "running": engine.num_running, "waiting": state.worker.num_waiting, "in_flight": state.worker.in_flight}
         if status in ("draining", "unavailable"):  # as the 503s new requests get: a load balancer sends them elsewhere
             return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_SHUTDOWN_SECONDS)})
         return JSONResponse(body)
