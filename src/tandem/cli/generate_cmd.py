@@ -82,7 +82,8 @@ def _print_stats(summary: dict, verbose: bool) -> None:
     drafts = (f"acceptance {summary['acceptance_rate']:.0%}, mean accepted {summary['mean_accepted_len']:.2f}"
               if summary["drafted_tokens"] else "no drafts")
     print(
-        f"[{summary['new_tokens']} tokens ({summary['finish_reason']}) in {summary['seconds']:.2f}s = {summary['tokens_per_s']:.1f} tok/s; "
+        f"[{summary['new_tokens']} tokens ({summary['finish_reason']}) in {summary['seconds']:.2f}s = "
+        f"{summary['tokens_per_s']:.1f} tok/s; "
         f"{drafts}; "
         f"prefill {split['prefill']:.2f}s draft {split['draft']:.2f}s verify {split['verify']:.2f}s "
         f"overhead {split['overhead']:.2f}s]",

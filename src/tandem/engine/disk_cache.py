@@ -329,7 +329,8 @@ class DiskPromptCache:
         for _, record in sorted(found, key=lambda item: item[0]):
             self._add(record)
         self._scan_foreign()
-        before, freed = self.evicted, self._remove_until(lambda _freed: self.nbytes + self.foreign_bytes <= self.capacity_bytes)
+        before = self.evicted
+        freed = self._remove_until(lambda _freed: self.nbytes + self.foreign_bytes <= self.capacity_bytes)
         if self.evicted > before:  # a smaller budget than the folder's last run had, or other models' files
             log.warning("prompt cache: removed %d file%s (%s) from %s to fit its %s budget", self.evicted - before,
                         "" if self.evicted - before == 1 else "s", human_size(freed), self.root,

@@ -6,8 +6,8 @@ out of the garbage collector's walks (`settle_heap`); then uvicorn listens on it
 client never reaches a server that cannot answer yet (until then a connection is refused, as if
 nothing were there). `--port 0` binds any free port, and the banner naming the real URL is
 printed once uvicorn accepts connections. A SIGINT or SIGTERM before then stops the start (exit
-130), a cluster's Ray processes with it. Shutdown, on the first SIGINT or
-SIGTERM (or SIGHUP, unless nohup ignores it): new requests get 503 (and /health says "draining"), in-flight requests get
+130), a cluster's Ray processes with it. Shutdown, on the first SIGINT or SIGTERM (or SIGHUP,
+unless nohup ignores it): new requests get 503 (and /health says "draining"), in-flight requests get
 `grace_seconds` to finish (then they are cancelled), then uvicorn closes and the process exits 0.
 A second signal cuts the grace short: in-flight requests are cancelled at once (a stream ends
 with an error event, others get 503) and the process exits 0 as before. A third one stops
