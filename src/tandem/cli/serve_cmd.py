@@ -10,7 +10,7 @@ from tandem.engine.host_cache import parse_cache_ram
 from tandem.errors import TandemError
 from tandem.serve.settings import (API_KEY_ENV, DEFAULT_CACHE_TTL_SECONDS, DEFAULT_MAX_BODY_BYTES,
                                    DEFAULT_MAX_STREAMS_PER_CLIENT,
-                                   DEFAULT_REQUEST_TIMEOUT_SECONDS, ServeSettings)
+                                   DEFAULT_REQUEST_TIMEOUT_SECONDS, LOG_LEVELS, ServeSettings)
 
 
 # model options that describe one engine's models; with --cluster the file describes every worker's
@@ -75,6 +75,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           "(default: open, as vLLM's)")
     security.add_argument("--log-requests", action="store_true",
                           help="log each request's prompt and completion text (default: never; the key never)")
+    security.add_argument("--log-level", default="warning", choices=LOG_LEVELS,
+                          help="what the server logs to stderr: warning (default: problems only), info adds a "
+                          "line per HTTP request (method, path, status; no texts) and the HTTP server's start and "
+                          "stop, debug the libraries' own records too (request texts only with --log-requests)")
     cluster = parser.add_argument_group("cluster")
     cluster.add_argument("--cluster", default=None, help="serve on the Ray workers a cluster YAML file describes")
     cluster.add_argument("--ray-address", default=None, help="join this Ray cluster (default: start a local one)")
@@ -183,6 +187,7 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         allowed_hosts=tuple(h.strip() for h in (args.allowed_hosts or "").split(",") if h.strip()),
         protect_metrics=args.protect_metrics,
         log_requests=args.log_requests,
+        log_level=args.log_level,
         cache_ram_bytes=None if args.cache_ram is None else parse_cache_ram(args.cache_ram),
         cache_dir=args.cache_dir,
         cache_disk_bytes=None if args.cache_disk is None else parse_cache_ram(args.cache_disk),

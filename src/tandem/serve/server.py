@@ -69,7 +69,7 @@ def serve(config: EngineConfig, settings: ServeSettings, cluster=None) -> int:
             raise_open_file_limit()
             claim(sock, settings.host)
             server = DrainingServer(state, uvicorn.Config(
-                create_app(state), log_level="warning", access_log=False, http=HeaderTimedH11Protocol,
+                create_app(state), log_level=settings.log_level, access_log=settings.log_level in ("info", "debug"), http=HeaderTimedH11Protocol,
                 timeout_graceful_shutdown=UVICORN_CLOSE_SECONDS))
             asyncio.run(_serve(server, sock, _banner(model_name, settings.host, sock.getsockname()[1])))
         finally:
@@ -165,8 +165,11 @@ def close_state(state: ServerState) -> None:
 
 
 def configure_logging(settings: ServeSettings) -> None:
-    """Warnings and errors to stderr; request texts (INFO on tandem.requests) only with --log-requests."""
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    """Records at --log-level and above to stderr (warnings and errors by default); request texts
+    (INFO on tandem.requests) only with --log-requests, whatever the level."""
+    level = getattr(logging, settings.log_level.upper())
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(level)  # basicConfig leaves a root that has handlers (a test's) as it was
     logging.getLogger("tandem.requests").setLevel(logging.INFO if settings.log_requests else logging.WARNING)
 
 

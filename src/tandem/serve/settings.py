@@ -29,6 +29,7 @@ DEFAULT_CACHE_TTL_SECONDS = 3600.0
 CACHE_SCHEMES = ("redis://", "rediss://")
 API_KEY_ENV = "TANDEM_API_KEY"  # the key from the environment keeps it out of the process list
 DEFAULT_REQUEST_TIMEOUT_SECONDS = 600.0
+LOG_LEVELS = ("debug", "info", "warning", "error")  # --log-level
 DEFAULT_MAX_STREAMS_PER_CLIENT = 64  # behind a proxy every client shares its address: raise it there
 ORIGIN = re.compile(r"^https?://[^/\s]+$")
 CACHE_OFF = "off"  # no response cache (the n-gram store then stays in memory)
@@ -56,6 +57,7 @@ class ServeSettings:
     allowed_hosts: tuple[str, ...] = ()  # Host names a loopback-bound server answers besides loopback ones
     protect_metrics: bool = False  # /metrics, /dashboard/data and /openapi.json need the key too
     log_requests: bool = False  # log each request's prompt and completion text (never the key)
+    log_level: str = "warning"  # one of LOG_LEVELS: the root logger's and uvicorn's
     cache_ram_bytes: int | None = None  # host tier of the prompt cache (None: 8 GiB or RAM/4; 0: off)
     cache_dir: str | None = None  # disk tier of the prompt cache (None: off)
     cache_disk_bytes: int | None = None  # its budget (None: 16 GiB or a quarter of the free space)
@@ -64,6 +66,8 @@ class ServeSettings:
         if not self.host:
             raise TandemError("--host must not be empty (e.g. 127.0.0.1 or 0.0.0.0)")
         _check_int("--port", self.port, 0, 65535)
+        if self.log_level not in LOG_LEVELS:
+            raise TandemError(f"--log-level {self.log_level!r}: use one of {', '.join(LOG_LEVELS)}")
         if self.api_key is not None and not self.api_key.strip():
             raise TandemError("--api-key must not be empty: leave it out to serve without a key")
         _check_int("--max-body-bytes", self.max_body_bytes, 1024, 1 << 30)

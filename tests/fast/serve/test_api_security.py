@@ -129,6 +129,22 @@ def test_log_requests_logs_the_texts_but_never_the_key(caplog):
     assert KEY not in logged
 
 
+@pytest.mark.parametrize("level, root, texts", [("warning", logging.WARNING, False), ("info", logging.INFO, False),
+                                                 ("debug", logging.DEBUG, False), ("debug", logging.DEBUG, True)])
+def test_the_log_level_sets_what_is_logged_but_request_texts_need_log_requests(level, root, texts):
+    from tandem.serve.server import configure_logging
+    from tandem.serve.settings import ServeSettings
+
+    before = logging.getLogger().level, logging.getLogger("tandem.requests").level
+    try:
+        configure_logging(ServeSettings(log_level=level, log_requests=texts))
+        assert logging.getLogger().level == root
+        assert logging.getLogger("tandem.requests").isEnabledFor(logging.INFO) == texts  # never by level alone
+    finally:
+        logging.getLogger().setLevel(before[0])
+        logging.getLogger("tandem.requests").setLevel(before[1])
+
+
 def test_a_taken_port_is_refused_before_the_models_load(monkeypatch):
     """The port was bound after loading: a first start pulled and profiled for minutes, then said
     the port was taken."""
