@@ -129,12 +129,13 @@ def test_a_damaged_profile_is_measured_again_not_a_failed_start(tmp_path, monkey
     spec = RunnerSpec(str(tmp_path / "model"), backend="torch", device="cpu", threads=1)
     cached_profile(spec, CacheTimedRunner(4096), (1, 4))
     (path,) = (tmp_path / "profiles").glob("*.json")
-    for damage in ('{"latency_ms": {"1": 3', "[]", '{"latency_ms": {"one": 3}}'):
+    for damage, said in (('{"latency_ms": {"1": 3', "JSONDecodeError"), ("[]", "TypeError"),
+                         ('{"latency_ms": {"one": 3}}', "ValueError"), ("{}", "no 'latency_ms' field")):
         path.write_text(damage)
         runner = CacheTimedRunner(4096)
         cost = cached_profile(spec, runner, (1, 4))
         assert runner.calls and set(cost.latency_ms) == {1, 4}  # measured again
-        assert "cannot be read" in capsys.readouterr().err
+        assert f"cannot be read ({said}" in capsys.readouterr().err  # a bare ('latency_ms') said nothing
         again = CacheTimedRunner(4096)
         cached_profile(spec, again, (1, 4))
         assert again.calls == []  # and written whole

@@ -135,7 +135,8 @@ def _read_profile(path) -> CostModel | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError, TypeError, KeyError, AttributeError) as error:
-        print(f"warning: the profile {path} cannot be read ({error}): measuring it again", file=sys.stderr)
+        why = f"no {error} field" if isinstance(error, KeyError) else f"{type(error).__name__}: {error}"
+        print(f"warning: the profile {path} cannot be read ({why}): measuring it again", file=sys.stderr)
         path.unlink(missing_ok=True)
         return None
 

@@ -554,6 +554,21 @@ def test_an_interrupted_sweep_keeps_its_finished_levels(tmp_path, monkeypatch):
     assert "## Concurrency 1" in report and "**Interrupted**" in report
 
 
+def test_an_interrupt_before_any_level_finished_says_nothing_was_written(tmp_path, monkeypatch, capsys):
+    from tandem.bench.serve import session
+
+    def sweep(kinds, launch, plans, max_tokens, log_dir, progress, outcome):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(session, "server_launch", lambda settings, kinds: LAUNCH)
+    monkeypatch.setattr(session, "run_sweep", sweep)
+    settings = ServeBenchSettings("t", "d", ("tandem-spec",), (1,), DEFAULT_WORKLOAD, tmp_path / "out", num_prompts=4)
+    with pytest.raises(KeyboardInterrupt):
+        session.run_serve_bench(settings, progress=False)
+    assert "interrupted before any level finished: no results written" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
 def test_a_peer_never_built_is_an_error_before_any_server_starts(tmp_path, monkeypatch):
     from tandem.bench.serve import session
 

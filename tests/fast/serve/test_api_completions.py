@@ -170,5 +170,7 @@ async def test_models_lists_the_served_model():
         async with server.client() as client:
             listing = (await client.get("/v1/models")).json()
             card = (await client.get(f"/v1/models/{MODEL}")).json()
+            probe = await client.head("/v1/models")
+        assert probe.status_code == 200 and probe.content == b""
         assert listing["object"] == "list" and [m["id"] for m in listing["data"]] == [MODEL]
         assert card["object"] == "model" and card["max_model_len"] == server.engine.context_length

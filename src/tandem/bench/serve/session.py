@@ -85,6 +85,9 @@ def run_serve_bench(settings: ServeBenchSettings, progress: bool = True) -> dict
                           settings.out_dir)
             print(f"\ninterrupted: wrote the finished levels (C={', '.join(map(str, sorted(outcome.results)))}) "
                   f"to {settings.out_dir}", file=sys.stderr)
+        else:
+            print(f"\ninterrupted before any level finished: no results written (the servers' logs are in "
+                  f"{settings.out_dir / LOG_FOLDER})", file=sys.stderr)
         raise
     results = build_results(outcome, header(settings, launch, plans))
     write_outputs(results, settings.out_dir)

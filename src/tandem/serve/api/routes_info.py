@@ -24,6 +24,7 @@ def models_router(state: ServerState) -> APIRouter:
     router = APIRouter(dependencies=[Depends(require_api_key(state.settings.api_key))])
 
     @router.get("/v1/models")
+    @router.head("/v1/models", include_in_schema=False)  # probes that check the API is up (405 before)
     async def list_models():
         return {"object": "list", "data": [_model_card(state)]}
 
