@@ -330,7 +330,7 @@ class DiskPromptCache:
             self._add(record)
         self._scan_foreign()
         before = self.evicted
-        freed = self._remove_until(lambda _freed: self.nbytes + self.foreign_bytes <= self.capacity_bytes)
+        freed = self._evict_for(0)
         if self.evicted > before:  # a smaller budget than the folder's last run had, or other models' files
             log.warning("prompt cache: removed %d file%s (%s) from %s to fit its %s budget", self.evicted - before,
                         "" if self.evicted - before == 1 else "s", human_size(freed), self.root,
@@ -350,12 +350,11 @@ class DiskPromptCache:
             self.foreign.append((path, size))
             self.foreign_bytes += size
 
-    def _evict_for(self, extra: int, keep: AbstractSet[Path] = frozenset()) -> None:
+    def _evict_for(self, extra: int, keep: AbstractSet[Path] = frozenset()) -> int:
         """Remove files until `extra` more bytes fit the budget: other keys' first, oldest
-        first, then this key's, least recently used first (those in keep last of all)."""
+        first, then this key's, least recently used first (those in keep last of all); the bytes freed."""
         fits = lambda freed: self.nbytes + self.foreign_bytes + extra <= self.capacity_bytes  # noqa: E731
-        self._remove_until(fits, keep)
-        self._remove_until(fits)
+        return self._remove_until(fits, keep) + self._remove_until(fits)
 
     def _remove_until(self, done: Callable[[int], bool], keep: AbstractSet[Path] = frozenset()) -> int:
         """Take files off the books (under the lock), other keys' oldest first, then this key's

@@ -144,15 +144,19 @@ def oracle_ms(rounds: Sequence[Round], cost_ms: CostMs) -> float:
     tokens one a forward: knowing every round's outcome, it never drafts at a loss (a run of one
     or two tokens can cost more in one call than plainly, where a CPU is compute-bound), so the
     ceiling is never below plain decoding."""
-    return sum(min(cost_ms(r.drafted + 1, r.context), _decoded_ms(r, cost_ms)) for r in rounds)
+    return sum(_cheaper_ms(r, cost_ms) for r in rounds)
 
 
 def long_run_ms(rounds: Sequence[Round], cost_ms: CostMs, min_run: int = LONG_RUN) -> float:
     """Time of the oracle's rounds where only runs of at least min_run tokens are drafted (where
     that pays) and the rest decoded one token a forward: what a copy drafter could reach, which
     cannot know where the answer's short coincidences with its context (a word, a bracket) come from."""
-    return sum(min(cost_ms(r.drafted + 1, r.context), _decoded_ms(r, cost_ms)) if r.drafted >= min_run
-               else _decoded_ms(r, cost_ms) for r in rounds)
+    return sum(_cheaper_ms(r, cost_ms) if r.drafted >= min_run else _decoded_ms(r, cost_ms) for r in rounds)
+
+
+def _cheaper_ms(round_: Round, cost_ms: CostMs) -> float:
+    """The round drafted in one call, or its tokens decoded one a forward, whichever costs less."""
+    return min(cost_ms(round_.drafted + 1, round_.context), _decoded_ms(round_, cost_ms))
 
 
 def _decoded_ms(round_: Round, cost_ms: CostMs) -> float:
