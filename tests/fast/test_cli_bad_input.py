@@ -85,7 +85,7 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["simulate", "--cluster", CLUSTER, "--rate", "nan"], "finite number"),  # it simulated for ever
     (["simulate", "--cluster", CLUSTER, "--rate", "inf"], "finite number"),
     (["simulate", "--cluster", CLUSTER, "--step-overhead-ms", "nan"], "finite number"),  # printed nan latencies
-    (["generate", "--prompt", "hi", "--seed", "-1"], "seed must be"),  # numpy's traceback, after loading
+    (["generate", "--prompt", "hi", "--seed", "-2"], "seed must be"),  # numpy's traceback, after loading
     (["plan", "--cluster", CLUSTER, "--drafter", "none", "--k", "5"], "drafts nothing"),
     (["plan", "--cluster", MIXED, "--drafter", "model"], "needs a draft model"),  # exit 0 and "drafter model, k=1"
     (["plan", "--cluster", "{file_drafter_model}"], "needs a draft model"),  # the file's drafter: the same plan
@@ -398,3 +398,23 @@ def test_a_local_target_whose_tokenizer_the_default_draft_cannot_share_drafts_wi
     assert ("drafter: ngram (the default draft qwen2.5-coder-0.5b-instruct-q4_0 is a Qwen2.5-Coder model, whose "
             "tokenizer has 151936 entries against the target's 49152" in capsys.readouterr().err)
     assert engine_config(parser.parse_args(["--target", "qwen.gguf"])).drafter == "hybrid"
+
+
+def test_generate_takes_seed_minus_one_as_none_as_the_server_does():
+    import argparse
+
+    from tandem.cli.generate_cmd import sampling_of
+
+    def options(seed):
+        return argparse.Namespace(temperature=0.7, top_k=-1, top_p=0.9, seed=seed)
+
+    assert sampling_of(options(-1)).seed is None  # it was refused: "seed must be ..."
+    assert sampling_of(options(7)).seed == 7
+    assert sampling_of(options(None)).seed is None
+
+
+def test_generate_reads_messages_whose_content_is_text_parts():
+    from tandem.cli.generate_cmd import _parse_messages
+
+    raw = json.dumps([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])
+    assert _parse_messages(raw) == [{"role": "user", "content": "a\nb"}]  # refused before

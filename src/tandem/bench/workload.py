@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Protocol
 
 from tandem.errors import TandemError
-from tandem.text.chat_roles import CHAT_ROLES
+from tandem.text.chat_messages import checked_messages
 
 DEFAULT_WORKLOAD = Path(__file__).parent / "workloads" / "default.jsonl"
 LONG_WORKLOAD = Path(__file__).parent / "workloads" / "long_output.jsonl"
@@ -104,22 +104,15 @@ def parse_line(line: str, number: int, path: str | Path = "<prompts>") -> BenchP
     if prompt is not None and not (isinstance(prompt, str) and prompt.strip()):
         raise TandemError(f"{where}: 'prompt' must be a string with more than white space")
     if messages is not None:
-        _check_messages(messages, where)
-        messages = tuple(messages)
+        messages = tuple(_checked_messages(messages, where))
     return BenchPrompt(str(prompt_id), category, messages, prompt)
 
 
-def _check_messages(messages, where: str) -> None:
-    if not isinstance(messages, list) or not messages:
-        raise TandemError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
-    for message in messages:
-        if not (isinstance(message, dict) and isinstance(message.get("role"), str)
-                and isinstance(message.get("content"), str)):
-            raise TandemError(f"{where}: each message needs string 'role' and 'content', got {message!r}")
-        if message["role"] not in CHAT_ROLES:  # the servers refuse it with a 400, every request of the run
-            raise TandemError(f"{where}: a message's role is {message['role']!r}: use one of {', '.join(CHAT_ROLES)}")
-    if not any(m["content"].strip() for m in messages):
-        raise TandemError(f"{where}: every message has empty content")
+def _checked_messages(messages, where: str) -> list[dict]:
+    try:
+        return checked_messages(messages)
+    except TandemError as error:
+        raise TandemError(f"{where}: {error}") from None
 
 
 def select_prompts(prompts: list[BenchPrompt], limit: int | None = None,

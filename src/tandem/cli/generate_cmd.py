@@ -9,7 +9,8 @@ from tandem.cli.options import add_model_options, engine_config
 from tandem.engine.stats import GenerationStats
 from tandem.errors import TandemError
 from tandem.speculation.sampling import SamplingParams
-from tandem.text.text_generator import DEFAULT_MAX_TOKENS, TextGenerator, check_messages
+from tandem.text.chat_messages import checked_messages
+from tandem.text.text_generator import DEFAULT_MAX_TOKENS, TextGenerator
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--top-k", type=whole_number(-1), default=0,
                         help="sample from the K likeliest tokens (default 0 = off; -1 is off too, as the server and vLLM take it)")
     parser.add_argument("--seed", type=int, default=None,
-                        help="sampling seed, for repeatable sampled runs (default: none)")
+                        help="sampling seed, for repeatable sampled runs (default: none; -1 is none too, as the server takes it)")
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
     parser.add_argument("--verbose", action="store_true", help="log the depth chosen each round")
@@ -34,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    sampling = SamplingParams(args.temperature, max(args.top_k, 0), args.top_p, args.seed)
+    sampling = sampling_of(args)
     messages = _parse_messages(args.messages) if args.messages is not None else None
     if args.prompt is not None and not args.prompt:
         raise TandemError("--prompt is empty")  # before the models load, not after
@@ -66,6 +67,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def sampling_of(args: argparse.Namespace) -> SamplingParams:
+    """The options' sampling; a seed of -1 is none (llama.cpp's "random"), as the server takes it."""
+    seed = None if args.seed == -1 else args.seed
+    return SamplingParams(args.temperature, max(args.top_k, 0), args.top_p, seed)
+
+
 def _parse_messages(raw: str) -> list[dict]:
     try:
         messages = json.loads(raw)
@@ -73,8 +80,7 @@ def _parse_messages(raw: str) -> list[dict]:
         raise TandemError(f"--messages is not valid JSON: {error}") from None
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         raise TandemError('--messages must be a non-empty JSON list of objects: [{"role": "user", "content": "..."}]')
-    check_messages(messages)  # before the models load, not after
-    return messages
+    return checked_messages(messages)  # before the models load, not after
 
 
 def _print_stats(summary: dict, verbose: bool) -> None:

@@ -15,7 +15,7 @@ from tandem.engine.stats import GenerationStats
 from tandem.errors import TandemError
 from tandem.models.resolve import tokenizer_path
 from tandem.speculation.sampling import SamplingParams
-from tandem.text.chat_roles import CHAT_ROLES
+from tandem.text.chat_messages import checked_messages
 from tandem.text.stop_strings import StopStrings
 from tandem.text.stream import TextStream
 from tandem.text.tokenizer import TextTokenizer
@@ -31,8 +31,7 @@ class TextGenerator:
 
     def prompt_ids(self, prompt: str | None = None, messages: list[dict] | None = None) -> tuple[int, ...]:
         if messages is not None:
-            check_messages(messages)
-            return tuple(self.tokenizer.chat_prompt_ids(messages))
+            return tuple(self.tokenizer.chat_prompt_ids(checked_messages(messages)))
         if not prompt:
             raise TandemError("the prompt is empty: give --prompt TEXT or --messages JSON")
         return tuple(self.tokenizer.encode(prompt))
@@ -71,18 +70,3 @@ class TextGenerator:
 
 def _stop_strings(request: GenerationRequest) -> list[str]:
     return request.stop_condition.strings if isinstance(request.stop_condition, StopStrings) else []
-
-
-def check_messages(messages) -> None:
-    """Refuse what the server refuses: no messages, a message without string role and content, an
-    unknown role, only empty content."""
-    if not isinstance(messages, list) or not messages:
-        raise TandemError("messages must be a non-empty JSON list of {role, content} objects")
-    for message in messages:
-        if not (isinstance(message, dict) and isinstance(message.get("role"), str)
-                and isinstance(message.get("content"), str)):
-            raise TandemError(f"each message needs string 'role' and 'content' fields, got {message!r}")
-        if message["role"] not in CHAT_ROLES:
-            raise TandemError(f"a message's role is {message['role']!r}: use one of {', '.join(CHAT_ROLES)}")
-    if not any(m["content"].strip() for m in messages):
-        raise TandemError("the prompt is empty: every message has empty content")

@@ -211,6 +211,14 @@ def test_loading_fills_defaults_and_skips_blank_lines(tmp_path):
     assert (second.id, second.category, second.messages[0]["content"]) == ("7", "chat", "hello")
 
 
+def test_a_content_of_text_parts_is_read_as_the_server_reads_it(tmp_path):
+    """OpenAI's content arrays were refused ("each message needs string 'role' and 'content'")."""
+    parts = [{"type": "text", "text": "first"}, {"type": "text", "text": "second"}]
+    path = write_lines(tmp_path, [json.dumps({"messages": [{"role": "user", "content": parts}]})])
+    [prompt] = load_prompts(path)
+    assert prompt.messages == ({"role": "user", "content": "first\nsecond"},)
+
+
 @pytest.mark.parametrize("line, message", [
     ("{not json", "line 2: not valid JSON"),
     ("[1, 2]", "line 2: expected a JSON object"),
@@ -219,9 +227,11 @@ def test_loading_fills_defaults_and_skips_blank_lines(tmp_path):
     ('{"prompt": ""}', "line 2: 'prompt' must be a string with more than white space"),
     ('{"prompt": " \\n"}', "line 2: 'prompt' must be a string with more than white space"),
     ('{"messages": [{"role": "bogus", "content": "hi"}]}', "line 2: a message's role is 'bogus': use one of system"),
-    ('{"messages": []}', "line 2: 'messages' must be a non-empty list"),
+    ('{"messages": []}', "line 2: messages must be a non-empty list"),
+    ('{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}',
+     "line 2: each message needs a string 'role' and a 'content' of text"),
     ('{"messages": [{"role": "user"}]}', "line 2: each message needs"),
-    ('{"messages": [{"role": "user", "content": " "}]}', "line 2: every message has empty content"),
+    ('{"messages": [{"role": "user", "content": " "}]}', "line 2: the prompt is empty: every message has empty content"),
     ('{"prompt": "a", "category": 3}', "line 2: 'id' must be"),
     ('{"id": "first", "prompt": "b"}', "line 2: id 'first' is already used on line 1"),
 ])

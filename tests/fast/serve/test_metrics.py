@@ -256,3 +256,15 @@ def test_a_cancel_between_steps_updates_the_queue_gauges_and_the_dashboard():
     clock.now = T0 + 5
     series = metrics.snapshot()["series"]
     assert series["running"][:3] == [1, 1, 0] and series["running"][-1] == 0 and series["waiting"][-1] == 0
+
+
+def test_the_waiting_gauge_reads_what_it_watches_on_each_scrape():
+    """Requests submitted during a long step were in no count until it ended: the gauge kept the
+    step's report, where /health counted them (the server watches EngineWorker.num_waiting)."""
+    metrics = ServingMetrics(MODEL)
+    queued = [4]
+    metrics.watch_waiting(lambda: queued[0])
+    metrics.observe_step(step(T0, running=1, waiting=0))
+    assert value(metrics, "tandem:num_requests_waiting") == 4
+    queued[0] = 0
+    assert value(metrics, "tandem:num_requests_waiting") == 0

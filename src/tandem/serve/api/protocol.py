@@ -16,6 +16,7 @@ from tandem.engine.events import SpeculationOptions
 from tandem.speculation.depth import K_LIMIT
 from tandem.speculation.sampling import MAX_TEMPERATURE
 from tandem.speculation.drafters.registry import DRAFTER_NAMES
+from tandem.text.chat_messages import content_text
 from tandem.text.chat_roles import CHAT_ROLES
 
 # OpenAI's fields that change no token of an answer: ignored without a word (other unknown fields
@@ -106,12 +107,9 @@ class TextPart(BaseModel):  # for the schema only: _message_text checks content 
 
 def _message_text(value) -> str:
     """A message's content: a string, or a list of {"type": "text", "text": ...} parts, one line each."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and all(
-        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in value
-    ):
-        return "\n".join(p["text"] for p in value)  # as vLLM joins them
+    text = content_text(value)
+    if text is not None:
+        return text
     others = [p["type"] for p in value if isinstance(p, dict) and isinstance(p.get("type"), str)
               and p["type"] != "text"] if isinstance(value, list) else []
     if others:  # image_url, input_audio, file: well formed, not implemented

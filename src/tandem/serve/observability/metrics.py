@@ -94,6 +94,11 @@ class ServingMetrics:
         self._m.prefix_cache_host_bytes.set_function(host_cache_bytes)
         self._m.prefix_cache_disk_bytes.set_function(disk_cache_bytes)
 
+    def watch_waiting(self, num_waiting: Callable[[], int]) -> None:
+        """Read `num_requests_waiting` from this callable on scrapes: requests submitted during a
+        long step count at once (the steps' reports hold the engine's count at their ends)."""
+        self._m.num_requests_waiting.set_function(num_waiting)
+
     def watch_drafting_memory(self, answers_bytes: Callable[[], int]) -> None:
         """Read the drafters' memory of earlier answers (bytes charged) from this callable on scrapes."""
         self._m.drafting_memory_bytes.set_function(answers_bytes)
