@@ -222,6 +222,16 @@ def test_compare_orients_every_ratio_so_above_one_means_better():
     assert compare(a, b) == {"throughput": 2.0, "ttft_p50": 2.0, "itl_p50": 1.0, "tpot_p50": 3.0, "e2e_p50": None}
 
 
+def test_no_itl_ratio_between_servers_that_chunk_their_streams_differently():
+    """A server sending a round's tokens in one chunk against one sending a token a chunk: their
+    gaps between chunks are not the same thing (an edits run printed ITL p50 "0.00x")."""
+    rounds = summarize(LoadResult(1, (ok_record(0.1, [0.5, 0.5], 12, 1.2),), wall_s=1.2, peak_in_flight=1))
+    tokens = summarize(LoadResult(1, (ok_record(0.1, [0.0001] * 10 + [0.09], 12, 1.2),), wall_s=1.2, peak_in_flight=1))
+    assert (rounds["tokens_per_chunk"], tokens["tokens_per_chunk"]) == (4.0, 1.0)
+    assert compare(rounds, tokens)["itl_p50"] is None and compare(rounds, tokens)["throughput"] == 1.0
+    assert compare(tokens, tokens)["itl_p50"] == 1.0
+
+
 # --- request planning and options ------------------------------------------------------------
 
 
@@ -378,6 +388,9 @@ def test_pool_measures_ttft_and_itl(fake_server):
     assert 1000 * GAP_S * 0.9 <= s["itl_ms_p50"] <= 1000 * (GAP_S + SLACK_S / 2)
     assert s["acceptance_rate"] == pytest.approx(0.75)
     assert all(r.token_chunks == 6 and r.finish_reason == "length" for r in load.records)
+    sent = [r.sent_s for r in load.records]  # one client: each sent as the last one ended
+    assert sent[0] < 0.05 and all(later >= earlier + r.e2e_s for earlier, later, r in zip(sent, sent[1:], load.records))
+    assert max(s + r.e2e_s for s, r in zip(sent, load.records)) == pytest.approx(load.wall_s, abs=0.05)
 
 
 def test_pool_reaches_its_concurrency(fake_server):

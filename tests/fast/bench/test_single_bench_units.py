@@ -330,6 +330,12 @@ def test_report_renders_from_results_alone():
                                     "settings": results["settings"] | {"prompts": 30, "draft": None}})
     assert "**Interrupted**: the first 1 of 30 prompts" in part
     assert "no draft model (no configuration uses one)" in part and "draft `" not in part
+    assert "bonus token not counted" in text and "left out here" not in text
+    # positions past the table's columns are said to be left out (they were cut off without a word)
+    deep = [{"accepted": 1, "drafted": 1, "rate": 1.0}] * 19
+    deep_results = results | {"configs": results["configs"] | {
+        "hybrid": results["configs"]["hybrid"] | {"acceptance_by_position": deep}}}
+    assert "Positions 9 to 19 are left out here; results.json holds them." in render_report(deep_results)
 
 
 def test_bad_k_suffix_names_the_config():

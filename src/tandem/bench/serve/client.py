@@ -41,6 +41,7 @@ class RequestRecord:
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, where sent
     prompt_tokens: int | None = None
     text: str = ""  # the streamed answer
+    sent_s: float | None = None  # when it was sent, seconds from the run's start (set by the load generator)
 
     @property
     def tpot_s(self) -> float | None:

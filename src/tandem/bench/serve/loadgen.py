@@ -8,7 +8,7 @@ requests); `mean_in_flight` = sum of request e2e times / wall time (Little's law
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import httpx
@@ -69,8 +69,10 @@ async def run_closed_loop(url: str, items: Sequence[LoadItem], concurrency: int,
         async def client_loop() -> None:
             for index, item in pending:
                 gauge.enter()
+                sent_s = time.perf_counter() - start
                 try:
-                    records[index] = await stream_chat(client, url, item.payload, item.prompt_id, item.category)
+                    record = await stream_chat(client, url, item.payload, item.prompt_id, item.category)
+                    records[index] = replace(record, sent_s=sent_s)
                 finally:
                     gauge.leave()
                 if on_done is not None:

@@ -3,8 +3,11 @@
 Only successful requests count toward tokens and latencies; failed ones count as errors.
 Throughput = completion tokens / wall time of the run; requests/s = successful requests / wall
 time. Percentiles (linear interpolation) are over requests for TTFT, TPOT and e2e, and over
-every inter-token gap of every request for ITL. Acceptance = accepted / drafted tokens summed
-over the requests whose usage reports them (None where none does).
+every inter-token gap of every request for ITL (a gap is between two streamed chunks, and a
+chunk may hold several tokens: Tandem sends each round's accepted tokens in one, so an ITL ratio
+is given only between servers that stream about as many tokens a chunk). TPOT = (the last
+chunk's arrival - the first's) / (completion tokens - 1). Acceptance = accepted / drafted tokens
+summed over the requests whose usage reports them (None where none does).
 """
 
 from typing import Sequence
@@ -15,6 +18,7 @@ from tandem.bench.serve.loadgen import LoadResult
 
 QUANTILES = (50, 99)
 MAX_ERRORS_KEPT = 3
+CHUNKING_TOLERANCE = 0.1  # tokens a chunk within 10% of each other: their gaps compare
 
 
 def _ms(values: Sequence[float]) -> list[float]:
@@ -55,6 +59,7 @@ def summarize(result: LoadResult) -> dict:
         "errors": len(failed),
         "error_samples": [r.error for r in failed[:MAX_ERRORS_KEPT]],
         "completion_tokens": tokens,
+        "tokens_per_chunk": ratio(tokens, sum(r.token_chunks for r in ok)),
         "tokens_from_usage": bool(ok) and all(r.tokens_from_usage for r in ok),
         "wall_s": wall,
         "throughput_tok_s": tokens / wall if wall else None,
@@ -72,7 +77,16 @@ def compare(a: dict, b: dict) -> dict:
     return {
         "throughput": ratio(a["throughput_tok_s"], b["throughput_tok_s"]),
         "ttft_p50": ratio(b["ttft_ms_p50"], a["ttft_ms_p50"]),
-        "itl_p50": ratio(b["itl_ms_p50"], a["itl_ms_p50"]),
+        "itl_p50": ratio(b["itl_ms_p50"], a["itl_ms_p50"]) if _chunked_alike(a, b) else None,
         "tpot_p50": ratio(b["tpot_ms_p50"], a["tpot_ms_p50"]),
         "e2e_p50": ratio(b["e2e_s_p50"], a["e2e_s_p50"]),
     }
+
+
+def _chunked_alike(a: dict, b: dict) -> bool:
+    """Whether two runs streamed about as many tokens a chunk (a run without the figure, an older
+    results.json, is taken to)."""
+    a_chunk, b_chunk = a.get("tokens_per_chunk"), b.get("tokens_per_chunk")
+    if a_chunk is None or b_chunk is None:
+        return True
+    return abs(a_chunk / b_chunk - 1) <= CHUNKING_TOLERANCE

@@ -45,6 +45,7 @@ def request_entry(record: RequestRecord) -> dict:
         "category": record.category,
         "ok": record.ok,
         "error": record.error,
+        "sent_ms": ms(record.sent_s),  # from the run's start: the wall time is the largest sent_ms + e2e_ms
         "ttft_ms": ms(record.ttft_s),
         "e2e_ms": ms(record.e2e_s),
         "prompt_tokens": record.prompt_tokens,  # as the server's usage says (None where it sends none)

@@ -61,7 +61,12 @@ def acceptance_table(results: dict) -> list[str]:
             cells = [f"{percent_cell(p['rate'])} ({p['accepted']}/{p['drafted']})" for p in positions]
             rows.append([label] + (cells + [""] * MAX_POSITIONS_SHOWN)[:MAX_POSITIONS_SHOWN])
     header = ["config"] + [f"pos {i + 1}" for i in range(MAX_POSITIONS_SHOWN)]
-    return markdown_table(header, rows) if rows else ["(no drafts)"]
+    if not rows:
+        return ["(no drafts)"]
+    deepest = max(len(s["acceptance_by_position"] or []) for s in results["configs"].values())
+    more = (["", f"Positions {MAX_POSITIONS_SHOWN + 1} to {deepest} are left out here; results.json holds them."]
+            if deepest > MAX_POSITIONS_SHOWN else [])
+    return markdown_table(header, rows) + more
 
 
 def match_table(results: dict) -> list[str]:
@@ -94,7 +99,9 @@ def render_report(results: dict) -> str:
     lines += [f"{settings['prompts']} prompts from `{settings['prompts_file']}`, {settings['max_tokens']} "
               f"greedy tokens max, {settings['warmup']} warm-up prompt(s); target `{settings['target']}`, "
               f"{draft}. ms/token = total time / total new tokens, prompt "
-              "processing included; p50/p90/p99 over per-prompt ms/token.", ""]
+              "processing included; p50/p90/p99 over per-prompt ms/token (with fewer than 100 prompts a p99 "
+              "lies between the two largest); mean acc. len = accepted draft tokens per round that drafted, the "
+              "bonus token not counted (vLLM's mean acceptance length counts it: add 1).", ""]
     lines += main_table(results)
     lines += ["", "## By category"] + category_tables(results)
     lines += ["", "## Time split (share of wall time)", ""] + time_split_table(results)
