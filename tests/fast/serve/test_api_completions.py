@@ -139,13 +139,14 @@ async def test_deterministic_requests_are_cached_and_marked():
 async def test_metrics_and_traces_are_told_once_per_request():
     with TestServer() as server:
         async with server.client() as client:
-            await client.post("/v1/completions", json=completion_body(prompt="abc"))
+            answer = (await client.post("/v1/completions", json=completion_body(prompt="abc"))).json()
         [(status, prompt, completion, ttft, e2e, gaps)] = server.metrics.finished
         generated = len(REPLY.encode())  # the EOS is not output
         assert (status, prompt, completion) == ("stop", 3, generated)
         assert 0 <= ttft <= e2e and len(gaps) == generated - 1 and all(g >= 0 for g in gaps)
         [(seq_id, started)] = server.tracer.started.items()
         assert started["gen_ai.usage.input_tokens"] == 3
+        assert started["gen_ai.response.id"] == answer["id"]  # a trace is found from the client's answer
         assert server.tracer.ended[seq_id]["gen_ai.response.finish_reason"] == "stop"
         assert server.tracer.ended[seq_id]["gen_ai.usage.output_tokens"] == generated
 
@@ -171,6 +172,8 @@ async def test_models_lists_the_served_model():
             listing = (await client.get("/v1/models")).json()
             card = (await client.get(f"/v1/models/{MODEL}")).json()
             probe = await client.head("/v1/models")
+            metrics_probe = await client.head("/metrics")  # was a 405
         assert probe.status_code == 200 and probe.content == b""
+        assert metrics_probe.status_code == 200 and metrics_probe.content == b""
         assert listing["object"] == "list" and [m["id"] for m in listing["data"]] == [MODEL]
         assert card["object"] == "model" and card["max_model_len"] == server.engine.context_length

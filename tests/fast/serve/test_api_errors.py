@@ -400,7 +400,9 @@ async def test_unknown_model_is_404():
                 error = assert_error(await client.post(path, json=body), 404, param="model", code="model_not_found")
                 assert "gpt-4" in error["message"] and MODEL in error["message"]
             assert_error(await client.get("/v1/models/gpt-4"), 404, code="model_not_found")
-        assert server.metrics.rejected == [404, 404, 404]
+            for path in ("/favicon.ico", "/healthz", "/wp-login.php"):  # no route: no API request refused
+                assert_error(await client.get(path), 404, code="not_found", says=f"no route GET {path}")
+        assert server.metrics.rejected == [404, 404, 404]  # the probes counted as refused requests
 
 
 @async_test
@@ -412,6 +414,20 @@ async def test_a_trailing_slash_reaches_the_route_not_an_empty_redirect():
             assert response.status_code == 200 and response.json()["object"] == "chat.completion", response.text
             assert (await client.get("/v1/models//")).json()["data"][0]["id"] == MODEL
             assert_error(await client.get("/v1/nothing/"), 404, code="not_found", says="no route GET /v1/nothing")
+
+
+@async_test
+async def test_the_dashboard_with_a_trailing_slash_is_redirected_to_its_page():
+    """/dashboard/ served the page, whose relative URLs then resolved to /dashboard/dashboard/...
+    (404s: a page stuck at "connecting..."). The Location is relative, so a proxy's prefix stays."""
+    with TestServer() as server:
+        async with server.client() as client:
+            for path, location in (("/dashboard/", "../dashboard"), ("/dashboard//?x=1", "../../dashboard?x=1")):
+                response = await client.get(path)
+                assert response.status_code == 308 and response.headers["location"] == location, path
+            followed = await client.get("/dashboard/", follow_redirects=True)
+            assert followed.status_code == 200 and str(followed.url).endswith("/dashboard")
+            assert (await client.get("/dashboard/data/")).status_code == 200  # not a page: stripped
 
 
 def test_unknown_fields_are_ignored_and_logged_once_each(caplog):

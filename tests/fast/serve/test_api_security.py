@@ -5,6 +5,7 @@ the log unless --log-requests (and the key never)."""
 
 import json
 import logging
+import re
 
 import pytest
 from api_doubles import TestServer, async_test, chat_body
@@ -126,6 +127,7 @@ def test_log_requests_logs_the_texts_but_never_the_key(caplog):
         _exchange(server)
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert SECRET_PROMPT in logged and "Héllo" in logged
+    assert re.search(r"chatcmpl-[0-9a-f]{32} seq-\d+ \(stop\)", logged)  # the answer's id: the line is found
     assert KEY not in logged
 
 

@@ -268,3 +268,20 @@ def test_the_waiting_gauge_reads_what_it_watches_on_each_scrape():
     assert value(metrics, "tandem:num_requests_waiting") == 4
     queued[0] = 0
     assert value(metrics, "tandem:num_requests_waiting") == 0
+
+
+def test_a_prompt_scored_in_the_verify_call_adds_no_zero_to_the_prefill_histogram():
+    metrics = ServingMetrics(MODEL)
+    metrics.observe_step(step(T0, prefill=0.0, prefilled=("seq-0",)))  # llama.cpp: the prompt rode in verify
+    metrics.observe_step(step(T0 + 1, prefill=0.5, prefilled=("seq-1",)))  # a call of its own
+    assert value(metrics, "tandem:prefill_step_seconds_count") == 1  # it counted a 0 s prefill too
+    assert value(metrics, "tandem:prefill_step_seconds_sum") == 0.5
+
+
+def test_no_created_series_are_exported():
+    """prometheus_client adds a `_created` series to every counter and histogram by default (typed
+    a gauge); vLLM, whose names these follow, turns them off."""
+    metrics = ServingMetrics(MODEL)
+    metrics.request_finished("stop", 3, 2, 0.1, 0.2, [0.1])
+    text = metrics.render()[0].decode()
+    assert "tandem:prompt_tokens_total" in text and "_created" not in text

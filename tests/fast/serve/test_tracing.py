@@ -60,6 +60,21 @@ def test_request_span_has_draft_and_verify_children_per_step():
     tracer.shutdown()
 
 
+def test_a_prompt_scored_in_the_verify_call_gets_that_calls_interval():
+    """On llama.cpp a prompt chunk rides in the verify call (prefill_seconds 0): the prefill span
+    lasted 0 ms and said batch_tokens 1, while the verify span held the prompt's whole second."""
+    tracer, exporter = traced()
+    tracer.start_request("seq-0", {"model": "tiny"})
+    tracer.observe_step(StepReport(started_at=T0, step_seconds=1.1, prefill_seconds=0.0, draft_seconds=0.0,
+                                   verify_seconds=1.08, running=1, waiting=0, batch_tokens=1,
+                                   prefilled=("seq-0",), prefill_tokens=34))
+    tracer.end_request("seq-0", {"finish_reason": "stop"})
+    [prefill] = [s for s in exporter.get_finished_spans() if s.name == "prefill"]
+    assert (prefill.start_time, prefill.end_time) == (ns(T0), ns(T0 + 1.08))
+    assert prefill.attributes["prefill_tokens"] == 34 and prefill.attributes["in_verify_call"] is True
+    tracer.shutdown()
+
+
 def test_steps_for_sequences_without_open_spans_are_ignored():
     tracer, exporter = traced()
     tracer.observe_step(step(T0, [RoundReport("unknown", "model", 2, 1)]))

@@ -46,10 +46,12 @@ class EngineFailure(Exception):
 
 
 class GenerationRun:
-    def __init__(self, state: ServerState, handle: RequestHandle, prepared: PreparedRequest, received_at: float):
+    def __init__(self, state: ServerState, handle: RequestHandle, prepared: PreparedRequest, received_at: float,
+                 response_id: str = ""):
         self.state = state
         self.handle = handle
         self.prepared = prepared
+        self.response_id = response_id  # the id the client gets (chatcmpl-...), in the log line and the span
         self.received_at = received_at  # time.perf_counter() when the request arrived
         self.token_ids: list[int] = []
         self.text = ""
@@ -142,15 +144,19 @@ class GenerationRun:
 
     def _log_texts(self) -> None:
         prompt = self.state.tokenizer.decode(list(self.prepared.generation.prompt_ids))
-        request_log.info("%s (%s): prompt %r -> completion %r", self.seq_id, self.finish_reason, prompt, self.text)
+        request_log.info("%s %s (%s): prompt %r -> completion %r", self.response_id or "-", self.seq_id,
+                         self.finish_reason, prompt, self.text)
 
 
-def start_generation(state: ServerState, prepared: PreparedRequest, endpoint: str, received_at: float) -> GenerationRun:
-    """Hand the request to the engine thread; 429 when full, 503 when shutting down."""
+def start_generation(state: ServerState, prepared: PreparedRequest, endpoint: str, received_at: float,
+                     response_id: str = "") -> GenerationRun:
+    """Hand the request to the engine thread; 429 when full, 503 when shutting down. `response_id`
+    (the answer's `id`) goes into the span and the request log, so either finds the client's answer."""
     if state.draining:
         raise shutting_down()
     options = prepared.options
     attributes = {"tandem.endpoint": endpoint, "gen_ai.request.model": state.model_name,
+                  "gen_ai.response.id": response_id or None,
                   "gen_ai.usage.input_tokens": prepared.prompt_tokens,
                   "gen_ai.request.max_tokens": prepared.generation.max_tokens,
                   "gen_ai.request.temperature": prepared.generation.sampling.temperature,
@@ -168,7 +174,7 @@ def start_generation(state: ServerState, prepared: PreparedRequest, endpoint: st
         raise shutting_down(str(error)) from None
     except TandemError as error:  # a request this engine can never run: the client's mistake
         raise APIError(400, str(error), code="invalid_value") from None
-    return GenerationRun(state, handle, prepared, received_at)
+    return GenerationRun(state, handle, prepared, received_at, response_id)
 
 
 def usage_body(prompt_tokens: int, completion_tokens: int, drafted: int, accepted: int,

@@ -18,7 +18,8 @@ Status codes, following OpenAI (which answers 400 for every invalid request, not
                              now, a cluster with no verifier left (code unavailable); Retry-After
   504 timeout_error          the request ran past --request-timeout (queueing included) and was cancelled
 Every refused request (4xx, 429, 503) is counted by `metrics.request_rejected`, but for the
-dashboard's, the metrics' and the schema's own fetches (UNCOUNTED_PATHS).
+dashboard's, the metrics' and the schema's own fetches (UNCOUNTED_PATHS) and paths no route
+serves (a browser's favicon, a load balancer's probe, a scanner: no API request was refused).
 """
 
 import json
@@ -153,7 +154,7 @@ def install_error_handlers(app: FastAPI, metrics) -> None:
         message = error.detail if isinstance(error.detail, str) else "request failed"
         code = None
         if error.status_code == 404 and message == "Not Found":  # the router's own: no such route
-            message, code = f"no route {request.method} {request.url.path}", "not_found"
+            return APIError(404, f"no route {request.method} {request.url.path}", kind, code="not_found").response()
         elif error.status_code == 405 and message == "Method Not Allowed":  # the router's own, with its Allow
             allowed = (error.headers or {}).get("Allow", "")
             message = f"{request.method} is not allowed on {request.url.path}" + (f"; use {allowed}" if allowed else "")

@@ -79,7 +79,7 @@ async def _answer(state: ServerState, request: Request, prepared: PreparedReques
             state.metrics.request_replayed(cached["finish_reason"], time.perf_counter() - received_at)
             return _cached_response(state, prepared, dataclasses.replace(shape, cached=True), cached, deadline,
                                     release)
-    run = start_generation(state, prepared, kind, received_at)
+    run = start_generation(state, prepared, kind, received_at, shape.id)
 
     async def remember(finished: GenerationRun) -> None:
         if key is not None and finished.finish_reason in CACHEABLE_FINISH_REASONS:

@@ -59,6 +59,7 @@ def status_router(state: ServerState, openapi: Callable[[], dict]) -> APIRouter:
         return JSONResponse(body)
 
     @router.get("/metrics", dependencies=observers_only)
+    @router.head("/metrics", dependencies=observers_only, include_in_schema=False)  # a probe that it answers
     async def metrics():
         body, content_type = await asyncio.to_thread(state.metrics.render)
         return Response(body, media_type=content_type)

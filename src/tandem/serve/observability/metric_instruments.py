@@ -2,9 +2,13 @@
 
 Names follow vLLM's (`vllm:` becomes `tandem:`) where vLLM has an equivalent; prometheus_client
 appends `_total` to counters. Instruments without extra labels are pre-bound to the model name.
+As vLLM does, no `_created` series (prometheus_client's default adds one per counter and
+histogram, typed a gauge in the text format: twice the series for nothing a query uses).
 """
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+disable_created_metrics()  # process-wide; read when samples are collected
 
 PREFIX = "tandem:"
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
@@ -59,7 +63,9 @@ class Instruments:
         self.acceptance_alert_threshold = gauge("acceptance_alert_threshold", "The acceptance alert's threshold.")
         # engine steps and devices
         self.engine_step_seconds = histogram("engine_step_seconds", "Wall time of one engine step.", STEP_BUCKETS)
-        self.prefill_step_seconds = histogram("prefill_step_seconds", "Prompt processing per step.", STEP_BUCKETS)
+        self.prefill_step_seconds = histogram("prefill_step_seconds",
+                                              "Prompt processing in a call of its own, per step (prompt chunks scored "
+                                              "in the verify call count in verify_step_seconds).", STEP_BUCKETS)
         self.draft_step_seconds = histogram("draft_step_seconds", "Draft-model forwards per step.", STEP_BUCKETS)
         self.verify_step_seconds = histogram("verify_step_seconds",
                                              "The batched target forward: rounds and prompt chunks.",

@@ -2,10 +2,13 @@
 
 One "request" span per sequence, from `start_request` to `end_request`. After every engine step
 (`observe_step`, on the engine thread) each sequence that took part and has an open request span
-gets child spans with explicit times derived from the `StepReport`: "prefill" [started_at,
-+prefill_seconds] if it was admitted in the step, then "draft" [+draft_seconds] if it drafted
-(k > 0), then "verify" [+verify_seconds]. Draft and verify are batched, so every sequence of a
-step shares the same intervals. Attributes: k, accepted, source, batch_tokens. `end_request`
+gets child spans with explicit times derived from the `StepReport`: "prefill" if the step scored
+its prompt (or a chunk of it): [started_at, +prefill_seconds] where the prompt went through a call
+of its own, else the verify call's interval, where it rode beside the rounds (llama.cpp's batch
+runner: `prefill_seconds` is 0 then); then "draft" [+draft_seconds] if it drafted (k > 0), then
+"verify" [+verify_seconds]. Draft and verify are batched, so every sequence of a step shares the
+same intervals. Attributes: k, accepted, source, batch_tokens; a prefill span's the step's
+prompt tokens (`prefill_tokens`, every prompt of the step) and whether it rode in the verify call. `end_request`
 marks the request span failed when its attributes give the finish reason "error" or "unavailable".
 
 With `otlp_endpoint` (e.g. http://localhost:4318; "/v1/traces" is added when the URL has no path)
@@ -56,10 +59,13 @@ class RequestTracer:
         prefill_end = report.started_at + report.prefill_seconds
         draft_end = prefill_end + report.draft_seconds
         verify_end = draft_end + report.verify_seconds
+        in_verify_call = report.prefill_seconds == 0  # the prompt rode in the verify call
+        prefill_span = (draft_end, verify_end) if in_verify_call else (report.started_at, prefill_end)
         for seq_id in report.prefilled:
             if parents[seq_id] is not None:
-                self._child(parents[seq_id], "prefill", report.started_at, prefill_end,
-                            {"batch_tokens": report.batch_tokens})
+                self._child(parents[seq_id], "prefill", *prefill_span,
+                            {"prefill_tokens": report.prefill_tokens, "in_verify_call": in_verify_call,
+                             "batch_tokens": report.batch_tokens})
         for round_ in report.rounds:
             parent = parents[round_.seq_id]
             if parent is None:
