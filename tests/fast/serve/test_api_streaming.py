@@ -125,6 +125,30 @@ async def test_engine_failure_mid_stream_is_an_error_event():
         assert error["type"] == "server_error" and "device lost" in error["message"]
 
 
+@async_test
+async def test_a_stream_that_ends_in_an_error_counts_its_tokens_first_where_usage_was_asked():
+    """A stream cancelled at shutdown (or failed) with include_usage got the error and no usage:
+    the client billed nothing for tokens /metrics counted. The usage comes before the error,
+    where the openai client still reads it."""
+    engine = ScriptedEngine(reply_script(eos=False), tokens_per_step=1, step_seconds=0.002)
+    with TestServer(engine) as server:
+        async with server.client() as client:
+            async def fail_soon():
+                await server.wait_until(lambda: server.engine.running and len(server.engine.running) > 0)
+                await asyncio.sleep(0.02)
+                server.engine.fail_with = "device lost"
+
+            failing = asyncio.create_task(fail_soon())
+            body = completion_body(stream=True, max_tokens=400, stream_options={"include_usage": True})
+            response = await client.post("/v1/completions", json=body)
+            await failing
+        events = sse_events(response.text)
+        assert events[-1] == "[DONE]" and "error" in events[-2]
+        usage = events[-3]["usage"]
+        streamed = "".join(chunk_texts(events[:-3], "text"))
+        assert usage["completion_tokens"] > 0 and usage["completion_tokens"] == len(streamed.encode())
+
+
 async def call_then_disconnect(app, path: str, body: dict, leave: asyncio.Event,
                                chunks_before_leaving: int | None = None) -> list[bytes]:
     """Drive the ASGI app like a client that hangs up once `leave` is set (or after some chunks)."""

@@ -79,11 +79,15 @@ async def generation_events(run: GenerationRun, shape: ResponseShape,
                     break
                 yield sse(shape.text_chunk(delta))
     except TimeoutError:  # the sequence was cancelled as the deltas stopped
-        yield sse(request_timed_out().body())
-        yield DONE
-        return
-    except EngineFailure as failure:
-        yield sse(failure.api_error().body())
+        error = request_timed_out()
+    except EngineFailure as failure:  # cancelled by a shutdown, or the engine failed
+        error = failure.api_error()
+    else:
+        error = None
+    if error is not None:  # the tokens generated so far are counted first: the openai client stops at the error
+        if shape.include_usage:
+            yield sse(shape.usage_chunk(run.usage()))
+        yield sse(error.body())
         yield DONE
         return
     yield sse(shape.final_chunk(run.finish_reason))
