@@ -459,3 +459,19 @@ def test_a_prompt_longer_than_the_context_is_refused_before_the_models_load(tmp_
                                           "context holds 32"):
         run_session(BenchSettings(choice, "none", prompts, out))
     assert not out.exists()
+
+
+def test_each_prompts_entry_keeps_what_the_reports_figures_are_summed_from():
+    """results.json kept only drafted/accepted/draft_s/verify_s per prompt: the time split's
+    prefill, mean accepted and acceptance by position could not be redone from it."""
+    from tandem.bench.single.results import _prompt_entry
+
+    stats = engine_stats([4, 3], [3, 1]) | {"prefill_s": 0.25, "target_forwards": 9, "draft_sources": {"ngram3": 4}}
+    run = record([1, 2, 3], 2.0, **stats)
+    entry = _prompt_entry(run)["stats"]
+    assert entry["prefill_s"] == 0.25 and entry["rounds_with_draft"] == 4
+    assert (entry["drafted_by_position"], entry["accepted_by_position"]) == ([4, 3], [3, 1])
+    redone = record([1, 2, 3], 2.0, **entry)  # the report's figures, from the entry alone
+    assert metrics.acceptance([redone]) == metrics.acceptance([run])
+    assert metrics.time_split([redone]) == metrics.time_split([run])
+    assert metrics.acceptance_by_position([redone]) == metrics.acceptance_by_position([run])

@@ -43,6 +43,10 @@ def build_results(configs: Sequence[BenchConfig], records: dict[str, list[RunRec
     }
 
 
+PROMPT_STATS = ("drafted", "accepted", "rounds_with_draft", "prefill_s", "draft_s", "verify_s", "target_forwards",
+                "draft_sources", "drafted_by_position", "accepted_by_position")
+
+
 def _prompt_entry(run: RunRecord) -> dict:
     entry = {
         "id": run.prompt_id,
@@ -51,7 +55,6 @@ def _prompt_entry(run: RunRecord) -> dict:
         "new_tokens": run.new_tokens,
         "token_ids": list(run.token_ids),
     }
-    if "drafted" in run.stats:
-        entry["stats"] = {key: run.stats[key] for key in ("drafted", "accepted", "draft_s", "verify_s",
-                                                          "target_forwards", "draft_sources")}
+    if "drafted" in run.stats:  # what every figure of the report is summed from (a reader can redo them)
+        entry["stats"] = {key: run.stats[key] for key in PROMPT_STATS if key in run.stats}
     return entry
