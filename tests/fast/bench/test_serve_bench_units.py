@@ -72,6 +72,8 @@ class FakeServer:
                               f'tandem:{name}_step_seconds_count{{model_name="fake-model"}} {count}',
                               f'tandem:{name}_step_seconds_sum{{model_name="fake-model"}} {seconds}')]
         return PlainTextResponse("\n".join(steps + [
+            "# TYPE tandem:engine_prompt_steps counter",
+            f'tandem:engine_prompt_steps_total{{model_name="fake-model"}} {n}',
             "# TYPE tandem:spec_decode_rounds counter",
             f'tandem:spec_decode_rounds_total{{{labels}"suffix9"}} {n}',
             f'tandem:spec_decode_rounds_total{{{labels}"ngram3"}} {n}',
@@ -517,7 +519,8 @@ def test_sweep_alternates_order_and_writes_every_output(fake_server, tmp_path):
 
 def test_engine_steps_are_read_off_the_servers_own_metrics():
     """The names bench-serve parses are the ones `tandem serve` exposes: two steps observed by the
-    real ServingMetrics, one with a prompt, read back (a renamed histogram would read zero)."""
+    real ServingMetrics, one with a prompt (scored in the verify call, as on llama.cpp), read back
+    (a renamed histogram would read zero)."""
     from tandem.bench.serve.engine_steps import parse_steps, step_delta
     from tandem.engine.events import RoundReport, StepReport
     from tandem.serve.observability.metrics import ServingMetrics

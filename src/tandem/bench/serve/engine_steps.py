@@ -8,10 +8,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 HISTOGRAMS = {  # metric family -> (field of its sample count, field of its sum of seconds)
     "tandem:engine_step_seconds": ("steps", "step_s"),
-    "tandem:prefill_step_seconds": ("prompt_steps", None),  # steps that scored prompt tokens
     "tandem:draft_step_seconds": (None, "draft_s"),
     "tandem:verify_step_seconds": (None, "verify_s"),
 }
+COUNTERS = {"tandem:engine_prompt_steps_total": "prompt_steps"}  # sample name -> field: steps that scored prompts
 COUNTS = ("steps", "prompt_steps")
 SECONDS = ("step_s", "draft_s", "verify_s")
 FIELDS = COUNTS + SECONDS
@@ -24,7 +24,9 @@ def parse_steps(text: str) -> StepTotals:
     for family in text_string_to_metric_families(text):
         count_field, sum_field = HISTOGRAMS.get(family.name, (None, None))
         for sample in family.samples:
-            if sample.name.endswith("_count") and count_field:
+            if sample.name in COUNTERS:  # whatever family the parser files it under (with or without _total)
+                totals[COUNTERS[sample.name]] += sample.value
+            elif sample.name.endswith("_count") and count_field:
                 totals[count_field] += sample.value
             elif sample.name.endswith("_sum") and sum_field:
                 totals[sum_field] += sample.value

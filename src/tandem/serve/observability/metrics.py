@@ -147,6 +147,8 @@ class ServingMetrics:
         m.num_requests_running.set(report.running)
         m.num_requests_waiting.set(report.waiting)
         m.engine_step_seconds.observe(report.step_seconds)
+        if report.prefilled or report.prefill_tokens:
+            m.prompt_steps.inc()
         if report.prefill_seconds > 0:  # a call of its own (prompt chunks riding in the verify call are in verify's)
             m.prefill_step_seconds.observe(report.prefill_seconds)
         if report.draft_seconds > 0:
