@@ -83,6 +83,8 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["plan", "--cluster", CLUSTER, "--acceptance", "model=nan"], "rates from 0 to below 1"),
     (["plan", "--cluster", CLUSTER, "--acceptance", "model=1"], "rates from 0 to below 1"),
     (["simulate", "--cluster", CLUSTER, "--rate", "nan"], "finite number"),  # it simulated for ever
+    (["simulate", "--cluster", CLUSTER, "--prompt-tokens", "50", "--shared-prefix-tokens", "50"],
+     "must be below --prompt-tokens 50"),  # it simulated, slower than with no sharing
     (["simulate", "--cluster", CLUSTER, "--rate", "inf"], "finite number"),
     (["simulate", "--cluster", CLUSTER, "--step-overhead-ms", "nan"], "finite number"),  # printed nan latencies
     (["generate", "--prompt", "hi", "--seed", "-2"], "seed must be"),  # numpy's traceback, after loading

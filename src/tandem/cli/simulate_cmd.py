@@ -255,6 +255,9 @@ def _shared_prefixes(args: argparse.Namespace, replayed: tuple) -> tuple:
     """--shared-prefix-tokens N: every prompt opens with the same N tokens; else the openings of
     the measured run whose prompts are replayed (`replayed`, empty where none are)."""
     if args.shared_prefix_tokens is not None:
+        if args.prompt_tokens and args.shared_prefix_tokens >= args.prompt_tokens:
+            raise TandemError(f"--shared-prefix-tokens {args.shared_prefix_tokens} must be below --prompt-tokens "
+                              f"{args.prompt_tokens}: a prompt's last token is always scored")
         return ((0, args.shared_prefix_tokens),) if args.shared_prefix_tokens else ()
     return replayed
 

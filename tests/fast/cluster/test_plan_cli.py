@@ -33,3 +33,12 @@ def test_plan_errors_are_one_line(tmp_path, capsys):
         f"error: {bad}:3: workers[0].role: must be one of draft, verify, both (got 'verfy') (did you mean 'verify'?)")
     assert main(["plan", "--cluster", HETERO, "--acceptance", "modle=0.5"]) == 2
     assert "--acceptance knows ngram, suffix, model, hybrid (got modle)" in capsys.readouterr().err
+
+
+def test_the_naive_row_says_plain_decoding_where_no_worker_can_draft_with_the_model(capsys):
+    """With no draft worker the article's model k=5 falls back to plain decoding on every replica,
+    yet the row read "model k=5" (its JSON said none)."""
+    h200 = str(Path(__file__).parents[3] / "examples" / "clusters" / "h200-measured.yaml")
+    assert main(["plan", "--cluster", h200]) == 0
+    naive_row = next(line for line in capsys.readouterr().out.splitlines() if "naive (model, k=5)" in line)
+    assert "none (model k=5 fell back)" in naive_row

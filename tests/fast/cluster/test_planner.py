@@ -160,3 +160,13 @@ def test_pricer_caches_best_batches():
     source = DraftSource(drafter_spec("ngram"), 0.4, "ngram")
     first = pricer.best_step(spec.workers[0], source, 2)
     assert pricer.best_step(spec.workers[0], source, 2) is first
+
+
+def test_where_no_placement_meets_the_target_the_naive_one_is_priced_as_ours_is():
+    """Ours fell back to one sequence a replica while the naive placement kept its best batch:
+    the report then read "ours / naive = 0.55x", its own pick the worse."""
+    spec = load_cluster(EXAMPLES / "hetero-64.yaml")
+    result = plan_cluster(spec, cluster_profiles(spec), options_for(spec, latency_target_ms=0.001))
+    assert not result.meets_target
+    assert all(a.step.batch == 1 for a in result.chosen.assignments)
+    assert all(a.step.batch == 1 for a in result.naive.article.assignments + result.naive.tuned.assignments)

@@ -28,11 +28,19 @@ def plan_text(plan: Plan, source: str | None = None) -> str:
     lines += _indent(_table(_ASSIGNMENT_COLUMNS, [_assignment_row(a) for a in plan.chosen.assignments]))
     lines += _indent(_roles(plan.chosen))
     lines += ["", "Runners-up (the best of each other drafter kind, then the next best):"]
-    rows = [(p.label(), _num(p.tokens_per_s), _num(p.latency_ms), _num(p.latency_b1_ms), _verifiers(p))
+    rows = [(_shown(p), _num(p.tokens_per_s), _num(p.latency_ms), _num(p.latency_b1_ms), _verifiers(p))
             for p in plan.runners_up]
     lines += _indent(_table(("plan", "tok/s", "ms/tok", "ms/tok@1", "verifiers"), rows))
     lines += [""] + _naive_lines(plan)
     return "\n".join(lines)
+
+
+def _shown(p: Placement) -> str:
+    """A placement's plan as it runs: a drafting kind whose every replica fell back to plain
+    decoding (no draft worker to run it) decodes plainly, whatever it was asked to draft."""
+    if p.drafter_kind != "none" and not p.drafts:
+        return f"none ({p.drafter_kind} k={p.k} fell back)"
+    return p.label()
 
 
 def _summary(p: Placement) -> str:
@@ -74,7 +82,7 @@ def _naive_lines(plan: Plan) -> list[str]:
     target = plan.options.latency_target_ms
     compare = [("ours", plan.chosen), (f"naive (model, k={NAIVE_K})", naive.article),
                ("naive roles, our kind/k", naive.tuned)]
-    rows = [(name, p.label(), _num(p.tokens_per_s), _num(p.latency_ms), _num(p.latency_b1_ms),
+    rows = [(name, _shown(p), _num(p.tokens_per_s), _num(p.latency_ms), _num(p.latency_b1_ms),
              "yes" if target is None or p.latency_ms <= target else "no") for name, p in compare]
     lines += _indent(_table(("placement", "plan", "tok/s", "ms/tok", "ms/tok@1", "meets target"), rows))
     ratio = plan.chosen.tokens_per_s / naive.article.tokens_per_s if naive.article.tokens_per_s else math.inf

@@ -103,7 +103,7 @@ def plan_cluster(spec: ClusterSpec, profiles: Mapping[tuple[str, str], DevicePro
                                 None, max_batch=1)
         feasible = _search(spec, alone, options, _splits(spec))
     ranked = _without_fallbacks(_best_per_label(feasible, by_latency=not meets))
-    naive, note = _naive(spec, profiles, costs, options)
+    naive, note = _naive(spec, profiles, costs, options, None if meets else alone)
     return Plan(ranked[0], _runners_up(ranked, options.runners_up), naive, note, options, meets)
 
 
@@ -173,20 +173,23 @@ def _best_per_label(placements: list[Placement], by_latency: bool) -> list[Place
     return list(best.values())
 
 
-def _naive(spec, profiles, costs, options: PlanOptions) -> tuple[NaiveComparison | None, str | None]:
+def _naive(spec, profiles, costs, options: PlanOptions,
+           alone: PlacementPricer | None = None) -> tuple[NaiveComparison | None, str | None]:
+    """The article's rule and our kind/k on its roles; where nothing meets the latency target,
+    priced as our plan then is (`alone`: one sequence a replica), so the two compare."""
     try:
         scores = device_scores(spec, profiles)
     except TandemError as error:
         return None, f"no naive score: {error}"
     roles = [naive_roles(spec, scores)]
     within = _pricer(spec, costs, options, options.latency_target_ms)
-    unbounded = _pricer(spec, costs, options, None)
+    fallback = alone or _pricer(spec, costs, options, None)  # where the target rules every placement out
     article = within.price(drafter_spec(NAIVE_DRAFTER), NAIVE_K, *roles[0])
     if article.tokens_per_s == 0:
-        article = unbounded.price(drafter_spec(NAIVE_DRAFTER), NAIVE_K, *roles[0])
+        article = fallback.price(drafter_spec(NAIVE_DRAFTER), NAIVE_K, *roles[0])
     tuned = [p for p in _search(spec, within, options, roles) if p.tokens_per_s > 0]
     if tuned:
         best = _best_per_label(tuned, by_latency=False)[0]
     else:
-        best = _best_per_label(_search(spec, unbounded, options, roles), by_latency=True)[0]
+        best = _best_per_label(_search(spec, fallback, options, roles), by_latency=True)[0]
     return NaiveComparison(scores, article, best), None

@@ -172,7 +172,8 @@ class Workload:
     clients that send their next request when the last one finishes (exactly one of the two).
     `prompt_prefixes`: the opening each request's prompt shares with others (a system prompt),
     as (group, tokens) or None, request i taking entry i modulo their number (empty: none
-    shared); a replica's prompt cache scores a group's opening once, then reuses it (step.py).
+    shared; an opening as long as a prompt counts as all but its last token, which is always scored);
+    a replica's prompt cache scores a group's opening once, then reuses it (step.py).
     `conversations`: each conversation's new prompt tokens per turn (the first turn's whole
     prompt, then each follow-up's message): the requests are then their turns, conversation by
     conversation (num_requests is their number; prompt_tokens is not drawn), and a turn's prompt

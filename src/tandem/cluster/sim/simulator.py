@@ -135,7 +135,10 @@ class Simulator:
     def _send(self, now: float, index: int) -> None:
         _, prompt, output = self.requests[index]
         conversation, turn = self.turns[index]
-        seq = SimSequence(index, now, prompt, output, prefix=self.sim.workload.prompt_prefix(index),
+        prefix = self.sim.workload.prompt_prefix(index)
+        if prefix is not None:  # at most all but the prompt's last token, which is always scored
+            prefix = (prefix[0], min(prefix[1], prompt - 1))
+        seq = SimSequence(index, now, prompt, output, prefix=prefix,
                           conversation=conversation, turn=turn, requested=self.sim.workload.requested_tokens or 0)
         self.recorder.arrival(now)
         self.backlog.append(seq)

@@ -96,7 +96,8 @@ class ReplicaSteps:
         replica.waiting.extendleft(reversed(deferred))
         decoding = [seq for seq in replica.running if not seq.unprefilled]
         prefilling = [seq for seq in replica.running if seq.unprefilled]
-        device, fixed_k = replica.spec.device, self.ctx.sim.depth.fixed_k or 0
+        device = replica.spec.device
+        fixed_k = (self.ctx.sim.depth.fixed_k or 0) if replica.spec.drafter else 0  # a plain replica drafts nothing
         if decoding and device.fused and len(prefilling) <= len(decoding):  # held back, as the engine's
             budget = held_back_budget(device.cost, len(decoding) * (1 + fixed_k), budget, device.prefill_floor)
         left = budget - len(decoding)
