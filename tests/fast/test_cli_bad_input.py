@@ -43,7 +43,9 @@ def files(tmp_path):
                 "merge_key": base.replace("  - name: slow\n", "  - &slow\n    name: slow\n", 1) + "  - <<: *slow\n    name: slower\n",
                 "exponent": base.replace("threads: 1\n    slowdown", "threads: 1e9\n    slowdown"),
                 "file_drafter_model": "drafter: model\n" + base,
-                "wrong_model": base.replace("smollm2-135m-instruct", "smollm2-135m-instrukt")}
+                "wrong_model": base.replace("smollm2-135m-instruct", "smollm2-135m-instrukt"),
+                "unknown_hardware": "workers:\n  - name: g\n    role: verify\n    model: smollm2-135m-instruct\n"
+                                    "    backend: torch\n    device: cuda\n    dtype: bf16\n    hardware: a100\n"}
     for name, content in clusters.items():
         (tmp_path / f"{name}.yaml").write_text(content)
     return {"binary": str(binary), "control": str(control), "list": str(listed), "text": str(text),
@@ -92,6 +94,8 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["plan", "--cluster", MIXED, "--drafter", "model"], "needs a draft model"),  # exit 0 and "drafter model, k=1"
     (["plan", "--cluster", "{file_drafter_model}"], "needs a draft model"),  # the file's drafter: the same plan
     (["plan", "--cluster", "{wrong_model}"], "wrong_model.yaml:7: workers[0].model: worker 'fast'"),  # no file:line
+    (["plan", "--cluster", "{unknown_hardware}"],  # a note naming a profile that was not there, then no file:line
+     "unknown_hardware.yaml:8: workers[0].hardware: worker 'g': hardware 'a100' is neither a known device class"),
     (["plan", "--cluster", "{nan_slowdown}"], "must be a finite number"),  # the planner's ValueError traceback
     (["simulate", "--cluster", "{nan_slowdown}"], "must be a finite number"),
     (["simulate", "--cluster", "{nan_slowdown}", "--out", "{tmp}/never"], "must be a finite number"),  # left the folder

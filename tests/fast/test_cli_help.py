@@ -63,3 +63,11 @@ def test_the_top_level_says_its_version_its_commands_and_where_options_go(capsys
     assert exit_.value.code == 2
     assert capsys.readouterr().err == ("error: unknown option --foo: a command comes first, its options after it "
                                        "(see tandem --help)\n")
+
+
+def test_simulate_sizes_help_states_the_sweeps_own_default():
+    """It said "1,2,...,64" where the sweep runs powers of two only."""
+    from tandem.cluster.sim.scaling import SWEEP_SIZES
+
+    sizes = next(a for a in commands()["simulate"]._actions if "--sizes" in a.option_strings)
+    assert f"(default {','.join(map(str, SWEEP_SIZES))})" in sizes.help

@@ -24,8 +24,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="fix the drafter (default: the file's, else auto)")
     parser.add_argument("--k", type=whole_number(0, K_LIMIT), default=None, help=f"fix k (default: the file's, else 1..{PLAN_K_MAX})")
     parser.add_argument("--acceptance", default=None,
-                        help="acceptance assumptions, e.g. model=0.7,ngram=0.45,hybrid=0.7")
-    parser.add_argument("--max-batch", type=whole_number(1), default=None, help="cap on sequences per verifier step")
+                        help="acceptance assumptions, e.g. model=0.7,ngram=0.45,hybrid=0.7 (default: the file's, "
+                        "else the drafter table's priors)")
+    parser.add_argument("--max-batch", type=whole_number(1), default=None, help="cap on sequences per verifier step (default: none; "
+                        "the plan tries the batch sizes each profile measured, up to this)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.set_defaults(func=run)
 

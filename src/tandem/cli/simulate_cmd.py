@@ -56,7 +56,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "its concurrency (--concurrency overrides); prints TTFT p50 by turn and the router's "
                         "placements against the run's")
     parser.add_argument("--acceptance", type=real_number(0, 1, below=True), default=None,
-                        help="per-token acceptance of draft models, from 0 to below 1")
+                        help="per-token acceptance of the model and hybrid drafters, from 0 to below 1 (default: the "
+                        "file's acceptance, else the drafter table's prior)")
     parser.add_argument("--seed", type=whole_number(0), default=0, help="the simulation's random seed (default 0)")
     parser.add_argument("--roles", choices=("plan", "as-written"), default="plan",
                         help="simulate the planner's placement (default) or the file's roles as written")
@@ -64,7 +65,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="how verifiers batch: backend (as each backend does today: fused for llama.cpp and "
                         "torch's fused runner), fused, or serial (torch's --torch-runner serial). Default: backend "
                         "with --cluster, fused with --scaling")
-    parser.add_argument("--max-batch", type=whole_number(1), default=None, help="sequences per verifier step (default: the plan's)")
+    parser.add_argument("--max-batch", type=whole_number(1), default=None, help="sequences per verifier step (default: the plan's batch; "
+                        "with --roles as-written, a replica's slots, 8)")
     parser.add_argument("--step-overhead-ms", type=real_number(0), default=None,
                         help="per-step time besides the calls: bookkeeping, RPC (default 1.0, the engine's prior)")
     parser.add_argument("--k", type=whole_number(0, K_LIMIT), default=None,
@@ -76,7 +78,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--measured", help="a measured run (JSON) to compare the prediction with; where it gives "
                         "call_seconds (bench-cluster's measured.json), also simulated again with every device "
                         "at the speed the run found it")
-    parser.add_argument("--sizes", type=int_list(), default=None, help="--scaling: comma-separated device counts (default 1,2,...,64)")
+    parser.add_argument("--sizes", type=int_list(), default=None, help="--scaling: comma-separated device counts (default "
+                        "1,2,4,8,16,32,64)")  # scaling.SWEEP_SIZES (a test checks), not imported for --help
     parser.add_argument("--waves", type=whole_number(1), default=None, help=f"--scaling: requests per planned batch slot (default {DEFAULT_WAVES})")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--out", help="folder for simulation.json (or the scaling files)")
@@ -143,7 +146,8 @@ def _simulate(args: argparse.Namespace) -> int:
         _as_measured(args, measured)
         recorded = _recorded_prompts(args, measured)
         workload = _workload(args, recorded, _shared_prefixes(args, measured.prompt_prefixes if recorded is not None else ()))
-    result = simulate(_checked(lambda: simulation_from_cluster(spec, workload, options, plan)))
+    simulation = _checked(lambda: simulation_from_cluster(spec, workload, options, plan))
+    result = simulate(simulation)
     comparison = compare_with_measurement(result, measured) if measured else None
     turns = compare_turns(result, conversations) if conversations else None
     for figures, run, compare in ((comparison, measured, compare_with_measurement), (turns, conversations, compare_turns)):
@@ -152,7 +156,8 @@ def _simulate(args: argparse.Namespace) -> int:
             again = simulate(simulation_from_cluster(spec, workload, replace(options, device_speed=speed), plan))
             figures["at_run_speed"] = {"device_speed": round(speed, 4), **compare(again, run)}
     report = {"cluster": args.cluster, "roles": args.roles, "plan": plan.chosen.label() if plan else None,
-              "options": vars(args) | {"func": None}, "result": result.to_json(), "comparison": comparison,
+              "options": {name: value for name, value in vars(args).items() if name != "func"},
+              "simulated": _as_simulated(simulation), "result": result.to_json(), "comparison": comparison,
               **({"turns": turns} if turns else {})}
     if args.json:
         print(json.dumps(report, indent=1))
@@ -278,6 +283,18 @@ def _workload(args: argparse.Namespace, recorded=None, prefixes: tuple = ()):
     max_tokens = DEFAULT_MAX_TOKENS if args.max_tokens is None else args.max_tokens
     return _checked(lambda: Workload(requests, prompts, FixedLength(max_tokens), args.rate, concurrency,
                                      prefixes))
+
+
+def _as_simulated(simulation) -> dict:
+    """What the options resolved to (they record None where a default or the plan decided)."""
+    workload = simulation.workload
+    prompts = workload.prompt_tokens
+    return {"verifiers": [{"device": v.device.name, "drafter": v.drafter, "max_batch": v.max_batch,
+                           "fused": v.device.fused} for v in simulation.verifiers],
+            "requests": workload.num_requests, "concurrency": workload.concurrency, "rate_per_s": workload.rate_per_s,
+            "prompt_tokens": getattr(prompts, "tokens", None) or f"drawn ({type(prompts).__name__})",
+            "fixed_k": simulation.depth.fixed_k, "step_overhead_ms": simulation.step_overhead_ms,
+            "seed": simulation.seed}
 
 
 def _fused(batching: str | None, default: bool | None) -> bool | None:

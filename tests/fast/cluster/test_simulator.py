@@ -514,3 +514,21 @@ def test_a_fixed_k_changes_nothing_on_a_replica_that_does_not_draft():
     for k in (2, 8):
         result = plain(k)
         assert result.throughput_tok_s == base.throughput_tok_s and result.ttft_ms == base.ttft_ms
+
+
+def test_the_replay_verdict_names_only_the_figure_outside_the_tolerance():
+    """A replay 11% off in throughput and 16% long in latency read "throughput and p50 latency
+    NOT within 15%"; a steady rate that rounded to 0.0 read "every request arrived at once"."""
+    from tandem.cluster.sim.summary import comparison_lines, summary_lines
+
+    def comparison(throughput, latency):
+        figures = {"throughput_tok_s": {"predicted": 1, "measured": 1, "relative_error": throughput},
+                   "latency_ms_p50": {"predicted": 1, "measured": 1, "relative_error": latency}}
+        return {"figures": figures, "tolerance": 0.15,
+                "within_tolerance": abs(throughput) <= 0.15 and abs(latency) <= 0.15}
+
+    assert comparison_lines(comparison(-0.113, 0.161))[-1] == "  p50 latency NOT within 15% (throughput within)"
+    assert comparison_lines(comparison(-0.2, 0.3))[-1] == "  throughput and p50 latency NOT within 15%"
+    assert comparison_lines(comparison(0.02, 0.05))[-1] == "  throughput and p50 latency within 15%"
+    slow = dataclasses.replace(simulate(cluster(requests=8, concurrency=2)), steady_tok_s=0.04)
+    assert "0.040 tok/s until the last request arrived" in "\n".join(summary_lines(slow, "x"))

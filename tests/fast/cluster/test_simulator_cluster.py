@@ -129,6 +129,10 @@ def test_tandem_simulate_prints_json_and_compares_with_a_measurement(tmp_path, c
     assert report["result"]["requests"] == 4
     assert set(report["comparison"]["figures"]) == {"throughput_tok_s", "latency_ms_p50"}
     assert (tmp_path / "out" / "simulation.json").exists()
+    # what the options left to defaults and the plan resolved to (they recorded nulls and "func")
+    simulated = report["simulated"]
+    assert (simulated["prompt_tokens"], simulated["concurrency"], simulated["step_overhead_ms"]) == (8, 2, 1.0)
+    assert simulated["verifiers"][0]["max_batch"] >= 1 and "func" not in report["options"]
     for rate in ("-1", "nan"):  # argparse refuses it: exit 2
         with pytest.raises(SystemExit) as stop:
             main(["simulate", "--cluster", str(cluster), "--rate", rate])

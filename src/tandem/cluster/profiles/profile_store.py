@@ -63,12 +63,19 @@ def worker_profile(spec: ClusterSpec, worker: WorkerSpec, model: str) -> DeviceP
     if worker.hardware in DEVICE_CLASSES:
         return public_profile(worker.hardware, model, worker.backend, _precision(worker), worker.device)
     path = default_profile_path(model, worker.backend, worker.device, worker.dtype, worker.threads)
-    if worker.hardware is not None:  # a label of its own is fine, but one mistyped priced this machine silently
-        _note_unknown_hardware(worker.name, worker.hardware, str(path))
     if path.exists():
+        if worker.hardware is not None:  # a label of its own is fine, but one mistyped priced this machine silently
+            _note_unknown_hardware(worker.name, worker.hardware, str(path))
         return load_profile(path)
+    entry = next((i for i, w in enumerate(spec.workers) if w is worker), None)  # its place in the file's list
+    if worker.hardware is not None and entry is not None:
+        raise located_error(spec, ("workers", entry, "hardware"),
+                            f"worker {worker.name!r}: hardware {worker.hardware!r} is neither a known device class "
+                            f"({', '.join(DEVICE_CLASSES)}){did_you_mean(worker.hardware, DEVICE_CLASSES)} nor a "
+                            f"profiles: key, and this machine has no profile measured for {model} on "
+                            f"{worker.device} ({worker.backend}): run `tandem profile"
+                            f"{' --cluster ' + spec.source if spec.source else ''}` where it runs")
     if model not in CATALOG and not os.path.exists(os.path.expanduser(model)):
-        entry = next((i for i, w in enumerate(spec.workers) if w is worker), None)  # its place in the file's list
         message = (f"worker {worker.name!r}: model {model!r} is neither a catalog model nor a file or folder "
                    f"here{did_you_mean(model, CATALOG)}")
         if entry is None:
