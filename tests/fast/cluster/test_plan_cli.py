@@ -42,3 +42,10 @@ def test_the_naive_row_says_plain_decoding_where_no_worker_can_draft_with_the_mo
     assert main(["plan", "--cluster", h200]) == 0
     naive_row = next(line for line in capsys.readouterr().out.splitlines() if "naive (model, k=5)" in line)
     assert "none (model k=5 fell back)" in naive_row
+
+
+def test_a_copy_drafters_assignments_say_it_drafts_in_the_replica_not_ngram(capsys):
+    """A suffix plan's assignments said "drafter": "ngram" (the planner's marker for copies)."""
+    assert main(["plan", "--cluster", HETERO, "--drafter", "suffix", "--json"]) == 0
+    chosen = json.loads(capsys.readouterr().out)["chosen"]
+    assert chosen["drafter"] == "suffix" and {a["drafter"] for a in chosen["assignments"]} == {"in-replica"}

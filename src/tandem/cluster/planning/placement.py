@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from tandem.cluster.config.cluster_spec import ClusterSpec, WorkerSpec
-from tandem.cluster.planning.prediction import DraftSource, StepPrediction, WorkerCost, predict_step
+from tandem.cluster.planning.prediction import IN_REPLICA, DraftSource, StepPrediction, WorkerCost, predict_step
 from tandem.speculation.drafters.registry import DRAFTERS, DrafterSpec
 
 EPSILON = 1e-9
@@ -27,7 +27,7 @@ class Assignment:
 
     verifier: str
     replicas: int
-    drafter: str  # "none", "ngram", "colocated" or the draft worker's name
+    drafter: str  # "none", IN_REPLICA (a copy drafter), "colocated" or the draft worker's name
     step: StepPrediction  # at the planned batch
     batch1: StepPrediction  # the same source and k with one sequence
 
@@ -121,13 +121,13 @@ class PlacementPricer:
         if not kind.drafts:
             return ["none"]
         if not kind.uses_model:
-            return ["ngram"]
+            return [IN_REPLICA]
         wheres = ["colocated"] if worker.role == "both" else []
         return wheres + list(capacity)
 
     def _source(self, kind: DrafterSpec, verifier: WorkerSpec, where: str) -> DraftSource:
         acceptance = self.acceptance.get(kind.name, 0.0)
-        if where in ("none", "ngram"):
+        if where in ("none", IN_REPLICA):
             return DraftSource(kind, acceptance, where)
         if where == "colocated":
             return DraftSource(kind, acceptance, where, self.costs[(verifier.name, verifier.draft_model)])

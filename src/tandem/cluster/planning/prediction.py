@@ -42,19 +42,22 @@ class WorkerCost:
         return self.profile.step_ms(batch, tokens_per_sequence, context) * self.factor
 
 
+IN_REPLICA = "in-replica"  # a copy drafter's `where`: it drafts from the context inside the replica, no worker
+
+
 @dataclass(frozen=True, slots=True)
 class DraftSource:
     """Where a verifier's drafts come from: nothing, n-gram copies, or a draft model."""
 
     kind: DrafterSpec
     acceptance: float
-    where: str  # "none", "ngram", "colocated" (the verifier's own draft model) or a worker name
+    where: str  # "none", IN_REPLICA (copies from the context), "colocated" (its own draft model) or a worker name
     cost: WorkerCost | None = None  # the draft model's cost; None when no model drafts
     rtt_ms: float = 0.0  # round trip between verifier and drafter
 
     @property
     def remote(self) -> bool:
-        return self.where not in ("none", "ngram", "colocated")
+        return self.where not in ("none", IN_REPLICA, "colocated")
 
 
 @dataclass(frozen=True, slots=True)

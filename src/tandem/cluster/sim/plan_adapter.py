@@ -12,9 +12,9 @@ A hybrid plan is simulated as a draft model with the hybrid acceptance, drafting
 
 from tandem.cluster.config.cluster_spec import ClusterSpec
 from tandem.cluster.planning.planner import Plan
+from tandem.cluster.planning.prediction import IN_REPLICA
 from tandem.cluster.sim.acceptance import GeometricAcceptance
 from tandem.cluster.sim.adapter import (
-    NGRAM,
     SimOptions,
     acceptance_of,
     assemble,
@@ -46,7 +46,7 @@ def simulation_from_plan(spec: ClusterSpec, plan: Plan, workload: Workload, opti
             where = assignment.drafter
             if where == "none":
                 drafter = None
-            elif where == NGRAM:
+            elif where == IN_REPLICA:  # a copy drafter: the free n-gram drafter models it
                 drafter = ngram
             elif where == "colocated":
                 drafter = colocated_drafter(spec, worker, index, device, alpha, options)
