@@ -26,8 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group = parser.add_argument_group("server")
     group.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     group.add_argument("--port", default="8000", help="port (default 8000; 0 picks a free one)")
-    group.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
-                       help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV})")
+    group.add_argument("--api-key", default=None,
+                       help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV}; white space "
+                       "around it, as a key file's last newline, is dropped)")
     group.add_argument("--served-model-name", default=None, help="the model name clients send (default: --target's catalog name, or a .gguf file's or folder's name without .gguf)")
     group.add_argument("--max-running", default="8", help="sequences decoded together (default 8)")
     group.add_argument("--max-waiting", default="64", help="requests queued beyond those; more get 429 (default 64)")
@@ -165,11 +166,23 @@ def cluster_engine_config(cluster, args: argparse.Namespace):
                         prefill_waves=args.prefill_waves)
 
 
+def api_key_of(option: str | None, environ) -> str | None:
+    """--api-key, else $TANDEM_API_KEY, without the white space around it (a key read from a
+    file keeps its last newline, which no client sends: every request got a 401). A blank key
+    is refused, naming where it came from."""
+    key, source = (option, "--api-key") if option is not None else (environ.get(API_KEY_ENV), f"${API_KEY_ENV}")
+    if key is None:
+        return None
+    if not key.strip():
+        raise TandemError(f"{source} is empty: leave it out (unset it) to serve without a key")
+    return key.strip()
+
+
 def serve_settings(args: argparse.Namespace) -> ServeSettings:
     return ServeSettings(
         host=args.host,
         port=_parse(int, "--port", args.port),
-        api_key=args.api_key,
+        api_key=api_key_of(args.api_key, os.environ),
         max_body_bytes=_parse(int, "--max-body-bytes", args.max_body_bytes),
         max_running=_parse(int, "--max-running", args.max_running),
         max_waiting=_parse(int, "--max-waiting", args.max_waiting),

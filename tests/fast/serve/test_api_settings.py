@@ -150,3 +150,20 @@ def test_the_ngram_namespace_names_the_tokenizer(tmp_path):
         (tmp_path / name / "tokenizer.json").write_text(vocab)
     assert namespace(tmp_path / "a") == namespace(tmp_path / "same") != namespace(tmp_path / "b")
     assert namespace(tmp_path / "a").startswith("coder:")
+
+
+def test_the_key_loses_the_white_space_around_it_and_a_blank_one_names_its_source():
+    """A key mounted from a file ends in a newline no client sends: every request got a 401, and
+    an empty $TANDEM_API_KEY was blamed on --api-key, which nobody had passed."""
+    import pytest
+
+    from tandem.cli.serve_cmd import api_key_of
+    from tandem.errors import TandemError
+
+    assert api_key_of(None, {"TANDEM_API_KEY": "k2\n"}) == "k2"
+    assert api_key_of(" k1 ", {"TANDEM_API_KEY": "k2"}) == "k1"  # the option over the environment
+    assert api_key_of(None, {}) is None
+    with pytest.raises(TandemError, match=r"^\$TANDEM_API_KEY is empty"):
+        api_key_of(None, {"TANDEM_API_KEY": ""})
+    with pytest.raises(TandemError, match="^--api-key is empty"):
+        api_key_of("  ", {})
