@@ -424,3 +424,28 @@ def test_generate_reads_messages_whose_content_is_text_parts():
 
     raw = json.dumps([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])
     assert _parse_messages(raw) == [{"role": "user", "content": "a\nb"}]  # refused before
+
+
+def test_a_read_only_or_full_folder_is_one_error_line_wherever_it_strikes(monkeypatch, tmp_path, capsys):
+    """A read-only home missing a derived file (the tokenizer converted at first use) ended in a
+    raw PermissionError traceback; other OS errors still propagate (they are bugs)."""
+    import errno
+
+    from tandem.cli import generate_cmd
+
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
+
+    def read_only(args):
+        raise PermissionError(errno.EROFS, "Read-only file system", str(tmp_path / "m" / ".tokenizer.tmp"))
+
+    monkeypatch.setattr(generate_cmd, "run", read_only)
+    assert main(["generate", "--prompt", "hi"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: Read-only file system: ") and f"now {tmp_path}" in err and err.count("\n") == 1
+
+    def broken(args):
+        raise ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused")
+
+    monkeypatch.setattr(generate_cmd, "run", broken)
+    with pytest.raises(ConnectionRefusedError):
+        main(["generate", "--prompt", "hi"])

@@ -157,3 +157,23 @@ def test_a_catalog_model_and_the_path_of_its_pulled_file_share_one_profile(tmp_p
     assert catalog_name_of(str(copy)) is None and catalog_name_of(str(tmp_path / "missing.gguf")) is None
     key = lambda model: backends._profile_key(RunnerSpec(model, "llamacpp", threads=1), None)  # noqa: E731
     assert key(str(pulled)) == key("smollm2-135m-instruct") != key(str(copy))
+
+
+def test_a_profile_that_cannot_be_saved_is_used_for_this_run_with_a_warning(tmp_path, monkeypatch, capsys):
+    """A read-only home (its profiles folder there, the file not): `tandem serve` measured for
+    20 s, then died of the PermissionError writing it."""
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
+    (tmp_path / "profiles").mkdir()
+    os.chmod(tmp_path / "profiles", 0o555)
+
+    def refused(path, text):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(backends, "write_text_atomic", refused)  # root ignores the folder's mode
+    try:
+        cost = cached_profile(RunnerSpec(str(tmp_path / "model"), backend="torch", device="cpu", threads=1),
+                              CacheTimedRunner(context_length=4096), (1, 4))
+    finally:
+        os.chmod(tmp_path / "profiles", 0o755)
+    assert set(cost.latency_ms) == {1, 4}
+    assert "warning: cannot save the profile" in capsys.readouterr().err

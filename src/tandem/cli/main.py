@@ -2,6 +2,7 @@
 
 import argparse
 import contextlib
+import errno
 import os
 import sys
 
@@ -42,6 +43,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+FOLDER_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
+
+
+def folder_error(error: OSError) -> str:
+    """What the machine refused, and where Tandem keeps what it writes."""
+    from tandem.paths import tandem_home
+
+    where = f": {error.filename}" if error.filename else ""
+    return (f"{error.strerror or error}{where} (models, profiles and caches are written under $TANDEM_HOME, "
+            f"now {tandem_home()}: point it at a writable folder with free space)")
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -70,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `tandem plan ... | head`: the reader left; nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
         return 141  # 128 + SIGPIPE, as a shell reports a command its pipe closed
+    except OSError as error:  # a read-only or full folder wherever it struck: one line, not a traceback
+        if error.errno not in FOLDER_ERRNOS:
+            raise
+        print(f"error: {folder_error(error)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -122,7 +122,12 @@ def cached_profile(spec: RunnerSpec, runner: ModelRunner, sizes: tuple[int, ...]
         record |= {"deep_latency_ms": _measure_at(runner, deep_context, sizes, DEEP_REPEATS).to_json(),
                    "deep_context": deep_context}
     runner.reset()
-    write_text_atomic(path, json.dumps(record, indent=1))  # two processes may profile at once
+    try:
+        write_text_atomic(path, json.dumps(record, indent=1))  # two processes may profile at once
+    except OSError as error:  # a read-only home (a model volume mounted read-only): this run still has it
+        print(f"warning: cannot save the profile {path} ({error.strerror or error}): it is measured again at "
+              "each start; make its folder writable to keep it", file=sys.stderr)
+        return _cost_from_record(record)
     evict_profiles(path.parent, PROFILE_CACHE_BYTES, keep=path)
     return _cost_from_record(record)
 
