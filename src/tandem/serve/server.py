@@ -69,7 +69,8 @@ def serve(config: EngineConfig, settings: ServeSettings, cluster=None) -> int:
             raise_open_file_limit()
             claim(sock, settings.host)
             server = DrainingServer(state, uvicorn.Config(
-                create_app(state), log_level=settings.log_level, access_log=settings.log_level in ("info", "debug"), http=HeaderTimedH11Protocol,
+                create_app(state), log_level=settings.log_level, log_config=UVICORN_LOG_CONFIG,
+                access_log=settings.log_level in ("info", "debug"), http=HeaderTimedH11Protocol,
                 timeout_graceful_shutdown=UVICORN_CLOSE_SECONDS))
             asyncio.run(_serve(server, sock, _banner(model_name, settings.host, sock.getsockname()[1])))
         finally:
@@ -165,11 +166,19 @@ def close_state(state: ServerState) -> None:
     state.tracer.shutdown()
 
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# uvicorn's own records (its errors, the access log) go to the root logger's one stderr handler in
+# the same format: by default they had formats of their own, without a time, the access log on stdout
+UVICORN_LOG_CONFIG = {"version": 1, "disable_existing_loggers": False,
+                      "loggers": {name: {"handlers": [], "propagate": True}
+                                  for name in ("uvicorn", "uvicorn.error", "uvicorn.access")}}
+
+
 def configure_logging(settings: ServeSettings) -> None:
     """Records at --log-level and above to stderr (warnings and errors by default); request texts
     (INFO on tandem.requests) only with --log-requests, whatever the level."""
     level = getattr(logging, settings.log_level.upper())
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=level, format=LOG_FORMAT)
     logging.getLogger().setLevel(level)  # basicConfig leaves a root that has handlers (a test's) as it was
     logging.getLogger("tandem.requests").setLevel(logging.INFO if settings.log_requests else logging.WARNING)
 

@@ -191,3 +191,20 @@ async def test_a_loopback_server_answers_only_requests_addressed_to_loopback():
         async with server.client(authorization=f"Bearer {KEY}") as client:
             answer = await client.post("/v1/chat/completions", json=chat_body(), headers={"Host": "tandem.example"})
             assert answer.status_code == 200
+
+
+def test_uvicorns_records_reach_the_one_stderr_handler_not_stdout(caplog, capsys):
+    """--log-level info wrote the access log to stdout in uvicorn's format (no time), while the
+    rest went to stderr as 'time LEVEL name: message'."""
+    import uvicorn
+
+    from tandem.serve.server import UVICORN_LOG_CONFIG
+
+    caplog.set_level(logging.INFO)
+    uvicorn.Config(lambda scope, receive, send: None, log_config=UVICORN_LOG_CONFIG, log_level="info",
+                   access_log=True)  # configures uvicorn's loggers, as the server's Config does
+    access = logging.getLogger("uvicorn.access")
+    access.info('%s - "%s %s HTTP/%s" %d', "127.0.0.1:5", "POST", "/v1/completions", "1.1", 200)
+    assert not access.handlers and access.propagate
+    assert capsys.readouterr().out == ""
+    assert any(r.name == "uvicorn.access" and "POST /v1/completions" in r.getMessage() for r in caplog.records)
