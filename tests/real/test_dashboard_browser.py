@@ -25,6 +25,7 @@ from fastapi import FastAPI
 
 from tandem.bench.soak.samples import read_metrics
 from tandem.engine.events import RoundReport, StepReport
+from tandem.serve.api.errors import install_error_handlers
 from tandem.serve.observability.dashboard import dashboard_router
 from tandem.serve.observability.metrics import ServingMetrics
 
@@ -82,9 +83,20 @@ class SyntheticLoad:
 @pytest.fixture
 def dashboard_app():
     """(base URL, metrics) of a uvicorn server in a thread on a free port."""
+    yield from _served_dashboard(data_key=None)
+
+
+@pytest.fixture
+def protected_dashboard_app():
+    """The same, its data behind the key "sesame" (`tandem serve --protect-metrics`)."""
+    yield from _served_dashboard(data_key="sesame")
+
+
+def _served_dashboard(data_key: str | None):
     metrics = ServingMetrics("synthetic-model")
     app = FastAPI()
-    app.include_router(dashboard_router(metrics))
+    install_error_handlers(app, metrics)  # a refusal answers 401, as in `tandem serve`
+    app.include_router(dashboard_router(metrics, data_key))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
@@ -130,6 +142,22 @@ def test_dashboard_charts_update_and_alert_fires(dashboard_app):
         dashboard.wait_for_tile("mean k (last 5 s)", "–", timeout_ms=10_000)
         assert dashboard.errors == []
     assert SCREENSHOT.stat().st_size > 10_000
+
+
+def test_a_protected_dashboard_says_whether_its_key_is_missing_or_wrong(protected_dashboard_app):
+    """It said "open this page as /#key=..." for a wrong key too, and pointed at the root, outside
+    the path a proxy serves it under."""
+    base_url, metrics = protected_dashboard_app
+    with SyntheticLoad(metrics), open_dashboard(base_url) as dashboard:
+        connection = dashboard.page.locator("#connection")
+        connection.filter(has_text="add #key=YOUR_API_KEY to this page's address").wait_for(timeout=10_000)
+        dashboard.page.goto(base_url + "/#key=wrong")
+        dashboard.page.reload()
+        connection.filter(has_text="is not this server's API key").wait_for(timeout=10_000)
+        dashboard.page.goto(base_url + "/#key=sesame")
+        dashboard.page.reload()
+        dashboard.wait_for_updates(2)
+        dashboard.wait_for_points("chart-acceptance", 0)
 
 
 def test_dashboard_shows_each_cluster_workers_state_and_placements(dashboard_app):

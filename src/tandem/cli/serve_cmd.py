@@ -61,8 +61,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="seconds a whole request may take, queueing included; then it is cancelled (504, or "
                         "an error event on a stream) (default 600)")
     limits.add_argument("--max-streams-per-client", default=str(DEFAULT_MAX_STREAMS_PER_CLIENT),
-                        help="open streams one client address may hold; more get 429 (default 64; raise it "
-                        "behind a proxy, where clients share an address)")
+                        help="open streams one client address may hold; more get 429 (default 64; a proxy on this "
+                        "host that sets X-Forwarded-For has each client counted; raise it behind a proxy uvicorn "
+                        "does not trust, FORWARDED_ALLOW_IPS, where clients share its address)")
     security = parser.add_argument_group("security")
     security.add_argument("--allowed-origins", default=None,
                           help="comma-separated browser origins allowed by CORS (others get 403), e.g. https://app.example.com "

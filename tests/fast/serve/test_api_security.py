@@ -44,7 +44,16 @@ async def test_other_web_origins_are_refused_by_default():
             assert (await client.post("/v1/chat/completions", json=chat_body())).status_code == 200
             own = await client.post("/v1/chat/completions", json=chat_body(), headers={"Origin": "http://localhost"})
             assert own.status_code == 200
-        assert server.state.metrics.rejected == [403, 403, 403]  # the two posts and the preflight, counted
+            # the same origin, spelt with the scheme's default port or in capitals (it was a 403)
+            for host, origin in (("localhost:80", "http://localhost"), ("localhost", "http://localhost:80"),
+                                 ("LocalHost", "HTTP://localhost")):
+                same = await client.post("/v1/chat/completions", json=chat_body(),
+                                         headers={"Origin": origin, "Host": host})
+                assert same.status_code == 200, (host, origin)
+            other_port = await client.post("/v1/chat/completions", json=chat_body(),
+                                           headers={"Origin": "http://localhost:8080", "Host": "localhost"})
+            assert other_port.status_code == 403
+        assert server.state.metrics.rejected == [403, 403, 403, 403]  # the posts and the preflight, counted
 
 
 @async_test

@@ -11,8 +11,9 @@ from tandem.serve.api.errors import send_refusal
 
 
 class OriginGuard:
-    """ASGI middleware: 403 for an HTTP request whose Origin is neither its own (scheme://Host)
-    nor one of `allowed` ("*" allows every origin)."""
+    """ASGI middleware: 403 for an HTTP request whose Origin is neither its own (scheme://Host,
+    default ports aside) nor one of `allowed` ("*" allows every origin). Behind a TLS proxy the
+    scheme is the proxy's `X-Forwarded-Proto` (uvicorn trusts it from 127.0.0.1)."""
 
     def __init__(self, app, allowed: tuple[str, ...], on_refused=lambda: None):
         self.app = app
@@ -25,8 +26,24 @@ class OriginGuard:
         headers = dict(scope["headers"])
         origin = headers.get(b"origin", b"").decode("latin-1")
         own = f"{scope.get('scheme', 'http')}://{headers.get(b'host', b'').decode('latin-1')}"
-        if not origin or origin == own or origin in self.allowed:
+        if not origin or _same_origin(origin, own) or origin in self.allowed:
             return await self.app(scope, receive, send)
         self.on_refused()
         await send_refusal(send, 403, f"requests from the web origin {origin} are refused; serve with "
                            f"--allowed-origins {origin} to allow them", "origin_not_allowed")
+
+
+DEFAULT_PORTS = {"http": ":80", "https": ":443"}
+
+
+def _same_origin(origin: str, own: str) -> bool:
+    """Equal once a scheme's default port is left out (`Host: localhost:80` is http://localhost),
+    and case aside (a scheme and a host name are case-insensitive)."""
+    return _without_default_port(origin) == _without_default_port(own)
+
+
+def _without_default_port(origin: str) -> str:
+    origin = origin.lower()
+    scheme = origin.partition("://")[0]
+    port = DEFAULT_PORTS.get(scheme)
+    return origin[: -len(port)] if port and origin.endswith(port) else origin

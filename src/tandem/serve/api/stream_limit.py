@@ -1,6 +1,9 @@
 """Open streams per client address: past `limit`, a client's next stream is refused (429), so one
-client cannot hold every connection and queue slot the server has. Behind a proxy all clients
-share the proxy's address: raise --max-streams-per-client there."""
+client cannot hold every connection and queue slot the server has. The address is uvicorn's: a
+proxy's `X-Forwarded-For` names the client where uvicorn trusts the proxy (127.0.0.1 by default,
+`FORWARDED_ALLOW_IPS` for others); behind one it does not trust, all clients share the proxy's
+address (raise --max-streams-per-client there). A local client can name any address there: this
+is fairness between clients, not a security boundary."""
 
 from collections import Counter
 from collections.abc import Callable

@@ -289,8 +289,9 @@ function setConnection(ok) {
 
 let latest = null; // the last snapshot, redrawn on resize
 
-// A server started with --protect-metrics wants its API key: open the page as /#key=KEY (the
-// fragment never leaves the browser, so the key is in no server log or proxy).
+// A server started with --protect-metrics wants its API key: add #key=KEY to the page's address,
+// wherever a proxy serves it (the fragment never leaves the browser, so the key is in no server
+// log or proxy).
 const apiKey = new URLSearchParams(location.hash.slice(1)).get("key");
 const dataHeaders = apiKey ? { Authorization: `Bearer ${apiKey}` } : {};
 
@@ -300,7 +301,9 @@ async function poll() {
     if (response.status === 401) {
       const status = document.getElementById("connection");
       status.className = "connection";
-      status.textContent = "this server protects its metrics: open this page as /#key=YOUR_API_KEY";
+      status.textContent = apiKey
+        ? "the key in this page's address (#key=...) is not this server's API key"
+        : "this server protects its metrics: add #key=YOUR_API_KEY to this page's address";
       return; // polled again (finally): reloading with the key fixes it
     }
     if (!response.ok) throw new Error(`HTTP ${response.status}`);
