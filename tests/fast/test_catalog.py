@@ -131,6 +131,20 @@ def test_a_file_damaged_in_place_is_found_said_and_pulled_again(home, monkeypatc
     assert is_pulled(FAKE_NAME)
 
 
+def test_the_pulled_file_given_by_its_path_is_checked_as_its_name_is(home, monkeypatch):
+    """Given by path, a damaged pulled model loaded as it was (its magic bytes were all checked),
+    where its name pulled it again."""
+    data = b"".join(PIECES)
+    use_fake_catalog(monkeypatch, sha256=hashlib.sha256(data).hexdigest())
+    path = pull(FAKE_NAME, progress=False)
+    monkeypatch.setattr("tandem.models.resolve.check_gguf_file", lambda path: None)  # the fake bytes are no GGUF
+    monkeypatch.setattr(pull_module, "CATALOG", catalog.CATALOG)  # the fake catalog, as pull.py reads it
+    assert gguf_path(str(path)) == path.resolve()
+    path.write_bytes(data[:6] + b"XXXX" + data[10:])
+    with pytest.raises(TandemError, match=f"is the pulled {FAKE_NAME}, and it no longer matches"):
+        gguf_path(str(path))
+
+
 DERIVED_NAME = "fake-tiny-q4_0"
 
 
@@ -256,6 +270,13 @@ def test_a_disk_filling_during_conversion_is_a_clear_error_and_keeps_nothing(hom
         hf_path(model)
     assert "about 5-7x the .gguf's" in capsys.readouterr().err
     assert list((home / "models").glob("local-*")) == []
+
+    def tokenizers_fill(gguf, dest):  # the tokenizers library's own error for it: a plain Exception (a traceback)
+        raise Exception("No space left on device (os error 28)")
+
+    monkeypatch.setattr(resolve_module, "convert_to_hf", tokenizers_fill)
+    with pytest.raises(TandemError, match="no space left on the device .* while converting model.gguf"):
+        hf_path(model)
 
 
 def test_missing_file_and_unknown_name(home, tmp_path):

@@ -449,3 +449,14 @@ def test_a_read_only_or_full_folder_is_one_error_line_wherever_it_strikes(monkey
     monkeypatch.setattr(generate_cmd, "run", broken)
     with pytest.raises(ConnectionRefusedError):
         main(["generate", "--prompt", "hi"])
+
+
+def test_ctrl_c_while_the_commands_load_is_one_line_not_a_traceback(monkeypatch, capsys):
+    from tandem.cli import main as main_module
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(main_module, "build_parser", interrupted)
+    assert main(["models", "list"]) == 130
+    assert capsys.readouterr().err == "\ninterrupted\n"

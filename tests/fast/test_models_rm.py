@@ -2,6 +2,8 @@
 catalog model's folder (its .gguf and conversions), or only the conversions of a local .gguf file
 (never the file, never another file's)."""
 
+import os
+
 from tandem.cli.main import main
 from tandem.models.pull import entry_dir
 from tandem.models.resolve import _cache_dir
@@ -73,3 +75,28 @@ def test_an_interrupted_pulls_work_is_listed_and_rm_frees_it_unless_under_way(tm
     assert not killed.exists() and live.is_dir()
     assert str(killed) in capsys.readouterr().out
     assert main(["models", "rm", NAME]) == 2  # what is left is under way: nothing to remove
+    assert "it may still be running, so it is kept until 10 minutes after its last write" in capsys.readouterr().err
+
+
+def test_a_linked_model_folder_loses_its_link_and_a_gone_files_conversions_still_go(tmp_path, monkeypatch, capsys):
+    """rmtree refuses a link: a model folder linked in from a shared volume was said "removed"
+    (its target's size) and stayed, a link left aside that every later rm "removed" again. And the
+    conversions of a .gguf deleted since could not be removed at all ("neither a catalog model...")."""
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "model.gguf").write_bytes(b"GGUF" + bytes(3000))
+    entry_dir(NAME).parent.mkdir(parents=True)
+    entry_dir(NAME).symlink_to(shared, target_is_directory=True)
+    assert main(["models", "rm", NAME]) == 0
+    assert capsys.readouterr().out.strip() == f"removed {entry_dir(NAME)} (0 B)"  # a link frees no bytes here
+    assert not os.path.lexists(entry_dir(NAME)) and (shared / "model.gguf").is_file()  # the shared files stay
+    assert list(entry_dir(NAME).parent.glob(".*")) == []  # no link left aside
+
+    gone = tmp_path / "gone.gguf"
+    gone.write_bytes(b"GGUF gone")
+    converted = _cache_dir(gone, gone.resolve())
+    (converted / "hf").mkdir()
+    gone.unlink()
+    assert main(["models", "rm", str(gone)]) == 0
+    assert not converted.exists()

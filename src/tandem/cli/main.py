@@ -58,7 +58,11 @@ def folder_error(error: OSError) -> str:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    parser = build_parser()
+    try:
+        parser = build_parser()  # imports every command's module: a Ctrl-C lands here as often as anywhere
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
     given = sys.argv[1:] if argv is None else argv
     if not given:  # bare `tandem`: what it can do, not a usage error
         parser.print_help(sys.stderr)

@@ -8,6 +8,7 @@ process that has it open keeps its files, and a process that loads it next finds
 pulls or converts again.
 """
 
+import contextlib
 import os
 import re
 import shutil
@@ -80,10 +81,20 @@ def _remove_unfinished(name: str) -> list[KeptFolder]:
     """name's unfinished work idle for UNDER_WAY_SECONDS or more, removed; what went."""
     gone = []
     for work in unfinished_work():
-        if work.name == name and work.idle_seconds >= UNDER_WAY_SECONDS:
-            shutil.rmtree(work.folder, ignore_errors=True)
+        if work.name == name and work.idle_seconds >= UNDER_WAY_SECONDS and _delete(work.folder):
             gone.append(KeptFolder(work.folder, name, work.nbytes))
     return gone
+
+
+def _delete(folder: Path) -> bool:
+    """Remove a folder, or the link that stands for one (rmtree refuses links: a model folder
+    linked in from a shared volume was said removed and stayed); whether it is gone."""
+    if folder.is_symlink():
+        with contextlib.suppress(FileNotFoundError):
+            folder.unlink()
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
+    return not os.path.lexists(folder)
 
 
 def remove_model(name_or_path: str) -> list[KeptFolder]:
@@ -95,20 +106,28 @@ def remove_model(name_or_path: str) -> list[KeptFolder]:
         if not folder.is_dir():
             if unfinished:
                 return unfinished
+            live = [work for work in unfinished_work() if work.name == name_or_path]
+            if live:  # too fresh to tell from a pull still running
+                raise TandemError(f"{name_or_path} is not pulled, and its unfinished pull ({live[0].folder}) was "
+                                  f"written {live[0].idle_seconds:.0f} s ago: it may still be running, so it is kept "
+                                  f"until {UNDER_WAY_SECONDS // 60} minutes after its last write")
             raise TandemError(f"{name_or_path} is not pulled: nothing to remove")
-        found = unfinished + [KeptFolder(folder, name_or_path, folder_bytes(folder))]
+        linked = folder.is_symlink()  # a link to a shared volume: the link goes, the files stay
+        found = unfinished + [KeptFolder(folder, name_or_path, 0 if linked else folder_bytes(folder))]
     else:
         path = Path(name_or_path).expanduser()
-        if not path.is_file():
+        resolved = str(path.resolve())
+        found = [kept for kept in local_conversions() if kept.source == resolved]  # the file may be gone since
+        if not found and not path.is_file():
             raise TandemError(f"{name_or_path!r} is neither a catalog model nor a .gguf file"
                               f"{did_you_mean(name_or_path, CATALOG)}")
-        resolved = str(path.resolve())
-        found = [kept for kept in local_conversions() if kept.source == resolved]
         if not found:
             raise TandemError(f"no conversions of {resolved} are kept: nothing to remove (the file itself "
                               f"is yours and stays)")
+    gone = []
     for kept in found:
-        if not kept.folder.exists():  # unfinished work, already removed
+        if not os.path.lexists(kept.folder):  # unfinished work, already removed
+            gone.append(kept)
             continue
         aside = aside_path(kept.folder)
         try:
@@ -117,5 +136,7 @@ def remove_model(name_or_path: str) -> list[KeptFolder]:
             continue
         except OSError as error:
             raise TandemError(f"cannot remove {kept.folder}: {error.strerror}") from None
-        shutil.rmtree(aside, ignore_errors=True)
-    return found
+        if not _delete(aside):
+            raise TandemError(f"cannot remove {aside} (moved aside from {kept.folder}): remove it by hand")
+        gone.append(kept)
+    return gone

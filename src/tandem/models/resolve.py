@@ -16,7 +16,7 @@ from pathlib import Path
 from tandem.errors import ModelNotFoundError, TandemError
 from tandem.models import catalog
 from tandem.models.convert import convert_to_hf, convert_tokenizer
-from tandem.models.pull import DISK_FULL, MANIFEST_FILENAME, entry_dir, pull
+from tandem.models.pull import DISK_FULL, MANIFEST_FILENAME, catalog_name_of, entry_dir, pull, pulled_state
 from tandem.paths import make_dir, models_dir
 
 GGUF_MAGIC = b"GGUF"
@@ -31,6 +31,10 @@ def gguf_path(name_or_path: str | Path, progress: bool = True) -> Path:
     if name not in catalog.CATALOG:
         if path.is_file():
             check_gguf_file(path)
+            pulled_as = catalog_name_of(name)  # the pulled file of a catalog model: checked as its name is
+            if pulled_as is not None and pulled_state(pulled_as) == "damaged":
+                raise TandemError(f"{path} is the pulled {pulled_as}, and it no longer matches its catalog checksum "
+                                  f"(changed since it was pulled): give the name {pulled_as} to pull it again")
             return path.resolve()
         if path.is_dir():
             raise TandemError(f"{path} is a folder: llama.cpp needs a .gguf file or a catalog name; a Hugging Face "
@@ -132,12 +136,20 @@ def _convert(convert, gguf: Path, dest: Path) -> None:
         folder = dest.parent
         if folder.name.startswith("local-") and [p.name for p in folder.iterdir()] == [LOCAL_SOURCE]:
             shutil.rmtree(folder, ignore_errors=True)
-        if isinstance(error, OSError) and error.errno in DISK_FULL:
+        if _is_disk_full(error):
             free = shutil.disk_usage(models_dir()).free
             raise TandemError(f"no space left on the device holding {models_dir()} while converting {gguf.name} "
                               f"({free / 2**30:.2f} GiB free): nothing was kept; free some space (`tandem models "
                               "list` shows what each model keeps) or set TANDEM_HOME to a larger disk") from None
         raise
+
+
+def _is_disk_full(error: BaseException) -> bool:
+    """An OSError of a full disk, or the tokenizers library's plain Exception for one (its Rust
+    side says "No space left on device (os error 28)")."""
+    if isinstance(error, OSError):
+        return error.errno in DISK_FULL
+    return type(error) is Exception and any(f"(os error {code})" in str(error) for code in DISK_FULL)
 
 
 def _remove_older_versions(gguf: Path, current: Path) -> None:
