@@ -63,3 +63,11 @@ def test_a_template_that_changes_content_is_refused_not_guessed(tmp_path):
     with pytest.raises(TandemError, match="spells a special token"):
         trimming.chat_prompt_ids([{"role": "user", "content": INJECTION}])
     assert trimming.chat_prompt_ids([{"role": "user", "content": "hi"}])  # plain content is fine
+
+
+def test_a_developer_message_is_a_system_turn_for_every_caller(chatml):
+    """The server mapped "developer" to "system"; `tandem generate` and the transformers peer gave
+    the template "developer" (SmolLM2's then added its default system prompt: 43 tokens, not 21)."""
+    as_developer = chatml.chat_prompt_ids([{"role": "developer", "content": "hi"}, {"role": "user", "content": "hi"}])
+    as_system = chatml.chat_prompt_ids([{"role": "system", "content": "hi"}, {"role": "user", "content": "hi"}])
+    assert as_developer == as_system

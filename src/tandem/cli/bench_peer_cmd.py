@@ -48,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help=f"requests per concurrency level (default max({MIN_REQUESTS}, "
                         f"{REQUESTS_PER_CLIENT} x C), as bench-serve)")
     parser.add_argument("--max-tokens", type=int, default=50, help="max new tokens per request (default 50)")
-    parser.add_argument("--threads", type=thread_count, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--threads", type=thread_count, default=None, help="torch CPU threads (default: torch's, the machine's cores)")
     parser.add_argument("--attn", default="sdpa",
                         help="transformers' attn_implementation: sdpa, paged|eager or flash_attention_2 (default sdpa)")
     parser.add_argument("--max-batch-tokens", type=int, default=None,

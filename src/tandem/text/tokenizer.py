@@ -11,6 +11,7 @@ import re
 import secrets
 
 from tandem.errors import TandemError, VocabularyMismatchError
+from tandem.text.chat_roles import template_role
 
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn>")
 
@@ -36,6 +37,7 @@ class TextTokenizer:
         """Apply the chat template once, with the assistant turn opened."""
         if not self._tok.chat_template:
             raise TandemError(f"the tokenizer in {self.folder} has no chat template: use --prompt")
+        messages = [{**m, "role": template_role(m["role"])} for m in messages]  # every caller alike
         text = self._render(messages)
         if not any(self._spells_a_special_token(m["content"]) for m in messages):
             return self.encode(text)  # the common case: one encode of the whole text

@@ -55,3 +55,16 @@ def test_an_interrupted_peer_sweep_keeps_its_finished_levels(tmp_path, monkeypat
     assert results["interrupted"] and [level["concurrency"] for level in results["levels"]] == [1]
     assert "**Interrupted**" in (tmp_path / "out" / "report.md").read_text()
     assert peers[0].stopped
+
+
+def test_a_peer_record_keeps_the_answers_text_and_prompt_length_as_a_servers_does():
+    """results.json is bench-serve's shape, whose records keep each answer's text (bench-ceiling
+    reads it) and prompt length: the peer's had "" and None."""
+    from tandem.bench.peers.transformers_cb import output_record
+    from tandem.bench.serve.requests import warmup_request
+
+    output = SimpleNamespace(error=None, generated_tokens=[72, 105, 2, 9], timestamps=[1.0, 1.1, 1.2, 1.3])
+    record, kept = output_record(warmup_request(), output, 0.5, 1.4, frozenset({2}), 16, prompt_tokens=21,
+                                 decode=lambda ids: bytes(ids).decode())
+    assert kept == (72, 105) and record.text == "Hi" and record.prompt_tokens == 21
+    assert record.completion_tokens == 2 and record.finish_reason == "stop"

@@ -57,8 +57,10 @@ class ByteTokenizer:
         assert all(t < 256 for t in token_ids), "an EOS id reached the text"
         return bytes(token_ids).decode("utf-8", errors="replace")
 
-    def chat_prompt_ids(self, messages: list[dict]) -> list[int]:
-        return self.encode("".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>")
+    def chat_prompt_ids(self, messages: list[dict]) -> list[int]:  # roles given to the template as TextTokenizer's
+        from tandem.text.chat_roles import template_role
+
+        return self.encode("".join(f"<{template_role(m['role'])}>{m['content']}\n" for m in messages) + "<assistant>")
 
 
 class UnusedDraftModel:

@@ -27,7 +27,7 @@ import json
 import shlex
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import ceil
 from pathlib import Path
 from typing import Callable, Sequence
@@ -112,15 +112,18 @@ def load_model(model: str, device: str, dtype: str, attn_implementation: str):
 
 
 def output_record(request: BenchRequest, output, sent: float, end: float, stop_ids: frozenset[int],
-                  max_tokens: int) -> tuple[RequestRecord, tuple[int, ...]]:
-    """A bench-serve record from a finished `GenerationOutput`; token times are its timestamps."""
+                  max_tokens: int, prompt_tokens: int | None = None,
+                  decode: Callable[[list[int]], str] | None = None) -> tuple[RequestRecord, tuple[int, ...]]:
+    """A bench-serve record from a finished `GenerationOutput`; token times are its timestamps.
+    With `decode`, the record keeps the answer's text, as a server's does (bench-ceiling reads it)."""
     if output.error is not None:
         return failed(request.prompt_id, request.category, str(output.error), sent), ()
     kept = cut_at_stop(output.generated_tokens, stop_ids, max_tokens)
     token_times = list(output.timestamps or [])[: len(kept)]
     finish_reason = "length" if len(kept) == max_tokens else "stop"
     record = build_record(request.prompt_id, request.category, sent, end, token_times,
-                          {"completion_tokens": len(kept)}, finish_reason)
+                          {"completion_tokens": len(kept), "prompt_tokens": prompt_tokens}, finish_reason,
+                          decode(list(kept)) if decode is not None else "")
     return record, tuple(kept)
 
 
@@ -174,7 +177,7 @@ class TransformersCbPeer:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, got {concurrency}")
         pending = iter(enumerate(requests))
-        in_flight: dict[str, tuple[int, float]] = {}  # request id -> (index in requests, send time)
+        in_flight: dict[str, tuple[int, float, int]] = {}  # request id -> (index in requests, send time, prompt tokens)
         records: list[RequestRecord | None] = [None] * len(requests)
         outputs: list[tuple[int, ...]] = [()] * len(requests)
         start = time.perf_counter()
@@ -183,16 +186,17 @@ class TransformersCbPeer:
         peak = len(in_flight)
         while in_flight:
             output = self._next_finished()
-            index, sent = in_flight.pop(output.request_id)
-            records[index], outputs[index] = output_record(requests[index], output, sent, time.perf_counter(),
-                                                           self.stop_ids, self.settings.max_tokens)
+            index, sent, prompt_tokens = in_flight.pop(output.request_id)
+            record, outputs[index] = output_record(requests[index], output, sent, time.perf_counter(), self.stop_ids,
+                                                   self.settings.max_tokens, prompt_tokens, self.tokenizer.decode)
+            records[index] = replace(record, sent_s=sent - start)
             if on_done is not None:
                 on_done(records[index])
             self._send_next(pending, in_flight)
         wall = time.perf_counter() - start
         return LevelRun(LoadResult(concurrency, tuple(records), wall, peak), tuple(outputs))
 
-    def _send_next(self, pending, in_flight: dict[str, tuple[int, float]]) -> None:
+    def _send_next(self, pending, in_flight: dict[str, tuple[int, float, int]]) -> None:
         item = next(pending, None)
         if item is None:
             return
@@ -204,7 +208,7 @@ class TransformersCbPeer:
         if self.manager.add_request(prompt_ids, request_id=request_id, max_new_tokens=self.settings.max_tokens,
                                     record_timestamps=True, eos_token_id=sorted(self.stop_ids)) is None:
             raise TandemError(f"{LABEL}: the manager refused request {request.prompt_id} (is it stopping?)")
-        in_flight[request_id] = (index, sent)
+        in_flight[request_id] = (index, sent, len(prompt_ids))
 
     def _next_finished(self):
         deadline = time.perf_counter() + STALL_TIMEOUT_S

@@ -222,9 +222,8 @@ class ChatMessage(BaseModel):
         return data
 
     def as_template_message(self) -> dict:
-        """Chat templates know system/user/assistant/tool; OpenAI's "developer" is a system turn."""
-        role = "system" if self.role == "developer" else self.role
-        return {"role": role, "content": self.content}
+        """The role and text the tokenizer's template takes (it maps "developer": chat_roles.py)."""
+        return {"role": self.role, "content": self.content}
 
 
 class ChatCompletionRequest(SamplingFields):
