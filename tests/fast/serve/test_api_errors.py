@@ -367,6 +367,8 @@ async def test_features_not_implemented_are_refused_not_ignored():
             for path, body, field in refused:
                 error = assert_error(await client.post(path, json=body), 400, param=field, code="unsupported_value")
                 assert "not supported" in error["message"], (field, error)
+                if field == "max_completion_tokens":  # it read "max_completion_tokens (chat's: here it is max_tokens)"
+                    assert "on /v1/completions send max_tokens" in error["message"], error
 
 
 @async_test

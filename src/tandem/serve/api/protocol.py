@@ -87,15 +87,17 @@ def _no_bias(value) -> None:
     raise PydanticCustomError("unsupported_value", "logit_bias is not supported by this server (only biases of 0)")
 
 
-def refused(name: str, *no_ops, schema=None):
+def refused(name: str, *no_ops, schema=None, instead: str = ""):
     """A field this server does not implement. Its no-op values (what clients send by default:
     null, false, 0, an empty list, text output) pass; any other would change what comes back, so
-    it is refused with a 400 rather than silently ignored (OpenAI clients expose them all)."""
+    it is refused with a 400 rather than silently ignored (OpenAI clients expose them all).
+    `instead`: what to send in its place, where there is something."""
 
     def check(value):
         if value is None or any(value == no_op and type(value) is type(no_op) for no_op in no_ops):
             return None
-        raise PydanticCustomError("unsupported_value", f"{name} is not supported by this server")
+        raise PydanticCustomError("unsupported_value", f"{name} is not supported by this server"
+                                  + (f": {instead}" if instead else ""))
 
     return PlainValidator(check, json_schema_input_type=schema)
 
@@ -202,7 +204,8 @@ class CompletionRequest(SamplingFields):
         list[str], Field(min_length=1, max_length=1)])]
     logprobs: Annotated[None, refused("logprobs")] = None
     suffix: Annotated[None, refused("suffix", "", schema=Literal[""] | None)] = None
-    max_completion_tokens: Annotated[None, refused("max_completion_tokens (chat's: here it is max_tokens)")] = None
+    max_completion_tokens: Annotated[None, refused(
+        "max_completion_tokens", instead="on /v1/completions send max_tokens (max_completion_tokens is chat's)")] = None
 
 
 class ChatMessage(BaseModel):
