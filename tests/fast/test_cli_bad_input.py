@@ -460,3 +460,14 @@ def test_ctrl_c_while_the_commands_load_is_one_line_not_a_traceback(monkeypatch,
     monkeypatch.setattr(main_module, "build_parser", interrupted)
     assert main(["models", "list"]) == 130
     assert capsys.readouterr().err == "\ninterrupted\n"
+
+
+def test_a_refused_file_outside_the_home_is_not_blamed_on_tandem_home(monkeypatch, tmp_path):
+    import errno
+
+    from tandem.cli.main import folder_error
+
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
+    own = folder_error(PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "home" / "profiles" / "x")))
+    theirs = folder_error(PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "prompts.jsonl")))
+    assert "$TANDEM_HOME" in own and theirs == f"Permission denied: {tmp_path / 'prompts.jsonl'}"

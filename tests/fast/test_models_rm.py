@@ -92,6 +92,9 @@ def test_a_linked_model_folder_loses_its_link_and_a_gone_files_conversions_still
     assert capsys.readouterr().out.strip() == f"removed {entry_dir(NAME)} (0 B)"  # a link frees no bytes here
     assert not os.path.lexists(entry_dir(NAME)) and (shared / "model.gguf").is_file()  # the shared files stay
     assert list(entry_dir(NAME).parent.glob(".*")) == []  # no link left aside
+    entry_dir(NAME).symlink_to(tmp_path / "gone-volume", target_is_directory=True)  # its target is gone
+    assert main(["models", "rm", NAME]) == 0 and not os.path.lexists(entry_dir(NAME))
+    capsys.readouterr()
 
     gone = tmp_path / "gone.gguf"
     gone.write_bytes(b"GGUF gone")

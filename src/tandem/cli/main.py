@@ -47,12 +47,17 @@ FOLDER_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQ
 
 
 def folder_error(error: OSError) -> str:
-    """What the machine refused, and where Tandem keeps what it writes."""
+    """What the machine refused; where it struck Tandem's own folder, where that is kept."""
+    from pathlib import Path
+
     from tandem.paths import tandem_home
 
     where = f": {error.filename}" if error.filename else ""
+    home = tandem_home()
+    if not error.filename or not Path(os.path.abspath(error.filename)).is_relative_to(os.path.abspath(home)):
+        return f"{error.strerror or error}{where}"  # a file the user named (a prompts file, an --out folder)
     return (f"{error.strerror or error}{where} (models, profiles and caches are written under $TANDEM_HOME, "
-            f"now {tandem_home()}: point it at a writable folder with free space)")
+            f"now {home}: point it at a writable folder with free space)")
 
 
 def main(argv: list[str] | None = None) -> int:

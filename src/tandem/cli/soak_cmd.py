@@ -28,7 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "failed request, memory growth after warm-up under 5%, no KV slot held once idle, no descriptor "
         "or thread growth. Writes results.json, report.md and soak.png to --out; exits 1 if a check fails.")
     parser.add_argument("--url", default=None, help="soak this running server (its /v1 URL) instead of starting one")
-    parser.add_argument("--api-key", default=(os.environ.get("TANDEM_API_KEY") or "").strip() or None,
+    parser.add_argument("--api-key", type=lambda key: key.strip(),  # as serve takes it: a key file's newline dropped
+                        default=(os.environ.get("TANDEM_API_KEY") or "").strip() or None,
                         help="the server's API key (default: $TANDEM_API_KEY)")
     parser.add_argument("--target", default=None, help=f"target model (default {DEFAULT_TARGET}; not with --url)")
     parser.add_argument("--draft", default=None,

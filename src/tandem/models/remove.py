@@ -103,7 +103,7 @@ def remove_model(name_or_path: str) -> list[KeptFolder]:
     if name_or_path in CATALOG:
         folder = entry_dir(name_or_path)
         unfinished = _remove_unfinished(name_or_path)
-        if not folder.is_dir():
+        if not folder.is_dir() and not folder.is_symlink():  # a link whose target is gone still goes
             if unfinished:
                 return unfinished
             live = [work for work in unfinished_work() if work.name == name_or_path]

@@ -8,7 +8,7 @@ from profile_doubles import CHEAP_DRAFT, CONTEXT, FLAT, STEEP, both_worker, clus
 from tandem.cluster.planning.acceptance import expected_tokens
 from tandem.cluster.planning.placement import PlacementPricer
 from tandem.cluster.planning.planner import PlanOptions, options_for, plan_cluster
-from tandem.cluster.planning.prediction import DraftSource, WorkerCost, predict_step
+from tandem.cluster.planning.prediction import IN_REPLICA, DraftSource, WorkerCost, predict_step
 from tandem.cluster.profiles.profile_store import cluster_profiles
 from tandem.cluster.config.load import load_cluster
 from tandem.speculation.batch_depth import STEP_OVERHEAD_MS
@@ -157,7 +157,7 @@ def test_pricer_caches_best_batches():
     spec = cluster(verifier())
     costs = {("v", "target"): WorkerCost("v", "target", fused_profile(STEEP))}
     pricer = PlacementPricer(spec, costs, {"ngram": 0.4}, CONTEXT, STEP_OVERHEAD_MS, None, None)
-    source = DraftSource(drafter_spec("ngram"), 0.4, "ngram")
+    source = DraftSource(drafter_spec("ngram"), 0.4, IN_REPLICA)
     first = pricer.best_step(spec.workers[0], source, 2)
     assert pricer.best_step(spec.workers[0], source, 2) is first
 

@@ -87,6 +87,6 @@ def _chunked_alike(a: dict, b: dict) -> bool:
     """Whether two runs streamed about as many tokens a chunk (a run without the figure, an older
     results.json, is taken to)."""
     a_chunk, b_chunk = a.get("tokens_per_chunk"), b.get("tokens_per_chunk")
-    if a_chunk is None or b_chunk is None:
+    if not a_chunk or not b_chunk:  # None, or no tokens counted: nothing to tell them apart by
         return True
     return abs(a_chunk / b_chunk - 1) <= CHUNKING_TOLERANCE
