@@ -391,8 +391,9 @@ def test_pool_measures_ttft_and_itl(fake_server):
     assert s["acceptance_rate"] == pytest.approx(0.75)
     assert all(r.token_chunks == 6 and r.finish_reason == "length" for r in load.records)
     sent = [r.sent_s for r in load.records]  # one client: each sent as the last one ended
-    assert sent[0] < 0.05 and all(later >= earlier + r.e2e_s for earlier, later, r in zip(sent, sent[1:], load.records))
-    assert max(s + r.e2e_s for s, r in zip(sent, load.records)) == pytest.approx(load.wall_s, abs=0.05)
+    assert sent[0] < 1.0 and all(later >= earlier + r.e2e_s for earlier, later, r in zip(sent, sent[1:], load.records))
+    last_end = max(sent_s + r.e2e_s for sent_s, r in zip(sent, load.records))
+    assert load.wall_s - 1.0 < last_end <= load.wall_s  # the run ends with its last request (slack for a busy CI)
 
 
 def test_pool_reaches_its_concurrency(fake_server):
