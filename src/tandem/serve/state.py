@@ -44,7 +44,7 @@ class ServerState:
     draining: bool = False  # set on SIGINT/SIGTERM: new requests are refused with 503
     drain_started: asyncio.Event | None = None  # set with it, in the server's loop: bodies still arriving get 503
     streams: StreamLimit | None = None  # open streams per client; from settings when not given
-    ignored_fields_said: set[str] = field(default_factory=set)  # unknown request fields logged so far (once each)
+    ignored_fields_said: dict[str, None] = field(default_factory=dict)  # unknown request fields logged lately (body.py)
 
     def __post_init__(self):
         if self.streams is None:

@@ -66,6 +66,10 @@ async def test_cors_only_for_the_configured_origins():
             assert other.headers.get("access-control-allow-origin") != "https://evil.example"
             answer = await client.post("/v1/chat/completions", json=chat_body(), headers={"Origin": ORIGIN})
             assert answer.headers["access-control-allow-origin"] == ORIGIN
+            # the allowed origin in capitals or with its default port is the same origin (it was a 403)
+            for spelt in (ORIGIN.upper(), ORIGIN + ":443"):
+                same = await client.post("/v1/chat/completions", json=chat_body(), headers={"Origin": spelt})
+                assert same.status_code == 200, spelt
             # the official JS client's headers pass the preflight (it was a 400 "Disallowed CORS headers"),
             # and a page may read Retry-After (of a 429)
             sdk = await client.options("/v1/chat/completions", headers={

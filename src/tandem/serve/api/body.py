@@ -11,10 +11,13 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect
 
 from tandem.serve.api.errors import APIError, invalid_body, shutting_down
-from tandem.serve.api.protocol import FIELDS_WITHOUT_EFFECT
+from tandem.serve.api.protocol import FIELDS_WITHOUT_EFFECT, STREAM_OPTIONS_WITHOUT_EFFECT, StreamOptions
 
 log = logging.getLogger(__name__)
-MAX_IGNORED_NAMES_SAID = 64  # unknown field names logged once each, up to this many (a client may send any)
+MAX_IGNORED_NAMES_REMEMBERED = 64  # unknown field names remembered as said (the least recently sent forgotten first)
+MAX_IGNORED_NAMES_A_REQUEST = 4  # named in the log from one request (a client may send thousands)
+JSON_TYPE_NAMES = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", str: "a string",
+                   list: "an array"}
 
 M = TypeVar("M", bound=BaseModel)
 MAX_JSON_DEPTH = 32  # nested arrays and objects; a request needs 4 (messages, a message, its content parts, a part)
@@ -74,16 +77,25 @@ async def _unless_stopped(step, stop: asyncio.Event | None):
 def parse_json_object(body: bytes) -> dict:
     try:
         value = json.loads(body, parse_constant=_refuse_constant)
-    except (ValueError, RecursionError) as error:  # UnicodeDecodeError is a ValueError
+    except RecursionError:  # nested far past the limit: the parser's own stack ran out first
+        raise _too_deep() from None
+    except ValueError as error:  # UnicodeDecodeError is a ValueError
+        if "integer string conversion" in str(error):  # Python's own limit, with advice for the server's code
+            raise APIError(400, "the request body holds an integer of more than 4,300 digits",
+                           code="invalid_json") from None
         raise APIError(400, f"the request body is not valid JSON: {error}", code="invalid_json") from None
     if not isinstance(value, dict):
-        raise APIError(400, f"the request body must be a JSON object, got {type(value).__name__}",
+        raise APIError(400, f"the request body must be a JSON object, got {JSON_TYPE_NAMES.get(type(value), 'something else')}",
                        code="invalid_json")
     if _depth(value) > MAX_JSON_DEPTH:  # before anything walks it recursively (a RecursionError was a 500)
-        raise APIError(400, f"the request body's JSON nests arrays and objects deeper than {MAX_JSON_DEPTH} levels",
-                       code="invalid_json")
+        raise _too_deep()
     _check_unicode(value)
     return value
+
+
+def _too_deep() -> APIError:
+    return APIError(400, f"the request body's JSON nests arrays and objects deeper than {MAX_JSON_DEPTH} levels",
+                    code="invalid_json")
 
 
 def _depth(value) -> int:
@@ -113,9 +125,9 @@ def _check_unicode(value: dict) -> None:
 
 
 async def read_request(request: Request, model: type[M], limit: int, timeout_s: float | None = None,
-                       stop: asyncio.Event | None = None, ignored_said: set[str] | None = None) -> M:
+                       stop: asyncio.Event | None = None, ignored_said: dict[str, None] | None = None) -> M:
     """The body as `model`, validated; it must arrive within timeout_s, and before `stop` is set.
-    Unknown fields not yet in `ignored_said` are logged and added to it."""
+    Unknown fields not remembered in `ignored_said` are logged and remembered there."""
     body = parse_json_object(await read_limited(request, limit, timeout_s, stop))
     try:
         parsed = model.model_validate(body)
@@ -126,14 +138,29 @@ async def read_request(request: Request, model: type[M], limit: int, timeout_s: 
     return parsed
 
 
-def _say_ignored(body: dict, model: type[BaseModel], said: set[str]) -> None:
+def _say_ignored(body: dict, model: type[BaseModel], said: dict[str, None]) -> None:
     """Unknown top-level fields are ignored (another server's options, a misspelt one: `max_token`):
-    the server's log names each once, so an operator can see what clients send that does nothing."""
-    unknown = [name for name in body if name not in model.model_fields and name not in FIELDS_WITHOUT_EFFECT
-               and name not in said]
-    for name in unknown[:max(0, MAX_IGNORED_NAMES_SAID - len(said))]:
-        said.add(name)
+    the server's log names each once, so an operator can see what clients send that does nothing.
+    `said` (names in the order last sent) remembers the most recent MAX_IGNORED_NAMES_REMEMBERED, and
+    one request names at most MAX_IGNORED_NAMES_A_REQUEST new ones, so that no client can fill the
+    log, nor silence it for names sent later."""
+    unknown = [name for name in body if name not in model.model_fields and name not in FIELDS_WITHOUT_EFFECT]
+    stream_options = body.get("stream_options")
+    if isinstance(stream_options, dict):  # a misspelt `include_usage` there went unsaid too
+        unknown += [f"stream_options.{name}" for name in stream_options
+                    if name not in StreamOptions.model_fields and name not in STREAM_OPTIONS_WITHOUT_EFFECT]
+    new = [name for name in unknown if name not in said]
+    for name in unknown:
+        said.pop(name, None)
+    for name in unknown[-MAX_IGNORED_NAMES_REMEMBERED:]:
+        said[name] = None  # the most recently sent last
+    while len(said) > MAX_IGNORED_NAMES_REMEMBERED:
+        del said[next(iter(said))]
+    for name in new[:MAX_IGNORED_NAMES_A_REQUEST]:
         log.warning("ignored an unknown request field %r on %s (said once per field name)", name[:64], model.__name__)
+    if len(new) > MAX_IGNORED_NAMES_A_REQUEST:
+        log.warning("ignored %d more unknown fields on %s in the same request", len(new) - MAX_IGNORED_NAMES_A_REQUEST,
+                    model.__name__)
 
 
 def _too_large(size: int, limit: int) -> APIError:

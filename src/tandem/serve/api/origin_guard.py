@@ -11,13 +11,13 @@ from tandem.serve.api.errors import send_refusal
 
 
 class OriginGuard:
-    """ASGI middleware: 403 for an HTTP request whose Origin is neither its own (scheme://Host,
-    default ports aside) nor one of `allowed` ("*" allows every origin). Behind a TLS proxy the
+    """ASGI middleware: 403 for an HTTP request whose Origin is neither its own (scheme://Host)
+    nor one of `allowed` ("*" allows every origin), default ports and case aside. Behind a TLS proxy the
     scheme is the proxy's `X-Forwarded-Proto` (uvicorn trusts it from 127.0.0.1)."""
 
     def __init__(self, app, allowed: tuple[str, ...], on_refused=lambda: None):
         self.app = app
-        self.allowed = frozenset(allowed)
+        self.allowed = frozenset(_without_default_port(origin) if origin != "*" else origin for origin in allowed)
         self.on_refused = on_refused  # counts the refusal (metrics.request_rejected)
 
     async def __call__(self, scope, receive, send):
@@ -26,7 +26,7 @@ class OriginGuard:
         headers = dict(scope["headers"])
         origin = headers.get(b"origin", b"").decode("latin-1")
         own = f"{scope.get('scheme', 'http')}://{headers.get(b'host', b'').decode('latin-1')}"
-        if not origin or _same_origin(origin, own) or origin in self.allowed:
+        if not origin or _same_origin(origin, own) or _without_default_port(origin) in self.allowed:
             return await self.app(scope, receive, send)
         self.on_refused()
         await send_refusal(send, 403, f"requests from the web origin {origin} are refused; serve with "

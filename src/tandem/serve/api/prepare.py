@@ -106,7 +106,7 @@ def _check_server_limits(state: ServerState, prompt_tokens: int, body: SamplingF
     """The operator's limits (--max-prompt-tokens, --max-tokens-limit), tighter than the context's."""
     settings = state.settings
     if settings.max_prompt_tokens is not None and prompt_tokens > settings.max_prompt_tokens:
-        raise APIError(400, f"the prompt has {prompt_tokens} tokens, over this server's limit of "
+        raise APIError(400, f"the prompt has {_tokens(prompt_tokens)}, over this server's limit of "
                        f"{settings.max_prompt_tokens}: shorten the prompt", param=prompt_param, code="prompt_too_long")
     requested = body.new_token_limit()
     if settings.max_tokens_limit is not None and requested is not None and requested > settings.max_tokens_limit:
@@ -120,7 +120,7 @@ def _new_token_limit(context: int, prompt_tokens: int, body: SamplingFields, pro
         raise APIError(400, "the prompt is empty: give at least one token of input", param=prompt_param,
                        code="invalid_value")
     if prompt_tokens >= context:
-        raise APIError(400, f"the prompt has {prompt_tokens} tokens but this model's context is {context} "
+        raise APIError(400, f"the prompt has {_tokens(prompt_tokens)} but this model's context is {context} "
                        "tokens: shorten the prompt", param=prompt_param, code="context_length_exceeded")
     room = context - prompt_tokens
     requested = body.new_token_limit()
@@ -128,7 +128,11 @@ def _new_token_limit(context: int, prompt_tokens: int, body: SamplingFields, pro
         return min(DEFAULT_MAX_TOKENS, room)
     if requested > room:
         param = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
-        raise APIError(400, f"{param} is {requested} but the prompt has {prompt_tokens} tokens and this "
+        raise APIError(400, f"{param} is {requested} but the prompt has {_tokens(prompt_tokens)} and this "
                        f"model's context is {context} tokens: at most {room} new token{'' if room == 1 else 's'} fit{'s' if room == 1 else ''}",
                        param=param, code="context_length_exceeded")
     return requested
+
+
+def _tokens(count: int) -> str:
+    return f"{count} token{'' if count == 1 else 's'}"

@@ -23,6 +23,7 @@ from tandem.text.chat_roles import CHAT_ROLES
 # are ignored too, and the server's log names each once: serve/api/body.py)
 FIELDS_WITHOUT_EFFECT = frozenset({"user", "metadata", "store", "service_tier", "prediction", "parallel_tool_calls",
                                    "safety_identifier", "prompt_cache_key", "prompt_cache_retention"})
+STREAM_OPTIONS_WITHOUT_EFFECT = frozenset({"include_obfuscation"})  # OpenAI's padding of chunks: none is sent
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256  # per stop string
 

@@ -21,7 +21,7 @@ class StreamLimit:
     def open(self, client: str) -> Callable[[], None]:
         """Count a stream for `client` (429 past the limit); returns its release, safe to call twice."""
         if self.open_streams[client] >= self.limit:
-            raise APIError(429, f"this client already has {self.limit} open streams, the server's limit per "
+            raise APIError(429, f"this client already has {self.limit} open stream{'' if self.limit == 1 else 's'}, the server's limit per "
                            "client: finish or close one first", "rate_limit_error", code="too_many_streams",
                            headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
         self.open_streams[client] += 1
