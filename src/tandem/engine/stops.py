@@ -19,7 +19,8 @@ def apply_stops(
     emitted = emitted[:room]
     for i, token in enumerate(emitted):
         if token in request.stop_token_ids:
-            return emitted[:i], "stop"
+            emitted, reason = emitted[:i], "stop"  # a stop string may end earlier in the same round
+            break
     if request.stop_condition is not None:
         keep = request.stop_condition.tokens_to_keep(output + emitted)
         if keep is not None:
