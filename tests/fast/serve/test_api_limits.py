@@ -38,6 +38,11 @@ async def test_logit_bias_is_refused_not_ignored_and_long_stop_strings_are_refus
             biased = await client.post("/v1/completions", json=completion_body(logit_bias={"50": 100}))
             assert biased.status_code == 400 and biased.json()["error"]["param"] == "logit_bias"
             assert (await client.post("/v1/completions", json=completion_body(logit_bias={}))).status_code == 200
+            assert (await client.post("/v1/completions", json=completion_body(logit_bias={"50": 0}))).status_code == 200
+            for key in ("abc", "-1", "1.5", ""):  # no token ids: refused as OpenAI refuses them (they passed at bias 0)
+                odd = await client.post("/v1/completions", json=completion_body(logit_bias={key: 0}))
+                assert odd.status_code == 400 and odd.json()["error"]["param"] == "logit_bias", key
+                assert "token ids" in odd.json()["error"]["message"]
             long_stop = await client.post("/v1/completions", json=completion_body(stop=["x" * (MAX_STOP_CHARS + 1)]))
             assert long_stop.status_code == 400 and long_stop.json()["error"]["param"] == "stop"
             many = ["s%d" % i for i in range(MAX_STOP_STRINGS + 1)]

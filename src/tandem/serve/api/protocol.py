@@ -83,6 +83,11 @@ def _seed(value) -> int | None:
 
 def _no_bias(value) -> None:
     """logit_bias is not implemented: an empty map, or one whose every bias is 0, changes nothing and passes."""
+    if isinstance(value, dict):
+        bad_key = next((key for key in value if not (key.isascii() and key.isdigit())), None)
+        if bad_key is not None:  # as OpenAI's: keys are token ids
+            raise PydanticCustomError("invalid_value", "logit_bias keys must be token ids (e.g. \"50256\"), not {key}",
+                                      {"key": repr(bad_key[:32])})
     if value is None or isinstance(value, dict) and all(type(b) in (int, float) and b == 0 for b in value.values()):
         return None
     raise PydanticCustomError("unsupported_value", "logit_bias is not supported by this server (only biases of 0)")
