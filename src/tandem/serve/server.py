@@ -101,7 +101,7 @@ def build_state(config: EngineConfig, settings: ServeSettings, model_name: str, 
     cache = _response_store(settings, config)
     worker = EngineWorker(engine, settings.max_waiting, observers=[metrics.observe_step, tracer.observe_step],
                           queue_observers=[metrics.observe_queue])
-    metrics.watch_waiting(lambda: worker.num_waiting)  # as /health counts it
+    metrics.watch_queue(lambda: engine.num_running, lambda: worker.num_waiting)  # as /health counts them
     track_process(metrics.registry, model_name, lambda: engine.kv_slots_in_use)
     if hasattr(engine, "prompt_cache"):  # a cluster's replicas keep their own
         print(engine.prompt_cache.describe(), file=sys.stderr)

@@ -258,16 +258,25 @@ def test_a_cancel_between_steps_updates_the_queue_gauges_and_the_dashboard():
     assert series["running"][:3] == [1, 1, 0] and series["running"][-1] == 0 and series["waiting"][-1] == 0
 
 
-def test_the_waiting_gauge_reads_what_it_watches_on_each_scrape():
-    """Requests submitted during a long step were in no count until it ended: the gauge kept the
-    step's report, where /health counted them (the server watches EngineWorker.num_waiting)."""
+def test_the_queue_gauges_read_what_they_watch_on_each_scrape():
+    """Requests submitted or admitted during a long step were in no count until it ended: the
+    gauges kept the step's report (running 1 while /health said 8), where /health counted them
+    (the server watches the engine's running and EngineWorker.num_waiting)."""
     metrics = ServingMetrics(MODEL)
-    queued = [4]
-    metrics.watch_waiting(lambda: queued[0])
+    running, queued = [8], [4]
+    metrics.watch_queue(lambda: running[0], lambda: queued[0])
     metrics.observe_step(step(T0, running=1, waiting=0))
-    assert value(metrics, "tandem:num_requests_waiting") == 4
-    queued[0] = 0
-    assert value(metrics, "tandem:num_requests_waiting") == 0
+    metrics.observe_queue(1, 0)
+    assert value(metrics, "tandem:num_requests_running") == 8 and value(metrics, "tandem:num_requests_waiting") == 4
+    running[0], queued[0] = 0, 0
+    assert value(metrics, "tandem:num_requests_running") == 0 and value(metrics, "tandem:num_requests_waiting") == 0
+
+
+def test_a_client_gone_before_its_body_is_a_cancelled_request_not_a_rejection():
+    metrics = ServingMetrics(MODEL)
+    metrics.request_abandoned()
+    assert value(metrics, "tandem:request_success_total", finished_reason="cancelled") == 1
+    assert not [key for key in samples(metrics) if key[0] == "tandem:request_rejected_total"]
 
 
 def test_a_prompt_scored_in_the_verify_call_adds_no_zero_to_the_prefill_histogram():

@@ -136,7 +136,9 @@ def install_error_handlers(app: FastAPI, metrics) -> None:
     def refused(error: APIError, request: Request) -> JSONResponse:
         # the API's refusals; not a dashboard's or a scraper's polls refused without the key, which
         # counted one a second and showed requests rejected where none were
-        if (error.status < 500 or error.status == 503) and request.url.path not in UNCOUNTED_PATHS:
+        if error.code == "client_disconnected":  # nobody refused it: the client left (nginx's 499)
+            metrics.request_abandoned()
+        elif (error.status < 500 or error.status == 503) and request.url.path not in UNCOUNTED_PATHS:
             metrics.request_rejected(error.status)
         return error.response()
 

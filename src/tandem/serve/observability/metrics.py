@@ -49,6 +49,7 @@ class ServingMetrics:
         self._totals: Tally[str] = Tally(dict.fromkeys(TOTALS, 0))
         self._m = Instruments(self.registry, model_name)
         self._m.acceptance_alert_threshold.set(alert_threshold)
+        self._queue_watched = False  # running/waiting read from callables (watch_queue), not reports
         self._workers: list[dict] = []  # the latest cluster worker states (empty: one process)
         self._host_cache_bytes: Callable[[], int] = lambda: 0
         self._disk_cache_bytes: Callable[[], int] = lambda: 0
@@ -94,14 +95,22 @@ class ServingMetrics:
         self._m.prefix_cache_host_bytes.set_function(host_cache_bytes)
         self._m.prefix_cache_disk_bytes.set_function(disk_cache_bytes)
 
-    def watch_waiting(self, num_waiting: Callable[[], int]) -> None:
-        """Read `num_requests_waiting` from this callable on scrapes: requests submitted during a
-        long step count at once (the steps' reports hold the engine's count at their ends)."""
+    def watch_queue(self, num_running: Callable[[], int], num_waiting: Callable[[], int]) -> None:
+        """Read `num_requests_running` and `num_requests_waiting` from these callables on scrapes,
+        as /health reads them: requests admitted or submitted during a long step count at once
+        (the steps' reports hold the engine's counts at their ends, one step late)."""
+        self._queue_watched = True
+        self._m.num_requests_running.set_function(num_running)
         self._m.num_requests_waiting.set_function(num_waiting)
 
     def watch_drafting_memory(self, answers_bytes: Callable[[], int]) -> None:
         """Read the drafters' memory of earlier answers (bytes charged) from this callable on scrapes."""
         self._m.drafting_memory_bytes.set_function(answers_bytes)
+
+    def request_abandoned(self) -> None:
+        """A client that left before its request's body arrived: a cancelled request (as one that
+        leaves mid-answer), not a refusal that a 4xx alert should see."""
+        self._m.request_success.labels(self.model_name, "cancelled").inc()
 
     def request_rejected(self, http_status: int) -> None:
         """A request refused before it reached the engine (4xx, 429, 503)."""
@@ -137,15 +146,18 @@ class ServingMetrics:
     def observe_queue(self, running: int, waiting: int) -> None:
         """Called on the engine thread where a cancel or a new request changed the counts between
         steps (an idle engine takes no step to report them)."""
-        self._m.num_requests_running.set(running)
-        self._m.num_requests_waiting.set(waiting)
+        self._set_queue(running, waiting)
         with self._lock:
             self._series.note_queue(self._clock(), running, waiting)
 
+    def _set_queue(self, running: int, waiting: int) -> None:
+        if not self._queue_watched:  # watched: read on scrapes
+            self._m.num_requests_running.set(running)
+            self._m.num_requests_waiting.set(waiting)
+
     def _observe_timings(self, report: StepReport) -> None:
         m = self._m
-        m.num_requests_running.set(report.running)
-        m.num_requests_waiting.set(report.waiting)
+        self._set_queue(report.running, report.waiting)
         m.engine_step_seconds.observe(report.step_seconds)
         if report.prefilled or report.prefill_tokens:
             m.prompt_steps.inc()

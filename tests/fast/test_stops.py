@@ -1,0 +1,38 @@
+"""`apply_stops`: where a verified round's tokens are cut."""
+
+from tandem.engine.request import GenerationRequest
+from tandem.engine.stops import apply_stops
+
+EOS = 2
+
+
+class StopAfter:
+    """A stop condition that ends the output once it holds `marker` (keeping the marker), like a
+    stop string completed by that token."""
+
+    def __init__(self, marker: int):
+        self.marker = marker
+
+    def tokens_to_keep(self, output_ids: list[int]) -> int | None:
+        return output_ids.index(self.marker) + 1 if self.marker in output_ids else None
+
+
+def request(**kwargs) -> GenerationRequest:
+    return GenerationRequest(prompt_ids=(1,), max_tokens=20, stop_token_ids=frozenset({EOS}), **kwargs)
+
+
+def test_a_stop_string_before_an_eos_in_the_same_round_cuts_there():
+    """The EOS was checked first and returned: a round [stop-string token, more, EOS] committed
+    everything up to the EOS, so usage, the KV cache and the n-gram store held tokens past the
+    stop (the text, cut again at the edge, hid it)."""
+    assert apply_stops([5, 7, 8, EOS, 9], [4], request(stop_condition=StopAfter(7)), 100) == ([5, 7], "stop")
+    assert apply_stops([5, 6, EOS, 7], [4], request(stop_condition=StopAfter(7)), 100) == ([5, 6], "stop")
+    assert apply_stops([7, EOS], [], request(stop_condition=StopAfter(7)), 100) == ([7], "stop")
+
+
+def test_eos_max_tokens_and_context_room():
+    assert apply_stops([5, EOS, 6], [], request(), 100) == ([5], "stop")
+    assert apply_stops([5, 6, 7], [], request(), 100) == ([5, 6, 7], None)
+    assert apply_stops([5, 6, 7], [0] * 18, request(), 100) == ([5, 6], "length")  # 20 tokens at most
+    assert apply_stops([5, 6, 7], [], request(), 2) == ([5, 6], "length")  # the context's room
+    assert apply_stops([5, EOS], [0] * 18, request(), 100) == ([5], "stop")  # EOS inside the room: a stop
