@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from tandem.cli.int_list import thread_count, whole_number
 from tandem.errors import TandemError
-from tandem.models.backends import TORCH_RUNNERS, RunnerSpec
+from tandem.models.backends import MIN_CONTEXT_LENGTH, TORCH_RUNNERS, RunnerSpec
 from tandem.models.catalog import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET, SHIPPED_DRAFT, default_draft
 from tandem.speculation.depth import Auto, Fixed, parse_depth
 from tandem.speculation.drafters.registry import USES_MODEL, check_drafter, default_drafter, drafter_help
@@ -28,7 +28,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--draft-device", default="auto", help="draft device (default %(default)s: the backend's)")
     group.add_argument("--draft-dtype", default="fp32", help="draft dtype for torch (default %(default)s)")
     group.add_argument("--threads", type=thread_count, default=None, help="CPU threads per model (default: all)")
-    group.add_argument("--context-length", type=whole_number(64), default=4096, metavar="TOKENS",
+    group.add_argument("--context-length", type=whole_number(MIN_CONTEXT_LENGTH), default=4096, metavar="TOKENS",
                        help="most tokens a sequence holds, prompt and answer (default 4096; capped at what the "
                        "model was trained for)")
     group.add_argument("--k", default="auto", help="speculation depth: an integer from 0 to 64, or auto (default: "

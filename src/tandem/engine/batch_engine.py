@@ -32,6 +32,7 @@ depend on what else is running or how its prompt was chunked (fused llama.cpp ba
 differ on near-ties: measured in the tests and docs/design.md).
 """
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -115,8 +116,13 @@ class BatchEngine(SequencePool):
         # called on the engine's thread right before a step's model calls, where it leaves Python
         # for the kernels (EngineWorker hands the last step's updates to the event loop there)
         self.on_model_call: Callable[[], None] | None = None
+        self._stepping = threading.Lock()  # held by the thread in `step`
 
     # -- the worker's interface (the rest is SequencePool's) --------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return self.target.vocab_size
 
     @property
     def kv_slots_in_use(self) -> int:
@@ -141,6 +147,17 @@ class BatchEngine(SequencePool):
         self.prompt_cache.clear()
 
     def step(self) -> tuple[list[SequenceUpdate], StepReport]:
+        """One step of every running sequence. One thread at a time: two at once aborted the
+        process inside llama.cpp; share an engine across threads through EngineWorker."""
+        if not self._stepping.acquire(blocking=False):
+            raise TandemError("BatchEngine.step is already running on another thread: an engine is stepped by one "
+                              "thread; share it across threads or an event loop through engine/worker.py's EngineWorker")
+        try:
+            return self._step()
+        finally:
+            self._stepping.release()
+
+    def _step(self) -> tuple[list[SequenceUpdate], StepReport]:
         started_at, start = time.time(), time.perf_counter()
         self.prompt_cache.evict_idle(len(self.running))
         self._admit()

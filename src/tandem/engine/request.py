@@ -3,6 +3,8 @@
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
+
 from tandem.errors import TandemError
 from tandem.speculation.sampling import SamplingParams
 
@@ -13,8 +15,15 @@ class StopCondition(Protocol):
         ...
 
 
+def _is_token_id(token) -> bool:
+    return (type(token) is int or isinstance(token, np.integer)) and token >= 0
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
+    """max_tokens: at most this many new tokens; the engine also stops where the context is full
+    (finish reason "length"), so an edge that promises max_tokens checks the room first."""
+
     prompt_ids: tuple[int, ...]
     max_tokens: int = 128
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -24,9 +33,14 @@ class GenerationRequest:
     # the output positions of what this request emits start there (a seed's races follow them)
 
     def __post_init__(self):
+        if isinstance(self.prompt_ids, (str, bytes)):
+            raise TandemError("prompt_ids are token ids (e.g. a tokenizer's output), not text")
         if not self.prompt_ids:
             raise TandemError("the prompt is empty: give at least one token of input")
-        if not (isinstance(self.max_tokens, int) and self.max_tokens >= 1):
+        bad = next((token for token in self.prompt_ids if not _is_token_id(token)), None)
+        if bad is not None:  # a float or a string reached llama.cpp's batch and failed the whole step
+            raise TandemError(f"prompt_ids must be non-negative integers (token ids), got {bad!r}")
+        if not (isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool) and self.max_tokens >= 1):
             raise TandemError(f"max tokens must be a positive integer, got {self.max_tokens!r}")
         if not (isinstance(self.output_offset, int) and 0 <= self.output_offset < len(self.prompt_ids)):
             raise TandemError(f"the output offset must be below the prompt's length, got {self.output_offset!r}")

@@ -17,23 +17,32 @@ _ids = itertools.count()
 
 def stream_tokens(engine: BatchEngine, request: GenerationRequest, stats: GenerationStats,
                   options: SpeculationOptions = SpeculationOptions()) -> Iterator[list[int]]:
-    """Yield each step's committed token ids for this request; fill `stats` as it goes."""
+    """Yield each step's committed token ids for this request; fill `stats` as it goes. Closing
+    the iterator early (a `break`) or an error in a step cancels the request, so the engine holds
+    nothing of it; so does `engine.cancel` of its id, which ends the iteration ("cancelled").
+    One thread steps an engine: share one across threads or an event loop through EngineWorker."""
     seq_id = f"generate-{next(_ids)}"
     engine.add(seq_id, request, options)
     stats.prompt_tokens = len(request.prompt_ids)
     finished = False
-    while not finished:
-        updates, report = engine.step()
-        stats.record_step(report, seq_id)
-        for update in updates:
-            if update.seq_id != seq_id:
-                continue
-            finished = update.finished
-            if finished:
-                stats.finish_reason = update.finish_reason
-            stats.new_tokens += len(update.token_ids)
-            if update.token_ids:
-                yield list(update.token_ids)
+    try:
+        while not finished:
+            updates, report = engine.step()
+            stats.record_step(report, seq_id)
+            for update in updates:
+                if update.seq_id != seq_id:
+                    continue
+                finished = update.finished
+                if finished:
+                    stats.finish_reason = update.finish_reason
+                stats.new_tokens += len(update.token_ids)
+                if update.token_ids:
+                    yield list(update.token_ids)
+            if not finished and not engine.holds(seq_id):  # cancelled by the caller between steps
+                finished, stats.finish_reason = True, "cancelled"
+    finally:
+        if not finished:
+            engine.cancel(seq_id)
 
 
 def generate(engine: BatchEngine, request: GenerationRequest,

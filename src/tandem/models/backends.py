@@ -26,6 +26,7 @@ PROFILE_BASE_LENGTH = 64  # cost is measured on top of a cache of this many toke
 DEEP_PROFILE_LENGTH = 1024  # and, for batch runners, of this many too: where long answers run (models/cost.py)
 DEEP_REPEATS = 3  # the deep sweep is the slower one; interference only adds time, and the fastest is kept
 PROFILE_CACHE_BYTES = 4 << 20  # the profiles folder's bound (~5,000 profiles); least recently used go first
+MIN_CONTEXT_LENGTH = 64  # tokens; the CLI's least --context-length too
 BACKENDS = ("llamacpp", "torch")
 TORCH_RUNNERS = ("fused", "serial")  # one paged forward for all slots | transformers, one slot at a time
 
@@ -42,12 +43,19 @@ class RunnerSpec:
     kv_memory: int | None = None  # bytes for the fused runner's KV pool (None: a share of free memory)
 
     def __post_init__(self):
+        if not isinstance(self.model, (str, os.PathLike)):  # None became the model "None"
+            raise TandemError(f"a model is a catalog name, a .gguf file or a Hugging Face folder, got {self.model!r}")
         if not str(self.model).strip():  # "" would be read as the current folder
             raise TandemError("a model is empty: give a catalog name, a .gguf file or a Hugging Face folder")
         if self.backend not in BACKENDS + ("auto",):
             raise TandemError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS + ('auto',))}")
         if self.dtype not in DTYPES:  # llama.cpp reads its file as it is, but a wrong name is still one
             raise TandemError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
+        if not _whole(self.context_length) or self.context_length < MIN_CONTEXT_LENGTH:  # 10 aborted inside llama.cpp
+            raise TandemError(f"the context length must be a whole number of at least {MIN_CONTEXT_LENGTH} tokens, "
+                              f"got {self.context_length!r}")
+        if self.threads is not None and not (_whole(self.threads) and self.threads >= 1):  # "1" failed deep in llama.cpp
+            raise TandemError(f"threads must be a whole number of at least 1 (or None: all), got {self.threads!r}")
         if self.torch_runner not in TORCH_RUNNERS:
             raise TandemError(f"unknown torch runner {self.torch_runner!r}; choose one of {', '.join(TORCH_RUNNERS)}")
 
@@ -65,6 +73,10 @@ class RunnerSpec:
         if backend == "llamacpp" and device != "cpu":
             raise TandemError(f"the llamacpp backend runs on the cpu here, not {device!r}: use --backend torch")
         return replace(self, backend=backend, device=device)
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _gpu_device() -> str | None:

@@ -452,11 +452,11 @@ def test_a_prompt_longer_than_the_context_is_refused_before_the_models_load(tmp_
     model = tmp_path / "model"
     chatml_tokenizer(model)
     prompts = write_lines(tmp_path, [json.dumps({"id": "short", "prompt": "hi"}),
-                                     json.dumps({"id": "huge", "prompt": "hi there " * 40})])
-    choice = ModelChoice(RunnerSpec(str(model), "torch", context_length=32), RunnerSpec(str(model), "torch"))
+                                     json.dumps({"id": "huge", "prompt": "hi there " * 80})])
+    choice = ModelChoice(RunnerSpec(str(model), "torch", context_length=64), RunnerSpec(str(model), "torch"))
     out = tmp_path / "out"
     with pytest.raises(TandemError, match="prompt 'huge' of .*prompts.jsonl has [0-9]+ tokens but the target's "
-                                          "context holds 32"):
+                                          "context holds 64"):
         run_session(BenchSettings(choice, "none", prompts, out))
     assert not out.exists()
 
