@@ -41,7 +41,10 @@ def main() -> None:
     output, stats = generate(engine, request)
     print("greedy:", repr(tokenizer.decode(output)), f"({stats.finish_reason}, {stats.new_tokens} tokens)")
 
-    # 2. streamed: each step's committed ids; leaving the loop early cancels the request
+    # 2. streamed: each step's committed ids; leaving the loop early cancels the request. The
+    # prompt is forgotten first: found in the prompt cache, it would run other kernels, whose
+    # rounding may flip a near-tie on llama.cpp (docs/design.md#same-answers-in-a-batch)
+    engine.clear_caches()
     streamed = []
     for ids in stream_tokens(engine, request, GenerationStats()):
         streamed += ids

@@ -10,6 +10,7 @@ from engine_support import make_engine
 from tandem.engine.request import GenerationRequest
 from tandem.engine.run_request import generate, stream_tokens
 from tandem.engine.stats import GenerationStats
+from tandem.engine.worker import EngineWorker
 from tandem.errors import TandemError
 from tandem.models.backends import RunnerSpec
 
@@ -28,11 +29,24 @@ def test_prompt_ids_that_are_no_token_ids_are_refused(prompt_ids, says):
         GenerationRequest(PROMPT, True)
 
 
+def test_lists_and_numpy_arrays_of_ids_become_a_tuple_of_ints():
+    """A numpy array raised numpy's own ValueError ("truth value ... is ambiguous")."""
+    import numpy as np
+
+    for ids in ([5, 17], np.array([5, 17], np.int64), (np.uint8(5), np.int32(17))):
+        request = GenerationRequest(ids, 4)
+        assert request.prompt_ids == (5, 17) and all(type(token) is int for token in request.prompt_ids)
+    with pytest.raises(TandemError, match="empty"):
+        GenerationRequest(np.array([], np.int64), 4)
+    with pytest.raises(TandemError, match="1-D array"):
+        GenerationRequest(np.array([[5, 17]]), 4)
+
+
 def test_an_id_outside_the_vocabulary_is_refused_and_the_engine_goes_on(tiny_target, tiny_draft):
     """llama.cpp hung for ever on one."""
     engine = make_engine(tiny_target, tiny_draft, slots=1)
     with pytest.raises(TandemError, match="outside the model's vocabulary"):
-        generate(engine, GenerationRequest((5, engine.vocab_size), 4))
+        generate(engine, GenerationRequest((5, engine.target.vocab_size), 4))
     tokens, stats = generate(engine, GenerationRequest(PROMPT, 4))
     assert len(tokens) == 4 and not engine.has_work
 
@@ -54,27 +68,47 @@ def test_cancelling_a_streamed_request_ends_its_stream(tiny_target, tiny_draft):
     chunks = []
     for chunk in stream_tokens(engine, GenerationRequest(PROMPT, 32), stats):
         chunks.append(chunk)
-        engine.cancel(next(iter(engine.running)))
+        assert len(chunks) < 3, "the cancelled stream went on"
+        engine.cancel(stats.seq_id)
     assert len(chunks) == 1 and stats.finish_reason == "cancelled" and not engine.has_work
 
 
-def test_two_threads_stepping_one_engine_get_an_error_not_an_abort(tiny_target, tiny_draft):
-    """Three threads calling generate on one engine aborted the process inside llama.cpp."""
+def test_a_second_thread_using_a_busy_engine_gets_an_error_not_an_abort(tiny_target, tiny_draft):
+    """Threads calling generate on one engine aborted the process inside llama.cpp: the second
+    one's add and step ran beside the first one's model call. The first request is untouched."""
     engine = make_engine(tiny_target, tiny_draft, slots=2)
-    engine.add("a", GenerationRequest(PROMPT, 16))
+    alone, _ = generate(engine, GenerationRequest(PROMPT, 16))
     inside, release = threading.Event(), threading.Event()
     engine.on_model_call = lambda: (inside.set(), release.wait(10))
-    stepping = threading.Thread(target=engine.step)
-    stepping.start()
+    first: list = []
+    thread = threading.Thread(target=lambda: first.append(generate(engine, GenerationRequest(PROMPT, 16))[0]))
+    thread.start()
     try:
         assert inside.wait(10)
-        with pytest.raises(TandemError, match="already running on another thread"):
+        with pytest.raises(TandemError, match="in use on another thread"):
+            generate(engine, GenerationRequest(PROMPT, 4))
+        with pytest.raises(TandemError, match="in use on another thread"):
             engine.step()
     finally:
         release.set()
-        stepping.join(10)
+        thread.join(10)
     engine.on_model_call = None
-    engine.step()  # the lock was let go
+    assert first == [alone] and not engine.has_work
+    assert generate(engine, GenerationRequest(PROMPT, 16))[0] == alone  # let go once the first finished
+
+
+def test_an_engine_worker_holds_its_engine_for_its_life(tiny_target, tiny_draft):
+    engine = make_engine(tiny_target, tiny_draft, slots=1)
+    worker = EngineWorker(engine).start()
+    try:
+        handle = worker.submit(GenerationRequest(PROMPT, 4))
+        while not handle.finished:
+            handle.next_update_sync(timeout=30)
+        with pytest.raises(TandemError, match="in use on another thread"):
+            generate(engine, GenerationRequest(PROMPT, 4))
+    finally:
+        worker.shutdown(grace_seconds=1)
+    assert len(generate(engine, GenerationRequest(PROMPT, 4))[0]) == 4  # after shutdown, this thread's
 
 
 @pytest.mark.parametrize("fields, says", [

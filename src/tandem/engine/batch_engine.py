@@ -35,9 +35,11 @@ differ on near-ties: measured in the tests and docs/design.md).
 import threading
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import replace
 
-from tandem.engine.events import SequenceUpdate, StepReport
+from tandem.engine.events import SequenceUpdate, SpeculationOptions, StepReport
+from tandem.engine.request import GenerationRequest
 from tandem.engine.disk_cache import DiskPromptCache
 from tandem.engine.host_cache import HostPromptCache
 from tandem.engine.prompt_cache import PromptCache
@@ -116,13 +118,16 @@ class BatchEngine(SequencePool):
         # called on the engine's thread right before a step's model calls, where it leaves Python
         # for the kernels (EngineWorker hands the last step's updates to the event loop there)
         self.on_model_call: Callable[[], None] | None = None
-        self._stepping = threading.Lock()  # held by the thread in `step`
+        self._holder = threading.RLock()  # held by the thread using the engine (`exclusive`)
 
     # -- the worker's interface (the rest is SequencePool's) --------------------------------
 
-    @property
-    def vocab_size(self) -> int:
-        return self.target.vocab_size
+    def validate(self, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:
+        super().validate(request, options)
+        vocabulary = min(runner.vocab_size for runner in (self.target, self.draft) if runner is not None)
+        if max(request.prompt_ids) >= vocabulary:  # llama.cpp hung on one
+            raise TandemError(f"prompt token id {max(request.prompt_ids)} is outside the model's vocabulary "
+                              f"(ids 0 to {vocabulary - 1})")
 
     @property
     def kv_slots_in_use(self) -> int:
@@ -146,16 +151,25 @@ class BatchEngine(SequencePool):
         prompt cold)."""
         self.prompt_cache.clear()
 
-    def step(self) -> tuple[list[SequenceUpdate], StepReport]:
-        """One step of every running sequence. One thread at a time: two at once aborted the
-        process inside llama.cpp; share an engine across threads through EngineWorker."""
-        if not self._stepping.acquire(blocking=False):
-            raise TandemError("BatchEngine.step is already running on another thread: an engine is stepped by one "
-                              "thread; share it across threads or an event loop through engine/worker.py's EngineWorker")
+    @contextmanager
+    def exclusive(self):
+        """Hold the engine for this thread: one thread at a time adds, steps and cancels (two at
+        once aborted the process inside llama.cpp). Re-entrant; another thread that holds it
+        makes this a TandemError, at once. `stream_tokens` holds it for its whole request, an
+        EngineWorker's thread for its whole life: share an engine across threads through one."""
+        if not self._holder.acquire(blocking=False):
+            raise TandemError("this engine is in use on another thread (a generate, a stream or an EngineWorker): "
+                              "one thread steps an engine; share it across threads or an event loop through "
+                              "engine/worker.py's EngineWorker")
         try:
-            return self._step()
+            yield self
         finally:
-            self._stepping.release()
+            self._holder.release()
+
+    def step(self) -> tuple[list[SequenceUpdate], StepReport]:
+        """One step of every running sequence, on the thread that holds the engine (`exclusive`)."""
+        with self.exclusive():
+            return self._step()
 
     def _step(self) -> tuple[list[SequenceUpdate], StepReport]:
         started_at, start = time.time(), time.perf_counter()

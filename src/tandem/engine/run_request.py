@@ -17,11 +17,19 @@ _ids = itertools.count()
 
 def stream_tokens(engine: BatchEngine, request: GenerationRequest, stats: GenerationStats,
                   options: SpeculationOptions = SpeculationOptions()) -> Iterator[list[int]]:
-    """Yield each step's committed token ids for this request; fill `stats` as it goes. Closing
-    the iterator early (a `break`) or an error in a step cancels the request, so the engine holds
-    nothing of it; so does `engine.cancel` of its id, which ends the iteration ("cancelled").
-    One thread steps an engine: share one across threads or an event loop through EngineWorker."""
-    seq_id = f"generate-{next(_ids)}"
+    """Yield each step's committed token ids for this request; fill `stats` as it goes (its
+    `seq_id` names the request to the engine). Closing the iterator early (`.close()`, or a
+    `break` out of a loop over the call itself, which drops it) or an error in a step cancels the
+    request, so the engine holds nothing of it; so does `engine.cancel(stats.seq_id)`, which ends
+    the iteration ("cancelled"). The calling thread holds the engine until then (another thread
+    using it is a TandemError): share one across threads or an event loop through EngineWorker."""
+    with engine.exclusive():
+        yield from _stream(engine, request, stats, options)
+
+
+def _stream(engine: BatchEngine, request: GenerationRequest, stats: GenerationStats,
+            options: SpeculationOptions) -> Iterator[list[int]]:
+    seq_id = stats.seq_id = f"generate-{next(_ids)}"
     engine.add(seq_id, request, options)
     stats.prompt_tokens = len(request.prompt_ids)
     finished = False

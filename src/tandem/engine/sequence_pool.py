@@ -19,7 +19,6 @@ class SequencePool:
     context_length: int
     default_drafter: str
     default_depth: Depth
-    vocab_size: int | None = None  # the target's, where this process knows it: prompt ids are checked against it
 
     def __init__(self, drafters: dict[str, Drafter], ngram_store=None):
         self.drafters = drafters  # by name: the registry's, or a test's
@@ -47,9 +46,6 @@ class SequencePool:
         if len(request.prompt_ids) >= self.context_length:
             raise TandemError(f"the prompt has {len(request.prompt_ids)} tokens but the context holds "
                               f"{self.context_length}")
-        if self.vocab_size is not None and max(request.prompt_ids) >= self.vocab_size:  # llama.cpp hung on one
-            raise TandemError(f"prompt token id {max(request.prompt_ids)} is outside the model's vocabulary "
-                              f"(ids 0 to {self.vocab_size - 1})")
         drafter = options.drafter or self.default_drafter
         if drafter not in self.drafters:
             check_drafter(drafter)  # an unknown name gets its own message

@@ -13,6 +13,7 @@ from tandem.engine.events import StepReport
 
 @dataclass
 class GenerationStats:
+    seq_id: str | None = None  # the request's id in the engine (engine/run_request.py)
     prompt_tokens: int = 0
     new_tokens: int = 0
     finish_reason: str | None = None  # as the API says it: "stop" (end of sequence or a stop string), "length"

@@ -17,6 +17,7 @@ loop's turn runs while the kernels do.
 """
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import math
@@ -237,6 +238,23 @@ class EngineWorker:
     # -- engine thread --------------------------------------------------------------------------
 
     def _run(self) -> None:
+        """The engine thread: holds the engine (BatchEngine.exclusive) for its whole life."""
+        exclusive = getattr(self.engine, "exclusive", None)  # a cluster router has none: it steps no model
+        with contextlib.ExitStack() as holding:
+            try:
+                if exclusive is not None:
+                    holding.enter_context(exclusive())
+            except TandemError as error:  # in use on another thread: nothing can be served
+                log.error("the engine thread cannot start: %s", error)
+                with self._lock:
+                    self._accepting = False
+                    seq_ids = list(self._handles)
+                for seq_id in seq_ids:  # never added to the engine, which another thread holds
+                    self._dispatch([SequenceUpdate(seq_id, (), finished=True, finish_reason="error", error=str(error))])
+                return
+            self._loop()
+
+    def _loop(self) -> None:
         while True:
             if not self.engine.has_work:
                 self._hand_over_held()

@@ -641,3 +641,39 @@ async def test_health_names_a_clusters_workers_that_are_not_up():
             health = await client.get("/health")
             assert health.status_code == 200 and health.json()["status"] == "ok"
             assert "workers_not_up" not in health.json()
+
+
+@async_test
+async def test_a_client_gone_before_its_body_is_counted_as_cancelled_not_rejected():
+    """It was counted as a 400 rejection: a 4xx alert fired where clients had only left."""
+    import httpx
+    from fastapi import FastAPI
+
+    from tandem.serve.api.errors import APIError, install_error_handlers
+
+    class Counts:
+        def __init__(self):
+            self.abandoned, self.rejected = 0, []
+
+        def request_abandoned(self):
+            self.abandoned += 1
+
+        def request_rejected(self, status):
+            self.rejected.append(status)
+
+    counts, app = Counts(), FastAPI()
+    install_error_handlers(app, counts)
+
+    @app.post("/v1/completions")
+    async def gone():
+        raise APIError(400, "the client closed the connection before its request body arrived",
+                       code="client_disconnected")
+
+    @app.post("/v1/chat/completions")
+    async def refused():
+        raise APIError(400, "a bad request", code="invalid_value")
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+        await client.post("/v1/completions")
+        await client.post("/v1/chat/completions")
+    assert counts.abandoned == 1 and counts.rejected == [400]

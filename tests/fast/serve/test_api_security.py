@@ -77,6 +77,14 @@ async def test_cors_only_for_the_configured_origins():
                 "x-stainless-lang,x-stainless-os,x-stainless-package-version,x-stainless-retry-count"})
             assert sdk.status_code == 200, sdk.text
             assert "retry-after" in answer.headers["access-control-expose-headers"].lower()
+    for configured in ("https://App.Example.com", ORIGIN + ":443"):
+        # an operator's spelling: the guard passed the browser's origin but CORS gave it no header
+        with TestServer(allowed_origins=(configured,)) as server:
+            async with server.client() as client:
+                allowed = await client.options("/v1/chat/completions", headers=preflight(ORIGIN))
+                assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == ORIGIN
+                answer = await client.post("/v1/chat/completions", json=chat_body(), headers={"Origin": ORIGIN})
+                assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == ORIGIN
 
 
 @async_test

@@ -276,6 +276,7 @@ def test_a_client_gone_before_its_body_is_a_cancelled_request_not_a_rejection():
     metrics = ServingMetrics(MODEL)
     metrics.request_abandoned()
     assert value(metrics, "tandem:request_success_total", finished_reason="cancelled") == 1
+    assert metrics.snapshot()["totals"]["requests"] == 1  # the dashboard's count agrees
     assert not [key for key in samples(metrics) if key[0] == "tandem:request_rejected_total"]
 
 

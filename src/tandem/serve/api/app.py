@@ -16,7 +16,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from tandem.serve.api.errors import install_error_handlers
 from tandem.serve.api.openapi import build_openapi
 from tandem.serve.api.host_guard import LoopbackHostGuard, is_loopback_name
-from tandem.serve.api.origin_guard import OriginGuard
+from tandem.serve.api.origin_guard import OriginGuard, same_origin_form
 from tandem.serve.api.routes_completions import completions_router
 from tandem.serve.api.routes_info import models_router, status_router
 from tandem.serve.api.trailing_slash import TrailingSlashStripped
@@ -34,12 +34,13 @@ def create_app(state: ServerState) -> FastAPI:
     app.include_router(status_router(state, functools.cache(lambda: build_openapi(app))))
     settings = state.settings
     app.include_router(dashboard_router(state.metrics, settings.api_key if settings.protect_metrics else None))
-    if settings.allowed_origins:
+    allowed_origins = tuple(same_origin_form(origin) for origin in settings.allowed_origins)  # as browsers send them
+    if allowed_origins:
         # any request header (the official JS client sends X-Stainless-*: a browser's preflight was
         # refused), as vLLM and llama-server allow; the origins are what is guarded
-        app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins), allow_methods=["GET", "POST"],
+        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST"],
                            allow_headers=["*"], expose_headers=["Retry-After"], max_age=600)
-    app.add_middleware(OriginGuard, allowed=settings.allowed_origins,  # before CORS answers a preflight
+    app.add_middleware(OriginGuard, allowed=allowed_origins,  # before CORS answers a preflight
                        on_refused=lambda: state.metrics.request_rejected(403))
     app.add_middleware(TrailingSlashStripped)
     if is_loopback_name(settings.host):  # outermost

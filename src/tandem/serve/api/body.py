@@ -4,6 +4,7 @@ the pydantic model. Each failure is an APIError with the status OpenAI would use
 import asyncio
 import json
 import logging
+import sys
 from typing import TypeVar
 
 from fastapi import Request
@@ -81,8 +82,8 @@ def parse_json_object(body: bytes) -> dict:
         raise _too_deep() from None
     except ValueError as error:  # UnicodeDecodeError is a ValueError
         if "integer string conversion" in str(error):  # Python's own limit, with advice for the server's code
-            raise APIError(400, "the request body holds an integer of more than 4,300 digits",
-                           code="invalid_json") from None
+            raise APIError(400, f"the request body holds an integer of more than {sys.get_int_max_str_digits():,} "
+                           "digits", code="invalid_json") from None
         raise APIError(400, f"the request body is not valid JSON: {error}", code="invalid_json") from None
     if not isinstance(value, dict):
         raise APIError(400, f"the request body must be a JSON object, got {JSON_TYPE_NAMES.get(type(value), 'something else')}",
@@ -141,25 +142,28 @@ async def read_request(request: Request, model: type[M], limit: int, timeout_s: 
 def _say_ignored(body: dict, model: type[BaseModel], said: dict[str, None]) -> None:
     """Unknown top-level fields are ignored (another server's options, a misspelt one: `max_token`):
     the server's log names each once, so an operator can see what clients send that does nothing.
-    `said` (names in the order last sent) remembers the most recent MAX_IGNORED_NAMES_REMEMBERED, and
-    one request names at most MAX_IGNORED_NAMES_A_REQUEST new ones, so that no client can fill the
-    log, nor silence it for names sent later."""
+    `said` holds the names logged (their first 64 characters, as logged), in the order last sent:
+    the most recent MAX_IGNORED_NAMES_REMEMBERED. One request names at most
+    MAX_IGNORED_NAMES_A_REQUEST new ones (the rest are named by later requests that send them), so
+    that no client can fill the log, nor silence it for names sent later."""
     unknown = [name for name in body if name not in model.model_fields and name not in FIELDS_WITHOUT_EFFECT]
     stream_options = body.get("stream_options")
     if isinstance(stream_options, dict):  # a misspelt `include_usage` there went unsaid too
         unknown += [f"stream_options.{name}" for name in stream_options
                     if name not in StreamOptions.model_fields and name not in STREAM_OPTIONS_WITHOUT_EFFECT]
+    unknown = list(dict.fromkeys(name[:64] for name in unknown))
     new = [name for name in unknown if name not in said]
     for name in unknown:
-        said.pop(name, None)
-    for name in unknown[-MAX_IGNORED_NAMES_REMEMBERED:]:
-        said[name] = None  # the most recently sent last
+        if name in said:
+            said[name] = said.pop(name)  # sent again: the most recent
+    for name in new[:MAX_IGNORED_NAMES_A_REQUEST]:
+        said[name] = None
+        log.warning("ignored an unknown request field %r on %s (said once per field name)", name, model.__name__)
     while len(said) > MAX_IGNORED_NAMES_REMEMBERED:
         del said[next(iter(said))]
-    for name in new[:MAX_IGNORED_NAMES_A_REQUEST]:
-        log.warning("ignored an unknown request field %r on %s (said once per field name)", name[:64], model.__name__)
-    if len(new) > MAX_IGNORED_NAMES_A_REQUEST:
-        log.warning("ignored %d more unknown fields on %s in the same request", len(new) - MAX_IGNORED_NAMES_A_REQUEST,
+    unsaid = len(new) - MAX_IGNORED_NAMES_A_REQUEST
+    if unsaid > 0:
+        log.warning("ignored %d more unknown field%s on %s in the same request", unsaid, "" if unsaid == 1 else "s",
                     model.__name__)
 
 

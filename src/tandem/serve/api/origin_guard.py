@@ -17,7 +17,7 @@ class OriginGuard:
 
     def __init__(self, app, allowed: tuple[str, ...], on_refused=lambda: None):
         self.app = app
-        self.allowed = frozenset(_without_default_port(origin) if origin != "*" else origin for origin in allowed)
+        self.allowed = frozenset(same_origin_form(origin) for origin in allowed)
         self.on_refused = on_refused  # counts the refusal (metrics.request_rejected)
 
     async def __call__(self, scope, receive, send):
@@ -26,7 +26,7 @@ class OriginGuard:
         headers = dict(scope["headers"])
         origin = headers.get(b"origin", b"").decode("latin-1")
         own = f"{scope.get('scheme', 'http')}://{headers.get(b'host', b'').decode('latin-1')}"
-        if not origin or _same_origin(origin, own) or _without_default_port(origin) in self.allowed:
+        if not origin or _same_origin(origin, own) or same_origin_form(origin) in self.allowed:
             return await self.app(scope, receive, send)
         self.on_refused()
         await send_refusal(send, 403, f"requests from the web origin {origin} are refused; serve with "
@@ -39,10 +39,11 @@ DEFAULT_PORTS = {"http": ":80", "https": ":443"}
 def _same_origin(origin: str, own: str) -> bool:
     """Equal once a scheme's default port is left out (`Host: localhost:80` is http://localhost),
     and case aside (a scheme and a host name are case-insensitive)."""
-    return _without_default_port(origin) == _without_default_port(own)
+    return same_origin_form(origin) == same_origin_form(own)
 
 
-def _without_default_port(origin: str) -> str:
+def same_origin_form(origin: str) -> str:
+    """An origin as a browser sends it: lower case, without its scheme's default port ("*" stays)."""
     origin = origin.lower()
     scheme = origin.partition("://")[0]
     port = DEFAULT_PORTS.get(scheme)

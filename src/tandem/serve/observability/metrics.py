@@ -111,6 +111,8 @@ class ServingMetrics:
         """A client that left before its request's body arrived: a cancelled request (as one that
         leaves mid-answer), not a refusal that a 4xx alert should see."""
         self._m.request_success.labels(self.model_name, "cancelled").inc()
+        with self._lock:
+            self._totals["requests"] += 1
 
     def request_rejected(self, http_status: int) -> None:
         """A request refused before it reached the engine (4xx, 429, 503)."""
