@@ -17,6 +17,8 @@ from tandem.engine.worker import EngineWorker
 from tandem.models.backends import RunnerSpec
 from tandem.models.resolve import tokenizer_path
 from tandem.speculation.sampling import SamplingParams
+from tandem.text.stop_strings import StopStrings
+from tandem.text.stream import TextStream
 from tandem.text.tokenizer import TextTokenizer
 
 
@@ -50,7 +52,17 @@ def main() -> None:
         streamed += ids
     assert streamed == output  # the same engine, the same greedy answer
 
-    # 3. several requests at once from asyncio (or threads): one EngineWorker steps the engine
+    # 3. text out, cut at a stop string: the engine stops at the token that completes it, and the
+    # text stream shows whole characters and never any part of it
+    stops = [","]
+    text = TextStream(tokenizer.decode, stops)
+    stopped = GenerationRequest(prompt, args.max_tokens, stop_token_ids=tokenizer.stop_token_ids,
+                                stop_condition=StopStrings(tokenizer.decode, stops))
+    stats = GenerationStats()
+    shown = "".join(text.push(ids) for ids in stream_tokens(engine, stopped, stats)) + text.finish()
+    print("up to the first comma:", repr(shown), f"({stats.finish_reason})")
+
+    # 4. several requests at once from asyncio (or threads): one EngineWorker steps the engine
     asyncio.run(concurrent(engine, tokenizer, prompt, args.max_tokens))
 
 

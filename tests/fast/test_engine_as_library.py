@@ -120,3 +120,37 @@ def test_a_runner_spec_that_cannot_run_is_refused_when_made(fields, says):
     deep in llama.cpp; None became the model "None"."""
     with pytest.raises(TandemError, match=says):
         RunnerSpec(**({"model": "m"} | fields))
+
+
+def test_a_handle_read_the_wrong_way_or_past_its_end_says_so(tiny_target, tiny_draft):
+    """Reading a loop's handle synchronously, or a thread's with await, was a raw TypeError; a
+    read after the last update waited for ever; a timeout was a bare queue.Empty."""
+    import asyncio
+
+    engine = make_engine(tiny_target, tiny_draft, slots=1)
+    worker = EngineWorker(engine).start()
+    try:
+        handle = worker.submit(GenerationRequest(PROMPT, 4))
+        while not handle.finished:
+            handle.next_update_sync(timeout=30)
+        with pytest.raises(TandemError, match="has finished"):
+            handle.next_update_sync(timeout=1)
+        with pytest.raises(TandemError, match="next_update_sync"):
+            asyncio.run(handle.next_update())
+
+        async def on_a_loop():
+            looped = worker.submit(GenerationRequest(PROMPT, 4))
+            with pytest.raises(TandemError, match="await handle.next_update"):
+                looped.next_update_sync(timeout=1)
+            while not looped.finished:
+                await looped.next_update()
+
+        asyncio.run(on_a_loop())
+        waiting = worker.submit(GenerationRequest(PROMPT, 64))
+        with pytest.raises(TimeoutError, match="within 0.001 s"):
+            for _ in range(64):
+                waiting.next_update_sync(timeout=0.001)
+    finally:
+        worker.shutdown(grace_seconds=0)
+    with pytest.raises(TandemError, match="already started"):  # it left a stray handover thread
+        worker.start()

@@ -15,4 +15,5 @@ def test_the_library_example_runs_and_its_streamed_answer_equals_its_whole_one()
     assert result.returncode == 0, result.stderr[-2000:]  # its own assert compares streamed and whole answers
     lines = result.stdout.splitlines()
     assert lines[0].startswith("greedy: ") and "12 tokens" in lines[0]
-    assert [line.split(":")[0] for line in lines[1:]] == ["seed 1", "seed 2", "seed 3"]
+    assert lines[1].startswith("up to the first comma: ") and "," not in lines[1].split(": ", 1)[1]
+    assert [line.split(":")[0] for line in lines[2:]] == ["seed 1", "seed 2", "seed 3"]

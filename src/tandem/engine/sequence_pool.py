@@ -44,8 +44,8 @@ class SequencePool:
 
     def validate(self, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:
         if len(request.prompt_ids) >= self.context_length:
-            raise TandemError(f"the prompt has {len(request.prompt_ids)} tokens but the context holds "
-                              f"{self.context_length}")
+            raise TandemError(f"a {len(request.prompt_ids)}-token prompt leaves no room for an answer in the context "
+                              f"of {self.context_length} tokens: shorten the prompt")
         drafter = options.drafter or self.default_drafter
         if drafter not in self.drafters:
             check_drafter(drafter)  # an unknown name gets its own message

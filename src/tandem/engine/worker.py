@@ -114,14 +114,32 @@ class RequestHandle:
         self.finished = False
 
     async def next_update(self) -> SequenceUpdate:
+        """The next update, on the loop the request was submitted from."""
+        if self._loop is None:
+            raise TandemError("this request was submitted from a thread without an event loop: read it with "
+                              "handle.next_update_sync()")
+        self._check_unfinished()
         update = await self._queue.get()
         self.finished = update.finished
         return update
 
     def next_update_sync(self, timeout: float | None = None) -> SequenceUpdate:
-        update = self._queue.get(timeout=timeout)
+        """The next update, for a request submitted outside an event loop; TimeoutError after
+        `timeout` seconds without one."""
+        if self._loop is not None:
+            raise TandemError("this request was submitted from an event loop: read it there with "
+                              "`await handle.next_update()`")
+        self._check_unfinished()
+        try:
+            update = self._queue.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError(f"no update of request {self.seq_id} within {timeout:g} s") from None
         self.finished = update.finished
         return update
+
+    def _check_unfinished(self) -> None:
+        if self.finished:  # its last update was read: another read would wait for ever
+            raise TandemError(f"request {self.seq_id} has finished: its last update was already read")
 
     def cancel(self) -> None:
         if not self.finished:
@@ -175,6 +193,9 @@ class EngineWorker:
             return self.engine.num_waiting + self._adds_queued
 
     def start(self) -> "EngineWorker":
+        if self._thread.is_alive() or self._thread.ident is not None or not self._accepting:
+            raise EngineStoppedError("this worker was already started (a shut-down worker is not restarted: make a "
+                                     "new EngineWorker for the engine)")
         release_openmp_threads()  # the models' work on this thread is done: one OpenMP team left
         self._waker.start()  # first: the engine's first updates already go through it
         self._thread.start()

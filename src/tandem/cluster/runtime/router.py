@@ -104,8 +104,8 @@ class ClusterRouter:
 
     def validate(self, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:
         if len(request.prompt_ids) >= self.context_length:
-            raise TandemError(f"the prompt has {len(request.prompt_ids)} tokens but the context holds "
-                              f"{self.context_length}")
+            raise TandemError(f"a {len(request.prompt_ids)}-token prompt leaves no room for an answer in the context "
+                              f"of {self.context_length} tokens: shorten the prompt")
         check_drafter(options.drafter or self.default_drafter, bool(self.drafter_workers), NO_DRAFT_MODEL)
 
     def add(self, seq_id: str, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:
