@@ -74,8 +74,8 @@ async def concurrent(engine, tokenizer, prompt, max_tokens) -> None:
         answers = await asyncio.gather(*(collect(worker.submit(request)) for request in seeded))
         for seed, ids in zip((1, 2, 3), answers):
             print(f"seed {seed}:", repr(tokenizer.decode(ids)))
-    finally:
-        worker.shutdown()  # finishes what is in flight, then closes the engine
+    finally:  # finishes what is in flight, then closes the engine; it blocks, so not on the loop
+        await asyncio.to_thread(worker.shutdown)
 
 
 async def collect(handle) -> list[int]:

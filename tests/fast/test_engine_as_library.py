@@ -33,13 +33,15 @@ def test_lists_and_numpy_arrays_of_ids_become_a_tuple_of_ints():
     """A numpy array raised numpy's own ValueError ("truth value ... is ambiguous")."""
     import numpy as np
 
-    for ids in ([5, 17], np.array([5, 17], np.int64), (np.uint8(5), np.int32(17))):
+    for ids in ([5, 17], np.array([5, 17], np.int64), (np.uint8(5), np.int32(17)), (5, np.int64(17))):
         request = GenerationRequest(ids, 4)
         assert request.prompt_ids == (5, 17) and all(type(token) is int for token in request.prompt_ids)
     with pytest.raises(TandemError, match="empty"):
         GenerationRequest(np.array([], np.int64), 4)
     with pytest.raises(TandemError, match="1-D array"):
         GenerationRequest(np.array([[5, 17]]), 4)
+    with pytest.raises(TandemError, match="non-negative integers"):  # numpy's "inhomogeneous shape" before
+        GenerationRequest([1, [2, 3]], 4)
 
 
 def test_an_id_outside_the_vocabulary_is_refused_and_the_engine_goes_on(tiny_target, tiny_draft):
@@ -89,6 +91,10 @@ def test_a_second_thread_using_a_busy_engine_gets_an_error_not_an_abort(tiny_tar
             generate(engine, GenerationRequest(PROMPT, 4))
         with pytest.raises(TandemError, match="in use on another thread"):
             engine.step()
+        for touch in (lambda: engine.add("b", GenerationRequest(PROMPT, 4)), lambda: engine.cancel("b"),
+                      engine.clear_caches):  # beside a model call, as racy as a step
+            with pytest.raises(TandemError, match="in use on another thread"):
+                touch()
     finally:
         release.set()
         thread.join(10)
@@ -154,3 +160,41 @@ def test_a_handle_read_the_wrong_way_or_past_its_end_says_so(tiny_target, tiny_d
         worker.shutdown(grace_seconds=0)
     with pytest.raises(TandemError, match="already started"):  # it left a stray handover thread
         worker.start()
+
+
+def test_a_stream_closed_on_another_thread_lets_the_engine_go(tiny_target, tiny_draft):
+    """An RLock taken by the streaming thread could not be released by another: closing the
+    stream elsewhere (or the garbage collector doing it) raised and left the engine held."""
+    engine = make_engine(tiny_target, tiny_draft, slots=1)
+    tokens = stream_tokens(engine, GenerationRequest(PROMPT, 32), GenerationStats())
+    next(tokens)
+    closer = threading.Thread(target=tokens.close)
+    closer.start()
+    closer.join(10)
+    assert not engine.has_work
+    assert len(generate(engine, GenerationRequest(PROMPT, 4))[0]) == 4
+
+
+def test_a_stream_inside_a_stream_is_refused(tiny_target, tiny_draft):
+    """Each stepped the other's request and dropped its tokens."""
+    engine = make_engine(tiny_target, tiny_draft, slots=2)
+    outer = stream_tokens(engine, GenerationRequest(PROMPT, 16), GenerationStats())
+    next(outer)
+    with pytest.raises(TandemError, match="already running a stream_tokens or generate request"):
+        generate(engine, GenerationRequest(PROMPT, 4))
+    assert len([t for chunk in outer for t in chunk]) > 0 and not engine.has_work
+
+
+def test_a_worker_whose_engine_another_thread_holds_does_not_start(tiny_target, tiny_draft):
+    """start() returned, every submit was then refused as "shutting down", and its shutdown
+    closed an engine the other thread was stepping."""
+    engine = make_engine(tiny_target, tiny_draft, slots=1)
+    tokens = stream_tokens(engine, GenerationRequest(PROMPT, 16), GenerationStats())
+    next(tokens)
+    worker = EngineWorker(engine)
+    closed = []
+    engine.close = lambda: closed.append(True)
+    with pytest.raises(TandemError, match="in use on another thread"):
+        worker.start()
+    worker.shutdown(grace_seconds=0)
+    assert not closed and [t for chunk in tokens for t in chunk]

@@ -118,7 +118,10 @@ class BatchEngine(SequencePool):
         # called on the engine's thread right before a step's model calls, where it leaves Python
         # for the kernels (EngineWorker hands the last step's updates to the event loop there)
         self.on_model_call: Callable[[], None] | None = None
-        self._holder = threading.RLock()  # held by the thread using the engine (`exclusive`)
+        self._holding = threading.Lock()  # guards the two below
+        self._holder: int | None = None  # the thread using the engine (`exclusive`), and how many times over
+        self._holds = 0
+        self.streaming = False  # a stream_tokens request is running (one at a time: their updates are each other's)
 
     # -- the worker's interface (the rest is SequencePool's) --------------------------------
 
@@ -149,22 +152,42 @@ class BatchEngine(SequencePool):
     def clear_caches(self) -> None:
         """Forget every retained prompt cache, host tier included (a benchmark starts each
         prompt cold)."""
-        self.prompt_cache.clear()
+        with self.exclusive():
+            self.prompt_cache.clear()
 
     @contextmanager
     def exclusive(self):
         """Hold the engine for this thread: one thread at a time adds, steps and cancels (two at
         once aborted the process inside llama.cpp). Re-entrant; another thread that holds it
         makes this a TandemError, at once. `stream_tokens` holds it for its whole request, an
-        EngineWorker's thread for its whole life: share an engine across threads through one."""
-        if not self._holder.acquire(blocking=False):
-            raise TandemError("this engine is in use on another thread (a generate, a stream or an EngineWorker): "
-                              "one thread steps an engine; share it across threads or an event loop through "
-                              "engine/worker.py's EngineWorker")
+        EngineWorker's thread for its whole life: share an engine across threads through one.
+        Let go from any thread (a stream closed elsewhere, or by the garbage collector)."""
+        me = threading.get_ident()
+        with self._holding:
+            if self._holder not in (None, me):
+                raise TandemError("this engine is in use on another thread (a generate, a stream or an EngineWorker): "
+                                  "one thread uses an engine at a time; share it across threads or an event loop "
+                                  "through engine/worker.py's EngineWorker")
+            self._holder, self._holds = me, self._holds + 1
         try:
             yield self
         finally:
-            self._holder.release()
+            with self._holding:
+                self._holds -= 1
+                if self._holds == 0:
+                    self._holder = None
+
+    def add(self, seq_id: str, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:
+        with self.exclusive():
+            super().add(seq_id, request, options)
+
+    def cancel(self, seq_id: str, *, held_by_caller: bool = False) -> SequenceUpdate | None:
+        """held_by_caller: a stream's own clean-up (run_request.py), which holds the engine even
+        where another thread closes it (a suspended stream steps nothing meanwhile)."""
+        if held_by_caller:
+            return super().cancel(seq_id)
+        with self.exclusive():
+            return super().cancel(seq_id)
 
     def step(self) -> tuple[list[SequenceUpdate], StepReport]:
         """One step of every running sequence, on the thread that holds the engine (`exclusive`)."""

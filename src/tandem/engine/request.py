@@ -35,14 +35,15 @@ class GenerationRequest:
     def __post_init__(self):
         if isinstance(self.prompt_ids, (str, bytes)):
             raise TandemError("prompt_ids are token ids (e.g. a tokenizer's output), not text")
-        if not isinstance(self.prompt_ids, (tuple, list, np.ndarray)) or np.ndim(self.prompt_ids) != 1:
+        if not isinstance(self.prompt_ids, (tuple, list, np.ndarray)) or (isinstance(self.prompt_ids, np.ndarray)
+                                                                           and self.prompt_ids.ndim != 1):
             raise TandemError(f"prompt_ids must be a tuple, list or 1-D array of token ids, got {type(self.prompt_ids).__name__}")
         if len(self.prompt_ids) == 0:
             raise TandemError("the prompt is empty: give at least one token of input")
         bad = next((token for token in self.prompt_ids if not _is_token_id(token)), None)
         if bad is not None:  # a float or a string reached llama.cpp's batch and failed the whole step
             raise TandemError(f"prompt_ids must be non-negative integers (token ids), got {bad!r}")
-        if not isinstance(self.prompt_ids, tuple) or type(self.prompt_ids[0]) is not int:  # numpy's ints stay out
+        if not (isinstance(self.prompt_ids, tuple) and all(type(token) is int for token in self.prompt_ids)):  # numpy's ints stay out
             object.__setattr__(self, "prompt_ids", tuple(int(token) for token in self.prompt_ids))
         if not (isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool) and self.max_tokens >= 1):
             raise TandemError(f"max tokens must be a positive integer, got {self.max_tokens!r}")

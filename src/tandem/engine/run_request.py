@@ -11,6 +11,7 @@ from tandem.engine.batch_engine import BatchEngine
 from tandem.engine.events import SpeculationOptions
 from tandem.engine.request import GenerationRequest
 from tandem.engine.stats import GenerationStats
+from tandem.errors import TandemError
 
 _ids = itertools.count()
 
@@ -22,9 +23,17 @@ def stream_tokens(engine: BatchEngine, request: GenerationRequest, stats: Genera
     `break` out of a loop over the call itself, which drops it) or an error in a step cancels the
     request, so the engine holds nothing of it; so does `engine.cancel(stats.seq_id)`, which ends
     the iteration ("cancelled"). The calling thread holds the engine until then (another thread
-    using it is a TandemError): share one across threads or an event loop through EngineWorker."""
+    using it is a TandemError), from its first `next`; one such request at a time. Share an engine
+    across threads or an event loop, or run several requests at once, through EngineWorker."""
     with engine.exclusive():
-        yield from _stream(engine, request, stats, options)
+        if engine.streaming:  # each would step the other's request and drop its tokens
+            raise TandemError("this engine is already running a stream_tokens or generate request: one at a time "
+                              "(several requests at once go through engine/worker.py's EngineWorker)")
+        engine.streaming = True
+        try:
+            yield from _stream(engine, request, stats, options)
+        finally:
+            engine.streaming = False
 
 
 def _stream(engine: BatchEngine, request: GenerationRequest, stats: GenerationStats,
@@ -50,7 +59,7 @@ def _stream(engine: BatchEngine, request: GenerationRequest, stats: GenerationSt
                 finished, stats.finish_reason = True, "cancelled"
     finally:
         if not finished:
-            engine.cancel(seq_id)
+            engine.cancel(seq_id, held_by_caller=True)
 
 
 def generate(engine: BatchEngine, request: GenerationRequest,

@@ -172,6 +172,8 @@ class EngineWorker:
         self._drain_deadline: float | None = None
         self._closed = False  # engine.close() called (once, by whichever shutdown gets there first)
         self._thread = threading.Thread(target=self._run, name="tandem-engine", daemon=True)
+        self._holding_engine = threading.Event()  # set once the engine thread holds the engine, or cannot
+        self._start_error: TandemError | None = None
         self._wake_ups: queue.SimpleQueue = queue.SimpleQueue()  # (loop, its deliveries); None: stop
         self._waker = threading.Thread(target=self._wake_loops, name="tandem-handover", daemon=True)
         self.last_report: StepReport | None = None
@@ -199,6 +201,12 @@ class EngineWorker:
         release_openmp_threads()  # the models' work on this thread is done: one OpenMP team left
         self._waker.start()  # first: the engine's first updates already go through it
         self._thread.start()
+        self._holding_engine.wait()
+        if self._start_error is not None:  # another thread uses the engine: this worker never had it
+            with self._lock:
+                self._accepting, self._closed = False, True  # so its shutdown closes nothing
+            self._wake_ups.put(None)
+            raise self._start_error
         return self
 
     def submit(self, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions(),
@@ -247,6 +255,8 @@ class EngineWorker:
             if self._closed:
                 return  # a second shutdown (a drain, then the server's own close) closes nothing
             self._closed = True
+        if self._holds and self.engine.on_model_call == self._hand_over_held:
+            self.engine.on_model_call = None  # the engine may outlive this worker (a library's next one)
         close = getattr(self.engine, "close", None)
         if close is not None:
             close()
@@ -265,14 +275,11 @@ class EngineWorker:
             try:
                 if exclusive is not None:
                     holding.enter_context(exclusive())
-            except TandemError as error:  # in use on another thread: nothing can be served
-                log.error("the engine thread cannot start: %s", error)
-                with self._lock:
-                    self._accepting = False
-                    seq_ids = list(self._handles)
-                for seq_id in seq_ids:  # never added to the engine, which another thread holds
-                    self._dispatch([SequenceUpdate(seq_id, (), finished=True, finish_reason="error", error=str(error))])
+            except TandemError as error:  # in use on another thread: `start` raises it
+                self._start_error = error
                 return
+            finally:
+                self._holding_engine.set()
             self._loop()
 
     def _loop(self) -> None:
