@@ -86,3 +86,13 @@ def run_all(engine: BatchEngine, arrivals: dict[int, list[tuple[str, tuple, Spec
                     reasons[update.seq_id] = update.finish_reason
         step += 1
     return outputs, reasons
+
+
+def collect_sync(handle, timeout=30.0):
+    """A worker's request read to its end from a thread: (its token ids, its last update)."""
+    tokens = []
+    while True:
+        update = handle.next_update_sync(timeout=timeout)
+        tokens += update.token_ids
+        if update.finished:
+            return tokens, update

@@ -5,7 +5,7 @@ request leaves nothing behind."""
 import threading
 
 import pytest
-from engine_support import make_engine
+from engine_support import collect_sync, make_engine
 
 from tandem.engine.request import GenerationRequest
 from tandem.engine.run_request import generate, stream_tokens
@@ -108,8 +108,7 @@ def test_an_engine_worker_holds_its_engine_for_its_life(tiny_target, tiny_draft)
     worker = EngineWorker(engine).start()
     try:
         handle = worker.submit(GenerationRequest(PROMPT, 4))
-        while not handle.finished:
-            handle.next_update_sync(timeout=30)
+        collect_sync(handle)
         with pytest.raises(TandemError, match="in use on another thread"):
             generate(engine, GenerationRequest(PROMPT, 4))
     finally:
@@ -137,8 +136,7 @@ def test_a_handle_read_the_wrong_way_or_past_its_end_says_so(tiny_target, tiny_d
     worker = EngineWorker(engine).start()
     try:
         handle = worker.submit(GenerationRequest(PROMPT, 4))
-        while not handle.finished:
-            handle.next_update_sync(timeout=30)
+        collect_sync(handle)
         with pytest.raises(TandemError, match="has finished"):
             handle.next_update_sync(timeout=1)
         with pytest.raises(TandemError, match="next_update_sync"):

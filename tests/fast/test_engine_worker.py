@@ -9,16 +9,7 @@ import pytest
 from tandem.engine.events import SpeculationOptions
 from tandem.engine.request import GenerationRequest
 from tandem.engine.worker import EngineStoppedError, EngineWorker, QueueFullError, retry_after_seconds
-from engine_support import MAX_TOKENS, PROMPTS, make_engine  # noqa: F401 (fixture)
-
-
-def collect_sync(handle, timeout=30.0):
-    tokens = []
-    while True:
-        update = handle.next_update_sync(timeout=timeout)
-        tokens += update.token_ids
-        if update.finished:
-            return tokens, update
+from engine_support import MAX_TOKENS, PROMPTS, collect_sync, make_engine  # noqa: F401 (fixture)
 
 
 async def collect_async(handle, timeout=30.0):

@@ -120,7 +120,7 @@ class BatchEngine(SequencePool):
         self.on_model_call: Callable[[], None] | None = None
         self._holding = threading.Lock()  # guards the two below
         self._holder: int | None = None  # the thread using the engine (`exclusive`), and how many times over
-        self._holds = 0
+        self._hold_count = 0
         self.streaming = False  # a stream_tokens request is running (one at a time: their updates are each other's)
 
     # -- the worker's interface (the rest is SequencePool's) --------------------------------
@@ -168,13 +168,13 @@ class BatchEngine(SequencePool):
                 raise TandemError("this engine is in use on another thread (a generate, a stream or an EngineWorker): "
                                   "one thread uses an engine at a time; share it across threads or an event loop "
                                   "through engine/worker.py's EngineWorker")
-            self._holder, self._holds = me, self._holds + 1
+            self._holder, self._hold_count = me, self._hold_count + 1
         try:
             yield self
         finally:
             with self._holding:
-                self._holds -= 1
-                if self._holds == 0:
+                self._hold_count -= 1
+                if self._hold_count == 0:
                     self._holder = None
 
     def add(self, seq_id: str, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:

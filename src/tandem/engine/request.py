@@ -33,6 +33,17 @@ class GenerationRequest:
     # the output positions of what this request emits start there (a seed's races follow them)
 
     def __post_init__(self):
+        ids = self.prompt_ids
+        if not (isinstance(ids, tuple) and ids and all(type(token) is int and token >= 0 for token in ids)):
+            self._check_and_convert_ids()  # the common case (a tuple of token ids) takes one pass
+        if not (isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool) and self.max_tokens >= 1):
+            raise TandemError(f"max tokens must be a positive integer, got {self.max_tokens!r}")
+        if not (isinstance(self.output_offset, int) and 0 <= self.output_offset < len(self.prompt_ids)):
+            raise TandemError(f"the output offset must be below the prompt's length, got {self.output_offset!r}")
+
+    def _check_and_convert_ids(self) -> None:
+        """Text, an empty prompt, or ids that are no non-negative integers: a TandemError; a list,
+        an array or numpy's ints: a tuple of Python ints."""
         if isinstance(self.prompt_ids, (str, bytes)):
             raise TandemError("prompt_ids are token ids (e.g. a tokenizer's output), not text")
         if not isinstance(self.prompt_ids, (tuple, list, np.ndarray)) or (isinstance(self.prompt_ids, np.ndarray)
@@ -43,9 +54,4 @@ class GenerationRequest:
         bad = next((token for token in self.prompt_ids if not _is_token_id(token)), None)
         if bad is not None:  # a float or a string reached llama.cpp's batch and failed the whole step
             raise TandemError(f"prompt_ids must be non-negative integers (token ids), got {bad!r}")
-        if not (isinstance(self.prompt_ids, tuple) and all(type(token) is int for token in self.prompt_ids)):  # numpy's ints stay out
-            object.__setattr__(self, "prompt_ids", tuple(int(token) for token in self.prompt_ids))
-        if not (isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool) and self.max_tokens >= 1):
-            raise TandemError(f"max tokens must be a positive integer, got {self.max_tokens!r}")
-        if not (isinstance(self.output_offset, int) and 0 <= self.output_offset < len(self.prompt_ids)):
-            raise TandemError(f"the output offset must be below the prompt's length, got {self.output_offset!r}")
+        object.__setattr__(self, "prompt_ids", tuple(int(token) for token in self.prompt_ids))  # numpy's ints stay out
