@@ -196,3 +196,41 @@ def test_a_worker_whose_engine_another_thread_holds_does_not_start(tiny_target, 
         worker.start()
     worker.shutdown(grace_seconds=0)
     assert not closed and [t for chunk in tokens for t in chunk]
+
+
+class RaisingStop:
+    """A library user's stop condition with a bug: it raises once the output holds 3 tokens."""
+
+    def tokens_to_keep(self, output_ids):
+        if len(output_ids) >= 3:
+            raise KeyError("no such marker")
+        return None
+
+
+class WrongAnswerStop:
+    """One that answers a string where a count is due."""
+
+    def tokens_to_keep(self, output_ids):
+        return "all"
+
+
+@pytest.mark.parametrize("condition, says", [(RaisingStop(), "raised KeyError: 'no such marker'"),
+                                             (WrongAnswerStop(), "returned 'all'")])
+def test_a_failing_stop_condition_ends_its_request_alone(tiny_target, tiny_draft, condition, says):
+    """It raised out of the step: the worker failed every request in the batch with it."""
+    engine = make_engine(tiny_target, tiny_draft, slots=2)
+    alone, _ = generate(engine, GenerationRequest(PROMPT, 12))
+    worker = EngineWorker(engine).start()
+    try:
+        failing = worker.submit(GenerationRequest(PROMPT, 12, stop_condition=condition))
+        healthy = worker.submit(GenerationRequest(PROMPT, 12))
+        _, last = collect_sync(failing)
+        assert last.finish_reason == "error" and says in last.error
+        tokens, last = collect_sync(healthy)
+        assert last.finish_reason == "length" and tokens == alone
+    finally:
+        worker.shutdown(grace_seconds=1)
+    with pytest.raises(TandemError, match="stop condition"):
+        generate(engine, GenerationRequest(PROMPT, 12, stop_condition=condition))
+    assert not engine.has_work and engine.kv_slots_in_use == 0
+    assert generate(engine, GenerationRequest(PROMPT, 12))[0] == alone

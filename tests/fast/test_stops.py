@@ -36,3 +36,25 @@ def test_eos_max_tokens_and_context_room():
     assert apply_stops([5, 6, 7], [0] * 18, request(), 100) == ([5, 6], "length")  # 20 tokens at most
     assert apply_stops([5, 6, 7], [], request(), 2) == ([5, 6], "length")  # the context's room
     assert apply_stops([5, EOS], [0] * 18, request(), 100) == ([5], "stop")  # EOS inside the room: a stop
+
+
+class Answering:
+    def __init__(self, answer):
+        self.answer = answer
+
+    def tokens_to_keep(self, output_ids):
+        return self.answer
+
+
+def test_a_stop_condition_answering_out_of_range_is_an_error_not_a_cut():
+    """A count past the output, a negative one or a bool was taken as a cut (-1 dropped the
+    round's last token and ended the request as a "stop")."""
+    import pytest
+
+    from tandem.engine.stops import StopConditionError
+
+    for answer in (-1, 4, True, 2.0):
+        with pytest.raises(StopConditionError, match="returned"):
+            apply_stops([5, 6], [4], request(stop_condition=Answering(answer)), 100)
+    assert apply_stops([5, 6], [4], request(stop_condition=Answering(3)), 100) == ([5, 6], "stop")
+    assert apply_stops([5, 6], [4], request(stop_condition=Answering(0)), 100) == ([], "stop")

@@ -21,7 +21,8 @@ def stream_tokens(engine: BatchEngine, request: GenerationRequest, stats: Genera
     """Yield each step's committed token ids for this request; fill `stats` as it goes (its
     `seq_id` names the request to the engine). Closing the iterator early (`.close()`, or a
     `break` out of a loop over the call itself, which drops it) or an error in a step cancels the
-    request, so the engine holds nothing of it; so does `engine.cancel(stats.seq_id)`, which ends
+    request (an error of this request alone, such as its stop condition raising, is raised here
+    as a TandemError), so the engine holds nothing of it; so does `engine.cancel(stats.seq_id)`, which ends
     the iteration ("cancelled"). The calling thread holds the engine until then (another thread
     using it is a TandemError), from its first `next`; one such request at a time. Share an engine
     across threads or an event loop, or run several requests at once, through EngineWorker."""
@@ -52,6 +53,8 @@ def _stream(engine: BatchEngine, request: GenerationRequest, stats: GenerationSt
                 finished = update.finished
                 if finished:
                     stats.finish_reason = update.finish_reason
+                if update.finish_reason == "error":  # e.g. the request's own stop condition failed
+                    raise TandemError(update.error or "the engine failed on this request")
                 stats.new_tokens += len(update.token_ids)
                 if update.token_ids:
                     yield list(update.token_ids)

@@ -5,7 +5,29 @@ the batching engine commits rounds through it (the cluster router applies stop c
 its streams itself, cluster/runtime/router.py).
 """
 
-from tandem.engine.request import GenerationRequest
+from tandem.engine.request import GenerationRequest, StopCondition
+from tandem.errors import TandemError, client_message
+
+
+class StopConditionError(TandemError):
+    """A request's own stop condition raised or answered something other than None or a count:
+    that request ends with an error, the others in its step go on."""
+
+
+def tokens_to_keep(condition: StopCondition, output_ids: list[int]) -> int | None:
+    """`condition.tokens_to_keep(output_ids)`, checked: None or a count from 0 to the output's
+    length (StopConditionError otherwise, naming what it raised or returned)."""
+    try:
+        keep = condition.tokens_to_keep(output_ids)
+    except Exception as error:  # a library user's callable: anything may come out of it
+        raise StopConditionError(f"the request's stop condition raised {type(error).__name__}: "
+                                 f"{client_message(error)}") from error
+    if keep is None:
+        return None
+    if isinstance(keep, bool) or not isinstance(keep, int) or not 0 <= keep <= len(output_ids):
+        raise StopConditionError(f"the request's stop condition returned {keep!r}: it must return None "
+                                 f"or how many of the {len(output_ids)} output tokens to keep")
+    return keep
 
 
 def apply_stops(
@@ -22,7 +44,7 @@ def apply_stops(
             emitted, reason = emitted[:i], "stop"  # a stop string may end earlier in the same round
             break
     if request.stop_condition is not None:
-        keep = request.stop_condition.tokens_to_keep(output + emitted)
+        keep = tokens_to_keep(request.stop_condition, output + emitted)
         if keep is not None:
             return emitted[: max(0, keep - len(output))], "stop"
     return emitted, reason

@@ -446,3 +446,21 @@ def test_a_request_moved_before_its_first_token_reports_what_its_prompt_found_ca
     assert routed.take(SequenceUpdate("s@2", (7,), cached_tokens=96)).cached_tokens == 96
     routed.next_placement(None)  # failed over with output: its prompt is the prompt and the output
     assert routed.take(SequenceUpdate("s@3", (8,), cached_tokens=101)).cached_tokens == 96
+
+
+def test_a_failing_stop_condition_ends_its_stream_alone_with_an_error():
+    """The router checks a stream's stop condition itself: one that raised there raised out of the
+    router's poll, failing every stream of the cluster."""
+    from tandem.cluster.runtime.routed import Routed
+    from tandem.engine.events import SequenceUpdate, SpeculationOptions
+    from tandem.engine.request import GenerationRequest
+
+    class Raising:
+        def tokens_to_keep(self, output_ids):
+            raise ValueError("bad marker")
+
+    routed = Routed("s", GenerationRequest((1, 2), 10, stop_condition=Raising()), SpeculationOptions())
+    routed.next_placement(None)
+    update = routed.take(SequenceUpdate("s@1", (7, 8)))
+    assert (update.token_ids, update.finished, update.finish_reason) == ((), True, "error")
+    assert "raised ValueError: bad marker" in update.error and routed.output == []

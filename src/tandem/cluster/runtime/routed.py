@@ -12,6 +12,7 @@ from tandem.cluster.runtime.endpoints import Pending
 from tandem.cluster.runtime.pool import Worker
 from tandem.engine.events import SequenceUpdate, SpeculationOptions, StepReport
 from tandem.engine.request import GenerationRequest
+from tandem.engine.stops import StopConditionError, tokens_to_keep
 
 
 @dataclass(slots=True, eq=False)
@@ -62,7 +63,10 @@ class Routed:
         tokens, finished, reason, error = list(update.token_ids), update.finished, update.finish_reason, update.error
         stop = self.request.stop_condition
         if stop is not None and tokens:
-            keep = stop.tokens_to_keep(self.output + tokens)
+            try:
+                keep = tokens_to_keep(stop, self.output + tokens)
+            except StopConditionError as failure:
+                keep, tokens, finished, reason, error = None, [], True, "error", str(failure)
             if keep is not None:
                 tokens, finished, reason, error = tokens[: max(0, keep - len(self.output))], True, "stop", None
         if not self.output:  # a placement of the client's prompt alone (a first, or one moved before any token)
