@@ -58,3 +58,29 @@ def test_a_stop_condition_answering_out_of_range_is_an_error_not_a_cut():
             apply_stops([5, 6], [4], request(stop_condition=Answering(answer)), 100)
     assert apply_stops([5, 6], [4], request(stop_condition=Answering(3)), 100) == ([5, 6], "stop")
     assert apply_stops([5, 6], [4], request(stop_condition=Answering(0)), 100) == ([], "stop")
+
+
+def test_drafts_accepted_past_a_stop_are_not_counted_as_the_answers():
+    """A round of 4 accepted drafts cut by a stop after its first token reported 4 accepted for
+    one emitted: usage's accepted_tokens exceeded completion_tokens. The drafter's own record
+    (the planner's) keeps all 4: they were accepted."""
+    import numpy as np
+
+    from tandem.engine.sequence import Sequence
+    from tandem.engine.stages import commit_round
+    from tandem.speculation.depth import Auto
+    from tandem.speculation.drafters.base import SequenceDraft
+
+    class Planner:
+        recorded = []
+
+        def record(self, source, k, accepted):
+            self.recorded.append((source, k, accepted))
+
+    seq = Sequence("s", request(stop_condition=StopAfter(7)), "ngram", Auto(), np.random.default_rng(0),
+                   tokens=[1])
+    planner = Planner()
+    update, round_report, reason = commit_round(seq, SequenceDraft("ngram3", [7, 8, 9, 10]), [7, 8, 9, 10, 11],
+                                                4, planner, 100)
+    assert update.token_ids == (7,) and update.accepted == 1 and seq.accepted == 1 and reason == "stop"
+    assert planner.recorded == [("ngram3", 4, 4)] and round_report.accepted == 4

@@ -62,7 +62,7 @@ class Sequence:
         self.tokens += emitted
         self.output += emitted
         self.drafted += drafted
-        self.accepted += accepted
+        self.accepted += min(accepted, len(emitted))  # not those past a stop
         return emitted, reason
 
     @property

@@ -116,6 +116,7 @@ def commit_round(seq: Sequence, draft: SequenceDraft, emitted: list[int], accept
         agreed = common_prefix(rival.copy, emitted)
         planner.record(rival.source, agreed + (agreed < min(len(rival.copy), len(emitted))), agreed)
     tokens, reason = seq.commit(list(emitted), k, accepted, context_length)
-    update = SequenceUpdate(seq.seq_id, tuple(tokens), k, accepted, reason is not None, reason,
+    kept = min(accepted, len(tokens))  # accepted drafts past a stop are not part of the answer
+    update = SequenceUpdate(seq.seq_id, tuple(tokens), k, kept, reason is not None, reason,
                             cached_tokens=seq.cached_tokens or 0)
     return update, RoundReport(seq.seq_id, draft.source, k, accepted), reason

@@ -72,7 +72,8 @@ class Routed:
         if not self.output:  # a placement of the client's prompt alone (a first, or one moved before any token)
             self.cached_tokens = max(self.cached_tokens, min(update.cached_tokens, len(self.request.prompt_ids)))
         self.output += tokens
-        return SequenceUpdate(self.seq_id, tuple(tokens), update.drafted, update.accepted, finished, reason, error,
+        return SequenceUpdate(self.seq_id, tuple(tokens), update.drafted, min(update.accepted, len(tokens)),
+                              finished, reason, error,
                               self.cached_tokens)
 
 
