@@ -51,6 +51,7 @@ from tandem.engine.stops import StopConditionError
 from tandem.errors import TandemError
 from tandem.models.batch_runner import BatchItem, BatchRunner, KvPoolFullError, cached_context
 from tandem.models.cost import CostModel, catch_up_ms
+from tandem.numbers import is_int
 from tandem.speculation.acceptance import accept_round
 from tandem.speculation.batch_depth import BatchDepthPlanner
 from tandem.speculation.depth import Auto, Depth, parse_depth
@@ -83,12 +84,12 @@ Chunk = tuple[Sequence, int]  # a still-prefilling sequence and how many prompt 
 
 def check_prefill_floor(tokens: int | None) -> None:
     """None: read off the profile (`floor_chunk`); else a number of prompt tokens."""
-    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= 4096):
+    if tokens is not None and (not is_int(tokens) or not 1 <= tokens <= 4096):
         raise TandemError(f"the prefill floor must be auto or 1..4096 tokens, got {tokens!r}")
 
 
 def check_step_token_budget(tokens: int) -> None:
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+    if not is_int(tokens) or tokens < 1:
         raise TandemError(f"the step token budget must be a positive integer, got {tokens!r}")
 
 

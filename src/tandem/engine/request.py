@@ -6,6 +6,7 @@ from typing import Protocol
 import numpy as np
 
 from tandem.errors import TandemError
+from tandem.numbers import is_int
 from tandem.speculation.sampling import SamplingParams
 
 
@@ -36,7 +37,7 @@ class GenerationRequest:
         ids = self.prompt_ids
         if not (isinstance(ids, tuple) and ids and all(type(token) is int and token >= 0 for token in ids)):
             self._check_and_convert_ids()  # the common case (a tuple of token ids) takes one pass
-        if not (isinstance(self.max_tokens, int) and not isinstance(self.max_tokens, bool) and self.max_tokens >= 1):
+        if not (is_int(self.max_tokens) and self.max_tokens >= 1):
             raise TandemError(f"max tokens must be a positive integer, got {self.max_tokens!r}")
         if not (isinstance(self.output_offset, int) and 0 <= self.output_offset < len(self.prompt_ids)):
             raise TandemError(f"the output offset must be below the prompt's length, got {self.output_offset!r}")

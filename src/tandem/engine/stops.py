@@ -7,6 +7,7 @@ its streams itself, cluster/runtime/router.py).
 
 from tandem.engine.request import GenerationRequest, StopCondition
 from tandem.errors import TandemError, client_message
+from tandem.numbers import is_int
 
 
 class StopConditionError(TandemError):
@@ -24,7 +25,7 @@ def tokens_to_keep(condition: StopCondition, output_ids: list[int]) -> int | Non
                                  f"{client_message(error)}") from error
     if keep is None:
         return None
-    if isinstance(keep, bool) or not isinstance(keep, int) or not 0 <= keep <= len(output_ids):
+    if not is_int(keep) or not 0 <= keep <= len(output_ids):
         raise StopConditionError(f"the request's stop condition returned {keep!r}: it must return None "
                                  f"or how many of the {len(output_ids)} output tokens to keep")
     return keep

@@ -19,6 +19,7 @@ from tandem.models.pull import catalog_name_of
 from tandem.models.cost import PROFILE_SIZES, CostModel, measure_cost
 from tandem.models.runner import ModelRunner
 from tandem.models.torch_runner import DTYPES
+from tandem.numbers import is_int
 from tandem.paths import make_dir, profiles_dir, write_text_atomic
 from tandem.progress import ProgressBar
 
@@ -51,10 +52,10 @@ class RunnerSpec:
             raise TandemError(f"unknown backend {self.backend!r}; choose one of {', '.join(BACKENDS + ('auto',))}")
         if self.dtype not in DTYPES:  # llama.cpp reads its file as it is, but a wrong name is still one
             raise TandemError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
-        if not _whole(self.context_length) or self.context_length < MIN_CONTEXT_LENGTH:  # 10 aborted inside llama.cpp
+        if not is_int(self.context_length) or self.context_length < MIN_CONTEXT_LENGTH:  # 10 aborted inside llama.cpp
             raise TandemError(f"the context length must be a whole number of at least {MIN_CONTEXT_LENGTH} tokens, "
                               f"got {self.context_length!r}")
-        if self.threads is not None and not (_whole(self.threads) and self.threads >= 1):  # "1" failed deep in llama.cpp
+        if self.threads is not None and not (is_int(self.threads) and self.threads >= 1):  # "1" failed deep in llama.cpp
             raise TandemError(f"threads must be a whole number of at least 1 (or None: all), got {self.threads!r}")
         if self.torch_runner not in TORCH_RUNNERS:
             raise TandemError(f"unknown torch runner {self.torch_runner!r}; choose one of {', '.join(TORCH_RUNNERS)}")
@@ -73,10 +74,6 @@ class RunnerSpec:
         if backend == "llamacpp" and device != "cpu":
             raise TandemError(f"the llamacpp backend runs on the cpu here, not {device!r}: use --backend torch")
         return replace(self, backend=backend, device=device)
-
-
-def _whole(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _gpu_device() -> str | None:

@@ -23,6 +23,7 @@ from tandem.engine.folder_lock import check_folder_free
 from tandem.engine.host_cache import physical_memory_bytes
 from tandem.errors import TandemError
 from tandem.memory_size import human_size
+from tandem.numbers import is_int, is_number
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024  # 1 MiB
 DEFAULT_CACHE_TTL_SECONDS = 3600.0
@@ -110,7 +111,7 @@ class ServeSettings:
 
 
 def _check_int(name: str, value, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+    if not is_int(value) or not low <= value <= high:
         raise TandemError(f"{name} must be an integer from {low} to {high}, got {value!r}")
 
 
@@ -144,6 +145,6 @@ def _check_folder(option: str, folder: str) -> None:
 
 
 def _check_number(name: str, value, low: float, high: float = float("inf")) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+    if not is_number(value) or not low <= value <= high:
         bound = f"from {low} to {high}" if high != float("inf") else f"of at least {low}"
         raise TandemError(f"{name} must be a number {bound}, got {value!r}")

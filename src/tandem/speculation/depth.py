@@ -15,6 +15,7 @@ higher prior (a copy that already agrees on 8 tokens usually goes on agreeing).
 from dataclasses import dataclass
 
 from tandem.errors import TandemError
+from tandem.numbers import is_int
 
 K_LIMIT = 64  # the deepest k a request may fix
 AUTO_K_MAX = 16  # the deepest k the planner chooses on its own for a draft model
@@ -47,7 +48,7 @@ class Fixed:
     k: int
 
     def __post_init__(self):
-        if isinstance(self.k, bool) or not isinstance(self.k, int) or not 0 <= self.k <= K_LIMIT:
+        if not is_int(self.k) or not 0 <= self.k <= K_LIMIT:
             raise TandemError(f"k must be 'auto' or an integer from 0 to {K_LIMIT}, got {self.k!r}")
 
     def __str__(self) -> str:
@@ -63,7 +64,7 @@ def parse_depth(value: "str | int | Depth") -> Depth:
         return value
     if value == "auto":
         return Auto()
-    if isinstance(value, int) and not isinstance(value, bool):
+    if is_int(value):
         return Fixed(value)
     if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
         return Fixed(int(value))  # -1 is refused by Fixed, in the same words as 65

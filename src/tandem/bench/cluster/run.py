@@ -30,6 +30,7 @@ from tandem.engine.request import GenerationRequest
 from tandem.models.backends import RunnerSpec
 from tandem.models.resolve import tokenizer_path
 from tandem.engine.build import EngineConfig, build_engine
+from tandem.numbers import is_number
 from tandem.speculation.depth import parse_depth
 from tandem.text.tokenizer import TextTokenizer
 from tandem.engine.slots import MIN_COPY_TOKENS
@@ -138,7 +139,7 @@ def measured_figures(results: dict[str, dict], name: str) -> dict:
     merged = dict(runs[0])
     for field, value in runs[0].items():
         values = [run.get(field) for run in runs]
-        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        numbers = all(is_number(v) for v in values)
         if numbers and len(set(values)) > 1:
             merged[field] = round(sum(values) / len(values), 3)
     return {**merged, "passes": len(runs)}

@@ -11,6 +11,7 @@ import re
 from typing import Any, Callable
 
 from tandem.errors import did_you_mean
+from tandem.numbers import is_int, is_number
 
 Rule = Callable[[Any], Any]
 
@@ -42,7 +43,7 @@ def text(pattern: str = r".+", description: str = "a non-empty string") -> Rule:
 
 def integer(minimum: int | None = None, maximum: int | None = None) -> Rule:
     def rule(value: Any) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
+        if not is_int(value):
             raise RuleError(f"must be an integer (got {value!r}{_looks_like_a_number(value)})")
         _check_range(value, minimum, maximum)
         return value
@@ -54,7 +55,7 @@ def number(minimum: float | None = None, maximum: float | None = None, below: fl
     """A real number in [minimum, maximum], and < below when given."""
 
     def rule(value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if not is_number(value):
             raise RuleError(f"must be a number (got {value!r}{_looks_like_a_number(value)})")
         if not math.isfinite(value):
             raise RuleError(f"must be a finite number (got {value!r})")

@@ -18,6 +18,7 @@ from typing import Callable
 from tandem.cluster.runtime.endpoints import Pending, WorkerDiedError
 from tandem.cluster.runtime.pool import MAX_RESTARTS, Worker
 from tandem.errors import TandemError
+from tandem.numbers import is_number
 
 log = logging.getLogger(__name__)
 DEFAULT_PERIOD_S = 2.0
@@ -25,7 +26,7 @@ ANSWER_WAIT_S = 0.2  # a check waits this long (at most) for pings to idle worke
 
 
 def check_period(seconds: float) -> float:
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= 3600:
+    if not is_number(seconds) or not 0 < seconds <= 3600:
         raise TandemError(f"the health check period must be in (0, 3600] seconds, got {seconds!r}")
     return float(seconds)
 

@@ -13,6 +13,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidat
 from pydantic_core import PydanticCustomError
 
 from tandem.engine.events import SpeculationOptions
+from tandem.numbers import is_int
 from tandem.speculation.depth import K_LIMIT
 from tandem.speculation.sampling import MAX_TEMPERATURE
 from tandem.speculation.drafters.registry import DRAFTER_NAMES
@@ -66,7 +67,7 @@ def _depth(value) -> int | str | None:
     if value is None or value == "auto":
         return value
     value = _whole_number(value)
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= K_LIMIT:
+    if is_int(value) and 0 <= value <= K_LIMIT:
         return value
     raise PydanticCustomError("invalid_value", f"must be 'auto' or an integer from 0 to {K_LIMIT}")
 
@@ -76,7 +77,7 @@ def _seed(value) -> int | None:
     value = _whole_number(value)
     if value is None or value == -1 and type(value) is int:
         return None
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63:
+    if is_int(value) and 0 <= value < 2**63:
         return value
     raise PydanticCustomError("invalid_value", "must be an integer from 0 to 2^63-1 (or -1: no seed)")
 

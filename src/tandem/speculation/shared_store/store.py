@@ -18,6 +18,7 @@ from typing import Protocol, Sequence
 
 from tandem.cache_stats import CacheStats, StatsCounter
 from tandem.errors import TandemError
+from tandem.numbers import is_int
 from tandem.speculation.shared_store.index import (
     DEFAULT_NGRAM_CONFIG,
     NgramConfig,
@@ -66,7 +67,7 @@ class InProcessNgramStore:
     under it."""
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES, config: NgramConfig = DEFAULT_NGRAM_CONFIG):
-        if not (isinstance(max_bytes, int) and not isinstance(max_bytes, bool) and max_bytes >= 1):
+        if not (is_int(max_bytes) and max_bytes >= 1):
             raise TandemError(f"the n-gram store needs max_bytes >= 1, got {max_bytes!r}")
         self.max_bytes = max_bytes
         self.config = config
