@@ -269,8 +269,19 @@ def test_position_races_are_exponential_and_depend_on_seed_and_position_only():
 
 def test_a_race_never_picks_a_token_of_probability_zero():
     probs = np.array([0.0, 0.5, 0.0, 0.5])
-    race = np.array([0.0, 2.0, 0.0, 1.0])  # a time of 0 happens (float32: ~1 in 6 million)
+    race = np.array([0.0, 2.0, 0.0, 1.0])  # a time of 0 over a probability of 0: no NaN
     assert race_winner(probs, race) == 3
+
+
+def test_a_token_of_tiny_probability_wins_about_as_rarely_as_it_should():
+    """numpy's float32 exponential draw is exactly 0 about once in 3 million: with a 49k or 151k
+    vocabulary, one seeded position in 60 to 20 had a token of probability ~1e-11 win it (a user's
+    seeded answer at temperature 0.1: 'Helloarp, welcome to the worldiatric')."""
+    vocab = 151_936
+    probs = np.full(vocab, 1e-6 / (vocab - 1))
+    probs[7] = 1 - 1e-6  # [vocab]; any other token should win one position in a million
+    winners = [race_winner(probs, position_race(seed, position, vocab)) for seed in range(3) for position in range(100)]
+    assert winners == [7] * 300
 
 
 def test_kernel_noise_moves_a_seeded_token_about_as_rarely_as_any_rule_can():
