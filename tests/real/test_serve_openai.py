@@ -64,6 +64,12 @@ def test_chat_and_completion(server):
                                            temperature=0)
     assert completion.object == "text_completion" and completion.choices[0].text.strip()
     assert completion.choices[0].finish_reason in ("stop", "length")
+    from tandem.models.resolve import tokenizer_path
+    from tandem.text.tokenizer import TextTokenizer
+
+    ids = TextTokenizer(str(tokenizer_path(SMALL))).encode("The three primary colours are")
+    by_ids = client.completions.create(model=SMALL, prompt=ids, max_tokens=12, temperature=0)
+    assert by_ids.choices[0].text == completion.choices[0].text and by_ids.model_extra["tandem"]["cached"]
     models = client.models.list()
     assert [m.id for m in models.data] == [SMALL]
 

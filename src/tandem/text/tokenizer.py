@@ -27,6 +27,11 @@ class TextTokenizer:
             raise TandemError(f"cannot load a tokenizer from {folder}: {error}") from None
         self.folder = str(folder)
 
+    @property
+    def size(self) -> int:
+        """How many token ids it knows (its vocabulary and added tokens)."""
+        return len(self._tok)
+
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False))
 

@@ -49,6 +49,7 @@ def async_test(test):
 
 class ByteTokenizer:
     stop_token_ids = frozenset({EOS})
+    size = 257  # bytes and the EOS
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode())

@@ -28,6 +28,19 @@ async def test_completion_has_openai_shape_and_speculative_usage():
 
 
 @async_test
+async def test_a_prompt_of_token_ids_reaches_the_engine_as_they_are():
+    """vLLM's and OpenAI's clients send token ids (a list, or a list of one list): they were a 400.
+    The same ids as a text's are the same request (the response cache answers the others)."""
+    with TestServer() as server:
+        async with server.client() as client:
+            for prompt, cached in (([83, 97, 121], False), ([[83, 97, 121]], True), ("Say", True)):
+                body = (await client.post("/v1/completions", json=completion_body(prompt=prompt))).json()
+                assert body["choices"][0]["text"] == REPLY and body["usage"]["prompt_tokens"] == 3
+                assert body["tandem"] == {"cached": cached}
+        assert [request.prompt_ids for _, request, _ in server.engine.added] == [(83, 97, 121)]
+
+
+@async_test
 async def test_chat_completion_has_openai_shape():
     with TestServer() as server:
         async with server.client() as client:

@@ -41,7 +41,13 @@ class PreparedRequest:
 
 async def prepare_completion(state: ServerState, body: CompletionRequest) -> PreparedRequest:
     _check_body(state, body)
-    prompt_ids = await _tokenize(state.tokenizer.encode, body.prompt)
+    if isinstance(body.prompt, tuple):  # token ids, as the client's tokenizer gave them
+        prompt_ids = body.prompt
+        if max(prompt_ids) >= state.tokenizer.size:
+            raise APIError(400, f"prompt token id {max(prompt_ids)} is outside the model's vocabulary (ids 0 to "
+                           f"{state.tokenizer.size - 1})", param="prompt", code="invalid_value")
+    else:
+        prompt_ids = await _tokenize(state.tokenizer.encode, body.prompt)
     return _prepared(state, body, prompt_ids, "prompt")
 
 

@@ -41,12 +41,24 @@ def integer(**bounds):
     return Annotated[int, Field(**bounds), BeforeValidator(_whole_number)]  # this order keeps the schema's bounds
 
 
-def _one_prompt(value) -> str:
+def _one_prompt(value) -> str | tuple[int, ...]:
+    """A prompt's text, or its token ids (as vLLM and OpenAI take them: a list of ids, or a list
+    of one such list); one prompt per request."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+        value = value[0]
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
-        return value[0]
-    raise PydanticCustomError("invalid_value", "must be a string or a list of exactly one string")
+    if isinstance(value, list) and value and all(is_int(token) for token in value):
+        if not all(0 <= token < 2**31 for token in value):
+            raise PydanticCustomError("invalid_value", "token ids must be non-negative integers below 2^31")
+        return tuple(value)
+    if isinstance(value, list) and len(value) > 1 and all(isinstance(p, (str, list)) for p in value):
+        raise PydanticCustomError("unsupported_value", "one prompt per request: send each of these "
+                                  f"{len(value)} prompts as its own request")
+    if value == []:
+        raise PydanticCustomError("invalid_value", "the prompt is empty")
+    raise PydanticCustomError("invalid_value", "must be a string, a list of token ids, or a list of exactly "
+                              "one of either")
 
 
 def _stop_strings(value) -> list[str]:
@@ -207,8 +219,9 @@ class SamplingFields(BaseModel):
 class CompletionRequest(SamplingFields):
     """POST /v1/completions."""
 
-    prompt: Annotated[str, PlainValidator(_one_prompt, json_schema_input_type=str | Annotated[
-        list[str], Field(min_length=1, max_length=1)])]
+    prompt: Annotated[str | tuple[int, ...], PlainValidator(_one_prompt, json_schema_input_type=str | Annotated[
+        list[str], Field(min_length=1, max_length=1)] | Annotated[list[int], Field(min_length=1)] | Annotated[
+        list[Annotated[list[int], Field(min_length=1)]], Field(min_length=1, max_length=1)])]
     logprobs: Annotated[None, refused("logprobs")] = None
     suffix: Annotated[None, refused("suffix", "", schema=Literal[""] | None)] = None
     max_completion_tokens: Annotated[None, refused(
