@@ -77,6 +77,12 @@ async def test_cors_only_for_the_configured_origins():
                 "x-stainless-lang,x-stainless-os,x-stainless-package-version,x-stainless-retry-count"})
             assert sdk.status_code == 200, sdk.text
             assert "retry-after" in answer.headers["access-control-expose-headers"].lower()
+            # a refused preflight is an error body like every other (it was plain text)
+            put = await client.options("/v1/chat/completions", headers={**preflight(ORIGIN),
+                                                                         "Access-Control-Request-Method": "PUT"})
+            assert put.status_code == 400 and put.json()["error"]["code"] == "cors_preflight_refused"
+            assert "Disallowed CORS method" in put.json()["error"]["message"]
+            assert put.headers["access-control-allow-origin"] == ORIGIN
     for configured in ("https://App.Example.com", ORIGIN + ":443"):
         # an operator's spelling: the guard passed the browser's origin but CORS gave it no header
         with TestServer(allowed_origins=(configured,)) as server:

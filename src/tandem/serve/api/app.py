@@ -11,8 +11,8 @@ a server bound to loopback answers only requests addressed to a loopback name (h
 import functools
 
 from fastapi import FastAPI
-from fastapi.middleware.cors import CORSMiddleware
 
+from tandem.serve.api.cors import JsonCORSMiddleware
 from tandem.serve.api.errors import install_error_handlers
 from tandem.serve.api.openapi import build_openapi
 from tandem.serve.api.host_guard import LoopbackHostGuard, is_loopback_name
@@ -38,7 +38,7 @@ def create_app(state: ServerState) -> FastAPI:
     if allowed_origins:
         # any request header (the official JS client sends X-Stainless-*: a browser's preflight was
         # refused), as vLLM and llama-server allow; the origins are what is guarded
-        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST"],
+        app.add_middleware(JsonCORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["GET", "POST"],
                            allow_headers=["*"], expose_headers=["Retry-After"], max_age=600)
     app.add_middleware(OriginGuard, allowed=allowed_origins,  # before CORS answers a preflight
                        on_refused=lambda: state.metrics.request_rejected(403))
