@@ -176,6 +176,10 @@ def api_key_of(option: str | None, environ) -> str | None:
         return None
     if not key.strip():
         raise TandemError(f"{source} is empty: leave it out (unset it) to serve without a key")
+    unsendable = sorted({c for c in key.strip() if not " " <= c <= "~"})
+    if unsendable:  # HTTP clients send headers in ASCII: the OpenAI SDK cannot send it, curl's UTF-8 got a 401
+        raise TandemError(f"{source} holds {', '.join(repr(c) for c in unsendable)}: an API key must be printable "
+                          "ASCII (letters, digits, punctuation), which every HTTP client can send")
     return key.strip()
 
 

@@ -167,3 +167,18 @@ def test_the_key_loses_the_white_space_around_it_and_a_blank_one_names_its_sourc
         api_key_of(None, {"TANDEM_API_KEY": ""})
     with pytest.raises(TandemError, match="^--api-key is empty"):
         api_key_of("  ", {})
+
+
+def test_a_key_no_http_client_can_send_is_refused_at_start():
+    """'clé' started a server whose key the OpenAI SDK could not send (UnicodeEncodeError) and
+    curl's UTF-8 bytes did not match (401): only its Latin-1 bytes did."""
+    import pytest
+
+    from tandem.cli.serve_cmd import api_key_of
+    from tandem.errors import TandemError
+
+    with pytest.raises(TandemError, match=r"^\$TANDEM_API_KEY holds 'é'.*printable ASCII"):
+        api_key_of(None, {"TANDEM_API_KEY": "clé-secret"})
+    with pytest.raises(TandemError, match=r"^--api-key holds '\\t'"):
+        api_key_of("a\tb", {})
+    assert api_key_of("sk-A.b_c~1 2", {}) == "sk-A.b_c~1 2"
