@@ -53,7 +53,12 @@ async def test_other_web_origins_are_refused_by_default():
             other_port = await client.post("/v1/chat/completions", json=chat_body(),
                                            headers={"Origin": "http://localhost:8080", "Host": "localhost"})
             assert other_port.status_code == 403
-        assert server.state.metrics.rejected == [403, 403, 403, 403]  # the posts and the preflight, counted
+            # no advice the command line refuses (it said "serve with --allowed-origins null")
+            for unnamable in ("null", "chrome-extension://abc", "https://a.example/path"):
+                refused = await client.post("/v1/chat/completions", json=chat_body(), headers={"Origin": unnamable})
+                assert refused.status_code == 403 and "--allowed-origins" in refused.json()["error"]["message"]
+                assert f"--allowed-origins {unnamable}" not in refused.json()["error"]["message"]
+        assert server.state.metrics.rejected == [403] * 7  # the posts and the preflight, counted
 
 
 @async_test
@@ -70,6 +75,8 @@ async def test_cors_only_for_the_configured_origins():
             for spelt in (ORIGIN.upper(), ORIGIN + ":443"):
                 same = await client.post("/v1/chat/completions", json=chat_body(), headers={"Origin": spelt})
                 assert same.status_code == 200, spelt
+                asked = await client.options("/v1/chat/completions", headers=preflight(spelt))  # CORS said 400
+                assert asked.status_code == 200 and asked.headers["access-control-allow-origin"] == spelt, spelt
             # the official JS client's headers pass the preflight (it was a 400 "Disallowed CORS headers"),
             # and a page may read Retry-After (of a 429)
             sdk = await client.options("/v1/chat/completions", headers={
@@ -202,6 +209,7 @@ async def test_a_loopback_server_answers_only_requests_addressed_to_loopback():
     from tandem.serve.api.host_guard import host_name
 
     assert [host_name(h) for h in ("[::1]:8000", "a.b:80", "localhost", "::1")] == ["[::1]", "a.b", "localhost", "::1"]
+    assert [host_name(h) for h in ("a:b", "[::1", "[::1]:x", "[[::1]]", "a:1x")] == [None] * 5
     with TestServer() as server:  # bound to 127.0.0.1, the default
         async with server.client() as client:
             for host in ("localhost:8000", "127.0.0.1", "[::1]:8000", "app.localhost"):
@@ -209,7 +217,10 @@ async def test_a_loopback_server_answers_only_requests_addressed_to_loopback():
             refused = await client.post("/v1/chat/completions", json=chat_body(), headers={"Host": "attacker.example:8000"})
             assert refused.status_code == 403 and refused.json()["error"]["code"] == "host_not_allowed"
             assert "--allowed-hosts attacker.example" in refused.json()["error"]["message"]
-        assert server.state.metrics.rejected == [403]  # only the one addressed elsewhere
+            for malformed in ("localhost:evil.example", "[::1", "[::1]evil", "localhost:8000x"):  # they passed
+                refused = await client.post("/v1/chat/completions", json=chat_body(), headers={"Host": malformed})
+                assert refused.status_code == 403 and "no host name" in refused.json()["error"]["message"], malformed
+        assert server.state.metrics.rejected == [403] * 5  # only those addressed elsewhere
     with TestServer(allowed_hosts=("proxy.example",)) as server:
         async with server.client() as client:
             answer = await client.post("/v1/chat/completions", json=chat_body(), headers={"Host": "proxy.example"})

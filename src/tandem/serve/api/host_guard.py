@@ -24,11 +24,23 @@ def is_loopback_name(host: str) -> bool:
         return False
 
 
-def host_name(header: str) -> str:
-    """The name in a Host header, without its port: "[::1]:8000" -> "[::1]", "a.b:80" -> "a.b"."""
+def host_name(header: str) -> str | None:
+    """The name in a Host header, without its port: "[::1]:8000" -> "[::1]", "a.b:80" -> "a.b";
+    None where the header is no name with an optional numeric port ("localhost:evil.example",
+    "[::1" passed as localhost and ::1)."""
     if header.startswith("["):
-        return header[:header.find("]") + 1] if "]" in header else header
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+        name, bracket, port = header.partition("]")
+        name += bracket
+        if not bracket or "[" in name[1:]:
+            return None
+    elif header.count(":") > 1:  # an IPv6 address without brackets: no port can follow
+        name, port = header, ""
+    else:
+        name, colon, port = header.partition(":")
+        port = colon + port
+    if port and not (port.startswith(":") and (port[1:].isdigit() or port == ":")):  # RFC 3986: port = *DIGIT
+        return None
+    return name
 
 
 class LoopbackHostGuard:
@@ -45,9 +57,12 @@ class LoopbackHostGuard:
             return await self.app(scope, receive, send)
         header = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
         name = host_name(header)
-        if not header or is_loopback_name(name) or name.lower() in self.allowed:
+        if not header or name is not None and (is_loopback_name(name) or name.lower() in self.allowed):
             return await self.app(scope, receive, send)
         self.on_refused()
+        if name is None:
+            return await send_refusal(send, 403, f"the Host header {header!r} is no host name with an optional "
+                                      "numeric port", "host_not_allowed")
         await send_refusal(send, 403, f"this server is bound to loopback and answers only requests addressed to "
                            f"localhost or a loopback address, not {name!r} (a guard against DNS rebinding); serve "
                            f"with --allowed-hosts {name} to allow it", "host_not_allowed")

@@ -8,6 +8,7 @@ the answer, so the guard turns such requests away before any work. Requests with
 """
 
 from tandem.serve.api.errors import send_refusal
+from tandem.serve.settings import ORIGIN
 
 
 class OriginGuard:
@@ -29,8 +30,10 @@ class OriginGuard:
         if not origin or _same_origin(origin, own) or same_origin_form(origin) in self.allowed:
             return await self.app(scope, receive, send)
         self.on_refused()
-        await send_refusal(send, 403, f"requests from the web origin {origin} are refused; serve with "
-                           f"--allowed-origins {origin} to allow them", "origin_not_allowed")
+        # the option only where it takes the origin: never "null" (any sandboxed frame sends it)
+        advice = (f"; serve with --allowed-origins {origin} to allow them" if ORIGIN.match(origin) else
+                  " (an origin that --allowed-origins cannot name: a page of that kind is never allowed)")
+        await send_refusal(send, 403, f"requests from the web origin {origin} are refused{advice}", "origin_not_allowed")
 
 
 DEFAULT_PORTS = {"http": ":80", "https": ":443"}
