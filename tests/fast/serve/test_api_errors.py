@@ -465,6 +465,11 @@ async def test_unknown_route_and_wrong_method():
             # a 405 said "Method Not Allowed" with code null, unlike the 404 beside it
             assert_error(await client.get("/v1/completions"), 405, code="method_not_allowed",
                          says="GET is not allowed on /v1/completions; use POST")
+            # a GET and HEAD route said "use HEAD" and Allow: HEAD (its HEAD route's alone)
+            for path in ("/health", "/metrics", "/v1/models"):
+                wrong = await client.post(path)
+                assert_error(wrong, 405, says=f"POST is not allowed on {path}; use GET, HEAD")
+                assert wrong.headers["allow"] == "GET, HEAD"
 
 
 @async_test

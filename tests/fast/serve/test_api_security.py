@@ -101,6 +101,20 @@ async def test_cors_only_for_the_configured_origins():
 
 
 @async_test
+async def test_no_body_is_sniffed_and_no_site_frames_the_dashboard():
+    """None of them said nosniff, and the dashboard could be framed by any site."""
+    with TestServer(api_key=KEY) as server:
+        async with server.client() as client:
+            answers = [await client.get(path) for path in ("/", "/dashboard/static/dashboard.js", "/health", "/v1/models")]
+            answers.append(await client.post("/v1/completions", json={}, headers={"Host": "evil.example"}))
+            assert [a.status_code for a in answers] == [200, 200, 200, 401, 403]
+            assert all(a.headers["x-content-type-options"] == "nosniff" for a in answers)
+            page = answers[0]
+            assert page.headers["x-frame-options"] == "DENY"
+            assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+
+
+@async_test
 async def test_metrics_and_dashboard_data_are_open_by_default():
     with TestServer(api_key=KEY) as server:
         async with server.client() as client:

@@ -16,6 +16,7 @@ from tandem.serve.api.cors import JsonCORSMiddleware
 from tandem.serve.api.errors import install_error_handlers
 from tandem.serve.api.openapi import build_openapi
 from tandem.serve.api.host_guard import LoopbackHostGuard, is_loopback_name
+from tandem.serve.api.nosniff import NoSniff
 from tandem.serve.api.origin_guard import OriginGuard, same_origin_form
 from tandem.serve.api.routes_completions import completions_router
 from tandem.serve.api.routes_info import models_router, status_router
@@ -43,7 +44,8 @@ def create_app(state: ServerState) -> FastAPI:
     app.add_middleware(OriginGuard, allowed=allowed_origins,  # before CORS answers a preflight
                        on_refused=lambda: state.metrics.request_rejected(403))
     app.add_middleware(TrailingSlashStripped)
-    if is_loopback_name(settings.host):  # outermost
+    if is_loopback_name(settings.host):  # outside all but NoSniff
         app.add_middleware(LoopbackHostGuard, allowed=settings.allowed_hosts,
                            on_refused=lambda: state.metrics.request_rejected(403))
+    app.add_middleware(NoSniff)  # outermost: on the guards' refusals too
     return app

@@ -157,12 +157,14 @@ def install_error_handlers(app: FastAPI, metrics) -> None:
         code = None
         if error.status_code == 404 and message == "Not Found":  # the router's own: no such route
             return APIError(404, f"no route {request.method} {request.url.path}", kind, code="not_found").response()
-        elif error.status_code == 405 and message == "Method Not Allowed":  # the router's own, with its Allow
-            allowed = (error.headers or {}).get("Allow", "")
+        headers = dict(error.headers or {})
+        if error.status_code == 405 and message == "Method Not Allowed":  # the router's own, with its Allow
+            allowed = headers.get("Allow", "")
+            if allowed == "HEAD":  # the HEAD twin of a GET route (routes_info.py): the router named the first it met
+                allowed = headers["Allow"] = "GET, HEAD"
             message = f"{request.method} is not allowed on {request.url.path}" + (f"; use {allowed}" if allowed else "")
             code = "method_not_allowed"
-        return refused(APIError(error.status_code, message, kind, code=code, headers=dict(error.headers or {})),
-                       request)
+        return refused(APIError(error.status_code, message, kind, code=code, headers=headers), request)
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, error: Exception):

@@ -21,6 +21,10 @@ STATIC_TYPES = {
     "dashboard.css": "text/css; charset=utf-8",
 }
 NO_CACHE = {"Cache-Control": "no-store"}
+# no other site may frame the page (clickjacking); its own script runs as it is (a script-src
+# 'self' policy also stopped the browser tests' own probes, which evaluate strings)
+PAGE_HEADERS = {**NO_CACHE, "X-Frame-Options": "DENY", "Content-Security-Policy":
+                "frame-ancestors 'none'; base-uri 'none'; form-action 'none'; object-src 'none'"}
 
 
 def dashboard_router(metrics: ServingMetrics, data_key: str | None = None) -> APIRouter:
@@ -32,7 +36,7 @@ def dashboard_router(metrics: ServingMetrics, data_key: str | None = None) -> AP
     @router.get("/", response_class=HTMLResponse, include_in_schema=False)
     @router.get("/dashboard", response_class=HTMLResponse, include_in_schema=False)
     def dashboard_page() -> HTMLResponse:
-        return HTMLResponse(page, headers=NO_CACHE)
+        return HTMLResponse(page, headers=PAGE_HEADERS)
 
     @router.get("/dashboard/data", dependencies=[Depends(require_api_key(data_key))])
     def dashboard_data() -> JSONResponse:  # a plain def: FastAPI runs it off the event loop
