@@ -245,7 +245,7 @@ class EngineWorker:
             self._accepting = False
         self._commands.put(("drain", None, grace_seconds, None))
         if self._thread.is_alive():
-            self._thread.join(timeout=grace_seconds + 30)
+            self._thread.join(timeout=min(grace_seconds + 30, threading.TIMEOUT_MAX))
         if self._thread.is_alive():
             return  # still inside a step: closing the engine under it would race with it
         if self._waker.is_alive():  # the last updates reach their loops first

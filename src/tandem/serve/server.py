@@ -258,12 +258,13 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig, frame) -> None:
         if self.hurried:  # a third signal: stop at once (uvicorn's force_exit logged a CancelledError traceback)
-            print("stopped at once (a third signal)", file=sys.stderr, flush=True)
-            sys.stdout.flush()
+            _say("stopped at once (a third signal)")
+            with contextlib.suppress(OSError):
+                sys.stdout.flush()
             os._exit(EXIT_INTERRUPTED)
         elif self.state.draining:  # a second one: no more grace
             self.hurried = True
-            print("shutting down now: cancelling in-flight requests", file=sys.stderr, flush=True)
+            _say("shutting down now: cancelling in-flight requests")
             self.state.worker.cut_grace()
         else:
             self.state.draining = True
@@ -272,12 +273,16 @@ class DrainingServer(uvicorn.Server):
             threading.Thread(target=self._drain, name="tandem-drain", daemon=True).start()
 
     def _drain(self) -> None:
-        grace = self.state.settings.grace_seconds
-        in_flight = self.state.worker.in_flight
-        print(f"shutting down: finishing {in_flight} in-flight request{'' if in_flight == 1 else 's'} (up to {grace:g}s)"
-              if in_flight else "shutting down: no request in flight", file=sys.stderr, flush=True)
-        self.state.worker.shutdown(grace)
-        self.should_exit = True
+        """Finish in-flight requests, then stop serving, whatever fails on the way (a log pipe
+        closed under it left the server draining, answering 503, for good)."""
+        try:
+            grace = self.state.settings.grace_seconds
+            in_flight = self.state.worker.in_flight
+            _say(f"shutting down: finishing {in_flight} in-flight request{'' if in_flight == 1 else 's'} "
+                 f"(up to {grace:g}s)" if in_flight else "shutting down: no request in flight")
+            self.state.worker.shutdown(grace)
+        finally:
+            self.should_exit = True
 
 
 async def _serve(server: DrainingServer, sock, banner: str) -> None:
@@ -290,6 +295,13 @@ async def _serve(server: DrainingServer, sock, banner: str) -> None:
     if server.started:
         print(banner, flush=True)
     await serving
+
+
+def _say(line: str) -> None:
+    """A line on stderr during shutdown, where a reader that went away (a log pipe closed) must not
+    stop the shutdown."""
+    with contextlib.suppress(OSError):
+        print(line, file=sys.stderr, flush=True)
 
 
 def _banner(model_name: str, host: str, port: int) -> str:

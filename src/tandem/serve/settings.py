@@ -33,6 +33,7 @@ DEFAULT_REQUEST_TIMEOUT_SECONDS = 600.0
 LOG_LEVELS = ("debug", "info", "warning", "error")  # --log-level
 DEFAULT_MAX_STREAMS_PER_CLIENT = 64  # behind a proxy every client shares its address: raise it there
 ORIGIN = re.compile(r"^https?://[^/\s]+$")
+MAX_GRACE_SECONDS = 86_400.0  # a day: longer ones overflowed the drain's join and hung the shutdown
 CACHE_OFF = "off"  # no response cache (the n-gram store then stays in memory)
 
 
@@ -82,15 +83,15 @@ class ServeSettings:
         _check_number("--alert-threshold", self.alert_threshold, low=0.0, high=1.0)
         if self.served_model_name is not None and not self.served_model_name.strip():
             raise TandemError("--served-model-name must not be empty")
-        _check_number("--grace-seconds", self.grace_seconds, low=0.0)
+        _check_number("--grace-seconds", self.grace_seconds, low=0.0, high=MAX_GRACE_SECONDS)
         if self.cache_ram_bytes is not None:
             _check_int("--cache-ram (bytes)", self.cache_ram_bytes, 0, 1 << 50)
+        if self.cache_disk_bytes is not None and self.cache_dir is None:
+            raise TandemError("--cache-disk sizes the disk tier: give it a folder with --cache-dir")
         if self.cache_disk_bytes == 0:
             raise TandemError("--cache-disk 0 leaves the disk tier no room: leave out --cache-dir for none")
         if self.cache_disk_bytes is not None:
             _check_int("--cache-disk (bytes)", self.cache_disk_bytes, 1, 1 << 60)
-        if self.cache_disk_bytes is not None and self.cache_dir is None:
-            raise TandemError("--cache-disk sizes the disk tier: give it a folder with --cache-dir")
         if self.cache_dir is not None:
             _check_folder("--cache-dir", self.cache_dir)
             check_folder_free(Path(self.cache_dir).expanduser(), "--cache-dir")  # before the models load

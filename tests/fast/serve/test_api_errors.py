@@ -232,6 +232,39 @@ def test_the_first_signal_sets_the_drain_event_in_the_serving_loop():
     assert state.draining
 
 
+def test_the_drain_ends_the_server_whatever_fails_on_the_way(monkeypatch):
+    """A closed log pipe (BrokenPipeError on the drain's first line) or a failing shutdown left the
+    server draining, answering 503, for good (a grace of 1e20 s overflowed the worker's join: now
+    refused, test_api_settings.py)."""
+    import sys
+    from types import SimpleNamespace
+
+    import uvicorn
+
+    from tandem.serve.server import DrainingServer
+
+    class ClosedPipe:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    def failing_shutdown(grace):
+        raise OverflowError("timestamp out of range for platform time_t")
+
+    monkeypatch.setattr(sys, "stderr", ClosedPipe())
+    for shutdown in (lambda grace: None, failing_shutdown):
+        state = SimpleNamespace(draining=True, worker=SimpleNamespace(in_flight=2, shutdown=shutdown),
+                                settings=SimpleNamespace(grace_seconds=1.0))
+        server = DrainingServer(state, uvicorn.Config(lambda scope, receive, send: None))
+        try:
+            server._drain()
+        except OverflowError:
+            pass
+        assert server.should_exit
+
+
 def test_a_hangup_drains_as_sigterm_does_unless_nohup_ignores_it():
     """SIGHUP ended the server at once: in-flight answers cut, the prompt cache unsaved."""
     import os

@@ -22,6 +22,7 @@ def test_defaults():
     ("max_waiting", -1, "--max-waiting"), ("cache_url", "ftp://x", "--cache must"), ("cache_ttl_seconds", 0, "--cache-ttl"),
     ("otlp_endpoint", "collector:4318", "--otlp-endpoint"), ("alert_threshold", 1.5, "--alert-threshold"),
     ("alert_threshold", float("nan"), "--alert-threshold"), ("grace_seconds", -1, "--grace-seconds"),
+    ("grace_seconds", float("inf"), "--grace-seconds"), ("grace_seconds", 1e20, "--grace-seconds"),
     ("served_model_name", "", "--served-model-name"), ("host", "", "--host"), ("cache_ram_bytes", -1, "--cache-ram"),
     ("cache_disk_bytes", 0, "--cache-disk"), ("max_tokens_limit", 0, "--max-tokens-limit"),
     ("max_prompt_tokens", 0, "--max-prompt-tokens"), ("request_timeout_seconds", 0, "--request-timeout"),
