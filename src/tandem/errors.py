@@ -38,7 +38,9 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
 def client_message(error: Exception) -> str:
     """What a client is told of a failure: its first and last lines (a remote error's where and
     what), without a remote worker's terminal colours or the traceback between them (Ray's error
-    text carries both), at most MAX_ERROR_CHARS."""
+    text carries both), at most MAX_ERROR_CHARS; an OSError's reason without its file's path."""
+    if isinstance(error, OSError) and error.strerror:  # without the file's path, which tells a client the install
+        return f"{type(error).__name__}: {error.strerror}"
     lines = [line.strip() for line in ANSI_ESCAPE.sub("", str(error)).splitlines() if line.strip()]
     text = (lines[0] if len(lines) == 1 else f"{lines[0]}: {lines[-1]}") if lines else type(error).__name__
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."

@@ -50,6 +50,8 @@ import time
 from typing import Sequence
 
 import numpy as np
+import numpy.ctypeslib  # noqa: F401  at start-up: numpy loads it at first use, and a server out of file
+# handles then failed its first step
 
 from tandem.errors import TandemError
 from tandem.sigterm import deferring_ctrl_c

@@ -25,6 +25,7 @@ import sys
 import threading
 from pathlib import Path
 
+import anyio
 import uvicorn
 
 from tandem.engine.build import EngineConfig, build_engine, runner_identity
@@ -50,6 +51,7 @@ from tandem.text.tokenizer import TextTokenizer
 
 SOCKET_BACKLOG = 2048  # uvicorn's own default backlog
 UVICORN_CLOSE_SECONDS = 5  # after the drain, how long uvicorn waits for connections to close
+FEW_OPEN_FILES = 1024  # an open-file limit below this is said at start (the usual soft default)
 
 
 def serve(config: EngineConfig, settings: ServeSettings, cluster=None) -> int:
@@ -66,7 +68,7 @@ def serve(config: EngineConfig, settings: ServeSettings, cluster=None) -> int:
             state = build_state(config, settings, model_name, ngram_store, cluster)
         settle_heap()
         try:
-            raise_open_file_limit()
+            warn_if_few_files(raise_open_file_limit())
             claim(sock, settings.host)
             server = DrainingServer(state, uvicorn.Config(
                 create_app(state), log_level=settings.log_level, log_config=UVICORN_LOG_CONFIG,
@@ -79,6 +81,15 @@ def serve(config: EngineConfig, settings: ServeSettings, cluster=None) -> int:
         ngram_store.close()
         sock.close()
     return 0
+
+
+def warn_if_few_files(limit: int) -> None:
+    """One line where the open-file limit, raised as far as it goes, leaves room for few clients
+    (each connection is a file; `ulimit -n 64` served a handful, then refused the rest)."""
+    if limit < FEW_OPEN_FILES:
+        print(f"warning: this process may open only {limit} files (ulimit -n; its hard limit): each client "
+              f"connection takes one, and past them new connections wait; raise the hard limit "
+              f"for more clients", file=sys.stderr)
 
 
 def settle_heap() -> None:
@@ -288,6 +299,7 @@ class DrainingServer(uvicorn.Server):
 async def _serve(server: DrainingServer, sock, banner: str) -> None:
     server.loop = asyncio.get_running_loop()
     server.loop.set_exception_handler(AcceptErrorsSaidOnce())
+    await anyio.sleep(0)  # loads anyio's asyncio backend now: at the first stream, out of file handles, it failed
     server.state.drain_started = asyncio.Event()
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started and not serving.done():

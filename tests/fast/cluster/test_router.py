@@ -398,6 +398,9 @@ def test_a_remote_failure_reaches_the_client_as_one_clean_line():
     assert client_message(ValueError("bad value")) == "bad value"
     assert client_message(ValueError("")) == "ValueError"
     assert len(client_message(RuntimeError("x" * 500))) == 200
+    # out of file handles, a failed import told the client the install's path
+    no_files = OSError(24, "Too many open files", "/work/main/.venv/lib/python3.11/site-packages/numpy/x.py")
+    assert client_message(no_files) == "OSError: Too many open files"
 
 
 def test_a_drafter_that_first_sees_a_sequence_mid_output_drafts_at_its_true_positions(tiny_draft):

@@ -183,3 +183,12 @@ def test_a_key_no_http_client_can_send_is_refused_at_start():
     with pytest.raises(TandemError, match=r"^--api-key holds '\\t'"):
         api_key_of("a\tb", {})
     assert api_key_of("sk-A.b_c~1 2", {}) == "sk-A.b_c~1 2"
+
+
+def test_a_low_open_file_limit_is_said_at_start(capsys):
+    from tandem.serve.server import FEW_OPEN_FILES, warn_if_few_files
+
+    warn_if_few_files(64)
+    assert "may open only 64 files" in capsys.readouterr().err
+    warn_if_few_files(FEW_OPEN_FILES)
+    assert capsys.readouterr().err == ""
