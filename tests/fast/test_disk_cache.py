@@ -212,6 +212,24 @@ def test_a_failed_write_keeps_the_entry_it_would_have_replaced(tmp_path, monkeyp
     assert files_bytes(cache) == cache.nbytes and not list(cache.folder.glob("*.tmp"))
 
 
+def test_failing_writes_are_said_once_a_minute_with_a_count(tmp_path, monkeypatch, caplog):
+    """A disk smaller than one entry failed every write (every eviction and the shutdown's), one
+    warning line each."""
+    import tandem.engine.disk_cache as disk_cache
+
+    clock = [100.0]
+    monkeypatch.setattr(disk_cache.time, "monotonic", lambda: clock[0])
+    cache = DiskPromptCache(tmp_path, 1 << 20, KEY)
+    failing_writes(monkeypatch, errno.EIO, times=100)
+    with caplog.at_level(logging.WARNING):
+        for i in range(5):
+            written(cache, entry([i] * 40))
+        clock[0] += disk_cache.WRITE_FAILURES_SAID_EVERY_S
+        written(cache, entry([9] * 40))
+    lines = [r.getMessage() for r in caplog.records if "could not write" in r.getMessage()]
+    assert cache.failed_writes == 6 and len(lines) == 2 and "(4 more failed since the last such line)" in lines[1]
+
+
 def test_a_full_disk_makes_room_from_the_least_recently_used_and_writes(tmp_path, monkeypatch):
     """The disk filled before the budget did (ENOSPC): the cache removes its own least recently
     used files, never the one the new entry replaces, and tries once more; it failed for good."""

@@ -31,6 +31,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from tandem.memory_size import human_size
 
 log = logging.getLogger(__name__)
 
+WRITE_FAILURES_SAID_EVERY_S = 60.0  # a failing write is said at once, then at most once a minute with a count
 TORCH_STATE_LAYOUT = 1  # bump when FusedTorchRunner.save_state's bytes change meaning (its key, engine/build.py)
 SUFFIX = ".tkv"
 DEFAULT_MAX_BYTES = 16 << 30  # or a quarter of the disk's free space where that is less
@@ -109,6 +111,8 @@ class DiskPromptCache:
         self.written = 0  # files ever written
         self.evicted = 0  # files removed for room
         self.failed_writes = 0
+        self._failure_said_at: float | None = None  # when a failed write was last said (None: never)
+        self._failures_unsaid = 0
         self._lock = threading.Lock()  # the index is read by the engine, written by the writer
         self._records: OrderedDict[Path, DiskRecord] = OrderedDict()  # least recently used first
         self._index: PrefixIndex[Path] = PrefixIndex()
@@ -300,7 +304,14 @@ class DiskPromptCache:
             tmp.unlink(missing_ok=True)
         with self._lock:
             self.failed_writes += 1
-        log.warning("prompt cache: could not write %s: %s", path, error)
+            now = time.monotonic()
+            say = self._failure_said_at is None or now - self._failure_said_at >= WRITE_FAILURES_SAID_EVERY_S
+            unsaid = self._failures_unsaid
+            self._failure_said_at, self._failures_unsaid = (now, 0) if say else (self._failure_said_at, unsaid + 1)
+        if say:  # a full disk failed every write, a line each (one entry larger than the whole disk: every eviction)
+            since = f" ({unsaid} more failed since the last such line)" if unsaid else ""
+            log.warning("prompt cache: could not write %s: %s%s; further failures are said at most once a minute",
+                        path, error, since)
 
     # -- both (under the lock, or before the writer starts) -----------------------------------
 
