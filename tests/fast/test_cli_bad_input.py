@@ -143,7 +143,7 @@ CASES = [  # argv (with {file} names), what the one error line says
      "--num-prompts and --concurrency do not apply"),
     (["generate", "--prompt", "hi", "--top-k", "-2"], "argument --top-k: wants a number of at least -1"),
     (["generate", "--prompt", "hi", "--step-tokens", "0"], "argument --step-tokens: wants a number of at least 1"),
-    (["generate", "--prompt", "hi", "--k", "-1"], "k must be 'auto' or an integer from 0 to 64, got -1\n"),
+    (["generate", "--prompt", "hi", "--k", "-1"], "argument --k: must be 'auto' or an integer from 0 to 64, got -1 "),
     (["soak", "--duration", "1m"], "no second sample"),
     (["soak", "--url", "http://127.0.0.1:9/v1", "--target", "smollm2-135m-instruct", "--duration", "1m",
       "--sample-every", "10s"], "--target starts a server here"),
@@ -471,3 +471,14 @@ def test_a_refused_file_outside_the_home_is_not_blamed_on_tandem_home(monkeypatc
     own = folder_error(PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "home" / "profiles" / "x")))
     theirs = folder_error(PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "prompts.jsonl")))
     assert "$TANDEM_HOME" in own and theirs == f"Permission denied: {tmp_path / 'prompts.jsonl'}"
+
+
+def test_size_options_name_themselves(capsys):
+    """'error: a memory size must be 0 or more, got -5' named no option."""
+    from tandem.cli.serve_cmd import _size
+    from tandem.errors import TandemError
+
+    for option in ("--cache-ram", "--cache-disk"):
+        with pytest.raises(TandemError, match=f"^{option}: a memory size must be 0 or more"):
+            _size(option, "-5")
+    assert _size("--cache-ram", "2G") == 2 << 30 and _size("--cache-disk", None) is None

@@ -3,6 +3,7 @@
 import argparse
 from pathlib import Path
 
+from tandem.cli.options import depth_option
 from tandem.speculation.drafters.registry import drafter_help
 
 
@@ -10,7 +11,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("bench-cluster", help="measure a cluster against one worker on the same hardware")
     parser.add_argument("--cluster", required=True, help="cluster YAML file")
     parser.add_argument("--drafter", default=None, metavar="NAME", help=drafter_help())
-    parser.add_argument("--k", default="auto", help="speculation depth: an integer, or auto")
+    parser.add_argument("--k", type=depth_option, default="auto", help="speculation depth: an integer, or auto")
     parser.add_argument("--configs", default="single,cluster,cluster-verify-only",
                         help="comma-separated, run in this order: single, solo (each verifier replica alone), "
                         "cluster (the router over the replicas), cluster+draft-ahead (drafters draft the next "

@@ -31,7 +31,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--context-length", type=whole_number(MIN_CONTEXT_LENGTH), default=4096, metavar="TOKENS",
                        help="most tokens a sequence holds, prompt and answer (default 4096; capped at what the "
                        "model was trained for)")
-    group.add_argument("--k", default="auto", help="speculation depth: an integer from 0 to 64, or auto (default: "
+    group.add_argument("--k", type=depth_option, default="auto", help="speculation depth: an integer from 0 to 64, or auto (default: "
                        "the planner chooses, up to 16 tokens of a draft model and 63 of a copy)")
     group.add_argument("--step-tokens", type=whole_number(1), default=STEP_TOKEN_BUDGET,
                        help=f"most tokens one engine step scores; long prompts are prefilled in chunks "
@@ -55,6 +55,15 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--draft-kv-memory", default=None, type=kv_memory_option,
                        help="the same for a torch draft model's pool (default: what its sequences' contexts "
                        "need, within a quarter of free memory)")
+
+
+def depth_option(text: str) -> str:
+    """`--k`: "auto" or a depth, checked as argparse checks the others (the error names --k)."""
+    try:
+        parse_depth(text)
+    except TandemError as error:
+        raise argparse.ArgumentTypeError(str(error).removeprefix("k ")) from None
+    return text
 
 
 def prefill_floor_option(text: str) -> int | str:

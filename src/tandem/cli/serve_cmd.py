@@ -206,10 +206,20 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
         protect_metrics=args.protect_metrics,
         log_requests=args.log_requests,
         log_level=args.log_level,
-        cache_ram_bytes=None if args.cache_ram is None else parse_cache_ram(args.cache_ram),
+        cache_ram_bytes=_size("--cache-ram", args.cache_ram),
         cache_dir=args.cache_dir,
-        cache_disk_bytes=None if args.cache_disk is None else parse_cache_ram(args.cache_disk),
+        cache_disk_bytes=_size("--cache-disk", args.cache_disk),
     )
+
+
+def _size(option: str, text: str | None) -> int | None:
+    """A memory size option's bytes (None where not given); its errors name the option."""
+    if text is None:
+        return None
+    try:
+        return parse_cache_ram(text)
+    except TandemError as error:
+        raise TandemError(f"{option}: {error}") from None
 
 
 def _optional(kind: type, option: str, text: str | None):
