@@ -91,3 +91,37 @@ class AcceptErrorsSaidOnce:
             log.error("refusing new connections, out of file handles (%s): %d refused%s; the open ones: "
                       "process_open_fds on /metrics", context.get("exception"), self.refused, since)
             self.said_at, self.refused = now, 0
+
+
+CLIENT_MISTAKES_SAID_EVERY_S = 60.0
+CLIENT_MISTAKE_PREFIXES = ("Invalid HTTP request received", "Unsupported upgrade request",
+                           "No supported WebSocket library detected")
+
+
+class ClientMistakesSaidOnce(logging.Filter):
+    """A filter on uvicorn's logger: its warning for a client's malformed request or unsupported
+    upgrade, which any client may send on every connection, passes once each
+    CLIENT_MISTAKES_SAID_EVERY_S per kind, with how many went unsaid since (a loop of garbage
+    requests wrote a line each); every other record passes."""
+
+    def __init__(self, clock=time.monotonic):
+        super().__init__()
+        self.clock = clock
+        self.said_at: dict[str, float] = {}
+        self.unsaid: dict[str, int] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kind = next((p for p in CLIENT_MISTAKE_PREFIXES if str(record.msg).startswith(p)), None)
+        if kind is None:
+            return True
+        now = self.clock()
+        if kind in self.said_at and now - self.said_at[kind] < CLIENT_MISTAKES_SAID_EVERY_S:
+            self.unsaid[kind] = self.unsaid.get(kind, 0) + 1
+            return False
+        unsaid = self.unsaid.pop(kind, 0)
+        self.said_at[kind] = now
+        record.msg = f"{record.getMessage()} (a client's; {unsaid} more since the last such line, " \
+                     f"said at most once a minute)" if unsaid else \
+                     f"{record.getMessage()} (a client's; said at most once a minute)"
+        record.args = ()
+        return True

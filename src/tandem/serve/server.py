@@ -36,7 +36,8 @@ from tandem.models.checksum import model_checksum, model_version
 from tandem.models.resolve import tokenizer_digest, tokenizer_path
 from tandem.serve.api.app import create_app
 from tandem.serve.api.host_guard import is_loopback_name
-from tandem.serve.connections import AcceptErrorsSaidOnce, HeaderTimedH11Protocol, raise_open_file_limit
+from tandem.serve.connections import (AcceptErrorsSaidOnce, ClientMistakesSaidOnce, HeaderTimedH11Protocol,
+                                      raise_open_file_limit)
 from tandem.serve.observability.metrics import ServingMetrics
 from tandem.serve.observability.process_stats import track_process
 from tandem.serve.observability.tracing import RequestTracer
@@ -192,6 +193,9 @@ def configure_logging(settings: ServeSettings) -> None:
     logging.basicConfig(level=level, format=LOG_FORMAT)
     logging.getLogger().setLevel(level)  # basicConfig leaves a root that has handlers (a test's) as it was
     logging.getLogger("tandem.requests").setLevel(logging.INFO if settings.log_requests else logging.WARNING)
+    uvicorn_errors = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, ClientMistakesSaidOnce) for f in uvicorn_errors.filters):
+        uvicorn_errors.addFilter(ClientMistakesSaidOnce())
 
 
 def warn_if_exposed(settings: ServeSettings) -> None:

@@ -97,3 +97,26 @@ def test_refused_accepts_are_said_once_a_while_with_their_count(caplog):
     assert caplog.records[1].getMessage().endswith(": 667 refused in the last 10 s; the open ones: "
                                                    "process_open_fds on /metrics")
     assert other == [{"message": "something else"}]
+
+
+def test_a_clients_malformed_requests_are_said_once_a_minute_with_a_count():
+    """Garbage on a raw connection, or a WebSocket upgrade, wrote one warning per connection:
+    any client without a key could fill the log at the default level."""
+    import logging
+
+    from tandem.serve.connections import CLIENT_MISTAKES_SAID_EVERY_S, ClientMistakesSaidOnce
+
+    clock = [0.0]
+    said_once = ClientMistakesSaidOnce(clock=lambda: clock[0])
+
+    def record(msg):
+        return logging.LogRecord("uvicorn.error", logging.WARNING, "h11_impl.py", 1, msg, (), None)
+
+    passed = [r.getMessage() for r in (record("Invalid HTTP request received.") for _ in range(50))
+              if said_once.filter(r)]
+    assert passed == ["Invalid HTTP request received. (a client's; said at most once a minute)"]
+    assert said_once.filter(record("Unsupported upgrade request."))  # another kind: said at once
+    assert said_once.filter(record("Application startup complete."))  # not a client's: always
+    clock[0] += CLIENT_MISTAKES_SAID_EVERY_S
+    again = record("Invalid HTTP request received.")
+    assert said_once.filter(again) and "49 more since the last such line" in again.getMessage()
