@@ -7,6 +7,7 @@ import pytest
 from engine_support import MAX_TOKENS, PROMPTS, make_engine, naive_greedy, run_all
 from tandem.engine.events import SpeculationOptions
 from tandem.engine.request import GenerationRequest
+from tandem.errors import TandemError
 from tandem.speculation.sampling import SamplingParams
 
 
@@ -109,6 +110,34 @@ def test_repeated_prefix_reuses_the_cached_prompt(tiny_target, tiny_draft):
     assert scored == (7, 7)  # prefill of the uncached prompt tokens + the first round, in one call
     assert output == naive_greedy(tiny_target, SHARED + (7, 7), MAX_TOKENS)
     assert engine.slots.cached[0][: len(SHARED) + 2] == list(SHARED + (1, 2))  # the donor kept its cache
+
+
+def test_a_cache_salt_shares_cached_prompts_only_with_its_own_salt(tiny_target, tiny_draft):
+    """A user could tell that another sent a prompt (its cached_tokens, its time to first token).
+    With a salt, a request reuses only prefixes cached under the same salt, and its own cache
+    never reaches the shared n-gram store; its output is the target's greedy one either way."""
+    from tandem.speculation.shared_store.store import InProcessNgramStore
+
+    def cached_tokens(engine, seq_id, prompt, salt):
+        engine.add(seq_id, GenerationRequest(prompt, MAX_TOKENS, cache_salt=salt))
+        found, output = None, []
+        while engine.has_work:
+            for update in engine.step()[0]:
+                found = update.cached_tokens if found is None else found
+                output += update.token_ids
+        assert output == naive_greedy(tiny_target, prompt, MAX_TOKENS)
+        return found
+
+    store = InProcessNgramStore()
+    engine = make_engine(tiny_target, tiny_draft, "none", 0, slots=3, ngram_store=store)
+    assert cached_tokens(engine, "alice", SHARED + (1, 2), "alice") == 0
+    assert len(store) == 0  # a salted answer feeds no shared drafting memory
+    assert cached_tokens(engine, "bob", SHARED + (7, 7), "bob") == 0  # another salt: nothing shared
+    assert cached_tokens(engine, "anyone", SHARED + (5, 5), None) == 0  # nor the unsalted
+    assert cached_tokens(engine, "alice-again", SHARED + (3, 3), "alice") >= len(SHARED)  # its own salt: shared
+    assert cached_tokens(engine, "anyone-again", SHARED + (4, 4), None) >= len(SHARED)
+    with pytest.raises(TandemError, match="cache salt"):
+        GenerationRequest(SHARED, 4, cache_salt="")
 
 
 def test_a_conversation_extends_its_own_slot(tiny_target, tiny_draft):

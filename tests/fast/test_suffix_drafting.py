@@ -111,13 +111,14 @@ def test_growing_index_reads_as_the_trie_of_its_runs_ties_included():
 
 
 class Seq:
-    def __init__(self, seq_id, prompt, output=()):
+    def __init__(self, seq_id, prompt, output=(), salt=None):
         self.seq_id = seq_id
         self.tokens = list(prompt) + list(output)
         self.fixed_k = None
 
         class Request:
             prompt_ids = tuple(prompt)
+            cache_salt = salt
         self.request = Request()
 
 
@@ -155,6 +156,18 @@ def hybrid_without_model():
 
     suffix = SuffixDrafter()
     return suffix, HybridDrafter(NoModel(), NgramDrafter(3, 8), suffix)
+
+
+def test_a_salted_request_neither_feeds_nor_reads_the_shared_index():
+    """A request with a cache salt drafts from its own prompt and output alone: its answer is not
+    proposed to others, nor others' answers to it (their acceptance would tell what they wrote)."""
+    answer = [5, 6, 7, 8, 9, 10, 11, 12]
+    for salted_writer, salted_reader, shared in ((None, None, True), ("alice", None, False), (None, "bob", False)):
+        drafter = SuffixDrafter()
+        drafter.forget(Seq("a", [1, 2, 3], answer, salt=salted_writer))
+        found = drafter.proposal(Seq("b", [4, 5, 6, 7]), 8) if salted_reader is None else \
+            drafter.proposal(Seq("b", [4, 5, 6, 7], salt=salted_reader), 8)
+        assert (found is not None) == shared, (salted_writer, salted_reader)
 
 
 def test_hybrid_takes_the_suffix_copy_where_it_matched_more():

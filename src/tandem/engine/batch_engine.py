@@ -261,7 +261,7 @@ class BatchEngine(SequencePool):
         """Whether a running sequence is still prefilling at least SHARE_WAIT_TOKENS of seq's prompt."""
         prefix = seq.tokens[:-1]
         for other in self.running.values():
-            if other.unprefilled:
+            if other.unprefilled and other.request.cache_salt == seq.request.cache_salt:
                 done = len(self.slots.cached[other.slot])
                 if common_prefix(other.tokens[:-1], prefix) - done >= SHARE_WAIT_TOKENS:
                     return True
@@ -272,7 +272,7 @@ class BatchEngine(SequencePool):
         the rest is unprefilled."""
         first = seq.cached_tokens is None  # not a preempted sequence's return
         slot, reuse, seq.draft_cached = self.prompt_cache.place(seq.seq_id, seq.tokens[:-1], first,
-                                                                self._running_draft)
+                                                                self._running_draft, seq.request.cache_salt)
         seq.slot = slot
         self.running[seq.seq_id] = seq
         seq.unprefilled = tuple(seq.tokens[reuse:-1])

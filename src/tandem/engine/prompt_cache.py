@@ -68,17 +68,20 @@ class PromptCache:
             if self.disk is not None else ""
         return f"prompt cache: {_count(len(self.slots.owner), 'slot')}, {host}{disk}"
 
-    def place(self, owner: str, prefix: list[int], first: bool, running_draft: RunningDraft) -> tuple[int, int, list[int]]:
+    def place(self, owner: str, prefix: list[int], first: bool, running_draft: RunningDraft,
+              salt: str | None = None) -> tuple[int, int, list[int]]:
         """A slot for `owner`, whose target cache must become `prefix`: the slot, the prompt
         tokens it holds already, and what its draft cache holds. `first`: the sequence's first
-        placement (a preempted one's return is not counted again)."""
-        choice = self.slots.choose(prefix, self.target.can_copy_prefix)
+        placement (a preempted one's return is not counted again). A salted request (its cache
+        salt, engine/request.py) reuses only slots filled under the same salt, never the tiers."""
+        choice = self.slots.choose(prefix, self.target.can_copy_prefix, salt)
         slot = choice.slot
         if choice.copy_from is not None or choice.reuse_tokens < len(self.slots.cached[slot]):
             self._save(slot, running_draft)
-        reuse = self._restore(slot, prefix, choice.reuse_tokens)
+        reuse = self._restore(slot, prefix, choice.reuse_tokens) if salt is None else None
         if reuse is None:
             reuse = self._reuse_slots(choice, prefix, running_draft)
+        self.slots.salt[slot] = salt
         self.slots.owner[slot] = owner
         self.slots.touch(slot)
         self.slots.cached[slot] = prefix[:reuse]  # grows chunk by chunk
@@ -112,6 +115,7 @@ class PromptCache:
     def forget(self, slot: int) -> None:
         self.target.rollback(slot, 0)
         self.slots.cached[slot] = []
+        self.slots.salt[slot] = None
         if self.draft is not None:
             self.draft.rollback(slot, 0)
         self.retained_draft.pop(slot, None)
@@ -190,8 +194,8 @@ class PromptCache:
     def _save(self, slot: int, running_draft: RunningDraft) -> None:
         """Copy a slot's caches (target and draft) to the tiers that do not hold them already."""
         tokens = self.slots.cached[slot]
-        if len(tokens) < BLOCK or self.target.num_cached_tokens(slot) != len(tokens):
-            return
+        if len(tokens) < BLOCK or self.target.num_cached_tokens(slot) != len(tokens) or self.slots.salt[slot] is not None:
+            return  # a salted cache stays in its slot: the tiers are shared
         tiers = [tier for tier in (self.host, self.disk)
                  if tier is not None and not tier.holds(tokens, tier.model_key)]
         if not tiers:

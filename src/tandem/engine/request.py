@@ -32,6 +32,9 @@ class GenerationRequest:
     stop_condition: StopCondition | None = None  # e.g. stop strings, checked at the edge's request
     output_offset: int = 0  # output tokens at the end of prompt_ids (a placement resumed elsewhere):
     # the output positions of what this request emits start there (a seed's races follow them)
+    cache_salt: str | None = None  # None: it shares cached prompt prefixes and drafting memory with every
+    # request; a salt: its prompt prefixes with requests of the same salt alone, no host or disk tier, and
+    # drafts from its own prompt and output alone (vLLM's cache_salt: users who must not learn of each other's prompts)
 
     def __post_init__(self):
         ids = self.prompt_ids
@@ -39,6 +42,8 @@ class GenerationRequest:
             self._check_and_convert_ids()  # the common case (a tuple of token ids) takes one pass
         if not (is_int(self.max_tokens) and self.max_tokens >= 1):
             raise TandemError(f"max tokens must be a positive integer, got {self.max_tokens!r}")
+        if self.cache_salt is not None and not (isinstance(self.cache_salt, str) and self.cache_salt):
+            raise TandemError(f"a cache salt must be a non-empty string, got {self.cache_salt!r}")
         if not (isinstance(self.output_offset, int) and 0 <= self.output_offset < len(self.prompt_ids)):
             raise TandemError(f"the output offset must be below the prompt's length, got {self.output_offset!r}")
 

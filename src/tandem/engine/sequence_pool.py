@@ -82,7 +82,7 @@ class SequencePool:
         """Take a finished or cancelled sequence out of the batch; what it committed is target
         output, so it feeds the shared n-gram store (and the suffix drafter's index) either way."""
         self.running.pop(seq.seq_id, None)
-        if self.ngram_store is not None:
+        if self.ngram_store is not None and seq.request.cache_salt is None:  # a salted answer is its own
             self.ngram_store.add(seq.tokens)
         self._forget_drafts(seq)
 

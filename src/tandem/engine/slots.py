@@ -33,6 +33,7 @@ class SlotTable:
     def __init__(self, num_slots: int):
         self.owner: list[str | None] = [None] * num_slots
         self.cached: list[list[int]] = [[] for _ in range(num_slots)]  # target cache, per slot
+        self.salt: list[str | None] = [None] * num_slots  # the cache salt of the request that filled it
         self.last_used: list[int] = [0] * num_slots  # tick of the slot's last placement or release
         self._tick = 0
 
@@ -52,10 +53,11 @@ class SlotTable:
         shared = sum(common_prefix(a, b) for a, b in zip(ordered, ordered[1:]))
         return sum(len(tokens) for tokens in ordered) - shared
 
-    def choose(self, prefix: list[int], can_copy: bool) -> SlotChoice:
-        """The slot for a new sequence whose target cache must become `prefix`."""
+    def choose(self, prefix: list[int], can_copy: bool, salt: str | None = None) -> SlotChoice:
+        """The slot for a new sequence whose target cache must become `prefix`; it shares only
+        caches filled under its own cache salt (engine/request.py)."""
         free = [s for s, owner in enumerate(self.owner) if owner is None]
-        shared = [common_prefix(cached, prefix) for cached in self.cached]
+        shared = [common_prefix(cached, prefix) if self.salt[s] == salt else 0 for s, cached in enumerate(self.cached)]
         lost = lambda s: len(self.cached[s]) - shared[s]  # noqa: E731  cached tokens the prompt does not share
         if not can_copy:  # the free slot sharing the most, the least recently used among equals
             best = max(free, key=lambda s: (shared[s], -self.last_used[s]))

@@ -41,6 +41,18 @@ async def test_a_prompt_of_token_ids_reaches_the_engine_as_they_are():
 
 
 @async_test
+async def test_a_cache_salt_keeps_the_response_cache_apart_and_reaches_the_engine():
+    """vLLM's cache_salt: one user could see that another sent the same prompt ("cached": true)."""
+    with TestServer() as server:
+        async with server.client() as client:
+            for salt, cached in (("alice", False), ("bob", False), ("alice", True), (None, False), (None, True)):
+                body = completion_body(prompt="Say", **({"cache_salt": salt} if salt else {}))
+                answer = (await client.post("/v1/completions", json=body)).json()
+                assert answer["tandem"] == {"cached": cached}, salt
+        assert [request.cache_salt for _, request, _ in server.engine.added] == ["alice", "bob", None]
+
+
+@async_test
 async def test_chat_completion_has_openai_shape():
     with TestServer() as server:
         async with server.client() as client:

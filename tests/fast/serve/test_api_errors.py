@@ -65,6 +65,8 @@ BAD_COMPLETIONS = [
     (completion_body(tandem={"drafer": "ngram"}), "tandem.drafer", "unknown_parameter", ""),
     (completion_body(tandem="ngram"), "tandem", "invalid_type", ""),
     (completion_body(prompt=""), "prompt", "invalid_value", "empty"),
+    (completion_body(cache_salt=""), "cache_salt", None, ""),
+    (completion_body(cache_salt=5), "cache_salt", "invalid_type", ""),
 ]
 
 BAD_CHATS = [

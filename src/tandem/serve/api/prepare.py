@@ -97,14 +97,16 @@ def _prepared(state: ServerState, body: SamplingFields, prompt_ids: tuple[int, .
             seed=body.seed,
         )
         stops = StopStrings(state.tokenizer.decode, body.stop) if body.stop else None
-        generation = GenerationRequest(prompt_ids, max_tokens, sampling, state.tokenizer.stop_token_ids, stops)
+        generation = GenerationRequest(prompt_ids, max_tokens, sampling, state.tokenizer.stop_token_ids, stops,
+                                       cache_salt=body.cache_salt)
     except TandemError as error:
         raise APIError(400, str(error), code="invalid_value") from None
     options, defaults = body.speculation(), state.speculation_defaults
     cache_params = {"max_tokens": max_tokens, "temperature": sampling.temperature, "top_p": sampling.top_p,
                     "top_k": sampling.top_k, "seed": sampling.seed, "stop": list(body.stop),
                     "drafter": options.drafter or defaults.drafter,
-                    "k": defaults.k if options.k is None else options.k}
+                    "k": defaults.k if options.k is None else options.k,
+                    **({"cache_salt": body.cache_salt} if body.cache_salt is not None else {})}  # unsalted keys as before
     return PreparedRequest(generation, options, tuple(body.stop), bool(body.stream), body.include_usage, cache_params)
 
 

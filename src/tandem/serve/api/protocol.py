@@ -27,6 +27,7 @@ FIELDS_WITHOUT_EFFECT = frozenset({"user", "metadata", "store", "service_tier", 
 STREAM_OPTIONS_WITHOUT_EFFECT = frozenset({"include_obfuscation"})  # OpenAI's padding of chunks: none is sent
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256  # per stop string
+MAX_CACHE_SALT_CHARS = 256
 
 
 def _whole_number(value):
@@ -178,6 +179,7 @@ class SamplingFields(BaseModel):
         list[str], Field(max_length=MAX_STOP_STRINGS)] | None)] = Field(default_factory=list)
     logit_bias: Annotated[None, PlainValidator(_no_bias, json_schema_input_type=dict[str, Literal[0]] | None)] = None
     n: integer(ge=1) | None = None
+    cache_salt: Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT_CHARS)] | None = None  # vLLM's
     presence_penalty: Annotated[None, refused("presence_penalty", 0, 0.0, schema=Literal[0] | None)] = None
     frequency_penalty: Annotated[None, refused("frequency_penalty", 0, 0.0, schema=Literal[0] | None)] = None
     # other servers' sampling fields (vLLM's, llama.cpp's), which their users send here too

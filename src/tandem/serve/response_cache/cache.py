@@ -54,6 +54,9 @@ def response_cache_key(model: str, prompt_ids: Sequence[int], params: dict) -> s
       Drafter and k still join the key with the sampling parameters (a choice from before that
       rule, kept: it costs only hits between requests that differ in them).
 
+    A cache salt (vLLM's `cache_salt`) joins the key, so a salted answer is found only by requests
+    of the same salt.
+
     Stop strings cut the output at the first occurrence of any, so their order, duplicates and
     empty strings do not matter; a single string is one stop.
     """
@@ -69,6 +72,8 @@ def response_cache_key(model: str, prompt_ids: Sequence[int], params: dict) -> s
         "stop": _canonical_stops(params.get("stop")),
         "temperature": temperature,
     }
+    if params.get("cache_salt") is not None:  # answers shared only within a salt (unsalted keys as before)
+        canonical["cache_salt"] = str(params["cache_salt"])
     if temperature > 0:
         canonical |= {
             "top_p": float(_param(params, "top_p", SAMPLING_DEFAULTS.top_p)),

@@ -185,7 +185,7 @@ class NgramDrafter:
             substitutions = self.substitutions.get(seq.seq_id)
             self.follows[seq.seq_id] = follow
             return _copy_offer(f"ngram{length}", copy_ahead(follow, tokens, substitutions, limit), seq)
-        if self.store is not None:
+        if self.store is not None and seq.request.cache_salt is None:  # a salted request drafts from its own text
             length, continuation = self.store.continuation(seq.tokens, limit)
             if length >= SHARED_MIN_NGRAM and continuation:
                 return _copy_offer(f"shared{length}", continuation, seq)

@@ -39,7 +39,8 @@ class SuffixDrafter:
         if own is None:
             own = self.own[seq.seq_id] = GrowingSuffixIndex(self.depth)
         own.extend(seq.tokens[own.length:])
-        found = [p for p in (own.lookup(seq.tokens, limit), self.shared.lookup(seq.tokens, limit)) if p is not None]
+        shared = self.shared.lookup(seq.tokens, limit) if seq.request.cache_salt is None else None  # salted: its own
+        found = [p for p in (own.lookup(seq.tokens, limit), shared) if p is not None]
         return max(found, key=lambda p: (p.match_len, p.confidence), default=None)
 
     def offer(self, seq, limit: int) -> DraftOffer:
@@ -63,5 +64,5 @@ class SuffixDrafter:
         self.own.pop(seq.seq_id, None)
         prompt_len = len(seq.request.prompt_ids)
         start = max(0, prompt_len - (self.depth - 1))
-        if len(seq.tokens) > prompt_len:
+        if len(seq.tokens) > prompt_len and seq.request.cache_salt is None:  # a salted answer stays its own
             self.shared.add(seq.tokens[start:])
