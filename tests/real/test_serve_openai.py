@@ -114,6 +114,23 @@ def test_tandem_extension_and_cache(server):
     assert again.choices[0].message.content == ngram.choices[0].message.content
 
 
+def test_a_cache_salt_keeps_one_users_prompts_from_anothers(server):
+    """The same long question from two salted users: the second finds none of it cached (it found
+    the first's whole prompt, and so could tell it had been sent); the first user's next request
+    finds its own."""
+    client = server.client()
+    question = "Describe, in one sentence, the colour of a clear sky at noon over the open sea."
+
+    def cached(salt, stop):
+        reply = chat(client, question, max_tokens=4, stop=[stop], extra_body={"cache_salt": salt})
+        return reply.usage.prompt_tokens_details.cached_tokens, reply.usage.prompt_tokens
+
+    first, prompt_tokens = cached("user-a", "<never-s1>")
+    assert first == 0
+    assert cached("user-b", "<never-s2>")[0] == 0
+    assert cached("user-a", "<never-s3>")[0] >= prompt_tokens - 2
+
+
 def test_concurrent_requests_each_get_their_own_answer(server):
     """Batched greedy decoding on llama.cpp is not bit-identical to one-at-a-time decoding: fused
     batches round differently and a 135M Q4 model has many near-ties, so answers may part ways
