@@ -218,8 +218,8 @@ def test_failing_writes_are_said_once_a_minute_with_a_count(tmp_path, monkeypatc
     import tandem.engine.disk_cache as disk_cache
 
     clock = [100.0]
-    monkeypatch.setattr(disk_cache.time, "monotonic", lambda: clock[0])
     cache = DiskPromptCache(tmp_path, 1 << 20, KEY)
+    cache._failures_said.clock = lambda: clock[0]
     failing_writes(monkeypatch, errno.EIO, times=100)
     with caplog.at_level(logging.WARNING):
         for i in range(5):

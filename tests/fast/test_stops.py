@@ -58,6 +58,9 @@ def test_a_stop_condition_answering_out_of_range_is_an_error_not_a_cut():
             apply_stops([5, 6], [4], request(stop_condition=Answering(answer)), 100)
     assert apply_stops([5, 6], [4], request(stop_condition=Answering(3)), 100) == ([5, 6], "stop")
     assert apply_stops([5, 6], [4], request(stop_condition=Answering(0)), 100) == ([], "stop")
+    import numpy as np
+
+    assert apply_stops([5, 6], [4], request(stop_condition=Answering(np.int64(2))), 100) == ([5], "stop")
 
 
 def test_drafts_accepted_past_a_stop_are_not_counted_as_the_answers():

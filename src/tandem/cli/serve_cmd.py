@@ -10,7 +10,7 @@ from tandem.engine.host_cache import parse_cache_ram
 from tandem.errors import TandemError
 from tandem.serve.settings import (API_KEY_ENV, DEFAULT_CACHE_TTL_SECONDS, DEFAULT_MAX_BODY_BYTES,
                                    DEFAULT_MAX_STREAMS_PER_CLIENT,
-                                   DEFAULT_REQUEST_TIMEOUT_SECONDS, LOG_LEVELS, ServeSettings)
+                                   DEFAULT_REQUEST_TIMEOUT_SECONDS, LOG_LEVELS, ServeSettings, check_sendable_key)
 
 
 # model options that describe one engine's models; with --cluster the file describes every worker's
@@ -176,10 +176,7 @@ def api_key_of(option: str | None, environ) -> str | None:
         return None
     if not key.strip():
         raise TandemError(f"{source} is empty: leave it out (unset it) to serve without a key")
-    unsendable = sorted({c for c in key.strip() if not " " <= c <= "~"})
-    if unsendable:  # HTTP clients send headers in ASCII: the OpenAI SDK cannot send it, curl's UTF-8 got a 401
-        raise TandemError(f"{source} holds {', '.join(repr(c) for c in unsendable)}: an API key must be printable "
-                          "ASCII (letters, digits, punctuation), which every HTTP client can send")
+    check_sendable_key(key.strip(), source)  # named by where it came from; ServeSettings checks it again
     return key.strip()
 
 

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import replace
 
-from tandem.engine.events import RoundReport, SequenceUpdate, SpeculationOptions, StepReport
+from tandem.engine.events import SequenceUpdate, SpeculationOptions, StepReport
 from tandem.engine.request import GenerationRequest
 from tandem.engine.disk_cache import DiskPromptCache
 from tandem.engine.host_cache import HostPromptCache
@@ -47,7 +47,6 @@ from tandem.engine.sequence import Sequence
 from tandem.engine.sequence_pool import SequencePool
 from tandem.engine.slots import MIN_COPY_TOKENS
 from tandem.engine.stages import commit_round, draft_all, plan_drafts
-from tandem.engine.stops import StopConditionError
 from tandem.errors import TandemError
 from tandem.models.batch_runner import BatchItem, BatchRunner, KvPoolFullError, cached_context
 from tandem.models.cost import CostModel, catch_up_ms
@@ -485,13 +484,8 @@ class BatchEngine(SequencePool):
     def _commit(self, seq: Sequence, draft: SequenceDraft, logits):
         result = accept_round(draft.token_ids, draft.q_draft, logits, seq.request.sampling, seq.rng,
                               position=seq.output_position)
-        try:
-            update, report, reason = commit_round(seq, draft, result.emitted(draft.token_ids), result.accepted,
-                                                  self.planner, self.context_length)
-        except StopConditionError as error:  # this request's own stop condition failed: it alone ends
-            update = SequenceUpdate(seq.seq_id, (), len(draft.token_ids), 0, True, "error", str(error),
-                                    seq.cached_tokens or 0)
-            report, reason = RoundReport(seq.seq_id, draft.source, len(draft.token_ids), 0), "error"
+        update, report, reason = commit_round(seq, draft, result.emitted(draft.token_ids), result.accepted,
+                                              self.planner, self.context_length)
         self.target.rollback(seq.slot, len(seq.tokens) - 1)  # the invariant
         self.slots.cached[seq.slot] = seq.tokens[:-1]
         if reason is not None:

@@ -31,7 +31,6 @@ import logging
 import os
 import shutil
 import threading
-import time
 from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from tandem.engine.host_cache import HostEntry, TooLargeNote
 from tandem.engine.prefix_index import BLOCK, PrefixIndex
 from tandem.errors import TandemError
 from tandem.memory_size import human_size
+from tandem.said_now import SaidNow
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +111,7 @@ class DiskPromptCache:
         self.written = 0  # files ever written
         self.evicted = 0  # files removed for room
         self.failed_writes = 0
-        self._failure_said_at: float | None = None  # when a failed write was last said (None: never)
-        self._failures_unsaid = 0
+        self._failures_said = SaidNow(WRITE_FAILURES_SAID_EVERY_S)
         self._lock = threading.Lock()  # the index is read by the engine, written by the writer
         self._records: OrderedDict[Path, DiskRecord] = OrderedDict()  # least recently used first
         self._index: PrefixIndex[Path] = PrefixIndex()
@@ -304,12 +303,9 @@ class DiskPromptCache:
             tmp.unlink(missing_ok=True)
         with self._lock:
             self.failed_writes += 1
-            now = time.monotonic()
-            say = self._failure_said_at is None or now - self._failure_said_at >= WRITE_FAILURES_SAID_EVERY_S
-            unsaid = self._failures_unsaid
-            self._failure_said_at, self._failures_unsaid = (now, 0) if say else (self._failure_said_at, unsaid + 1)
-        if say:  # a full disk failed every write, a line each (one entry larger than the whole disk: every eviction)
-            since = f" ({unsaid} more failed since the last such line)" if unsaid else ""
+            said = self._failures_said.event()
+        if said is not None:  # a full disk failed every write, a line each (an entry larger than the disk: every eviction)
+            since = f" ({said.events - 1} more failed since the last such line)" if said.events > 1 else ""
             log.warning("prompt cache: could not write %s: %s%s; further failures are said at most once a minute",
                         path, error, since)
 

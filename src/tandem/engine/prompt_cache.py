@@ -78,6 +78,9 @@ class PromptCache:
         slot = choice.slot
         if choice.copy_from is not None or choice.reuse_tokens < len(self.slots.cached[slot]):
             self._save(slot, running_draft)
+        if self.slots.salt[slot] != salt and self.draft is not None:  # the draft model's cache too: another
+            self.draft.rollback(slot, 0)  # user's prompt there made this one's catch-up shorter
+            self.retained_draft[slot] = []
         reuse = self._restore(slot, prefix, choice.reuse_tokens) if salt is None else None
         if reuse is None:
             reuse = self._reuse_slots(choice, prefix, running_draft)

@@ -44,7 +44,7 @@ class GenerationRequest:
             raise TandemError(f"max tokens must be a positive integer, got {self.max_tokens!r}")
         if self.cache_salt is not None and not (isinstance(self.cache_salt, str) and self.cache_salt):
             raise TandemError(f"a cache salt must be a non-empty string, got {self.cache_salt!r}")
-        if not (isinstance(self.output_offset, int) and 0 <= self.output_offset < len(self.prompt_ids)):
+        if not (is_int(self.output_offset) and 0 <= self.output_offset < len(self.prompt_ids)):
             raise TandemError(f"the output offset must be below the prompt's length, got {self.output_offset!r}")
 
     def _check_and_convert_ids(self) -> None:

@@ -17,6 +17,7 @@ from dataclasses import replace
 
 from tandem.engine.events import RoundReport, SequenceUpdate
 from tandem.engine.sequence import Sequence
+from tandem.engine.stops import StopConditionError
 from tandem.speculation.batch_depth import BatchDepthPlanner
 from tandem.speculation.drafters.base import NO_OFFER, Drafter, DraftJob, DraftOffer, Rival, SequenceDraft
 from tandem.speculation.depth import source_family
@@ -115,7 +116,11 @@ def commit_round(seq: Sequence, draft: SequenceDraft, emitted: list[int], accept
     for rival in draft.rivals:
         agreed = common_prefix(rival.copy, emitted)
         planner.record(rival.source, agreed + (agreed < min(len(rival.copy), len(emitted))), agreed)
-    tokens, reason = seq.commit(list(emitted), k, accepted, context_length)
+    try:
+        tokens, reason = seq.commit(list(emitted), k, accepted, context_length)
+    except StopConditionError as error:  # the request's own stop condition failed: it alone ends, nothing committed
+        return (SequenceUpdate(seq.seq_id, (), k, 0, True, "error", str(error), seq.cached_tokens or 0),
+                RoundReport(seq.seq_id, draft.source, k, accepted), "error")
     kept = min(accepted, len(tokens))  # accepted drafts past a stop are not part of the answer
     update = SequenceUpdate(seq.seq_id, tuple(tokens), k, kept, reason is not None, reason,
                             cached_tokens=seq.cached_tokens or 0)

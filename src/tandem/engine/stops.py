@@ -5,6 +5,8 @@ the batching engine commits rounds through it (the cluster router applies stop c
 its streams itself, cluster/runtime/router.py).
 """
 
+import numpy as np
+
 from tandem.engine.request import GenerationRequest, StopCondition
 from tandem.errors import TandemError, client_message
 from tandem.numbers import is_int
@@ -25,6 +27,8 @@ def tokens_to_keep(condition: StopCondition, output_ids: list[int]) -> int | Non
                                  f"{client_message(error)}") from error
     if keep is None:
         return None
+    if isinstance(keep, np.integer):  # numpy's argmax or searchsorted: a count all the same
+        keep = int(keep)
     if not is_int(keep) or not 0 <= keep <= len(output_ids):
         raise StopConditionError(f"the request's stop condition returned {keep!r}: it must return None "
                                  f"or how many of the {len(output_ids)} output tokens to keep")

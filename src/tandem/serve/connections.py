@@ -16,6 +16,8 @@ import time
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from tandem.said_now import SaidNow
+
 HEADER_TIMEOUT_S = 30.0  # as nginx's client_header_timeout is 60 s and Node's headersTimeout 60 s
 ACCEPT_ERROR_INTERVAL_S = 10.0  # at most one log line this often while accepts fail for want of file handles
 log = logging.getLogger(__name__)
@@ -76,21 +78,17 @@ class AcceptErrorsSaidOnce:
     logged ~16,800 lines a second, 282 MB in 40 s); everything else goes to the default."""
 
     def __init__(self, clock=time.monotonic):
-        self.clock = clock
-        self.refused = 0
-        self.said_at: float | None = None
+        self.said_now = SaidNow(ACCEPT_ERROR_INTERVAL_S, clock)
 
     def __call__(self, loop, context: dict) -> None:
         if not str(context.get("message", "")).startswith("socket.accept() out of system resource"):
             loop.default_exception_handler(context)
             return
-        self.refused += 1
-        now = self.clock()
-        if self.said_at is None or now - self.said_at >= ACCEPT_ERROR_INTERVAL_S:
-            since = "" if self.said_at is None else f" in the last {now - self.said_at:.0f} s"
+        said = self.said_now.event()
+        if said is not None:
+            since = "" if said.since_s is None else f" in the last {said.since_s:.0f} s"
             log.error("refusing new connections, out of file handles (%s): %d refused%s; the open ones: "
-                      "process_open_fds on /metrics", context.get("exception"), self.refused, since)
-            self.said_at, self.refused = now, 0
+                      "process_open_fds on /metrics", context.get("exception"), said.events, since)
 
 
 CLIENT_MISTAKES_SAID_EVERY_S = 60.0
@@ -106,20 +104,16 @@ class ClientMistakesSaidOnce(logging.Filter):
 
     def __init__(self, clock=time.monotonic):
         super().__init__()
-        self.clock = clock
-        self.said_at: dict[str, float] = {}
-        self.unsaid: dict[str, int] = {}
+        self.said_now = {kind: SaidNow(CLIENT_MISTAKES_SAID_EVERY_S, clock) for kind in CLIENT_MISTAKE_PREFIXES}
 
     def filter(self, record: logging.LogRecord) -> bool:
         kind = next((p for p in CLIENT_MISTAKE_PREFIXES if str(record.msg).startswith(p)), None)
         if kind is None:
             return True
-        now = self.clock()
-        if kind in self.said_at and now - self.said_at[kind] < CLIENT_MISTAKES_SAID_EVERY_S:
-            self.unsaid[kind] = self.unsaid.get(kind, 0) + 1
+        said = self.said_now[kind].event()
+        if said is None:
             return False
-        unsaid = self.unsaid.pop(kind, 0)
-        self.said_at[kind] = now
+        unsaid = said.events - 1
         record.msg = f"{record.getMessage()} (a client's; {unsaid} more since the last such line, " \
                      f"said at most once a minute)" if unsaid else \
                      f"{record.getMessage()} (a client's; said at most once a minute)"

@@ -19,6 +19,7 @@ import contextlib
 import gc
 import logging
 import os
+import resource
 import signal
 import socket
 import sys
@@ -87,7 +88,7 @@ def serve(config: EngineConfig, settings: ServeSettings, cluster=None) -> int:
 def warn_if_few_files(limit: int) -> None:
     """One line where the open-file limit, raised as far as it goes, leaves room for few clients
     (each connection is a file; `ulimit -n 64` served a handful, then refused the rest)."""
-    if limit < FEW_OPEN_FILES:
+    if limit != resource.RLIM_INFINITY and limit < FEW_OPEN_FILES:
         print(f"warning: this process may open only {limit} files (ulimit -n; its hard limit): each client "
               f"connection takes one, and past them new connections wait; raise the hard limit "
               f"for more clients", file=sys.stderr)

@@ -72,6 +72,8 @@ class ServeSettings:
             raise TandemError(f"--log-level {self.log_level!r}: use one of {', '.join(LOG_LEVELS)}")
         if self.api_key is not None and not self.api_key.strip():
             raise TandemError("--api-key must not be empty: leave it out to serve without a key")
+        if self.api_key is not None:
+            check_sendable_key(self.api_key, "--api-key")
         _check_int("--max-body-bytes", self.max_body_bytes, 1024, 1 << 30)
         _check_int("--max-running", self.max_running, 1, 4096)
         _check_int("--max-waiting", self.max_waiting, 0, 1 << 20)
@@ -143,6 +145,15 @@ def _check_folder(option: str, folder: str) -> None:
         raise TandemError(f"{option} {folder}: cannot create the folder ({error.strerror})") from None
     if not os.access(path, os.W_OK):
         raise TandemError(f"{option} {folder}: the folder is not writable")
+
+
+def check_sendable_key(key: str, source: str) -> None:
+    """A key every HTTP client can send: printable ASCII (the OpenAI SDK cannot send 'é' at all,
+    and curl's UTF-8 bytes did not match it)."""
+    unsendable = sorted({c for c in key if not " " <= c <= "~"})
+    if unsendable:
+        raise TandemError(f"{source} holds {', '.join(repr(c) for c in unsendable)}: an API key must be printable "
+                          "ASCII (letters, digits, punctuation), which every HTTP client can send")
 
 
 def _check_number(name: str, value, low: float, high: float = float("inf")) -> None:

@@ -20,6 +20,7 @@ class Tokenizer(Protocol):
     """The text edge: what the API needs from tandem.text.tokenizer.TextTokenizer."""
 
     stop_token_ids: frozenset[int]
+    size: int  # token ids 0 to size - 1 (a prompt of token ids is checked against it)
 
     def encode(self, text: str) -> list[int]: ...
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tandem.errors import TandemError
+from tandem.numbers import is_int, is_number
 
 
 MAX_TEMPERATURE = 2.0  # OpenAI's bound; the server and the command line share it
@@ -33,13 +34,13 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        if not (isinstance(self.temperature, (int, float)) and 0.0 <= self.temperature <= MAX_TEMPERATURE):
+        if not (is_number(self.temperature) and 0.0 <= self.temperature <= MAX_TEMPERATURE):
             raise TandemError(f"temperature must be a number in [0, {MAX_TEMPERATURE:g}], got {self.temperature!r}")
-        if not (isinstance(self.top_p, (int, float)) and 0.0 <= self.top_p <= 1.0):
+        if not (is_number(self.top_p) and 0.0 <= self.top_p <= 1.0):
             raise TandemError(f"top-p must be in [0, 1], got {self.top_p!r}")
-        if not (isinstance(self.top_k, int) and self.top_k >= 0):
+        if not (is_int(self.top_k) and self.top_k >= 0):
             raise TandemError(f"top-k must be a non-negative integer, got {self.top_k!r}")
-        if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 2**63):
+        if self.seed is not None and not (is_int(self.seed) and 0 <= self.seed < 2**63):
             raise TandemError(f"seed must be an integer from 0 to 2**63 - 1, got {self.seed!r}")
 
     @property

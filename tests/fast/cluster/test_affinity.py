@@ -103,7 +103,8 @@ def test_a_long_conversation_goes_where_its_context_costs_least():
     cpu, gpu = replica("cpu", 3.0), replica("gpu", 1.1)
     prefixes = {"cpu": PrefixMemory(), "gpu": PrefixMemory()}
     for length, expected in ((64, "cpu"), (2000, "gpu")):
-        routed = SimpleNamespace(tokens=tuple(range(length)), num_tokens=length, room=100, reason="cost")
+        routed = SimpleNamespace(tokens=tuple(range(length)), affinity_tokens=tuple(range(length)), num_tokens=length,
+                                 room=100, reason="cost")
         chosen, _ = choose_replica([cpu, gpu], routed, prefixes, [])
         assert chosen.name == expected, length
 
@@ -122,8 +123,8 @@ def curve_replica(name: str, streams: int, deep_factor: float, slower: float = 1
 
 
 def placed(replica, length: int, room: int = 40):
-    return SimpleNamespace(moving=None, replica=replica, room=room, tokens=tuple(range(length)), num_tokens=length,
-                           reason="cost")
+    return SimpleNamespace(moving=None, replica=replica, room=room, tokens=tuple(range(length)),
+                           affinity_tokens=tuple(range(length)), num_tokens=length, reason="cost")
 
 
 def test_a_replica_busy_with_long_conversations_is_priced_at_their_depth():

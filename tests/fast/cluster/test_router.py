@@ -202,6 +202,26 @@ def test_a_conversations_next_turn_goes_to_the_replica_holding_its_prefix(tiny_t
     assert any(state["routed"].get("prefix") for state in router.worker_states())
 
 
+def test_a_salted_turn_goes_by_its_own_salts_prefixes_alone():
+    """The router's prefix memory sent a salted request to the replica holding another user's
+    prompt, and counted it as a "prefix" decision on /metrics: a client could learn that someone
+    had sent its prompt."""
+    from tandem.cluster.planning.affinity import PrefixMemory
+    from tandem.cluster.runtime.routed import Routed
+    from tandem.engine.events import SpeculationOptions
+
+    history = tuple(range(3, 43))
+    memory = PrefixMemory()
+    memory.add("alice-turn-1", Routed("a", GenerationRequest(history, 8, cache_salt="alice"),
+                                      SpeculationOptions()).affinity_tokens)
+
+    def held(salt):
+        request = GenerationRequest(history + (7, 8), 8, cache_salt=salt)
+        return memory.longest(Routed("x", request, SpeculationOptions()).affinity_tokens)
+
+    assert held("alice") >= len(history) and held("bob") == 0 and held(None) == 0
+
+
 @pytest.mark.parametrize("runner,host_keys", [("serial", ()), ("fused", ()), ("fused", ("model/bf16", "model/fp16"))],
                          ids=["serial", "fused", "fused-other-precision"])
 def test_a_stream_moves_to_a_replica_that_idles(tiny_target, tiny_draft, references, runner, host_keys):

@@ -27,7 +27,7 @@ def test_defaults():
     ("cache_disk_bytes", 0, "--cache-disk"), ("max_tokens_limit", 0, "--max-tokens-limit"),
     ("max_prompt_tokens", 0, "--max-prompt-tokens"), ("request_timeout_seconds", 0, "--request-timeout"),
     ("max_streams_per_client", 0, "--max-streams-per-client"), ("allowed_origins", ("example.com",), "--allowed-origins"),
-    ("allowed_hosts", ("a:80",), "--allowed-hosts"),
+    ("allowed_hosts", ("a:80",), "--allowed-hosts"), ("api_key", "clé", "printable ASCII"),
 ])
 def test_bad_settings_are_refused(field, value, says):
     """Each message names the option a user of `tandem serve` sets, not the field."""
@@ -190,5 +190,8 @@ def test_a_low_open_file_limit_is_said_at_start(capsys):
 
     warn_if_few_files(64)
     assert "may open only 64 files" in capsys.readouterr().err
+    import resource
+
     warn_if_few_files(FEW_OPEN_FILES)
+    warn_if_few_files(resource.RLIM_INFINITY)  # no limit (-1): it said "may open only -1 files"
     assert capsys.readouterr().err == ""

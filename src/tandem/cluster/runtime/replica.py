@@ -239,9 +239,11 @@ class ReplicaEngine:
         return None
 
     def _state_of(self, seq) -> HostEntry | None:
-        """seq's target KV state, where it is prefilled and the runner can save it."""
+        """seq's target KV state, where it is prefilled and the runner can save it (never a salted
+        one's: the moved state goes into the receiving replica's host tier, which all requests share)."""
         cached = self.engine.slots.cached[seq.slot] if seq.seq_id in self.engine.running else []
         if (self.engine.prompt_cache.host is None or seq.unprefilled or len(cached) < BLOCK
+                or seq.request.cache_salt is not None
                 or self.runner.num_cached_tokens(seq.slot) != len(cached)):
             return None
         return HostEntry(tuple(cached), self.runner.save_state(seq.slot))

@@ -28,12 +28,12 @@ def choose_replica(verifiers: list[Worker], routed: Routed, prefixes: dict[str, 
     live = [w for w in verifiers if w.alive and len(w.sequences) < w.max_slots]
     if not live:
         return None, ""
-    tokens, length = routed.tokens, routed.num_tokens
+    length = routed.num_tokens
     held_lengths = lengths_by_replica(streams)
     steps = [step_cost(w, held_lengths.get(w.name, []) + [length]) for w in live]
     chosen = choose([Candidate(len(w.sequences), prefill_ms(w, length, 0), step) for w, step in zip(live, steps)],
                     routed.room)
-    held_prefix = [prefixes[w.name].longest(tokens) for w in live]
+    held_prefix = [prefixes[w.name].longest(routed.affinity_tokens) for w in live]
     better = prefer_prefix(chosen, held_prefix, [len(w.sequences) for w in live],
                            [prefill_ms(w, length - h, h) for w, h in zip(live, held_prefix)], steps, length,
                            routed.room)

@@ -6,6 +6,7 @@ appended (its output offset: a seeded request's later tokens keep their position
 of the token budget; stop strings stay with the router.
 """
 
+import hashlib
 from dataclasses import dataclass, field, replace
 
 from tandem.cluster.runtime.endpoints import Pending
@@ -32,6 +33,14 @@ class Routed:
     @property
     def tokens(self) -> tuple[int, ...]:
         return (*self.request.prompt_ids, *self.output)
+
+    @property
+    def affinity_tokens(self) -> tuple[int, ...]:
+        """What the router's prefix memory knows the stream by: its tokens, behind a mark of its
+        cache salt where it has one (a salted stream finds only its own salt's prefixes, as the
+        replicas' caches do, and tells nothing of others' prompts through the routing counts)."""
+        salt = self.request.cache_salt
+        return self.tokens if salt is None else (salt_mark(salt), *self.tokens)
 
     @property
     def num_tokens(self) -> int:
@@ -75,6 +84,11 @@ class Routed:
         return SequenceUpdate(self.seq_id, tuple(tokens), update.drafted, min(update.accepted, len(tokens)),
                               finished, reason, error,
                               self.cached_tokens)
+
+
+def salt_mark(salt: str) -> int:
+    """A token id no model has (negative), one per salt."""
+    return -1 - int.from_bytes(hashlib.sha256(salt.encode()).digest()[:7], "big")
 
 
 def client_id(placement: str) -> str:

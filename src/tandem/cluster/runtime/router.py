@@ -177,7 +177,7 @@ class ClusterRouter:
         replica.sequences.add(routed.next_placement(replica))
         self.routed[routed.seq_id] = routed
         self._by_placement[routed.placement] = routed
-        self._prefixes[replica.name].add(routed.placement, routed.tokens)
+        self._prefixes[replica.name].add(routed.placement, routed.affinity_tokens)
         self.decisions[(replica.name, reason)] += 1
         replica.endpoint.call("add", routed.placement, routed.placement_request(), routed.options, moved)
 
@@ -186,7 +186,7 @@ class ClusterRouter:
         self._by_placement.pop(routed.placement, None)
         if routed.replica is not None:
             routed.replica.sequences.discard(routed.placement)
-            self._prefixes[routed.replica.name].add(routed.placement, routed.tokens)
+            self._prefixes[routed.replica.name].add(routed.placement, routed.affinity_tokens)
         if routed.moving is not None:
             routed.moving[0].sequences.discard(routed.slot_hold)
         routed.replica, routed.placement, routed.moving = None, None, None

@@ -18,6 +18,7 @@ from typing import Callable, Protocol, Sequence
 
 from tandem.cache_stats import CacheStats, StatsCounter
 from tandem.errors import TandemError
+from tandem.numbers import is_int
 from tandem.redis_link import (
     RECONNECT_BACKOFF_MAX_SECONDS,
     RedisLink,
@@ -118,9 +119,9 @@ class InProcessResponseCache:
 
     def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES, ttl_seconds: float = DEFAULT_TTL_SECONDS,
                  clock: Callable[[], float] = time.monotonic, max_bytes: int = DEFAULT_MAX_BYTES):
-        if not (isinstance(max_entries, int) and max_entries >= 1):
+        if not (is_int(max_entries) and max_entries >= 1):
             raise TandemError(f"the response cache needs max_entries >= 1, got {max_entries!r}")
-        if not (isinstance(max_bytes, int) and max_bytes >= 1):
+        if not (is_int(max_bytes) and max_bytes >= 1):
             raise TandemError(f"the response cache needs max_bytes >= 1, got {max_bytes!r}")
         self.max_entries = max_entries
         self.max_bytes = max_bytes

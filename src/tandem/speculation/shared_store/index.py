@@ -13,6 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from tandem.errors import TandemError
+from tandem.numbers import is_int
 
 TOKEN_DTYPE = np.dtype("<i4")
 TOKEN_BYTES = TOKEN_DTYPE.itemsize
@@ -30,12 +31,12 @@ class NgramConfig:
     max_indexed_tokens: int = DEFAULT_MAX_INDEXED_TOKENS
 
     def __post_init__(self):
-        if not (isinstance(self.min_ngram, int) and isinstance(self.max_ngram, int)
+        if not (is_int(self.min_ngram) and is_int(self.max_ngram)
                 and 1 <= self.min_ngram <= self.max_ngram):
             raise TandemError(f"n-gram lengths need 1 <= min <= max, got {self.min_ngram!r}, {self.max_ngram!r}")
-        if not (isinstance(self.continuation_tokens, int) and self.continuation_tokens >= 1):
+        if not (is_int(self.continuation_tokens) and self.continuation_tokens >= 1):
             raise TandemError(f"continuation_tokens must be >= 1, got {self.continuation_tokens!r}")
-        if not (isinstance(self.max_indexed_tokens, int) and self.max_indexed_tokens > self.max_ngram):
+        if not (is_int(self.max_indexed_tokens) and self.max_indexed_tokens > self.max_ngram):
             raise TandemError(f"max_indexed_tokens must exceed max_ngram, got {self.max_indexed_tokens!r}")
 
     def indexed(self, token_ids: Sequence[int]) -> Sequence[int]:
