@@ -16,13 +16,19 @@ def prepare_out_dir(out_dir: Path) -> None:
     if out_dir.is_file():
         raise TandemError(f"{out_dir} is a file, not a folder: give --out a folder to write the outputs in")
     _make_folder(out_dir)
+    if not os.access(out_dir, os.W_OK):  # an existing folder was found only by the run's last write
+        raise TandemError(f"cannot write in the output folder {out_dir}: it is not writable (or on a read-only "
+                          "file system); give --out another folder")
 
 
 def _make_folder(out_dir: Path) -> None:
+    blocking = next((p for p in (out_dir, *out_dir.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise TandemError(f"cannot create the output folder {out_dir}: {blocking} is a file")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise TandemError(f"cannot create the output folder {out_dir}: {error}") from None
+        raise TandemError(f"cannot create the output folder {out_dir}: {error.strerror or error}") from None
 
 
 def check_out_file(path: Path) -> None:

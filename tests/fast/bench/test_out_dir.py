@@ -30,3 +30,23 @@ def test_an_out_folder_that_is_a_file_is_said_to_be_one(tmp_path):
     with pytest.raises(TandemError, match="afile is a file, not a folder"):  # it said "File exists"
         prepare_out_dir(tmp_path / "afile")
     assert (tmp_path / "afile").read_text() == "x"
+
+
+def test_an_existing_folder_that_cannot_be_written_is_refused_before_the_run(tmp_path, monkeypatch):
+    """A read-only folder that existed passed: the whole bench ran, then its results were lost
+    ("Read-only file system: romnt/results.json"). A file on the way is named as one."""
+    import os
+
+    import pytest
+
+    from tandem.errors import TandemError
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if str(path) == str(folder) else real_access(path, mode))
+    with pytest.raises(TandemError, match="ro: it is not writable"):
+        prepare_out_dir(folder)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(TandemError, match="afile is a file"):  # it said "[Errno 17] File exists"
+        check_out_file(tmp_path / "afile" / "x.json")
