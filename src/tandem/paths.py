@@ -34,5 +34,9 @@ def write_text_atomic(path: Path, text: str) -> None:
     """Write `path` whole or not at all: through a temp file of this process's own beside it
     (two processes may write one path at once), renamed into place."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as error:  # a full disk: no temp file left, and the error names the file it was for
+        tmp.unlink(missing_ok=True)
+        raise OSError(error.errno, error.strerror, str(path)) from None

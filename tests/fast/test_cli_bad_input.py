@@ -471,6 +471,25 @@ def test_a_refused_file_outside_the_home_is_not_blamed_on_tandem_home(monkeypatc
     own = folder_error(PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "home" / "profiles" / "x")))
     theirs = folder_error(PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "prompts.jsonl")))
     assert "$TANDEM_HOME" in own and theirs == f"Permission denied: {tmp_path / 'prompts.jsonl'}"
+    full = folder_error(OSError(errno.ENOSPC, "No space left on device"))  # a write's: no file named
+    assert full.startswith("No space left on device while writing an output (--out) or under $TANDEM_HOME")
+
+
+def test_an_atomic_write_on_a_full_disk_leaves_no_temp_file_and_names_its_file(tmp_path, monkeypatch):
+    """A full disk left the local model's source marker empty, which later runs trusted."""
+    import errno
+    import pathlib
+
+    from tandem.paths import write_text_atomic
+
+    def full(self, text):
+        self.open("w").close()  # the temp file is made, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pathlib.Path, "write_text", full)
+    with pytest.raises(OSError) as error:
+        write_text_atomic(tmp_path / "source", "x")
+    assert error.value.filename == str(tmp_path / "source") and list(tmp_path.iterdir()) == []
 
 
 def test_size_options_name_themselves(capsys):

@@ -54,6 +54,9 @@ def folder_error(error: OSError) -> str:
 
     where = f": {error.filename}" if error.filename else ""
     home = tandem_home()
+    if not error.filename and error.errno == errno.ENOSPC:  # a write, not an open: no file named
+        return (f"{error.strerror} while writing an output (--out) or under $TANDEM_HOME (now {home}): free some "
+                "space there, or point them at another disk")
     if not error.filename or not Path(os.path.abspath(error.filename)).is_relative_to(os.path.abspath(home)):
         return f"{error.strerror or error}{where}"  # a file the user named (a prompts file, an --out folder)
     return (f"{error.strerror or error}{where} (models, profiles and caches are written under $TANDEM_HOME, "

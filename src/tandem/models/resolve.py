@@ -17,7 +17,7 @@ from tandem.errors import ModelNotFoundError, TandemError
 from tandem.models import catalog
 from tandem.models.convert import convert_to_hf, convert_tokenizer
 from tandem.models.pull import DISK_FULL, MANIFEST_FILENAME, catalog_name_of, entry_dir, pull, pulled_state
-from tandem.paths import make_dir, models_dir
+from tandem.paths import make_dir, models_dir, write_text_atomic
 
 GGUF_MAGIC = b"GGUF"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -120,9 +120,10 @@ def _cache_dir(name_or_path: str | Path, gguf: Path) -> Path:
     version = f"{gguf}|{stat.st_size}|{stat.st_mtime_ns}|{stat.st_ctime_ns}|{stat.st_ino}"
     key = hashlib.sha256(version.encode()).hexdigest()[:16]
     folder = models_dir() / f"local-{key}"
-    if not (folder / LOCAL_SOURCE).is_file():  # this version's first use (another process may race us: both may)
-        make_dir(folder)
-        (folder / LOCAL_SOURCE).write_text(str(gguf))
+    marker = folder / LOCAL_SOURCE
+    if not marker.is_file() or marker.stat().st_size == 0:  # this version's first use (another process may race
+        make_dir(folder)  # us: both may), or a marker left empty by a full disk or an interrupt
+        write_text_atomic(marker, str(gguf))
         _remove_older_versions(gguf, folder)
     return folder
 
