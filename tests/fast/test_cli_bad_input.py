@@ -501,3 +501,20 @@ def test_size_options_name_themselves(capsys):
         with pytest.raises(TandemError, match=f"^{option}: a memory size must be 0 or more"):
             _size(option, "-5")
     assert _size("--cache-ram", "2G") == 2 << 30 and _size("--cache-disk", None) is None
+
+
+def test_a_damaged_saved_profile_is_measured_again(monkeypatch, tmp_path, capsys):
+    """`plan` refused a profile cut short ("not valid JSON"), while `profile --cluster` said
+    "nothing to profile": it only checked that the file existed."""
+    from tandem.cli.profile_cmd import _cluster_specs
+    from tandem.cluster.profiles.profile_store import default_profile_path
+
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
+    cluster = tmp_path / "one.yaml"
+    cluster.write_text("workers:\n  - name: v\n    role: verify\n    model: smollm2-135m-instruct\n"
+                       "    backend: llamacpp\n    device: cpu\n    threads: 1\n")
+    saved = default_profile_path("smollm2-135m-instruct", "llamacpp", "cpu", "fp32", 1)
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    saved.write_text('{"curves": {"1": [[1, 10.0')  # cut short
+    assert len(_cluster_specs(str(cluster), force=False)) == 1
+    assert "cannot be read" in capsys.readouterr().err

@@ -14,7 +14,7 @@ from pathlib import Path
 from tandem.cli.given import StoreGiven, given_options
 from tandem.cli.int_list import int_list, thread_count, whole_number
 from tandem.cluster.profiles.measure import ProfileGrid, measure_profile
-from tandem.cluster.profiles.profile import save_profile
+from tandem.cluster.profiles.profile import load_profile, save_profile
 from tandem.cluster.profiles.profile_store import default_profile_path, worker_models
 from tandem.cluster.profiles.public_profiles import DEVICE_CLASSES
 from tandem.cluster.config.load import load_cluster
@@ -83,9 +83,22 @@ def _cluster_specs(path: str, force: bool) -> list[RunnerSpec]:
         for model in worker_models(worker):
             spec = RunnerSpec(model, worker.backend, worker.device, worker.dtype, worker.threads)
             saved = default_profile_path(model, worker.backend, worker.device, worker.dtype, worker.threads)
-            if force or not saved.exists():
+            if force or not _readable(saved):
                 specs[saved] = spec
     return list(specs.values())
+
+
+def _readable(saved: Path) -> bool:
+    """A saved profile that loads; a damaged one (cut short, edited) is measured again, with a word."""
+    if not saved.exists():
+        return False
+    try:
+        load_profile(saved)
+        return True
+    except TandemError:
+        print(f"note: the saved profile {saved} cannot be read (cut short, or edited); measuring it again",
+              file=sys.stderr)
+        return False
 
 
 def _measure(spec: RunnerSpec, grid: ProfileGrid):

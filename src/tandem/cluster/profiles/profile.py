@@ -193,7 +193,8 @@ def load_profile(path: str | Path) -> DeviceProfile:
     except OSError as error:
         raise TandemError(f"cannot read profile {path}: {error.strerror}") from None
     except json.JSONDecodeError as error:
-        raise TandemError(f"profile {path} is not valid JSON: {error}") from None
+        raise TandemError(f"profile {path} is not valid JSON: {error} (measure it again: `tandem profile "
+                          "--cluster FILE --force`, or delete the file)") from None
     try:
         return profile_from_json(data)
     except (KeyError, TypeError, ValueError) as error:
