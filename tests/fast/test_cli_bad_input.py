@@ -518,3 +518,16 @@ def test_a_damaged_saved_profile_is_measured_again(monkeypatch, tmp_path, capsys
     saved.write_text('{"curves": {"1": [[1, 10.0')  # cut short
     assert len(_cluster_specs(str(cluster), force=False)) == 1
     assert "cannot be read" in capsys.readouterr().err
+
+
+def test_a_closed_stdout_is_no_traceback():
+    """`tandem generate ... >&-` raised AttributeError ('NoneType' object has no attribute 'write'):
+    its answer is written with sys.stdout.write, as the command here writes after main."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from tandem.cli.main import main; "
+            "code = main(['models', 'list']); sys.stdout.write('the answer'); sys.exit(code)")
+    done = subprocess.run(["bash", "-c", f'"{sys.executable}" -c "{code}" >&-'], stderr=subprocess.PIPE, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr

@@ -66,6 +66,9 @@ def folder_error(error: OSError) -> str:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    for name in ("stdout", "stderr"):  # started with it closed (`>&-`): Python has None there, and a print raised
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w"))
     try:
         parser = build_parser()  # imports every command's module: a Ctrl-C lands here as often as anywhere
     except KeyboardInterrupt:
