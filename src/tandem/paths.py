@@ -7,7 +7,10 @@ from tandem.errors import TandemError
 
 
 def tandem_home() -> Path:
-    return Path(os.environ.get("TANDEM_HOME") or Path.home() / ".cache" / "tandem")
+    """$TANDEM_HOME (its `~` expanded, as a service manager's environment leaves it; a relative
+    one taken from the current folder), else ~/.cache/tandem."""
+    given = os.environ.get("TANDEM_HOME")
+    return Path(given).expanduser().absolute() if given else Path.home() / ".cache" / "tandem"
 
 
 def models_dir() -> Path:

@@ -531,3 +531,19 @@ def test_a_closed_stdout_is_no_traceback():
     done = subprocess.run(["bash", "-c", f'"{sys.executable}" -c "{code}" >&-'], stderr=subprocess.PIPE, text=True,
                           timeout=120)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_tilde_in_tandem_home_is_the_home_folder(monkeypatch, tmp_path):
+    """TANDEM_HOME='~/x' (a service's environment file) made a folder named '~' in the current one."""
+    from pathlib import Path
+
+    from tandem.paths import tandem_home
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("TANDEM_HOME", "~/tandem-here")
+    assert tandem_home() == tmp_path / "tandem-here"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TANDEM_HOME", "relative")
+    assert tandem_home() == tmp_path / "relative" and tandem_home().is_absolute()
+    monkeypatch.delenv("TANDEM_HOME")
+    assert tandem_home() == Path(tmp_path) / ".cache" / "tandem"
