@@ -160,6 +160,8 @@ CASES = [  # argv (with {file} names), what the one error line says
      "'robot'"),  # the server refuses the role; the missing target shows the check comes before loading
     (["generate", "--prompt", "hi", "--threads", "-1"], "at least 1"),
     (["generate", "--prompt", "hi", "--max-tokens", "0"], "at least 1"),
+    (["generate", "--prompt", "hi", "--max-tokens", "5000"], "--max-tokens 5000 leaves no room for a prompt"),
+    (["bench", "--max-tokens", "999999", "--context-length", "128"], "leaves no room for a prompt in a context of 128"),
     (["generate", "--prompt", "hi", "--bogus"], "see tandem generate --help"),  # it named tandem --help
     (["generate", "--prompt", "hi", "--target", ""], "a model is empty"),  # read as the current folder
     (["generate", "--prompt", "hi", "--drafter", "none", "--k", "5"], "drafts nothing"),  # accepted silently

@@ -11,7 +11,8 @@ from tandem.bench.machine import machine_line
 from tandem.bench.single.report import main_table
 from tandem.bench.single.session import BenchSettings, run_session
 from tandem.bench.workload import DEFAULT_WORKLOAD
-from tandem.cli.options import add_model_options, draft_spec, engine_prefill_floor, target_spec
+from tandem.cli.options import (add_model_options, check_max_tokens_fit, draft_spec, engine_prefill_floor,
+                                target_spec)
 from tandem.engine.batch_engine import THROUGHPUT_PREFILL_FLOOR
 
 DEFAULT_CONFIGS = "none,ngram,model,hybrid,llamacpp-plain"
@@ -39,6 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_max_tokens_fit(args)
     settings = BenchSettings(
         models=model_choice(args),
         configs=args.configs,

@@ -5,7 +5,7 @@ import json
 import sys
 
 from tandem.cli.int_list import whole_number
-from tandem.cli.options import add_model_options, engine_config
+from tandem.cli.options import add_model_options, check_max_tokens_fit, engine_config
 from tandem.engine.stats import GenerationStats
 from tandem.errors import TandemError
 from tandem.speculation.sampling import SamplingParams
@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     messages = _parse_messages(args.messages) if args.messages is not None else None
     if args.prompt is not None and not args.prompt:
         raise TandemError("--prompt is empty")  # before the models load, not after
+    check_max_tokens_fit(args)
     config = engine_config(args)
     print(config.loading_note, file=sys.stderr, flush=True)
     generator = TextGenerator(config)

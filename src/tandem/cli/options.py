@@ -57,6 +57,14 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                        "need, within a quarter of free memory)")
 
 
+def check_max_tokens_fit(args: argparse.Namespace) -> None:
+    """--max-tokens of the context's length or more leaves no room for any prompt: said before the
+    models load (generate said it after; bench capped it silently and recorded the number given)."""
+    if args.max_tokens is not None and args.max_tokens >= args.context_length:
+        raise TandemError(f"--max-tokens {args.max_tokens} leaves no room for a prompt in a context of "
+                          f"{args.context_length} tokens (--context-length): ask for fewer")
+
+
 def depth_option(text: str) -> str:
     """`--k`: "auto" or a depth, checked as argparse checks the others (the error names --k)."""
     try:

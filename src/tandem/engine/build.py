@@ -55,7 +55,13 @@ class EngineConfig:
     @property
     def loading_note(self) -> str:
         """What a command says on stderr before it loads these models."""
+        from tandem.models.catalog import CATALOG
+        from tandem.models.pull import is_pulled
+
         draft = f" and {self.draft.model}" if self.draft is not None else ""
+        models = [spec.model for spec in (self.target, self.draft) if spec is not None]
+        if all(is_pulled(model) for model in models if model in CATALOG):  # profiling says so itself
+            return f"loading {self.target.model}{draft} ..."
         return (f"loading {self.target.model}{draft} (a first start also pulls and profiles "
                 f"{'them' if draft else 'it'}: minutes) ...")
 

@@ -124,6 +124,7 @@ def cached_profile(spec: RunnerSpec, runner: ModelRunner, sizes: tuple[int, ...]
             pass
         return cached
     make_dir(path.parent)  # before the minute of measuring, not after
+    print(f"profiling {spec.model} on this machine (once; up to a minute) ...", file=sys.stderr, flush=True)
     base = profile_base_length(runner.context_length, max(sizes))
     cost = _measure_at(runner, base, sizes)
     record = {"runner": runner.name, "spec": spec.__repr__(), "latency_ms": cost.to_json(), "base_context": base}
