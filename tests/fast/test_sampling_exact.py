@@ -274,8 +274,8 @@ def test_a_race_never_picks_a_token_of_probability_zero():
 
 
 def test_a_token_of_tiny_probability_wins_about_as_rarely_as_it_should():
-    """numpy's float32 exponential draw is exactly 0 about once in 3 million: with a 49k or 151k
-    vocabulary, one seeded position in 60 to 20 had a token of probability ~1e-11 win it (a user's
+    """numpy's float32 exponential draw is exactly 0 about once in 8 million: with a 49k or 151k
+    vocabulary, one seeded position in 170 to 55 had a token of negligible probability win it (a user's
     seeded answer at temperature 0.1: 'Helloarp, welcome to the worldiatric')."""
     vocab = 151_936
     probs = np.full(vocab, 1e-6 / (vocab - 1))
