@@ -295,3 +295,24 @@ def test_no_created_series_are_exported():
     metrics.request_finished("stop", 3, 2, 0.1, 0.2, [0.1])
     text = metrics.render()[0].decode()
     assert "tandem:prompt_tokens_total" in text and "_created" not in text
+
+
+def test_placements_and_restarts_are_counters_brought_up_to_the_routers_totals():
+    """They were gauges that only rose (a trial's Prometheus `rate()` needs counters); both the
+    engine thread and the health monitor report the same running totals."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    metrics = ServingMetrics(MODEL, clock=FakeClock())
+
+    def report(prefix, cost, restarts):
+        metrics.observe_workers([{"name": "v0", "role": "verify", "alive": True, "sequences": 1,
+                                  "restarts": restarts, "routed": {"prefix": prefix, "cost": cost}}])
+
+    report(2, 5, 0)
+    report(2, 5, 0)  # the health monitor's copy of the same totals
+    report(3, 7, 1)
+    assert value(metrics, "tandem:cluster_routed_requests_total", worker="v0", reason="prefix") == 3
+    assert value(metrics, "tandem:cluster_routed_requests_total", worker="v0", reason="cost") == 7
+    assert value(metrics, "tandem:worker_restarts_total", worker="v0") == 1
+    kinds = {f.name: f.type for f in text_string_to_metric_families(metrics.render()[0].decode())}
+    assert kinds["tandem:cluster_routed_requests"] == kinds["tandem:worker_restarts"] == "counter"

@@ -80,10 +80,10 @@ class Instruments:
         self.worker_up = gauge("worker_up", "1 while a cluster worker answers, 0 while dead or restarting.",
                                "worker", "role")
         self.worker_sequences = gauge("worker_sequences", "Sequences a cluster worker holds.", "worker")
-        self.worker_restarts = gauge("worker_restarts", "Times a cluster worker was restarted.", "worker")
-        self.cluster_routed = gauge("cluster_routed_requests", "Placements on a verifier replica, by why it was "
-                                    "chosen: cost, prefix (it held the prompt's prefix), failover, move.",
-                                    "worker", "reason")
+        self.worker_restarts = counter("worker_restarts", "Times a cluster worker was restarted.", "worker")
+        self.cluster_routed = counter("cluster_routed_requests", "Placements on a verifier replica, by why it was "
+                                      "chosen: cost, prefix (it held the prompt's prefix), failover, move.",
+                                      "worker", "reason")
         # prompt (prefix) cache: tokens looked up and found, as vLLM counts them
         self.prefix_cache_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prompt cache.")
         self.prefix_cache_hits = counter("prefix_cache_hits", "Prompt tokens found in the prompt cache.")

@@ -51,6 +51,7 @@ class ServingMetrics:
         self._m.acceptance_alert_threshold.set(alert_threshold)
         self._queue_watched = False  # running/waiting read from callables (watch_queue), not reports
         self._workers: list[dict] = []  # the latest cluster worker states (empty: one process)
+        self._totals_counted: dict[tuple, int] = {}  # running totals the counters were brought up to
         self._host_cache_bytes: Callable[[], int] = lambda: 0
         self._disk_cache_bytes: Callable[[], int] = lambda: 0
 
@@ -177,11 +178,21 @@ class ServingMetrics:
         for worker in workers:
             m.worker_up.labels(self.model_name, worker["name"], worker["role"]).set(1 if worker["alive"] else 0)
             m.worker_sequences.labels(self.model_name, worker["name"]).set(worker["sequences"])
-            m.worker_restarts.labels(self.model_name, worker["name"]).set(worker["restarts"])
-            for reason, count in worker.get("routed", {}).items():
-                m.cluster_routed.labels(self.model_name, worker["name"], reason).set(count)
-        with self._lock:
+        with self._lock:  # counters, from the router's running totals (two threads report them)
+            for worker in workers:
+                self._count_up(m.worker_restarts.labels(self.model_name, worker["name"]),
+                               ("restarts", worker["name"]), worker["restarts"])
+                for reason, count in worker.get("routed", {}).items():
+                    self._count_up(m.cluster_routed.labels(self.model_name, worker["name"], reason),
+                                   ("routed", worker["name"], reason), count)
             self._workers = [dict(worker) for worker in workers]
+
+    def _count_up(self, counter, key: tuple, total: int) -> None:
+        """A counter brought up to a running total reported elsewhere (under self._lock)."""
+        counted = self._totals_counted.get(key, 0)
+        if total > counted:
+            counter.inc(total - counted)
+        self._totals_counted[key] = total  # a total that went down (a new router) starts again from there
 
     def _observe_rounds(self, report: StepReport) -> None:
         """Tallied per step first: one increment per label value, not per round."""
