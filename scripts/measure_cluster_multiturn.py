@@ -4,7 +4,7 @@ Starts `tandem serve --cluster` on two verifier replicas (llama.cpp, one thread 
 bench-serve's multi-turn scenarios against it (`chat`: 10 users x 3 turns, each first message a
 ~700-token source file; `shared_system`: 16 users behind one ~1,900-token system prompt), and
 prints the time to first token by turn, the prompt share the replicas' prompt caches held, and
-the router's placement decisions by reason from /metrics (`tandem:cluster_routed_requests`).
+the router's placement decisions by reason from /metrics (`tandem:cluster_routed_requests_total`).
 
     python scripts/measure_cluster_multiturn.py [--model smollm2-135m-instruct] [--max-tokens 48] [--out DIR]
 
@@ -86,8 +86,8 @@ def main() -> None:
 
 def _placements(url: str) -> dict[str, int]:
     """The router's placements so far, "worker reason" -> requests (/metrics)."""
-    routed = re.findall(r'tandem:cluster_routed_requests\{[^}]*reason="(\w+)"[^}]*worker="([^"]+)"[^}]*\} (\S+)|'
-                        r'tandem:cluster_routed_requests\{[^}]*worker="([^"]+)"[^}]*reason="(\w+)"[^}]*\} (\S+)',
+    routed = re.findall(r'tandem:cluster_routed_requests_total\{[^}]*reason="(\w+)"[^}]*worker="([^"]+)"[^}]*\} (\S+)|'
+                        r'tandem:cluster_routed_requests_total\{[^}]*worker="([^"]+)"[^}]*reason="(\w+)"[^}]*\} (\S+)',
                         httpx.get(f"{url}/metrics").text)
     decisions = {}
     for match in routed:

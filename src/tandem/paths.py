@@ -10,7 +10,12 @@ def tandem_home() -> Path:
     """$TANDEM_HOME (its `~` expanded, as a service manager's environment leaves it; a relative
     one taken from the current folder), else ~/.cache/tandem."""
     given = os.environ.get("TANDEM_HOME")
-    return Path(given).expanduser().absolute() if given else Path.home() / ".cache" / "tandem"
+    if not given:
+        return Path.home() / ".cache" / "tandem"
+    try:
+        return Path(given).expanduser().absolute()
+    except RuntimeError:  # `~someone` of no such user
+        raise TandemError(f"$TANDEM_HOME {given!r}: no home folder is known for that user") from None
 
 
 def models_dir() -> Path:

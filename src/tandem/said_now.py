@@ -13,6 +13,8 @@ class Said:
 
 
 class SaidNow:
+    """Not thread-safe: call `event` from one thread, or under the caller's lock."""
+
     def __init__(self, interval_s: float, clock=time.monotonic):
         self.interval_s = interval_s
         self.clock = clock

@@ -519,7 +519,9 @@ def test_a_damaged_saved_profile_is_measured_again(monkeypatch, tmp_path, capsys
     saved.parent.mkdir(parents=True, exist_ok=True)
     saved.write_text('{"curves": {"1": [[1, 10.0')  # cut short
     assert len(_cluster_specs(str(cluster), force=False)) == 1
-    assert "cannot be read" in capsys.readouterr().err
+    assert "is not valid JSON" in capsys.readouterr().err
+    saved.write_bytes(b"\xff\xfe edited in another encoding")  # a UnicodeDecodeError was a traceback
+    assert len(_cluster_specs(str(cluster), force=False)) == 1 and "is not valid JSON" in capsys.readouterr().err
 
 
 def test_a_closed_stdout_is_no_traceback():
@@ -549,3 +551,13 @@ def test_a_tilde_in_tandem_home_is_the_home_folder(monkeypatch, tmp_path):
     assert tandem_home() == tmp_path / "relative" and tandem_home().is_absolute()
     monkeypatch.delenv("TANDEM_HOME")
     assert tandem_home() == Path(tmp_path) / ".cache" / "tandem"
+
+
+def test_a_home_of_an_unknown_user_is_one_error_line(monkeypatch):
+    """TANDEM_HOME='~nouser/x' raised RuntimeError out of expanduser: a traceback."""
+    from tandem.errors import TandemError
+    from tandem.paths import tandem_home
+
+    monkeypatch.setenv("TANDEM_HOME", "~no-such-user-here/x")
+    with pytest.raises(TandemError, match="no home folder is known for that user"):
+        tandem_home()

@@ -66,6 +66,11 @@ def folder_error(error: OSError) -> str:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if os.environ.get("TANDEM_HOME"):  # absolute for this process's children (Ray's workers, a bench's servers)
+        from tandem.paths import tandem_home
+
+        with contextlib.suppress(TandemError):  # a home that cannot be resolved is said where it is used
+            os.environ["TANDEM_HOME"] = str(tandem_home())
     for name in ("stdout", "stderr"):  # started with it closed (`>&-`): Python has None there, and a print raised
         if getattr(sys, name) is None:
             setattr(sys, name, open(os.devnull, "w"))

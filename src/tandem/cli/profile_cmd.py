@@ -89,15 +89,15 @@ def _cluster_specs(path: str, force: bool) -> list[RunnerSpec]:
 
 
 def _readable(saved: Path) -> bool:
-    """A saved profile that loads; a damaged one (cut short, edited) is measured again, with a word."""
+    """A saved profile that loads; one that does not (cut short, edited, unreadable) is measured
+    again, saying why."""
     if not saved.exists():
         return False
     try:
         load_profile(saved)
         return True
-    except TandemError:
-        print(f"note: the saved profile {saved} cannot be read (cut short, or edited); measuring it again",
-              file=sys.stderr)
+    except TandemError as error:
+        print(f"note: {error}: measuring it again now", file=sys.stderr)
         return False
 
 

@@ -12,6 +12,8 @@ with a prior and decay, so it follows the text. A copy after a longer match star
 higher prior (a copy that already agrees on 8 tokens usually goes on agreeing).
 """
 
+import re
+
 from dataclasses import dataclass
 
 from tandem.errors import TandemError
@@ -66,7 +68,7 @@ def parse_depth(value: "str | int | Depth") -> Depth:
         return Auto()
     if is_int(value):
         return Fixed(value)
-    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+    if isinstance(value, str) and re.fullmatch(r"[+-]?[0-9]+", value.strip()):
         return Fixed(int(value))  # -1 is refused by Fixed, in the same words as 65
     raise TandemError(f"k must be 'auto' or an integer from 0 to {K_LIMIT}, got {value!r}")
 

@@ -74,7 +74,8 @@ def test_a_replica_with_fewer_streams_takes_one_from_a_slower_replica_holding_mo
                                cost=SimpleNamespace(cost=SimpleNamespace(cost_ms=lambda n, context=None: cost(n))))
 
     def streams_on(r, count):
-        return [SimpleNamespace(moving=None, replica=r, room=40, tokens=tuple(range(300)), num_tokens=300)
+        return [SimpleNamespace(moving=None, replica=r, room=40, tokens=tuple(range(300)), num_tokens=300,
+                                request=SimpleNamespace(cache_salt=None))
                 for _ in range(count)]
 
     fast, slow = replica("fast", cpu_like, 1), replica("slow", slow_cost, 2)
@@ -104,7 +105,7 @@ def test_a_long_conversation_goes_where_its_context_costs_least():
     prefixes = {"cpu": PrefixMemory(), "gpu": PrefixMemory()}
     for length, expected in ((64, "cpu"), (2000, "gpu")):
         routed = SimpleNamespace(tokens=tuple(range(length)), affinity_tokens=tuple(range(length)), num_tokens=length,
-                                 room=100, reason="cost")
+                                 num_affinity_marks=0, room=100, reason="cost")
         chosen, _ = choose_replica([cpu, gpu], routed, prefixes, [])
         assert chosen.name == expected, length
 
@@ -124,7 +125,8 @@ def curve_replica(name: str, streams: int, deep_factor: float, slower: float = 1
 
 def placed(replica, length: int, room: int = 40):
     return SimpleNamespace(moving=None, replica=replica, room=room, tokens=tuple(range(length)),
-                           affinity_tokens=tuple(range(length)), num_tokens=length, reason="cost")
+                           affinity_tokens=tuple(range(length)), num_affinity_marks=0, num_tokens=length,
+                           reason="cost", request=SimpleNamespace(cache_salt=None))
 
 
 def test_a_replica_busy_with_long_conversations_is_priced_at_their_depth():

@@ -202,6 +202,30 @@ def test_a_conversations_next_turn_goes_to_the_replica_holding_its_prefix(tiny_t
     assert any(state["routed"].get("prefix") for state in router.worker_states())
 
 
+def test_a_router_sends_a_salted_turn_by_its_own_salts_history_alone(tiny_target, tiny_draft):
+    """Bob's request sharing Alice's history is placed by cost and finds nothing cached; Alice's
+    next turn goes where her history is, as a "prefix" decision."""
+    cpu_like = {1: 10.0, 16: 100.0, 64: 400.0}
+    router, _ = make_cluster(tiny_target, tiny_draft, verifiers=2, slots=2, drafter="none", k=0, verify_cost=cpu_like)
+    history = tuple(range(3, 43))
+    router.add("alice-1", GenerationRequest(history, max_tokens=8, cache_salt="alice"))
+    first = []
+    while router.has_work:
+        first += [t for u in router.step()[0] for t in u.token_ids]
+    turn_two = history + tuple(first) + (7, 8, 9)
+
+    def placed(seq_id, salt):
+        router.add(seq_id, GenerationRequest(turn_two, max_tokens=8, cache_salt=salt))
+        cached = 0
+        while router.has_work:
+            cached = max([cached] + [u.cached_tokens for u in router.step()[0]])
+        return cached, sum(n for (_, reason), n in router.decisions.items() if reason == "prefix")
+
+    assert placed("bob-1", "bob") == (0, 0)
+    cached, prefix_decisions = placed("alice-2", "alice")
+    assert cached >= len(history) and prefix_decisions == 1
+
+
 def test_a_salted_turn_goes_by_its_own_salts_prefixes_alone():
     """The router's prefix memory sent a salted request to the replica holding another user's
     prompt, and counted it as a "prefix" decision on /metrics: a client could learn that someone

@@ -311,6 +311,8 @@ def test_placements_and_restarts_are_counters_brought_up_to_the_routers_totals()
     report(2, 5, 0)
     report(2, 5, 0)  # the health monitor's copy of the same totals
     report(3, 7, 1)
+    report(2, 6, 0)  # a step's stale copy, then the fresh totals again: nothing counted twice
+    report(3, 7, 1)
     assert value(metrics, "tandem:cluster_routed_requests_total", worker="v0", reason="prefix") == 3
     assert value(metrics, "tandem:cluster_routed_requests_total", worker="v0", reason="cost") == 7
     assert value(metrics, "tandem:worker_restarts_total", worker="v0") == 1

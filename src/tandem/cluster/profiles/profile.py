@@ -192,9 +192,9 @@ def load_profile(path: str | Path) -> DeviceProfile:
         data = json.loads(Path(path).read_text())
     except OSError as error:
         raise TandemError(f"cannot read profile {path}: {error.strerror}") from None
-    except json.JSONDecodeError as error:
-        raise TandemError(f"profile {path} is not valid JSON: {error} (measure it again: `tandem profile "
-                          "--cluster FILE --force`, or delete the file)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:  # cut short, or edited
+        raise TandemError(f"profile {path} is not valid JSON: {error} (`tandem profile --cluster FILE` "
+                          "measures it again)") from None
     try:
         return profile_from_json(data)
     except (KeyError, TypeError, ValueError) as error:

@@ -33,7 +33,8 @@ def choose_replica(verifiers: list[Worker], routed: Routed, prefixes: dict[str, 
     steps = [step_cost(w, held_lengths.get(w.name, []) + [length]) for w in live]
     chosen = choose([Candidate(len(w.sequences), prefill_ms(w, length, 0), step) for w, step in zip(live, steps)],
                     routed.room)
-    held_prefix = [prefixes[w.name].longest(routed.affinity_tokens) for w in live]
+    affinity, mark = routed.affinity_tokens, routed.num_affinity_marks
+    held_prefix = [max(0, prefixes[w.name].longest(affinity) - mark) for w in live]
     better = prefer_prefix(chosen, held_prefix, [len(w.sequences) for w in live],
                            [prefill_ms(w, length - h, h) for w, h in zip(live, held_prefix)], steps, length,
                            routed.room)
@@ -97,7 +98,8 @@ def prefill_ms(worker: Worker, new_tokens: int, cached: int) -> float:
 
 def refill_ms(routed: Routed, target: Worker) -> float:
     """What a move makes the target compute before decoding: nothing where the KV state travels
-    (one token's step at the stream's depth stands for its restore), else the whole history."""
-    if routed.replica.carries_state and target.carries_state:
+    (one token's step at the stream's depth stands for its restore), else the whole history (a
+    salted stream's state never travels: replica.py)."""
+    if routed.request.cache_salt is None and routed.replica.carries_state and target.carries_state:
         return target.cost.cost.cost_ms(1, routed.num_tokens)
     return prefill_ms(target, routed.num_tokens, 0)

@@ -43,6 +43,11 @@ class Routed:
         return self.tokens if salt is None else (salt_mark(salt), *self.tokens)
 
     @property
+    def num_affinity_marks(self) -> int:
+        """Tokens of affinity_tokens that are no prompt's (the salt's mark)."""
+        return 0 if self.request.cache_salt is None else 1
+
+    @property
     def num_tokens(self) -> int:
         """len(tokens), without building them: the context the stream holds where it runs."""
         return len(self.request.prompt_ids) + len(self.output)

@@ -190,9 +190,9 @@ class ServingMetrics:
     def _count_up(self, counter, key: tuple, total: int) -> None:
         """A counter brought up to a running total reported elsewhere (under self._lock)."""
         counted = self._totals_counted.get(key, 0)
-        if total > counted:
+        if total > counted:  # a stale report (a step's copy, older than the health monitor's) counts nothing
             counter.inc(total - counted)
-        self._totals_counted[key] = total  # a total that went down (a new router) starts again from there
+            self._totals_counted[key] = total
 
     def _observe_rounds(self, report: StepReport) -> None:
         """Tallied per step first: one increment per label value, not per round."""
