@@ -49,3 +49,18 @@ def test_draft_kv_memory_reaches_the_draft_spec_only():
                                       "--kv-memory", "100", "--draft-kv-memory", "50"])
     config = engine_config(args)
     assert (config.target.kv_memory, config.draft.kv_memory) == (100 * 2**20, 50 * 2**20)
+
+
+def test_a_runners_pool_line_names_its_role(monkeypatch, capsys):
+    """The target's and the draft's `KV pool:` lines looked alike: a user sizing --kv-memory missed
+    the draft's pool (--draft-kv-memory)."""
+    from types import SimpleNamespace
+
+    from tandem.models import batch_backends
+    from tandem.models.backends import RunnerSpec
+
+    pooled = SimpleNamespace(name="m [torch-fused/cpu/fp32/x1]", describe_pool=lambda: "KV pool: 180 MiB on cpu")
+    monkeypatch.setitem(batch_backends.BATCH_LOADERS, "torch", lambda spec, slots, cache_slots: pooled)
+    spec = RunnerSpec("smollm2-135m-instruct", "torch", "cpu", "fp32", 1)
+    batch_backends.load_batch_runner(spec, 1, role="draft, --draft-kv-memory")
+    assert "m [torch-fused/cpu/fp32/x1] (draft, --draft-kv-memory): KV pool: 180 MiB" in capsys.readouterr().err

@@ -81,10 +81,10 @@ def build_engine(config: EngineConfig, max_running: int = DEFAULT_MAX_RUNNING, n
         target_tokenizer = TextTokenizer(str(tokenizer_path(config.target.model)))
         check_same_vocabulary(target_tokenizer, TextTokenizer(str(tokenizer_path(config.draft.model))))
         try:
-            draft = load_batch_runner(config.draft, max_running, cache_slots)
+            draft = load_batch_runner(config.draft, max_running, cache_slots, role="draft, --draft-kv-memory")
         except TandemError as error:  # a pool too small for one context names the draft's option
             raise TandemError(str(error).replace("--kv-memory", "--draft-kv-memory")) from None
-    target = load_batch_runner(config.target, max_running, cache_slots)
+    target = load_batch_runner(config.target, max_running, cache_slots, role="target, --kv-memory")
     if target.context_length < config.target.context_length:  # it was capped without a word (vLLM refuses)
         print(f"note: a sequence holds {target.context_length} tokens, fewer than --context-length "
               f"{config.target.context_length}: what {config.target.model} was trained for, or its KV pool holds "

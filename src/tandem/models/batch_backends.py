@@ -56,7 +56,6 @@ def _load_torch_fused(spec: RunnerSpec, slots: int, cache_slots: int | None = No
                                    spec.threads, spec.kv_memory, cache_slots)
     runner.name = f"{spec.model} [torch-fused/{spec.device}/{spec.dtype}/x{slots}]"
     runner.state_format = f"{model_version(spec.model)} [torch-fused/{spec.dtype}]"  # rows read to the host: any device
-    print(f"{runner.name}: {runner.describe_pool()}", file=sys.stderr)
     runner.cost = cached_profile(spec, SlotView(runner), BATCH_PROFILE_SIZES, variant="-fused", deep=True)
     runner.rollback(0, 0)
     return runner
@@ -68,9 +67,14 @@ BATCH_LOADERS: dict[str, Callable[[RunnerSpec, int, int | None], BatchRunner]] =
 }
 
 
-def load_batch_runner(spec: RunnerSpec, slots: int, cache_slots: int | None = None) -> BatchRunner:
+def load_batch_runner(spec: RunnerSpec, slots: int, cache_slots: int | None = None, role: str = "") -> BatchRunner:
     """slots: sequences run at once; cache_slots: slots in all, where the runner keeps finished
     sequences resident beside the running ones (llama.cpp, torch's fused runner; the serial
-    torch runner has `slots`)."""
+    torch runner has `slots`). A runner with a KV pool of its own says its size on stderr, with
+    its role ("target", "draft": both pools' lines looked alike, and a user sizing --kv-memory
+    missed the draft's)."""
     spec = spec.resolved()
-    return BATCH_LOADERS[spec.backend](spec, slots, cache_slots)
+    runner = BATCH_LOADERS[spec.backend](spec, slots, cache_slots)
+    if hasattr(runner, "describe_pool"):
+        print(f"{runner.name}{f' ({role})' if role else ''}: {runner.describe_pool()}", file=sys.stderr)
+    return runner

@@ -132,7 +132,8 @@ async def test_protect_metrics_puts_them_behind_the_key():
                 assert refused.status_code == 401 and refused.json()["error"]["type"] == "authentication_error"
                 assert (await client.get(path, headers={"Authorization": f"Bearer {KEY}"})).status_code == 200
             assert (await client.get("/")).status_code == 200  # the page holds no data
-            assert (await client.get("/health")).status_code == 200  # load balancers probe it
+            health = await client.get("/health")  # load balancers probe it: its status alone (it told the
+            assert health.status_code == 200 and health.json() == {"status": "ok"}  # model and its load to anyone)
         assert server.state.metrics.rejected == []  # a dashboard polling without the key is no rejected request
 
 

@@ -51,9 +51,11 @@ def status_router(state: ServerState, openapi: Callable[[], dict]) -> APIRouter:
         unavailable = getattr(engine, "unavailable_reason", None) or _no_verifier_up(not_up, workers)
         status = ("draining" if state.draining else "unavailable" if unavailable
                   else "degraded" if not_up else "ok")
-        body = {"status": status, "model": state.model_name, **({"reason": unavailable} if unavailable else {}),
-                **({"workers_not_up": not_up} if not_up else {}),
-                "running": engine.num_running, "waiting": state.worker.num_waiting, "in_flight": state.worker.in_flight}
+        body = {"status": status, **({"reason": unavailable} if unavailable else {})}
+        if not state.settings.protect_metrics:  # what it serves and how busy: the metrics' to guard (open without a key)
+            body |= {"model": state.model_name, **({"workers_not_up": not_up} if not_up else {}),
+                     "running": engine.num_running, "waiting": state.worker.num_waiting,
+                     "in_flight": state.worker.in_flight}
         if status in ("draining", "unavailable"):  # as the 503s new requests get: a load balancer sends them elsewhere
             return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_SHUTDOWN_SECONDS)})
         return JSONResponse(body)
