@@ -29,8 +29,6 @@ class Sequence:
     draft_cached: list[int] = field(default_factory=list)  # tokens in the draft slot's cache
     unprefilled: tuple[int, ...] = ()  # prompt tokens the target slot still lacks (until prefilled)
     cached_tokens: int | None = None  # prompt tokens found cached when first placed (None before)
-    drafted: int = 0  # totals over the request
-    accepted: int = 0
 
     @classmethod
     def create(cls, seq_id: str, request: GenerationRequest, options: SpeculationOptions,
@@ -55,14 +53,12 @@ class Sequence:
         """A round always adds one target token: drafts fit in what is left besides it."""
         return max(0, min(self.room - 1, context_length - len(self.tokens) - 1, K_LIMIT))
 
-    def commit(self, proposed: list[int], drafted: int, accepted: int, context_length: int) -> tuple[list[int], str | None]:
+    def commit(self, proposed: list[int], context_length: int) -> tuple[list[int], str | None]:
         """Append a verified round's tokens up to the first stop; return them and why the
         sequence ends (None, "stop" or "length"; see engine/stops.py)."""
         emitted, reason = apply_stops(proposed, self.output, self.request, context_length - len(self.tokens))
         self.tokens += emitted
         self.output += emitted
-        self.drafted += drafted
-        self.accepted += min(accepted, len(emitted))  # not those past a stop
         return emitted, reason
 
     @property

@@ -117,7 +117,7 @@ def commit_round(seq: Sequence, draft: SequenceDraft, emitted: list[int], accept
         agreed = common_prefix(rival.copy, emitted)
         planner.record(rival.source, agreed + (agreed < min(len(rival.copy), len(emitted))), agreed)
     try:
-        tokens, reason = seq.commit(list(emitted), k, accepted, context_length)
+        tokens, reason = seq.commit(list(emitted), context_length)
     except StopConditionError as error:  # the request's own stop condition failed: it alone ends, nothing committed
         return (SequenceUpdate(seq.seq_id, (), k, 0, True, "error", str(error), seq.cached_tokens or 0),
                 RoundReport(seq.seq_id, draft.source, k, accepted), "error")

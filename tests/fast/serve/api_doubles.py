@@ -136,7 +136,7 @@ class ScriptedEngine(SequencePool):
         accepted = min(self.tokens_per_step - 1, k)
         start = len(seq.output)
         proposed = [self.script[(start + i) % len(self.script)] for i in range(accepted + 1)]
-        emitted, reason = seq.commit(proposed, k, accepted, self.context_length)
+        emitted, reason = seq.commit(proposed, self.context_length)
         if reason is not None:
             self._finish(seq)
         update = SequenceUpdate(seq.seq_id, tuple(emitted), k, accepted, reason is not None, reason,
