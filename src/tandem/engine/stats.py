@@ -72,9 +72,9 @@ class GenerationStats:
             "finish_reason": self.finish_reason,
             "seconds": round(self.seconds, 4),
             "tokens_per_s": round(self.new_tokens / self.seconds, 3) if self.seconds else 0.0,
-            "acceptance_rate": round(self.accepted / self.drafted, 4) if self.drafted else 0.0,
+            "acceptance_rate": round(self.accepted / self.drafted, 4) if self.drafted else None,  # no drafts: none
             "mean_accepted_len": (
-                round(self.accepted / self.rounds_with_draft, 4) if self.rounds_with_draft else 0.0
+                round(self.accepted / self.rounds_with_draft, 4) if self.rounds_with_draft else None
             ),
             "target_forwards": self.target_forwards,
             "draft_forwards": self.draft_forwards,
