@@ -19,11 +19,21 @@ def tandem_home() -> Path:
 
 
 def models_dir() -> Path:
-    return tandem_home() / "models"
+    return _under_home("models")
 
 
 def profiles_dir() -> Path:
-    return tandem_home() / "profiles"
+    return _under_home("profiles")
+
+
+def _under_home(name: str) -> Path:
+    """A folder of $TANDEM_HOME's; a TandemError where the home is a file (a list of models
+    showed none pulled, as if the models were gone)."""
+    home = tandem_home()
+    if home.exists() and not home.is_dir():
+        raise TandemError(f"$TANDEM_HOME ({home}) is a file, not a folder: point it at a folder "
+                          "(Tandem keeps models, profiles and caches there)")
+    return home / name
 
 
 def make_dir(folder: Path) -> Path:

@@ -288,14 +288,16 @@ def test_sigterm_stops_a_command_as_ctrl_c_does(monkeypatch):
 
 
 def test_an_unusable_tandem_home_is_one_error_line(tmp_path, monkeypatch, capsys):
-    """$TANDEM_HOME a file: a pull ended in NotADirectoryError's traceback; now one line naming
-    the variable, before any download."""
+    """$TANDEM_HOME a file: a pull ended in NotADirectoryError's traceback, and a list showed
+    every model unpulled as if they were gone; now one line naming the variable, before any
+    download."""
     home = tmp_path / "home"
     home.write_text("")
     monkeypatch.setenv("TANDEM_HOME", str(home))
-    assert exit_code(["models", "pull", "smollm2-135m-instruct"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: cannot create the folder") and "$TANDEM_HOME" in err and err.count("\n") == 1
+    for argv in (["models", "pull", "smollm2-135m-instruct"], ["models", "list"]):
+        assert exit_code(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: $TANDEM_HOME") and "is a file, not a folder" in err and err.count("\n") == 1
 
 
 def test_a_torch_device_this_machine_lacks_is_one_error_line(monkeypatch):
