@@ -71,3 +71,14 @@ def test_a_developer_message_is_a_system_turn_for_every_caller(chatml):
     as_developer = chatml.chat_prompt_ids([{"role": "developer", "content": "hi"}, {"role": "user", "content": "hi"}])
     as_system = chatml.chat_prompt_ids([{"role": "system", "content": "hi"}, {"role": "user", "content": "hi"}])
     assert as_developer == as_system
+
+
+@pytest.mark.parametrize("messages", [
+    [], "hi", [{"content": "hi"}], [{"role": "user", "content": None}],
+    [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+])
+def test_messages_of_another_shape_are_one_clear_error(chatml, messages):
+    """A library's caller got KeyError 'role', jinja's UndefinedError or a TypeError from inside
+    the template; OpenAI's text parts go through chat_messages.checked_messages first."""
+    with pytest.raises(TandemError, match="chat messages are a non-empty list"):
+        chatml.chat_prompt_ids(messages)

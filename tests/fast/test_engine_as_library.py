@@ -234,3 +234,107 @@ def test_a_failing_stop_condition_ends_its_request_alone(tiny_target, tiny_draft
         generate(engine, GenerationRequest(PROMPT, 12, stop_condition=condition))
     assert not engine.has_work and engine.kv_slots_in_use == 0
     assert generate(engine, GenerationRequest(PROMPT, 12))[0] == alone
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"sampling": None}, "SamplingParams"), ({"sampling": {"temperature": 0}}, "SamplingParams"),
+    ({"stop_token_ids": None}, "collection of token ids"), ({"stop_token_ids": 2}, "collection of token ids"),
+    ({"stop_token_ids": ["2"]}, "non-negative integers"), ({"stop_condition": "\n\n"}, "tokens_to_keep"),
+])
+def test_a_request_field_of_the_wrong_kind_is_refused_when_made(fields, says):
+    """sampling=None killed a worker's engine thread (every request then hung); stop_token_ids=None
+    failed the step of every request beside it."""
+    with pytest.raises(TandemError, match=says):
+        GenerationRequest(PROMPT, 4, **fields)
+    assert GenerationRequest(PROMPT, 4, stop_token_ids=[3, 4]).stop_token_ids == frozenset({3, 4})
+
+
+def test_a_failure_adding_one_request_leaves_the_worker_serving(tiny_target, tiny_draft, monkeypatch):
+    """Only a TandemError from engine.add was caught: anything else ended the engine thread, and
+    every request in flight or sent later waited for ever."""
+    engine = make_engine(tiny_target, tiny_draft, slots=1)
+    worker = EngineWorker(engine).start()
+    add = engine.add
+
+    def add_failing_once(seq_id, request, options):
+        if request.max_tokens == 3:
+            raise AttributeError("a bug")
+        return add(seq_id, request, options)
+
+    monkeypatch.setattr(engine, "add", add_failing_once)
+    try:
+        tokens, last = collect_sync(worker.submit(GenerationRequest(PROMPT, 3)))
+        assert tokens == [] and last.finish_reason == "error" and "a bug" in last.error
+        tokens, last = collect_sync(worker.submit(GenerationRequest(PROMPT, 4)))
+        assert len(tokens) == 4 and last.finish_reason == "length"
+    finally:
+        worker.shutdown(grace_seconds=0)
+
+
+def test_options_none_is_the_engines_and_another_kind_is_refused(tiny_target, tiny_draft):
+    """Library.md says None is the engine's: it was an AttributeError from deep inside."""
+    from tandem.engine.events import SpeculationOptions
+
+    engine = make_engine(tiny_target, tiny_draft, slots=1)
+    assert generate(engine, GenerationRequest(PROMPT, 4), None)[0] == generate(engine, GenerationRequest(PROMPT, 4))[0]
+    with pytest.raises(TandemError, match="SpeculationOptions"):
+        generate(engine, GenerationRequest(PROMPT, 4), {"drafter": "ngram"})
+    with pytest.raises(TandemError, match="a drafter is a name"):
+        SpeculationOptions(drafter="")  # it fell back to the engine's drafter without a word
+    worker = EngineWorker(engine).start()
+    try:
+        assert len(collect_sync(worker.submit(GenerationRequest(PROMPT, 4), None))[0]) == 4
+        with pytest.raises(TandemError, match="timeout"):
+            worker.submit(GenerationRequest(PROMPT, 4)).next_update_sync(timeout=-1)
+    finally:
+        worker.shutdown(grace_seconds=0)
+    with pytest.raises(TandemError, match="max_waiting"):
+        EngineWorker(engine, max_waiting=-1)
+
+
+def test_an_on_created_that_raises_gives_its_place_back(tiny_target, tiny_draft):
+    """Its handle stayed registered: two such submits filled a worker of capacity 2 for good."""
+    worker = EngineWorker(make_engine(tiny_target, tiny_draft, slots=1), max_waiting=1)  # not started
+
+    def fails(seq_id):
+        raise RuntimeError("the caller's own bookkeeping failed")
+
+    for _ in range(3):
+        with pytest.raises(RuntimeError, match="bookkeeping"):
+            worker.submit(GenerationRequest(PROMPT, 4), on_created=fails)
+    assert worker.in_flight == 0 and worker.num_waiting == 0
+    worker.submit(GenerationRequest(PROMPT, 4))  # room for it
+
+
+def test_a_handle_read_on_another_event_loop_says_so(tiny_target, tiny_draft):
+    """Its updates went to the loop it was submitted on: read on a later loop it waited for ever."""
+    import asyncio
+
+    worker = EngineWorker(make_engine(tiny_target, tiny_draft, slots=1)).start()
+    try:
+        async def submit():
+            return worker.submit(GenerationRequest(PROMPT, 4))
+
+        handle = asyncio.run(submit())
+
+        async def read():
+            return await asyncio.wait_for(handle.next_update(), 10)  # it waited for ever
+
+        with pytest.raises(TandemError, match="another event loop"):
+            asyncio.run(read())
+    finally:
+        worker.shutdown(grace_seconds=0)
+
+
+def test_stop_strings_take_one_string_as_one_stop():
+    """"end" was read as the three stops "e", "n" and "d"; None was a raw TypeError."""
+    from tandem.text.stop_strings import StopStrings
+    from tandem.text.stream import TextStream
+
+    def decode(ids):
+        return "".join(chr(96 + i) for i in ids)
+
+    assert StopStrings(decode, "end").strings == TextStream(decode, "end").stop_strings == ["end"]
+    assert StopStrings(decode, None).strings == []
+    with pytest.raises(TandemError, match="a string or a list of strings"):
+        StopStrings(decode, 5)

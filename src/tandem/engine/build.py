@@ -17,6 +17,7 @@ from tandem.models.backends import RunnerSpec, precision_of
 from tandem.models.batch_backends import load_batch_runner
 from tandem.models.checksum import model_checksum
 from tandem.models.resolve import tokenizer_path
+from tandem.numbers import is_int
 from tandem.speculation.depth import Auto, Depth, parse_depth
 from tandem.speculation.drafters.registry import USES_MODEL, check_drafter
 from tandem.text.tokenizer import TextTokenizer, check_same_vocabulary
@@ -73,8 +74,8 @@ def build_engine(config: EngineConfig, max_running: int = DEFAULT_MAX_RUNNING, n
     runners that cannot save a slot's state, torch's serial one, have none). cache_dir: the disk
     tier's folder (None: no disk tier), holding up to cache_disk_bytes (None:
     default_cache_disk_bytes())."""
-    if not 1 <= max_running <= 64:
-        raise TandemError(f"max running sequences must be between 1 and 64, got {max_running}")
+    if not (is_int(max_running) and 1 <= max_running <= 64):
+        raise TandemError(f"max running sequences must be an integer between 1 and 64, got {max_running!r}")
     cache_slots = max_running * (1 + RESIDENT_PER_RUNNING.get(config.target.resolved().backend, 0))
     draft = None
     if config.draft is not None and config.uses_draft_model:

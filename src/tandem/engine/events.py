@@ -7,6 +7,7 @@ dashboard. Both are plain frozen records, safe to hand from the engine thread to
 
 from dataclasses import dataclass, field
 
+from tandem.errors import TandemError
 from tandem.speculation.depth import Depth, parse_depth
 
 FINISH_REASONS = ("stop", "length", "cancelled", "error", "unavailable")  # unavailable: nothing left to run it (a cluster
@@ -17,12 +18,23 @@ FINISH_REASONS = ("stop", "length", "cancelled", "error", "unavailable")  # unav
 class SpeculationOptions:
     """Per-request knobs (the API's `"tandem": {...}` object); None means the server default."""
 
-    drafter: str | None = None  # "hybrid" | "model" | "ngram" | "none"
+    drafter: str | None = None  # "hybrid" | "model" | "ngram" | "suffix" | "none" (checked by the engine)
     k: Depth | None = None  # Auto() or Fixed(k); "auto" or an int are parsed on creation
 
     def __post_init__(self):
+        if self.drafter is not None and not (isinstance(self.drafter, str) and self.drafter):
+            raise TandemError(f"a drafter is a name such as 'hybrid' or 'ngram' (None: the engine's), got {self.drafter!r}")
         if self.k is not None:
             object.__setattr__(self, "k", parse_depth(self.k))
+
+
+def checked_options(options: "SpeculationOptions | None") -> "SpeculationOptions":
+    """A request's options as the engine's entry points take them: None is the engine's own."""
+    if options is None:
+        return SpeculationOptions()
+    if not isinstance(options, SpeculationOptions):
+        raise TandemError(f"options must be a SpeculationOptions (or None), got {type(options).__name__}")
+    return options
 
 
 @dataclass(frozen=True, slots=True)

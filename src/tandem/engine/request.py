@@ -40,12 +40,30 @@ class GenerationRequest:
         ids = self.prompt_ids
         if not (isinstance(ids, tuple) and ids and all(type(token) is int and token >= 0 for token in ids)):
             self._check_and_convert_ids()  # the common case (a tuple of token ids) takes one pass
+        if not isinstance(self.sampling, SamplingParams):  # None or a dict failed in the engine's thread
+            raise TandemError(f"sampling must be a SamplingParams, got {type(self.sampling).__name__}")
+        self._check_and_convert_stops()
         if not (is_int(self.max_tokens) and self.max_tokens >= 1):
             raise TandemError(f"max tokens must be a positive integer, got {self.max_tokens!r}")
         if self.cache_salt is not None and not (isinstance(self.cache_salt, str) and self.cache_salt):
             raise TandemError(f"a cache salt must be a non-empty string, got {self.cache_salt!r}")
         if not (is_int(self.output_offset) and 0 <= self.output_offset < len(self.prompt_ids)):
             raise TandemError(f"the output offset must be below the prompt's length, got {self.output_offset!r}")
+
+    def _check_and_convert_stops(self) -> None:
+        """stop_token_ids any collection of token ids (kept as a frozenset); a stop condition
+        something with `tokens_to_keep`. Else a TandemError here, not a failed step for the batch."""
+        stops = self.stop_token_ids
+        if not isinstance(stops, (frozenset, set, tuple, list, np.ndarray)):
+            raise TandemError(f"stop_token_ids must be a collection of token ids, got {type(stops).__name__}")
+        bad = next((token for token in stops if not _is_token_id(token)), None)
+        if bad is not None:
+            raise TandemError(f"stop_token_ids must be non-negative integers (token ids), got {bad!r}")
+        if not (isinstance(stops, frozenset) and all(type(token) is int for token in stops)):
+            object.__setattr__(self, "stop_token_ids", frozenset(int(token) for token in stops))
+        if self.stop_condition is not None and not callable(getattr(self.stop_condition, "tokens_to_keep", None)):
+            raise TandemError("a stop condition has a method tokens_to_keep(output_ids) (e.g. text/stop_strings.py's "
+                              f"StopStrings), got {type(self.stop_condition).__name__}")
 
     def _check_and_convert_ids(self) -> None:
         """Text, an empty prompt, or ids that are no non-negative integers: a TandemError; a list,

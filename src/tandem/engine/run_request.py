@@ -8,7 +8,7 @@ import itertools
 from typing import Iterator
 
 from tandem.engine.batch_engine import BatchEngine
-from tandem.engine.events import SpeculationOptions
+from tandem.engine.events import SpeculationOptions, checked_options
 from tandem.engine.request import GenerationRequest
 from tandem.engine.stats import GenerationStats
 from tandem.errors import TandemError
@@ -17,7 +17,7 @@ _ids = itertools.count()
 
 
 def stream_tokens(engine: BatchEngine, request: GenerationRequest, stats: GenerationStats,
-                  options: SpeculationOptions = SpeculationOptions()) -> Iterator[list[int]]:
+                  options: SpeculationOptions | None = None) -> Iterator[list[int]]:
     """Yield each step's committed token ids for this request; fill `stats` as it goes (its
     `seq_id` names the request to the engine). Closing the iterator early (`.close()`, or a
     `break` out of a loop over the call itself, which drops it) or an error in a step cancels the
@@ -25,7 +25,9 @@ def stream_tokens(engine: BatchEngine, request: GenerationRequest, stats: Genera
     as a TandemError), so the engine holds nothing of it; so does `engine.cancel(stats.seq_id)`, which ends
     the iteration ("cancelled"). The calling thread holds the engine until then (another thread
     using it is a TandemError), from its first `next`; one such request at a time. Share an engine
-    across threads or an event loop, or run several requests at once, through EngineWorker."""
+    across threads or an event loop, or run several requests at once, through EngineWorker.
+    `options` None: the engine's drafter and depth."""
+    options = checked_options(options)
     with engine.exclusive():
         if engine.streaming:  # each would step the other's request and drop its tokens
             raise TandemError("this engine is already running a stream_tokens or generate request: one at a time "
@@ -66,7 +68,9 @@ def _stream(engine: BatchEngine, request: GenerationRequest, stats: GenerationSt
 
 
 def generate(engine: BatchEngine, request: GenerationRequest,
-             options: SpeculationOptions = SpeculationOptions()) -> tuple[list[int], GenerationStats]:
+             options: SpeculationOptions | None = None) -> tuple[list[int], GenerationStats]:
+    """One request to its end, in this thread: all its generated token ids and its stats (see
+    stream_tokens; `options` None: the engine's drafter and depth)."""
     stats = GenerationStats()
     output = [token for chunk in stream_tokens(engine, request, stats, options) for token in chunk]
     return output, stats

@@ -16,7 +16,9 @@ class GenerationStats:
     seq_id: str | None = None  # the request's id in the engine (engine/run_request.py)
     prompt_tokens: int = 0
     new_tokens: int = 0
-    finish_reason: str | None = None  # as the API says it: "stop" (end of sequence or a stop string), "length"
+    finish_reason: str | None = None  # as the API says it: "stop" (end of sequence or a stop string), "length",
+    # "cancelled" (engine.cancel), "error"; None while running or where the caller stopped reading (a break).
+    # One object per request: a second request's counts would add to the first's
     seconds: float = 0.0
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0

@@ -28,10 +28,11 @@ import time
 from collections import deque
 from typing import Callable, Iterable, Protocol, Sequence
 
-from tandem.engine.events import SequenceUpdate, SpeculationOptions, StepReport
+from tandem.engine.events import SequenceUpdate, SpeculationOptions, StepReport, checked_options
 from tandem.engine.request import GenerationRequest
 from tandem.errors import TandemError, client_message
 from tandem.models.openmp import release_openmp_threads
+from tandem.numbers import is_int, is_number
 
 log = logging.getLogger(__name__)
 IDLE_WAIT_SECONDS = 0.05  # how long the idle engine thread sleeps between command checks
@@ -54,6 +55,9 @@ def retry_after_seconds(finish_times: Sequence[float]) -> int:
 
 
 class QueueFullError(TandemError):
+    """More requests in flight than the worker holds (its engine's max_running plus max_waiting):
+    try again after `retry_after_seconds` (read from recent finishes; the server's Retry-After)."""
+
     def __init__(self, in_flight: int, retry_after_seconds: int = 1):
         super().__init__(f"the server is at capacity ({in_flight} request{'' if in_flight == 1 else 's'} in flight); "
                          "retry later")
@@ -61,6 +65,8 @@ class QueueFullError(TandemError):
 
 
 class EngineStoppedError(TandemError):
+    """The worker was shut down (or never held its engine): it takes no requests."""
+
     def __init__(self, message: str = "the engine is shutting down and accepts no new requests"):
         super().__init__(message)
 
@@ -118,6 +124,8 @@ class RequestHandle:
         if self._loop is None:
             raise TandemError("this request was submitted from a thread without an event loop: read it with "
                               "handle.next_update_sync()")
+        if asyncio.get_running_loop() is not self._loop:  # its updates go to the loop it came from
+            raise TandemError("this request was submitted from another event loop: read it on that loop")
         self._check_unfinished()
         update = await self._queue.get()
         self.finished = update.finished
@@ -130,6 +138,8 @@ class RequestHandle:
             raise TandemError("this request was submitted from an event loop: read it there with "
                               "`await handle.next_update()`")
         self._check_unfinished()
+        if timeout is not None and not (is_number(timeout) and timeout >= 0):
+            raise TandemError(f"timeout must be a number of seconds, 0 or more (or None), got {timeout!r}")
         try:
             update = self._queue.get(timeout=timeout)
         except queue.Empty:
@@ -147,6 +157,10 @@ class RequestHandle:
 
 
 class EngineWorker:
+    """Runs an engine on a thread of its own (`start`), so that many requests from any threads or
+    event loops share it: `submit` queues one and returns its RequestHandle, `shutdown` finishes
+    what is in flight (up to a grace period) and closes the engine."""
+
     def __init__(
         self,
         engine: BatchingEngine,
@@ -157,6 +171,8 @@ class EngineWorker:
         """observers: called with every step's report. queue_observers: called with the engine's
         running and waiting counts where a command (a cancel, a new request) changed them between
         steps, so that an idle engine's gauges do not keep the last step's counts."""
+        if not (is_int(max_waiting) and max_waiting >= 0):
+            raise TandemError(f"max_waiting must be an integer, 0 or more, got {max_waiting!r}")
         self.engine = engine
         self.capacity = engine.max_running + max_waiting
         self.observers = list(observers)
@@ -195,6 +211,8 @@ class EngineWorker:
             return self.engine.num_waiting + self._adds_queued
 
     def start(self) -> "EngineWorker":
+        """Start the engine thread; it holds the engine until shutdown (another thread's use of it
+        meanwhile is a TandemError). Returns the worker."""
         if self._thread.is_alive() or self._thread.ident is not None or not self._accepting:
             raise EngineStoppedError("this worker was already started (a shut-down worker is not restarted: make a "
                                      "new EngineWorker for the engine)")
@@ -209,11 +227,14 @@ class EngineWorker:
             raise self._start_error
         return self
 
-    def submit(self, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions(),
+    def submit(self, request: GenerationRequest, options: SpeculationOptions | None = None,
                on_created: Callable[[str], None] | None = None) -> RequestHandle:
-        """Queue a request. Raises TandemError for a request the engine can never run (a client
-        error), QueueFullError past capacity, EngineStoppedError (or EngineUnavailableError) when
-        nothing can be served. `on_created(seq_id)` runs before the engine thread can see it."""
+        """Queue a request (`options` None: the engine's drafter and depth). Raises TandemError
+        for a request the engine can never run (a client error), QueueFullError past capacity,
+        EngineStoppedError (or EngineUnavailableError) when nothing can be served.
+        `on_created(seq_id)` runs before the engine thread can see it (where it raises, the
+        request is not queued and its error is raised here)."""
+        options = checked_options(options)
         self.engine.validate(request, options)
         reason = getattr(self.engine, "unavailable_reason", None)
         if reason:
@@ -232,7 +253,13 @@ class EngineWorker:
             self._handles[seq_id] = handle
             self._adds_queued += 1
         if on_created is not None:
-            on_created(seq_id)
+            try:
+                on_created(seq_id)
+            except BaseException:  # its place in the queue is given back
+                with self._lock:
+                    del self._handles[seq_id]
+                    self._adds_queued -= 1
+                raise
         self._commands.put(("add", seq_id, request, options))
         return handle
 
@@ -313,8 +340,11 @@ class EngineWorker:
                 self._adds_queued -= 1
             try:
                 self.engine.add(seq_id, payload, options)
-            except TandemError as error:
-                self._dispatch([SequenceUpdate(seq_id, (), finished=True, finish_reason="error", error=str(error))])
+            except Exception as error:  # this request alone fails; the engine thread goes on
+                if not isinstance(error, TandemError):
+                    log.exception("engine failed to add request %s", seq_id)
+                self._dispatch([SequenceUpdate(seq_id, (), finished=True, finish_reason="error",
+                                               error=str(error) if isinstance(error, TandemError) else client_message(error))])
         elif kind == "cancel":
             update = self.engine.cancel(seq_id)
             if update is not None:

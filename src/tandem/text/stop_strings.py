@@ -7,7 +7,20 @@ contains it, also when a multi-byte character is split across tokens.
 
 import bisect
 
+from tandem.errors import TandemError
 from tandem.text.detokenizer import DecodeFn, IncrementalDetokenizer
+
+
+def stop_list(strings) -> list[str]:
+    """Stop strings as a list, empty ones dropped: None is none, a string is one (as OpenAI's
+    `stop` takes it; iterated, "end" was the three stops "e", "n", "d")."""
+    if strings is None:
+        return []
+    if isinstance(strings, str):
+        strings = [strings]
+    if not (isinstance(strings, (list, tuple)) and all(isinstance(s, str) for s in strings)):
+        raise TandemError(f"stop strings are a string or a list of strings, got {strings!r}")
+    return [s for s in strings if s]
 
 
 class StopStrings:
@@ -20,9 +33,9 @@ class StopStrings:
     that does not extend the one seen before (a shorter or different output) starts over.
     """
 
-    def __init__(self, decode: DecodeFn, strings: list[str]):
+    def __init__(self, decode: DecodeFn, strings: list[str] | str | None):
         self.decode = decode
-        self.strings = [s for s in strings if s]
+        self.strings = stop_list(strings)
         self._overlap = max((len(s) for s in self.strings), default=1) - 1
         self._start_over()
 

@@ -6,7 +6,7 @@ text not shown yet, so a whole generation costs time linear in its length.
 """
 
 from tandem.text.detokenizer import DecodeFn, IncrementalDetokenizer
-from tandem.text.stop_strings import first_stop_start, held_back_length
+from tandem.text.stop_strings import first_stop_start, held_back_length, stop_list
 
 
 class TextStream:
@@ -21,8 +21,8 @@ class TextStream:
     held-back text: searching that plus the new text is enough.
     """
 
-    def __init__(self, decode: DecodeFn, stop_strings: list[str] | None = None):
-        self.stop_strings = [s for s in stop_strings or [] if s]
+    def __init__(self, decode: DecodeFn, stop_strings: list[str] | str | None = None):
+        self.stop_strings = stop_list(stop_strings)
         self._detokenizer = IncrementalDetokenizer(decode)
         self._held = ""  # final text not shown yet: it may begin a stop string
         self._done = False

@@ -17,6 +17,9 @@ END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<end_of_turn
 
 
 class TextTokenizer:
+    """A model's Hugging Face tokenizer (its folder, `models.resolve.tokenizer_path`): text and chat
+    messages to token ids, ids to text, and the ids that end an answer (`stop_token_ids`)."""
+
     def __init__(self, folder: str):
         from transformers import AutoTokenizer
 
@@ -39,7 +42,14 @@ class TextTokenizer:
         return self._tok.decode(token_ids, skip_special_tokens=True)
 
     def chat_prompt_ids(self, messages: list[dict]) -> list[int]:
-        """Apply the chat template once, with the assistant turn opened."""
+        """Apply the chat template once, with the assistant turn opened. `messages`: dicts with a
+        string role and content (text/chat_messages.py's `checked_messages` makes them so from
+        OpenAI's shapes, text parts included)."""
+        if not (isinstance(messages, list) and messages and all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in messages)):  # a KeyError, or jinja's UndefinedError, deep in the template
+            raise TandemError("chat messages are a non-empty list of {'role': str, 'content': str} "
+                              "(text/chat_messages.py's checked_messages takes OpenAI's text parts too)")
         if not self._tok.chat_template:
             raise TandemError(f"the tokenizer in {self.folder} has no chat template: use --prompt")
         messages = [{**m, "role": template_role(m["role"])} for m in messages]  # every caller alike
