@@ -251,7 +251,7 @@ class BatchEngine(SequencePool):
             if self.target.can_copy_prefix and self._prefill_to_share(self.waiting[0]):
                 deferred.append(self.waiting.popleft())
                 continue
-            if not self._make_room(len(self.waiting[0].tokens) - 1):
+            if not self._make_room(self.waiting[0]):
                 break
             self._place(self.waiting.popleft())
         self.waiting.extendleft(reversed(deferred))
@@ -281,21 +281,33 @@ class BatchEngine(SequencePool):
     def _running_draft(self, slot: int) -> list[int]:
         return self.running[self.slots.owner[slot]].draft_cached
 
-    def _make_room(self, new_tokens: int) -> bool:
-        """Keep the KV pool from overflowing: evict free slots' caches to the host tier, least
-        recently used first, if needed."""
+    def _make_room(self, seq: Sequence) -> bool:
+        """Keep the KV pool from overflowing before seq is placed: evict free slots' caches to the
+        host tier, least recently used first, if needed. The prompt tokens a slot already holds
+        for it cost the pool nothing more, and that slot goes last (counted as new and evicted
+        first, a repeated long prompt lost its cache wherever the pool was small)."""
         pool = getattr(self.target, "pool_tokens", None)
         if pool is None:
             return True
-        self._evict_retained(new_tokens, pool)
-        return self._kv_needed(new_tokens) <= pool or not self.running
+        prefix = seq.tokens[:-1]
+        choice = self.slots.choose(prefix, self.target.can_copy_prefix, seq.request.cache_salt)
+        holder = choice.slot if choice.copy_from is None else choice.copy_from
 
-    def _evict_retained(self, new_tokens: int, pool: int, at_least: int = 0) -> int:
-        """Evict free slots' caches, least recently used first, until the running sequences'
-        caches, `new_tokens` and headroom fit the pool (and at least `at_least` went); how many went."""
+        def new_tokens() -> int:
+            return len(prefix) - (choice.reuse_tokens if self.slots.cached[holder] else 0)
+
+        self._evict_retained(new_tokens, pool, keep=holder if choice.reuse_tokens else None)
+        return self._kv_needed(new_tokens()) <= pool or not self.running
+
+    def _evict_retained(self, new_tokens: Callable[[], int], pool: int, at_least: int = 0,
+                        keep: int | None = None) -> int:
+        """Evict free slots' caches, least recently used first (`keep` last), until the running
+        sequences' caches, `new_tokens()` and headroom fit the pool (and at least `at_least`
+        went); how many went."""
         evicted = 0
-        for slot in self.slots.retained_slots():
-            if evicted >= at_least and self._kv_needed(new_tokens) <= pool:
+        retained = self.slots.retained_slots()
+        for slot in [s for s in retained if s != keep] + [s for s in retained if s == keep]:
+            if evicted >= at_least and self._kv_needed(new_tokens()) <= pool:
                 break
             self.prompt_cache.evict(slot)
             evicted += 1
@@ -469,7 +481,7 @@ class BatchEngine(SequencePool):
         again)."""
         for seq in seqs:
             self.target.rollback(seq.slot, len(seq.tokens) - 1 - len(seq.unprefilled))
-        if self._evict_retained(0, getattr(self.target, "pool_tokens", 0), at_least=1) or len(self.running) < 2:
+        if self._evict_retained(lambda: 0, getattr(self.target, "pool_tokens", 0), at_least=1) or len(self.running) < 2:
             return
         youngest = list(self.running.values())[-1]
         self.running.pop(youngest.seq_id)
