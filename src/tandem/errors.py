@@ -29,6 +29,11 @@ class VocabularyMismatchError(TandemError):
     """Draft and target do not share a tokenizer."""
 
 
+class InterruptSaid(KeyboardInterrupt):
+    """A Ctrl-C whose command already said what it kept ("interrupted: wrote ..."): the CLI exits
+    130 without a second "interrupted" line."""
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """' (did you mean 'role'?)' when `word` is close to one of `choices`, else ''."""
     close = get_close_matches(word, list(choices), n=1, cutoff=0.6)

@@ -3,6 +3,7 @@
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -464,6 +465,21 @@ def test_ctrl_c_while_the_commands_load_is_one_line_not_a_traceback(monkeypatch,
     monkeypatch.setattr(main_module, "build_parser", interrupted)
     assert main(["models", "list"]) == 130
     assert capsys.readouterr().err == "\ninterrupted\n"
+
+
+def test_ctrl_c_after_a_command_said_what_it_kept_is_not_said_twice(monkeypatch, capsys):
+    """bench-serve, bench-peer and soak said "interrupted: wrote the finished levels ...", then
+    the CLI a bare "interrupted" under it."""
+    from tandem.cli import soak_cmd
+    from tandem.errors import InterruptSaid
+
+    def said(args):
+        print("interrupted: wrote the 3 samples so far to out", file=sys.stderr)
+        raise InterruptSaid()
+
+    monkeypatch.setattr(soak_cmd, "run", said)
+    assert main(["soak", "--url", "http://127.0.0.1:9"]) == 130
+    assert capsys.readouterr().err == "interrupted: wrote the 3 samples so far to out\n"
 
 
 def test_a_refused_file_outside_the_home_is_not_blamed_on_tandem_home(monkeypatch, tmp_path):

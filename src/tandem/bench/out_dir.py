@@ -2,8 +2,8 @@
 clear error before any model loads, not a traceback after the run. An earlier run's files there
 are named before they are replaced, never replaced without a word."""
 
-import os
 import sys
+import tempfile
 from pathlib import Path
 
 from tandem.errors import TandemError
@@ -16,9 +16,9 @@ def prepare_out_dir(out_dir: Path) -> None:
     if out_dir.is_file():
         raise TandemError(f"{out_dir} is a file, not a folder: give --out a folder to write the outputs in")
     _make_folder(out_dir)
-    if not os.access(out_dir, os.W_OK):  # an existing folder was found only by the run's last write
-        raise TandemError(f"cannot write in the output folder {out_dir}: it is not writable (or on a read-only "
-                          "file system); give --out another folder")
+    refused = _write_refused(out_dir)  # an existing folder was found only by the run's last write
+    if refused:
+        raise TandemError(f"cannot write in the output folder {out_dir}: {refused}; give --out another folder")
 
 
 def _make_folder(out_dir: Path) -> None:
@@ -36,8 +36,19 @@ def check_out_file(path: Path) -> None:
     here where missing)."""
     if path.is_dir():
         raise TandemError(f"{path} is a folder; give a file name to write")
+    _make_folder(path.parent)
+    refused = _write_refused(path.parent)
+    if refused:
+        raise TandemError(f"cannot write {path}: {refused}")
     if path.exists():
         print(f"note: {path} exists; this run replaces it (give --out another name to keep it)", file=sys.stderr)
-    _make_folder(path.parent)
-    if not os.access(path.parent, os.W_OK):
-        raise TandemError(f"cannot write {path}: its folder is not writable")
+
+
+def _write_refused(folder: Path) -> str | None:
+    """Why a file cannot be made in `folder`, found by making one (permission bits say yes to root,
+    and to /proc); None where it can."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return None
+    except OSError as error:
+        return error.strerror or str(error)

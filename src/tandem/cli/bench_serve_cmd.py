@@ -101,7 +101,9 @@ def run(args: argparse.Namespace) -> int:
         results = run_serve_bench(settings)
         print(machine_line(results["machine"]))
         print("\n".join(throughput_table(results)))
-    print(f"\nwrote results.json, report.md, plots and server logs to {settings.out_dir}", file=sys.stderr)
+    written = "results.json, report.md and server logs" if args.prompts == MULTITURN else \
+        "results.json, report.md, plots and server logs"
+    print(f"\nwrote {written} to {settings.out_dir}", file=sys.stderr)
     failed = failed_runs(results) if args.prompts != MULTITURN else []
     if failed:  # a table of zeros is no measurement: said, and the exit status says it too
         print(f"error: every request failed for {', '.join(failed)}: report.md quotes their errors", file=sys.stderr)

@@ -12,7 +12,7 @@ if not sys.stderr.isatty():  # before anything imports tqdm, which reads its def
     os.environ.setdefault("TQDM_DISABLE", "1")
 
 from tandem import __version__  # noqa: E402
-from tandem.errors import TandemError  # noqa: E402
+from tandem.errors import InterruptSaid, TandemError  # noqa: E402
 from tandem.sigterm import sigterm_interrupts
 
 
@@ -97,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     except TandemError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)  # a progress bar or streamed text may hold the line
+    except KeyboardInterrupt as interrupt:
+        if not isinstance(interrupt, InterruptSaid):  # the command said what it kept
+            print("\ninterrupted", file=sys.stderr)  # a progress bar or streamed text may hold the line
         return 130
     except BrokenPipeError:  # `tandem plan ... | head`: the reader left; nothing more to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tandem.bench.workload import DEFAULT_WORKLOAD
 from tandem.cli.int_list import whole_number
-from tandem.errors import TandemError
+from tandem.errors import InterruptSaid, TandemError
 from tandem.models.catalog import DEFAULT_DRAFT, DEFAULT_TARGET, SHIPPED_DRAFT
 
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smh]?)$")
@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
                 part = SoakResult(settings, tuple(seen), tally, time.monotonic() - started)
                 write_outputs(results_json(part, judge(seen, warmup), command) | {"interrupted": True}, out)
                 print(f"\ninterrupted: wrote the {len(seen)} samples so far to {out}", file=sys.stderr)
+                raise InterruptSaid() from None
             raise
         if tally.server_lost is not None:
             tally.server_lost = "; ".join(filter(None, [exit_note(), tally.server_lost]))

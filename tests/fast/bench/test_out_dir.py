@@ -1,5 +1,7 @@
 """Output folders and files: an earlier run's files are named before this run replaces them."""
 
+from pathlib import Path
+
 from tandem.bench.out_dir import check_out_file, prepare_out_dir
 
 
@@ -34,8 +36,9 @@ def test_an_out_folder_that_is_a_file_is_said_to_be_one(tmp_path):
 
 def test_an_existing_folder_that_cannot_be_written_is_refused_before_the_run(tmp_path, monkeypatch):
     """A read-only folder that existed passed: the whole bench ran, then its results were lost
-    ("Read-only file system: romnt/results.json"). A file on the way is named as one."""
-    import os
+    ("Read-only file system: romnt/results.json"); so did /proc, where permission bits said yes
+    (a traceback after the run). A file on the way is named as one."""
+    import tempfile
 
     import pytest
 
@@ -43,10 +46,20 @@ def test_an_existing_folder_that_cannot_be_written_is_refused_before_the_run(tmp
 
     folder = tmp_path / "ro"
     folder.mkdir()
-    real_access = os.access
-    monkeypatch.setattr(os, "access", lambda path, mode: False if str(path) == str(folder) else real_access(path, mode))
-    with pytest.raises(TandemError, match="ro: it is not writable"):
+    real_file = tempfile.TemporaryFile
+
+    def read_only_in_folder(*args, dir=None, **kwargs):
+        if str(dir) == str(folder):
+            raise OSError(30, "Read-only file system")
+        return real_file(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", read_only_in_folder)
+    with pytest.raises(TandemError, match="ro: Read-only file system"):
         prepare_out_dir(folder)
+    with pytest.raises(TandemError, match="cannot write .*x.json: Read-only file system"):
+        check_out_file(folder / "x.json")
     (tmp_path / "afile").write_text("x")
     with pytest.raises(TandemError, match="afile is a file"):  # it said "[Errno 17] File exists"
         check_out_file(tmp_path / "afile" / "x.json")
+    with pytest.raises(TandemError, match="cannot write /proc/x.json"):
+        check_out_file(Path("/proc/x.json"))  # as root, os.access said yes

@@ -61,6 +61,8 @@ def _shape_problem(results) -> str | None:
     """What a results.json lacks that the ceiling reads, or None."""
     if not isinstance(results, dict):
         return f"a JSON object was expected, got {type(results).__name__}"
+    if "scenarios" in results and "levels" not in results:
+        return "a multiturn run's conversations have no concurrency levels to price (run bench-serve --prompts edits or long)"
     settings = results.get("settings")
     if not isinstance(settings, dict) or not all(isinstance(settings.get(key), str) for key in ("target", "prompts_file")):
         return "its settings name no target and prompts_file"

@@ -44,7 +44,7 @@ from tandem.bench.serve.results import request_entry
 from tandem.bench.serve.settings import check_num_prompts, requests_per_level
 from tandem.bench.out_dir import prepare_out_dir
 from tandem.bench.workload import load_prompts, recorded_prompts_file
-from tandem.errors import TandemError
+from tandem.errors import InterruptSaid, TandemError
 from tandem.models.backends import RunnerSpec
 from tandem.models.resolve import hf_path, tokenizer_path
 from tandem.models.torch_runner import DTYPES, torch_device, torch_dtype
@@ -257,6 +257,7 @@ def run_peer_sweep(settings: CbPeerSettings, progress: bool = True) -> dict:
                           settings.out_dir)
             print(f"\ninterrupted: wrote the finished levels (C={', '.join(map(str, sorted(runs)))}) "
                   f"to {settings.out_dir}", file=sys.stderr)
+            raise InterruptSaid() from None
         raise
     finally:
         peer.stop()

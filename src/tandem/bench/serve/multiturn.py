@@ -19,6 +19,7 @@ from tandem.bench.serve.settings import ServeBenchSettings
 from tandem.bench.serve.sweep import config_order, start_servers
 from tandem.bench.out_dir import prepare_out_dir
 from tandem.engine.build import DEFAULT_MAX_RUNNING
+from tandem.errors import InterruptSaid
 
 PEERS = ("llama-server-auto", "llama-server")  # the first that ran is what ratios compare against
 
@@ -46,6 +47,7 @@ def run_multiturn_bench(settings: ServeBenchSettings) -> dict:
             print(f"\ninterrupted: wrote the finished scenarios "
                   f"({', '.join(entry['scenario'] for entry in results['scenarios'])}) to {settings.out_dir}",
                   file=sys.stderr)
+            raise InterruptSaid() from None
         raise
     write_multiturn_outputs(results, settings.out_dir)
     return results
@@ -64,7 +66,7 @@ def run_scenario_on_all(scenario: str, conversations, index: int, kinds: list, e
             run = replace(run, turns=tuple(replace(t, record=answer_tokens_only(t.record)) for t in run.turns))
         summary = summarize_scenario(run)
         print(f"{scenario} {kind.label}: {summary['requests']} requests in {summary['wall_s']:.1f} s, "
-              f"TTFT p50 by turn {summary['ttft_p50_ms_by_turn']} ms"
+              f"TTFT p50 by turn {', '.join(f'{ms:.0f}' for ms in summary['ttft_p50_ms_by_turn'].values())} ms"
               + (f", {summary['errors']} errors" if summary["errors"] else ""), file=sys.stderr)
         entry["configs"][kind.label] = {**summary, "turns": [
             {"conversation": t.conversation_id, "turn": t.turn, "ok": t.record.ok, "error": t.record.error,

@@ -21,6 +21,7 @@ from tandem.bench.serve.settings import ServeBenchSettings
 from tandem.bench.serve.sweep import LevelPlan, SweepOutcome, run_sweep
 from tandem.bench.out_dir import prepare_out_dir
 from tandem.bench.workload import load_prompts, recorded_prompts_file
+from tandem.errors import InterruptSaid
 from tandem.models.backends import RunnerSpec
 from tandem.models.resolve import gguf_path, tokenizer_path
 from tandem.text.tokenizer import TextTokenizer, check_same_vocabulary
@@ -88,7 +89,7 @@ def run_serve_bench(settings: ServeBenchSettings, progress: bool = True) -> dict
         else:
             print(f"\ninterrupted before any level finished: no results written (the servers' logs are in "
                   f"{settings.out_dir / LOG_FOLDER})", file=sys.stderr)
-        raise
+        raise InterruptSaid() from None
     results = build_results(outcome, header(settings, launch, plans))
     write_outputs(results, settings.out_dir)
     return results
