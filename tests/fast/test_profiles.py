@@ -159,6 +159,26 @@ def test_a_catalog_model_and_the_path_of_its_pulled_file_share_one_profile(tmp_p
     assert key(str(pulled)) == key("smollm2-135m-instruct") != key(str(copy))
 
 
+def test_cpus_of_one_name_and_another_kind_keep_profiles_apart(tmp_path, monkeypatch):
+    """VMs that all say "AMD EPYC" (Zen 3, 4, 5) shared one profile: a home carried between them
+    planned on another CPU's curves."""
+    from tandem import hardware
+
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
+    key = lambda: backends._profile_key(RunnerSpec(str(tmp_path / "m.gguf"), "llamacpp", threads=2), None)  # noqa: E731
+    monkeypatch.setattr(backends, "cpu_model", lambda: "AMD EPYC")
+    monkeypatch.setattr(backends, "cpu_family_model", lambda: "family 25 model 1")
+    zen3 = key()
+    monkeypatch.setattr(backends, "cpu_family_model", lambda: "family 25 model 17")
+    assert key() != zen3
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+                       "model name\t: AMD EPYC\n\nprocessor\t: 1\ncpu family\t: 99\n")
+    real_path = hardware.Path
+    monkeypatch.setattr(hardware, "Path", lambda p: cpuinfo if p == "/proc/cpuinfo" else real_path(p))
+    assert hardware.cpu_family_model() == "family 25 model 17"
+
+
 def test_a_profile_that_cannot_be_saved_is_used_for_this_run_with_a_warning(tmp_path, monkeypatch, capsys):
     """A read-only home (its profiles folder there, the file not): `tandem serve` measured for
     20 s, then died of the PermissionError writing it."""

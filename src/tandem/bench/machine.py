@@ -6,7 +6,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from tandem.hardware import cpu_model, llama_cpp_features, other_llama_library
+from tandem.hardware import cpu_family_model, cpu_model, llama_cpp_features, other_llama_library
 
 LIBRARIES = ("torch", "transformers", "llama-cpp-python", "numpy")
 
@@ -15,6 +15,7 @@ def machine_info() -> dict:
     info = {
         "cpu_count": os.cpu_count(),
         "cpu_model": cpu_model(),
+        "cpu_family_model": cpu_family_model(),
         "memory_gb": _memory_gb(),
         "platform": platform.platform(),
         "python": platform.python_version(),
@@ -30,7 +31,8 @@ def machine_info() -> dict:
 def machine_line(info: dict) -> str:
     """One line for a table printed at the terminal: a figure is read with the machine it came
     from (the report's Machine section has the rest)."""
-    parts = [f"{info.get('cpu_model') or 'unknown CPU'}, {info.get('cpu_count')} CPUs"]
+    family = f" ({info['cpu_family_model']})" if info.get("cpu_family_model") else ""
+    parts = [f"{info.get('cpu_model') or 'unknown CPU'}{family}, {info.get('cpu_count')} CPUs"]
     if info.get("gpu"):
         parts.append(str(info["gpu"]))
     if info.get("llama_cpp_cpu"):

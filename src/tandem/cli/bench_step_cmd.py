@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from tandem.bench.machine import machine_info, machine_line
 from tandem.cli.int_list import int_list, thread_count, whole_number
 from tandem.errors import TandemError
 from tandem.models.catalog import DEFAULT_TARGET
@@ -14,7 +15,12 @@ from tandem.models.llamacpp_batch_runner import MAX_SEQUENCES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("bench-step", help="time batched steps by batch size (torch: overhead, memory floor; llama.cpp: call layout)")
+    parser = subparsers.add_parser(
+        "bench-step", help="time batched steps by batch size (torch: overhead, memory floor; llama.cpp: call layout)",
+        description="Time one runner's batched steps: for each batch size and tokens per slot, the fastest of "
+                    "--repeats calls over slots holding --context cached tokens, split into the model's time and "
+                    "the runner's overhead (torch also prints the memory floor of one decode). Prints a table "
+                    "with the machine it ran on; --out keeps it as JSON.")
     parser.add_argument("--model", default=DEFAULT_TARGET, help="catalog name or HF folder (default %(default)s)")
     parser.add_argument("--backend", choices=["torch", "llamacpp"], default="torch",
                         help="torch: the fused runner (default); llamacpp: the llama.cpp batch runner")
@@ -78,7 +84,9 @@ def run(args: argparse.Namespace) -> int:
         if not timings:
             raise
         interrupted = True
-    figures: dict = {"command": sys.argv, **({"interrupted": True} if interrupted else {})}
+    machine = machine_info()  # a figure is read with the machine it came from
+    figures: dict = {"command": sys.argv, "machine": machine, **({"interrupted": True} if interrupted else {})}
+    print(machine_line(machine))
     if "fused" in runners:
         fused = runners["fused"]
         bandwidth = memory_bandwidth(fused.device)

@@ -1,9 +1,10 @@
 """Backend registry: build a runner from a `RunnerSpec`, and attach its measured cost curve.
 
 Cost profiles are cached under `$TANDEM_HOME/profiles`, keyed by model file, backend, device,
-dtype, threads, the CPU model and (llama.cpp) the CPU features its build uses, so the profile is
-measured once per machine and build (a cache carried to another CPU is measured again) and
-refined while generating.
+dtype, threads, the CPU model with its family and model numbers (VMs that all say "AMD EPYC"
+differ) and (llama.cpp) the CPU features its build uses, so the profile is measured once per
+machine and build (a cache carried to another CPU is measured again) and refined while
+generating.
 """
 
 import hashlib
@@ -13,7 +14,7 @@ import sys
 from dataclasses import dataclass, replace
 
 from tandem.errors import ModelNotFoundError, TandemError
-from tandem.hardware import cpu_model, llama_cpp_build
+from tandem.hardware import cpu_family_model, cpu_model, llama_cpp_build
 from tandem.models.checksum import model_version
 from tandem.models.pull import catalog_name_of
 from tandem.models.cost import PROFILE_SIZES, CostModel, measure_cost
@@ -216,7 +217,7 @@ def _profile_key(spec: RunnerSpec, runner: ModelRunner) -> str:
     model = named or (os.path.abspath(spec.model) if os.path.exists(spec.model) else spec.model)
     build = llama_cpp_build() if spec.backend == "llamacpp" else ""
     text = (f"{model}|{_version(named or spec.model)}|{spec.backend}|{spec.device}|{_device_name(spec.device)}|"
-            f"{_precision(spec)}|{threads}|{spec.context_length}|{cpu_model()}|{build}")
+            f"{_precision(spec)}|{threads}|{spec.context_length}|{cpu_model()}|{cpu_family_model()}|{build}")
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -1,4 +1,4 @@
-"""tandem bench-step's command: what an interrupted run keeps."""
+"""tandem bench-step's command: what an interrupted run keeps, and the machine it names."""
 
 
 def test_bench_step_interrupted_keeps_the_points_timed(tmp_path, monkeypatch, capsys):
@@ -28,4 +28,7 @@ def test_bench_step_interrupted_keeps_the_points_timed(tmp_path, monkeypatch, ca
     assert code == 130
     figures = json.loads(out.read_text())
     assert figures["interrupted"] and [t["tokens_per_slot"] for t in figures["timings"]] == [1]
-    assert "layout" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "layout" in printed
+    # the figures name the CPU they came from, printed and kept (they named nothing)
+    assert figures["machine"]["cpu_count"] and printed.startswith("machine: ")

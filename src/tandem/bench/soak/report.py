@@ -5,6 +5,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from tandem.bench.machine import machine_info, machine_line
 from tandem.bench.plotting import DPI, pyplot
 from tandem.bench.soak.run import SoakResult
 from tandem.bench.soak.verdict import Check
@@ -20,7 +21,7 @@ PANELS = (  # sample field, y label, scale
 def results_json(result: SoakResult, checks: list[Check], command: str) -> dict:
     settings = {k: v for k, v in asdict(result.settings).items() if k not in ("prompts", "api_key")}
     tally = asdict(result.tally)
-    return {"command": command, "settings": settings, "prompts": len(result.settings.prompts),
+    return {"command": command, "machine": machine_info(), "settings": settings, "prompts": len(result.settings.prompts),
             "load_seconds": round(result.load_seconds, 1),
             "completion_tok_s": round(result.tally.completion_tokens / result.load_seconds, 2),
             "tally": tally, "checks": [asdict(c) for c in checks], "passed": all(c.passed for c in checks),
@@ -35,6 +36,8 @@ def report_markdown(results: dict) -> str:
              *([f"**The server stopped answering**: {t['server_lost']}. The samples before it are below; "
                 "its log says why.", ""] if t.get("server_lost") else []),
              f"Command: `{results['command']}`", "",
+             *([f"Load generated on: {machine_line(results['machine']).removeprefix('machine: ')} (the server's "
+                "machine where it ran here; with --url, another's)", ""] if results.get("machine") else []),
              f"{t['done']} requests ({t['abandoned']} abandoned after their first token, {t['errors']} failed), "
              f"{t['completion_tokens']} completion tokens, {results['completion_tok_s']} tok/s.", "",
              "| check | passed | figure |", "|---|---|---|"]
