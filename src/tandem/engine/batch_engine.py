@@ -343,8 +343,8 @@ class BatchEngine(SequencePool):
         prefilling = {seq.seq_id for seq in self.running.values() if seq.unprefilled}
         outnumbered = len(prefilling) > len(decoding)
         self.wave = (prefilling if outnumbered and self.prefill_waves else self.wave) & prefilling
-        if not decoding or not self.target.fused or outnumbered or self.wave:
-            return self.step_token_budget
+        if not decoding or not prefilling or not self.target.fused or outnumbered or self.wave:
+            return self.step_token_budget  # nothing prefilling: no chunk to hold back (the rounds fit either way)
         rounds = sum(self._round_bound(seq) for seq in decoding)
         return held_back_budget(self.target.cost, rounds, self.step_token_budget, self.prefill_floor)
 
