@@ -18,14 +18,19 @@ from tandem.cluster.profiles.profile import load_profile, save_profile
 from tandem.cluster.profiles.profile_store import default_profile_path, worker_models
 from tandem.cluster.profiles.public_profiles import DEVICE_CLASSES
 from tandem.cluster.config.load import load_cluster
-from tandem.errors import TandemError
+from tandem.errors import InterruptSaid, TandemError
 from tandem.models.backends import RunnerSpec
 
 _GRID = ProfileGrid()
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("profile", help="measure a model's cost curves on a device")
+    parser = subparsers.add_parser(
+        "profile", help="measure a model's cost curves on a device",
+        description="Measure the ms one forward call takes to score n new tokens per sequence, at several context "
+                    "lengths and batch sizes, plus memory, and save the device profile (by default under "
+                    "$TANDEM_HOME/profiles/devices/, where `tandem plan` looks). --cluster profiles every distinct "
+                    "worker of a cluster file. A Ctrl-C keeps nothing: a profile is written whole or not at all.")
     parser.register("action", None, StoreGiven)  # --cluster refuses the one-model options given, defaults or not
     parser.add_argument("--model", help="catalog name, .gguf file or HF folder")
     parser.add_argument("--backend", default="llamacpp", help="llamacpp | torch (default llamacpp)")
@@ -68,9 +73,16 @@ def run(args: argparse.Namespace) -> int:
     if not specs:
         print("nothing to profile: every worker has a saved, listed or public-spec profile (--force re-measures)",
               file=sys.stderr)
-    for spec in specs:
-        path = args.out or default_profile_path(spec.model, spec.backend, spec.device, spec.dtype, spec.threads)
-        print(save_profile(_measure(spec, grid), path))
+    saved = 0
+    try:
+        for spec in specs:
+            path = args.out or default_profile_path(spec.model, spec.backend, spec.device, spec.dtype, spec.threads)
+            print(save_profile(_measure(spec, grid), path))
+            saved += 1
+    except KeyboardInterrupt:  # a profile is written whole or not at all: say which were kept
+        kept = f"the {saved} profile{'s' if saved != 1 else ''} measured before it were saved" if saved else "nothing was saved"
+        print(f"\ninterrupted: the profile being measured is not written; {kept}", file=sys.stderr)
+        raise InterruptSaid() from None
     return 0
 
 

@@ -86,6 +86,21 @@ def test_results_without_answer_texts_are_a_clear_error(tmp_path):
         ceilings(results, level, CharTokenizer(), lambda n, c: 1.0, None)
 
 
+def test_an_edited_answer_or_a_prompt_gone_from_the_file_is_said(tmp_path, capsys):
+    """A text that was no string ended in transformers' ValueError; an answer whose prompt the
+    file no longer has was left out of the table's counts without a word."""
+    from tandem.bench.ceiling.report import ceilings
+    from tandem.errors import TandemError
+
+    results, level = _results(tmp_path, "def f(x): return x + 1", "fine")
+    level["configs"]["tandem-spec"]["request_records"][1]["id"] = "gone"
+    ceilings(results, level, CharTokenizer(), lambda n, c: 1.0, None)
+    assert "note: 1 of the run's 2 answers are left out: their prompts are no longer in" in capsys.readouterr().err
+    level["configs"]["tandem-spec"]["request_records"][0]["text"] = 5
+    with pytest.raises(TandemError, match="the answer of request 'a' \\(tandem-spec\\) is not a string"):
+        ceilings(results, level, CharTokenizer(), lambda n, c: 1.0, None)
+
+
 def test_the_long_run_ceiling_decodes_short_runs_plainly():
     rounds = [Round(3, 3), Round(10, 10), Round(0, 0)]
     cost = lambda n, c: 10.0 + n  # noqa: E731

@@ -127,6 +127,10 @@ def answers_of(level: dict, reference: str | None) -> tuple[str, dict[str, str]]
         raise TandemError(f"no config {label!r} in this level; it has {', '.join(configs)}")
     records = configs[label]["request_records"]
     texts = {r["id"]: r.get("text", "") for r in first_pass(records)}
+    odd = next((prompt_id for prompt_id, text in texts.items() if not isinstance(text, str)), None)
+    if odd is not None:  # a hand-edited file: transformers' ValueError deep in the tokenizer
+        raise TandemError(f"the answer of request {odd!r} ({label}) is not a string: these results were edited "
+                          "or are not bench-serve's")
     if not any(texts.values()):
         if records and not any(r.get("ok") for r in records):
             raise TandemError(f"all {len(records)} requests of {label} failed in this level (the first: "
@@ -150,6 +154,11 @@ def recorded_answers(results: dict, level: dict, tokenizer, reference: str | Non
     bench formatted them; answers that are empty or whose prompt the file no longer has are left out."""
     prompts = {p.id: p for p in load_prompts(results["settings"]["prompts_file"])}
     label, texts = answers_of(level, reference)
+    gone = [prompt_id for prompt_id in texts if prompt_id not in prompts]
+    if gone:  # the table's counts say fewer requests than the run had: said, not silent
+        print(f"note: {len(gone)} of the run's {len(texts)} answers are left out: their prompts are no longer in "
+              f"{results['settings']['prompts_file']} ({', '.join(gone[:3])}{', ...' if len(gone) > 3 else ''})",
+              file=sys.stderr)
     return label, [RecordedAnswer(prompt_id, prompts[prompt_id].category, format_prompt(tokenizer, prompts[prompt_id]),
                                   tokenizer.encode(text))
                    for prompt_id, text in texts.items() if prompt_id in prompts and text]
