@@ -126,7 +126,7 @@ class BatchEngine(SequencePool):
 
     # -- the worker's interface (the rest is SequencePool's) --------------------------------
 
-    def validate(self, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:
+    def validate(self, request: GenerationRequest, options: SpeculationOptions | None = None) -> None:
         super().validate(request, options)
         vocabulary = min(runner.vocab_size for runner in (self.target, self.draft) if runner is not None)
         if max(request.prompt_ids) >= vocabulary:  # llama.cpp hung on one
@@ -178,7 +178,7 @@ class BatchEngine(SequencePool):
                 if self._hold_count == 0:
                     self._holder = None
 
-    def add(self, seq_id: str, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:
+    def add(self, seq_id: str, request: GenerationRequest, options: SpeculationOptions | None = None) -> None:
         with self.exclusive():
             super().add(seq_id, request, options)
 
@@ -283,31 +283,33 @@ class BatchEngine(SequencePool):
 
     def _make_room(self, seq: Sequence) -> bool:
         """Keep the KV pool from overflowing before seq is placed: evict free slots' caches to the
-        host tier, least recently used first, if needed. The prompt tokens a slot already holds
-        for it cost the pool nothing more, and that slot goes last (counted as new and evicted
-        first, a repeated long prompt lost its cache wherever the pool was small)."""
+        host tier, least recently used first, if needed. The slot seq will take gives up its
+        cells (its cached prompt is extended, restored over, or saved away), so they are not
+        counted twice and that slot is never evicted for room; a slot it copies a prefix from
+        goes last. Counted as new and evicted first, a repeated long prompt lost its cache
+        wherever the pool was small."""
         pool = getattr(self.target, "pool_tokens", None)
-        if pool is None:
+        if pool is None or self._kv_needed(len(seq.tokens) - 1) <= pool:  # fits as if nothing were cached
             return True
-        prefix = seq.tokens[:-1]
-        choice = self.slots.choose(prefix, self.target.can_copy_prefix, seq.request.cache_salt)
-        holder = choice.slot if choice.copy_from is None else choice.copy_from
+        choice = self.slots.choose(seq.tokens[:-1], self.target.can_copy_prefix, seq.request.cache_salt)
+        taken = choice.slot
 
-        def new_tokens() -> int:
-            return len(prefix) - (choice.reuse_tokens if self.slots.cached[holder] else 0)
+        def needed() -> int:
+            return self._kv_needed(len(seq.tokens) - 1) - len(self.slots.cached[taken])
 
-        self._evict_retained(new_tokens, pool, keep=holder if choice.reuse_tokens else None)
-        return self._kv_needed(new_tokens()) <= pool or not self.running
+        retained = [s for s in self.slots.retained_slots() if s != taken]
+        for slot in [s for s in retained if s != choice.copy_from] + [s for s in retained if s == choice.copy_from]:
+            if needed() <= pool:
+                break
+            self.prompt_cache.evict(slot)
+        return needed() <= pool or not self.running
 
-    def _evict_retained(self, new_tokens: Callable[[], int], pool: int, at_least: int = 0,
-                        keep: int | None = None) -> int:
-        """Evict free slots' caches, least recently used first (`keep` last), until the running
-        sequences' caches, `new_tokens()` and headroom fit the pool (and at least `at_least`
-        went); how many went."""
+    def _evict_retained(self, pool: int) -> int:
+        """Evict free slots' caches, least recently used first, until the running sequences'
+        caches and headroom fit the pool (at least one goes); how many went."""
         evicted = 0
-        retained = self.slots.retained_slots()
-        for slot in [s for s in retained if s != keep] + [s for s in retained if s == keep]:
-            if evicted >= at_least and self._kv_needed(new_tokens()) <= pool:
+        for slot in self.slots.retained_slots():
+            if evicted and self._kv_needed(0) <= pool:
                 break
             self.prompt_cache.evict(slot)
             evicted += 1
@@ -338,13 +340,14 @@ class BatchEngine(SequencePool):
         in 70 tokens a step, shared (16 streams of short answers, 1.5B Q4 on two CPU threads, in
         process: 1.06-1.13x tok/s). It is opt-in: on two smollm2 replicas at C=8 it stalled the
         streams beside each wave, ITL p99/p50 19.6x and 21x against 4.7x and 2.7x without
-        (docs/vs-llama-server.md#waves-run-through)."""
+        (docs/vs-llama-server.md#waves-run-through). With nothing prefilling there is no chunk to
+        hold back, and the whole budget is returned unpriced: the rounds fit either way."""
         decoding = [seq for seq in self.running.values() if not seq.unprefilled]
         prefilling = {seq.seq_id for seq in self.running.values() if seq.unprefilled}
         outnumbered = len(prefilling) > len(decoding)
         self.wave = (prefilling if outnumbered and self.prefill_waves else self.wave) & prefilling
         if not decoding or not prefilling or not self.target.fused or outnumbered or self.wave:
-            return self.step_token_budget  # nothing prefilling: no chunk to hold back (the rounds fit either way)
+            return self.step_token_budget
         rounds = sum(self._round_bound(seq) for seq in decoding)
         return held_back_budget(self.target.cost, rounds, self.step_token_budget, self.prefill_floor)
 
@@ -481,7 +484,7 @@ class BatchEngine(SequencePool):
         again)."""
         for seq in seqs:
             self.target.rollback(seq.slot, len(seq.tokens) - 1 - len(seq.unprefilled))
-        if self._evict_retained(lambda: 0, getattr(self.target, "pool_tokens", 0), at_least=1) or len(self.running) < 2:
+        if self._evict_retained(getattr(self.target, "pool_tokens", 0)) or len(self.running) < 2:
             return
         youngest = list(self.running.values())[-1]
         self.running.pop(youngest.seq_id)

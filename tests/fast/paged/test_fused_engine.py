@@ -106,15 +106,17 @@ def test_a_full_pool_waits_instead_of_failing(tiny_target):
     assert len(finished) == 10 and set(finished.values()) == {"length"}
 
 
-def test_a_repeated_prompt_keeps_its_cache_in_a_small_pool(tiny_target):
+@pytest.mark.parametrize("length", [120, 200])
+def test_a_repeated_prompt_keeps_its_cache_in_a_small_pool(tiny_target, length):
     """The slot holding a finished request's prompt was evicted (into nothing, without a host
     tier) to make room for that very prompt again, counted as new: a repeat near the pool's
-    size prefilled from scratch. Its cached tokens cost the pool nothing more, and it goes last."""
+    size prefilled from scratch. The slot a prompt takes gives up its cells, so they are not
+    counted twice, and it is never evicted for room."""
     target = fused_runner(tiny_target, slots=2, context=256)
     small = type(target)(target.decoder, 2, 256, kv_memory=target.kv_bytes // target.pool_tokens * 256)
     small.cost = target.cost
     engine = BatchEngine(small, None, "none")
-    prompt = tuple(random.Random(3).randrange(VOCAB) for _ in range(120))
+    prompt = tuple(random.Random(3).randrange(VOCAB) for _ in range(length))
     cached = []
     for index in range(2):
         engine.add(f"r{index}", GenerationRequest(prompt, max_tokens=8))
