@@ -9,6 +9,7 @@ the engine's books must agree with its runners'; at the end it must be idle with
 free once its caches are cleared.
 """
 
+import functools
 import random
 from dataclasses import dataclass, field
 
@@ -122,14 +123,10 @@ def _random_prompt(rng: random.Random, prefixes: list[tuple[int, ...]], context:
     return prompt[: context - 1]
 
 
-_GREEDY: dict = {}
-
-
-def naive_greedy_cached(model_dir, prompt, max_tokens: int, stop=frozenset()) -> list[int]:
-    key = (str(model_dir), tuple(prompt), max_tokens, stop)
-    if key not in _GREEDY:
-        _GREEDY[key] = naive_greedy(model_dir, prompt, max_tokens, stop)
-    return _GREEDY[key]
+@functools.cache
+def naive_greedy_cached(model_dir, prompt: tuple[int, ...], max_tokens: int, stop=frozenset()) -> list[int]:
+    """naive_greedy, each case computed once (later turns and repeats ask again); do not mutate."""
+    return naive_greedy(model_dir, prompt, max_tokens, stop)
 
 
 def build_case_engine(case: FuzzCase, tiny_target, tiny_draft, requests: list[FuzzRequest] | None = None,

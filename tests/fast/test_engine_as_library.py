@@ -4,6 +4,7 @@ request leaves nothing behind."""
 
 import threading
 
+import numpy as np
 import pytest
 from engine_support import collect_sync, make_engine
 
@@ -238,7 +239,8 @@ def test_a_failing_stop_condition_ends_its_request_alone(tiny_target, tiny_draft
 
 @pytest.mark.parametrize("fields, says", [
     ({"sampling": None}, "SamplingParams"), ({"sampling": {"temperature": 0}}, "SamplingParams"),
-    ({"stop_token_ids": None}, "collection of token ids"), ({"stop_token_ids": 2}, "collection of token ids"),
+    ({"stop_token_ids": None}, "1-D array of token ids"), ({"stop_token_ids": 2}, "1-D array of token ids"),
+    ({"stop_token_ids": np.array(3)}, "1-D array of token ids"),
     ({"stop_token_ids": ["2"]}, "non-negative integers"), ({"stop_condition": "\n\n"}, "tokens_to_keep"),
 ])
 def test_a_request_field_of_the_wrong_kind_is_refused_when_made(fields, says):
@@ -279,6 +281,9 @@ def test_options_none_is_the_engines_and_another_kind_is_refused(tiny_target, ti
     assert generate(engine, GenerationRequest(PROMPT, 4), None)[0] == generate(engine, GenerationRequest(PROMPT, 4))[0]
     with pytest.raises(TandemError, match="SpeculationOptions"):
         generate(engine, GenerationRequest(PROMPT, 4), {"drafter": "ngram"})
+    engine.validate(GenerationRequest(PROMPT, 4), None)  # the engine's own entry points too
+    with pytest.raises(TandemError, match="SpeculationOptions"):
+        engine.add("x", GenerationRequest(PROMPT, 4), "ngram")
     with pytest.raises(TandemError, match="a drafter is a name"):
         SpeculationOptions(drafter="")  # it fell back to the engine's drafter without a word
     worker = EngineWorker(engine).start()

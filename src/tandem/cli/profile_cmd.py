@@ -80,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
             print(save_profile(_measure(spec, grid), path))
             saved += 1
     except KeyboardInterrupt:  # a profile is written whole or not at all: say which were kept
-        kept = f"the {saved} profile{'s' if saved != 1 else ''} measured before it were saved" if saved else "nothing was saved"
+        kept = ("nothing was saved" if not saved else "the profile measured before it was saved" if saved == 1
+                else f"the {saved} profiles measured before it were saved")
         print(f"\ninterrupted: the profile being measured is not written; {kept}", file=sys.stderr)
         raise InterruptSaid() from None
     return 0

@@ -18,7 +18,7 @@ FINISH_REASONS = ("stop", "length", "cancelled", "error", "unavailable")  # unav
 class SpeculationOptions:
     """Per-request knobs (the API's `"tandem": {...}` object); None means the server default."""
 
-    drafter: str | None = None  # "hybrid" | "model" | "ngram" | "suffix" | "none" (checked by the engine)
+    drafter: str | None = None  # a name of speculation/drafters/registry.py's table (checked by the engine)
     k: Depth | None = None  # Auto() or Fixed(k); "auto" or an int are parsed on creation
 
     def __post_init__(self):

@@ -51,11 +51,13 @@ class GenerationRequest:
             raise TandemError(f"the output offset must be below the prompt's length, got {self.output_offset!r}")
 
     def _check_and_convert_stops(self) -> None:
-        """stop_token_ids any collection of token ids (kept as a frozenset); a stop condition
-        something with `tokens_to_keep`. Else a TandemError here, not a failed step for the batch."""
+        """stop_token_ids a set, tuple, list or 1-D array of token ids (kept as a frozenset); a stop
+        condition something with `tokens_to_keep`. Else a TandemError here, not a failed step for
+        the batch."""
         stops = self.stop_token_ids
-        if not isinstance(stops, (frozenset, set, tuple, list, np.ndarray)):
-            raise TandemError(f"stop_token_ids must be a collection of token ids, got {type(stops).__name__}")
+        if not isinstance(stops, (frozenset, set, tuple, list, np.ndarray)) or getattr(stops, "ndim", 1) != 1:
+            raise TandemError(f"stop_token_ids must be a set, tuple, list or 1-D array of token ids, got "
+                              f"{type(stops).__name__}")
         bad = next((token for token in stops if not _is_token_id(token)), None)
         if bad is not None:
             raise TandemError(f"stop_token_ids must be non-negative integers (token ids), got {bad!r}")

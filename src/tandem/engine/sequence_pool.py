@@ -6,7 +6,7 @@ tokens feed the shared n-gram store)."""
 
 from collections import deque
 
-from tandem.engine.events import SequenceUpdate, SpeculationOptions
+from tandem.engine.events import SequenceUpdate, SpeculationOptions, checked_options
 from tandem.engine.request import GenerationRequest
 from tandem.engine.sequence import Sequence
 from tandem.errors import TandemError
@@ -42,7 +42,8 @@ class SequencePool:
         """Whether this request is still waiting or running (not finished, not cancelled)."""
         return seq_id in self.running or any(seq.seq_id == seq_id for seq in self.waiting)
 
-    def validate(self, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:
+    def validate(self, request: GenerationRequest, options: SpeculationOptions | None = None) -> None:
+        options = checked_options(options)
         if len(request.prompt_ids) >= self.context_length:
             raise TandemError(f"a {len(request.prompt_ids)}-token prompt leaves no room for an answer in the context "
                               f"of {self.context_length} tokens: shorten the prompt")
@@ -51,7 +52,8 @@ class SequencePool:
             check_drafter(drafter)  # an unknown name gets its own message
             raise TandemError(f"drafter {drafter!r} needs a draft model, and this engine has none")
 
-    def add(self, seq_id: str, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:
+    def add(self, seq_id: str, request: GenerationRequest, options: SpeculationOptions | None = None) -> None:
+        options = checked_options(options)  # None: the engine's drafter and depth
         self.validate(request, options)
         self.waiting.append(Sequence.create(seq_id, request, options, self.default_drafter, self.default_depth))
 

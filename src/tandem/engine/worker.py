@@ -140,6 +140,8 @@ class RequestHandle:
         self._check_unfinished()
         if timeout is not None and not (is_number(timeout) and timeout >= 0):
             raise TandemError(f"timeout must be a number of seconds, 0 or more (or None), got {timeout!r}")
+        if timeout is not None and timeout > threading.TIMEOUT_MAX:  # inf: wait as long as it takes
+            timeout = None
         try:
             update = self._queue.get(timeout=timeout)
         except queue.Empty:
@@ -256,8 +258,8 @@ class EngineWorker:
             try:
                 on_created(seq_id)
             except BaseException:  # its place in the queue is given back
-                with self._lock:
-                    del self._handles[seq_id]
+                with self._lock:  # a drain may have ended the handle meanwhile
+                    self._handles.pop(seq_id, None)
                     self._adds_queued -= 1
                 raise
         self._commands.put(("add", seq_id, request, options))

@@ -66,7 +66,7 @@ def run_scenario_on_all(scenario: str, conversations, index: int, kinds: list, e
             run = replace(run, turns=tuple(replace(t, record=answer_tokens_only(t.record)) for t in run.turns))
         summary = summarize_scenario(run)
         print(f"{scenario} {kind.label}: {summary['requests']} requests in {summary['wall_s']:.1f} s, "
-              f"TTFT p50 by turn {', '.join(f'{ms:.0f}' for ms in summary['ttft_p50_ms_by_turn'].values())} ms"
+              f"TTFT p50 by turn {', '.join(f'{turn}: {ms:.0f}' for turn, ms in summary['ttft_p50_ms_by_turn'].items())} ms"
               + (f", {summary['errors']} errors" if summary["errors"] else ""), file=sys.stderr)
         entry["configs"][kind.label] = {**summary, "turns": [
             {"conversation": t.conversation_id, "turn": t.turn, "ok": t.record.ok, "error": t.record.error,

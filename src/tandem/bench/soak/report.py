@@ -36,8 +36,8 @@ def report_markdown(results: dict) -> str:
              *([f"**The server stopped answering**: {t['server_lost']}. The samples before it are below; "
                 "its log says why.", ""] if t.get("server_lost") else []),
              f"Command: `{results['command']}`", "",
-             *([f"Load generated on: {machine_line(results['machine']).removeprefix('machine: ')} (the server's "
-                "machine where it ran here; with --url, another's)", ""] if results.get("machine") else []),
+             *([f"The machine that generated the load (the server's too, unless --url pointed elsewhere): "
+                f"{machine_line(results['machine']).removeprefix('machine: ')}.", ""] if results.get("machine") else []),
              f"{t['done']} requests ({t['abandoned']} abandoned after their first token, {t['errors']} failed), "
              f"{t['completion_tokens']} completion tokens, {results['completion_tok_s']} tok/s.", "",
              "| check | passed | figure |", "|---|---|---|"]

@@ -26,7 +26,7 @@ from tandem.cluster.runtime.drafter_links import push_drafters
 from tandem.cluster.runtime.replica import Detached, ReplicaNews
 from tandem.cluster.runtime.replica_choice import choose_moves, choose_replica
 from tandem.cluster.runtime.routed import Routed, client_report
-from tandem.engine.events import SequenceUpdate, SpeculationOptions, StepReport
+from tandem.engine.events import SequenceUpdate, SpeculationOptions, StepReport, checked_options
 from tandem.engine.request import GenerationRequest
 from tandem.errors import TandemError
 from tandem.models.cost import CostModel, CostView
@@ -102,13 +102,15 @@ class ClusterRouter:
             state["routed"] = {reason: n for (name, reason), n in decisions.items() if name == state["name"]}
         return states
 
-    def validate(self, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:
+    def validate(self, request: GenerationRequest, options: SpeculationOptions | None = None) -> None:
+        options = checked_options(options)
         if len(request.prompt_ids) >= self.context_length:
             raise TandemError(f"a {len(request.prompt_ids)}-token prompt leaves no room for an answer in the context "
                               f"of {self.context_length} tokens: shorten the prompt")
         check_drafter(options.drafter or self.default_drafter, bool(self.drafter_workers), NO_DRAFT_MODEL)
 
-    def add(self, seq_id: str, request: GenerationRequest, options: SpeculationOptions = SpeculationOptions()) -> None:
+    def add(self, seq_id: str, request: GenerationRequest, options: SpeculationOptions | None = None) -> None:
+        options = checked_options(options)
         self.validate(request, options)
         options = SpeculationOptions(options.drafter or self.default_drafter,
                                      self.default_depth if options.k is None else options.k)
