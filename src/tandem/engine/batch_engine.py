@@ -294,8 +294,10 @@ class BatchEngine(SequencePool):
         choice = self.slots.choose(seq.tokens[:-1], self.target.can_copy_prefix, seq.request.cache_salt)
         taken = choice.slot
 
-        def needed() -> int:
-            return self._kv_needed(len(seq.tokens) - 1) - len(self.slots.cached[taken])
+        def needed() -> int:  # its cells that no other slot shares are the ones it gives up
+            shared = max((common_prefix(self.slots.cached[taken], cached) for slot, cached in
+                          enumerate(self.slots.cached) if slot != taken), default=0)
+            return self._kv_needed(len(seq.tokens) - 1) - len(self.slots.cached[taken]) + shared
 
         retained = [s for s in self.slots.retained_slots() if s != taken]
         for slot in [s for s in retained if s != choice.copy_from] + [s for s in retained if s == choice.copy_from]:
