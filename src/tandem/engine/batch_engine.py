@@ -293,25 +293,22 @@ class BatchEngine(SequencePool):
             return True
         choice = self.slots.choose(seq.tokens[:-1], self.target.can_copy_prefix, seq.request.cache_salt)
         taken = choice.slot
-
-        def needed() -> int:  # its cells that no other slot shares are the ones it gives up
+        def fits() -> bool:  # the taken slot's cells that no other slot shares are the ones it gives up
             shared = max((common_prefix(self.slots.cached[taken], cached) for slot, cached in
                           enumerate(self.slots.cached) if slot != taken), default=0)
-            return self._kv_needed(len(seq.tokens) - 1) - len(self.slots.cached[taken]) + shared
+            return self._kv_needed(len(seq.tokens) - 1) - len(self.slots.cached[taken]) + shared <= pool
 
         retained = [s for s in self.slots.retained_slots() if s != taken]
-        for slot in [s for s in retained if s != choice.copy_from] + [s for s in retained if s == choice.copy_from]:
-            if needed() <= pool:
-                break
-            self.prompt_cache.evict(slot)
-        return needed() <= pool or not self.running
+        self._evict_until(fits, [s for s in retained if s != choice.copy_from] + [s for s in retained
+                                                                                   if s == choice.copy_from])
+        return fits() or not self.running
 
-    def _evict_retained(self, pool: int) -> int:
-        """Evict free slots' caches, least recently used first, until the running sequences'
-        caches and headroom fit the pool (at least one goes); how many went."""
+    def _evict_until(self, fits: Callable[[], bool], slots: list[int], at_least: int = 0) -> int:
+        """Evict `slots`' caches to the host tier, in that order, until `fits()` (and at least
+        `at_least` went); how many went."""
         evicted = 0
-        for slot in self.slots.retained_slots():
-            if evicted and self._kv_needed(0) <= pool:
+        for slot in slots:
+            if evicted >= at_least and fits():
                 break
             self.prompt_cache.evict(slot)
             evicted += 1
@@ -486,7 +483,9 @@ class BatchEngine(SequencePool):
         again)."""
         for seq in seqs:
             self.target.rollback(seq.slot, len(seq.tokens) - 1 - len(seq.unprefilled))
-        if self._evict_retained(getattr(self.target, "pool_tokens", 0)) or len(self.running) < 2:
+        pool = getattr(self.target, "pool_tokens", 0)  # retained caches first, least recently used first
+        if self._evict_until(lambda: self._kv_needed(0) <= pool, self.slots.retained_slots(), at_least=1) \
+                or len(self.running) < 2:
             return
         youngest = list(self.running.values())[-1]
         self.running.pop(youngest.seq_id)
