@@ -74,3 +74,11 @@ class StepReport:
     workers: tuple[dict, ...] = field(default_factory=tuple)  # cluster workers' health (see cluster/runtime/pool.py)
     draft_forwards: int = 0  # draft-model forwards of the step
     prefill_tokens: int = 0  # prompt tokens the verify forward scored besides batch_tokens (chunked prefill)
+
+    @property
+    def draft_model_seconds(self) -> float:
+        """The draft stage's seconds where a draft model ran in it (a local one's forwards, or a
+        round a remote one drafted), else 0: a step that only planned, or drafted copies, kept
+        no draft device busy."""
+        ran = self.draft_forwards or any(round_.k and round_.source == "model" for round_ in self.rounds)
+        return self.draft_seconds if ran else 0.0

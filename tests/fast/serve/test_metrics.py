@@ -318,3 +318,18 @@ def test_placements_and_restarts_are_counters_brought_up_to_the_routers_totals()
     assert value(metrics, "tandem:worker_restarts_total", worker="v0") == 1
     kinds = {f.name: f.type for f in text_string_to_metric_families(metrics.render()[0].decode())}
     assert kinds["tandem:cluster_routed_requests"] == kinds["tandem:worker_restarts"] == "counter"
+
+
+def test_steps_that_only_planned_or_copied_keep_the_draft_device_idle():
+    clock = FakeClock()
+    metrics = ServingMetrics(MODEL, utilization_window_seconds=10, clock=clock)
+    for i in range(10):  # 0.1 s of planning and n-gram copies a step, no draft-model forward
+        metrics.observe_step(step(T0 + i, [RoundReport("a", "ngram3", 4, 2), RoundReport("b", "model", 0, 0)],
+                                  draft=0.1, verify=0.2))
+    clock.now = T0 + 10
+    assert value(metrics, "tandem:device_utilization", role="draft") == 0
+    assert metrics.snapshot()["series"]["utilization_draft"][-2] == 0
+    metrics.observe_step(dataclasses.replace(step(T0 + 10, [RoundReport("a", "model", 0, 0)], draft=1.0),
+                                             draft_forwards=1))  # a catch-up forward: the draft model ran
+    clock.now = T0 + 11
+    assert value(metrics, "tandem:device_utilization", role="draft") == pytest.approx(0.1, abs=1e-6)

@@ -1,7 +1,7 @@
 """How busy the devices are, and how much memory they hold.
 
 Utilisation of a role is the fraction of recent wall time its model spent computing: the target's
-prefill + verify seconds, the draft's draft seconds, summed over the engine steps that ended in
+prefill + verify seconds, the draft's draft stage in steps where a draft model ran, summed over the engine steps that ended in
 the last `window_seconds` (or since the first step, if that is sooner) and divided by that span.
 Memory is the process's resident set size for `cpu`, and `torch.cuda.memory_allocated(i)` for
 each visible CUDA device `cuda:i` - only when torch is already imported (this module never

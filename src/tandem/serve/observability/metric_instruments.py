@@ -68,7 +68,9 @@ class Instruments:
                                               "in the verify call count in verify_step_seconds).", STEP_BUCKETS)
         self.prompt_steps = counter("engine_prompt_steps", "Engine steps that scored prompt tokens (a prompt or a "
                                     "chunk of one), in a call of their own or in the verify call.")
-        self.draft_step_seconds = histogram("draft_step_seconds", "Draft-model forwards per step.", STEP_BUCKETS)
+        self.draft_step_seconds = histogram("draft_step_seconds",
+                                            "Planning and drafting per step (draft-model forwards, copy lookups).",
+                                            STEP_BUCKETS)
         self.verify_step_seconds = histogram("verify_step_seconds",
                                              "The batched target forward: rounds and prompt chunks.",
                                              STEP_BUCKETS)

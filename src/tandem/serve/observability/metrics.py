@@ -142,7 +142,7 @@ class ServingMetrics:
             self._totals["drafted"] += sum(round_.k for round_ in report.rounds)
             self._totals["accepted"] += sum(round_.accepted for round_ in report.rounds)
             self._busy.add_step(report.started_at, ended_at, report.prefill_seconds + report.verify_seconds,
-                                report.draft_seconds)
+                                report.draft_model_seconds)
             self._series.add_step(report, ended_at, self._window.rate)
             self._refresh_rolling_gauges(ended_at)
 
@@ -167,7 +167,7 @@ class ServingMetrics:
         if report.prefill_seconds > 0:  # a call of its own (prompt chunks riding in the verify call are in verify's)
             m.prefill_step_seconds.observe(report.prefill_seconds)
         if report.draft_seconds > 0:
-            m.draft_step_seconds.observe(report.draft_seconds)
+            m.draft_step_seconds.observe(report.draft_model_seconds)
         if report.rounds or report.prefill_tokens:  # the target's forward ran: rounds, prompt chunks or both
             m.verify_step_seconds.observe(report.verify_seconds)
 

@@ -58,7 +58,7 @@ class RollingSeries:
         bucket = self._bucket(when)
         bucket.running, bucket.waiting = report.running, report.waiting
         bucket.target_busy += report.prefill_seconds + report.verify_seconds
-        bucket.draft_busy += report.draft_seconds
+        bucket.draft_busy += report.draft_model_seconds
         bucket.rolling_rate = rolling_rate
         for round_ in report.rounds:
             bucket.rounds += 1
