@@ -143,3 +143,15 @@ def test_request_spans_never_ended_are_bounded(monkeypatch):
         tracer.start_request(f"seq-{i}", {})
     assert len(tracer._spans) == 3 and set(tracer._spans) == {"seq-2", "seq-3", "seq-4"}
     assert [s.attributes["seq_id"] for s in exporter.get_finished_spans()] == ["seq-0", "seq-1"]
+
+
+def test_a_request_the_time_limit_ended_is_a_failed_span_and_a_cancelled_one_is_not():
+    tracer, exporter = traced()
+    for seq_id, reason in (("seq-0", "timeout"), ("seq-1", "cancelled"), ("seq-2", "unavailable")):
+        tracer.start_request(seq_id, {"model": "tiny"})
+        tracer.end_request(seq_id, {"gen_ai.response.finish_reason": reason})
+    status = {s.attributes["seq_id"]: s.status for s in exporter.get_finished_spans()}
+    assert not status["seq-0"].is_ok and "--request-timeout" in status["seq-0"].description
+    assert status["seq-1"].is_unset
+    assert not status["seq-2"].is_ok and status["seq-2"].description == "no engine was left to run it"
+    tracer.shutdown()

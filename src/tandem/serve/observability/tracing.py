@@ -27,7 +27,10 @@ OTLP_TRACES_PATH = "/v1/traces"
 MAX_OPEN_SPANS = 10_000  # request spans never ended (a caller's bug) are closed past this many
 NANOS_PER_SECOND = 1_000_000_000
 FINISH_REASON_KEYS = ("finish_reason", "gen_ai.response.finish_reason")  # FAILED ones mark the span failed
-FAILED = ("error", "unavailable")  # the engine failed on the request; nothing was left to run it
+# the engine failed on the request; nothing was left to run it; the server's time limit ended it (a
+# 504, a server error, as OpenTelemetry's HTTP conventions mark 5xx); "cancelled" is the client's doing
+FAILED = {"error": "the engine failed", "unavailable": "no engine was left to run it",
+          "timeout": "the request ran past --request-timeout"}
 
 
 class RequestTracer:
@@ -91,10 +94,11 @@ class RequestTracer:
         if span is None:
             return
         span.set_attributes(_clean(attributes))
-        if any(attributes.get(key) in FAILED for key in FINISH_REASON_KEYS):
+        reason = next((attributes[key] for key in FINISH_REASON_KEYS if attributes.get(key) in FAILED), None)
+        if reason is not None:
             from opentelemetry.trace import Status, StatusCode
 
-            span.set_status(Status(StatusCode.ERROR, str(attributes.get("error", "the engine failed"))))
+            span.set_status(Status(StatusCode.ERROR, str(attributes.get("error", FAILED[reason]))))
         span.end()
 
     @property
