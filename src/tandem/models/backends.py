@@ -125,7 +125,8 @@ def cached_profile(spec: RunnerSpec, runner: ModelRunner, sizes: tuple[int, ...]
             pass
         return cached
     make_dir(path.parent)  # before the minute of measuring, not after
-    print(f"profiling {spec.model} on this machine (once; up to a minute) ...", file=sys.stderr, flush=True)
+    print(f"profiling {spec.model} on this machine (once; a minute or two, more for larger models) ...",
+          file=sys.stderr, flush=True)
     base = profile_base_length(runner.context_length, max(sizes))
     cost = _measure_at(runner, base, sizes)
     record = {"runner": runner.name, "spec": spec.__repr__(), "latency_ms": cost.to_json(), "base_context": base}
