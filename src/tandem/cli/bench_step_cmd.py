@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from tandem.bench.machine import machine_info, machine_line
+from tandem.cli.given import StoreGiven, given_options
 from tandem.cli.int_list import int_list, thread_count, whole_number
 from tandem.errors import TandemError
 from tandem.models.catalog import DEFAULT_TARGET
@@ -21,6 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "--repeats calls over slots holding --context cached tokens, split into the model's time and "
                     "the runner's overhead (torch also prints the memory floor of one decode). Prints a table "
                     "with the machine it ran on; --out keeps it as JSON.")
+    parser.register("action", None, StoreGiven)  # --dtype given for llama.cpp is refused, not ignored
     parser.add_argument("--model", default=DEFAULT_TARGET, help="catalog name or HF folder (default %(default)s)")
     parser.add_argument("--backend", choices=["torch", "llamacpp"], default="torch",
                         help="torch: the fused runner (default); llamacpp: the llama.cpp batch runner")
@@ -51,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
         check_out_file(Path(args.out))  # before the timing, not after it
     if args.backend == "llamacpp" and args.device != "cpu":
         raise TandemError("--backend llamacpp runs on the CPU; --device is for the torch runner")
+    if args.backend == "llamacpp" and "dtype" in given_options(args):
+        raise TandemError(f"--dtype {args.dtype} is for the torch runner: llama.cpp reads the GGUF file's own precision")
     needed = args.context + max(tokens)
     context_length = max(STEP_CONTEXT, needed)
     if args.backend == "llamacpp":

@@ -63,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
         raise TandemError(f"{', '.join('--' + o for o in given)}: {'apply' if len(given) > 1 else 'applies'} only with "
                           "--model; with --cluster each worker is profiled with its own backend, device, dtype and "
                           "threads from the file (edit them there)")
+    if args.model and args.backend == "llamacpp" and "dtype" in given_options(args):  # it was ignored
+        raise TandemError(f"--dtype {args.dtype} is for --backend torch: llama.cpp reads the GGUF file's own precision")
     if args.out:
         from tandem.bench.out_dir import check_out_file
 
