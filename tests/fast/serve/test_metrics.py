@@ -333,3 +333,21 @@ def test_steps_that_only_planned_or_copied_keep_the_draft_device_idle():
                                              draft_forwards=1))  # a catch-up forward: the draft model ran
     clock.now = T0 + 11
     assert value(metrics, "tandem:device_utilization", role="draft") == pytest.approx(0.1, abs=1e-6)
+
+
+def test_an_idle_seconds_latency_is_its_own_window_so_old_requests_leave_the_chart():
+    """Idle seconds carried the last busy second's percentiles for as long as the server idled:
+    a minute later the chart still drew a TTFT the tiles (and /metrics' window) had dropped."""
+    clock = FakeClock(T0 + 0.5)
+    metrics = ServingMetrics(MODEL, series_seconds=300, clock=clock)
+    metrics.observe_step(step(T0 + 0.1, [RoundReport("a", "model", 2, 1)]))
+    metrics.request_finished("stop", 5, 10, 0.3, 2.0, [0.02])
+    clock.now = T0 + 20.5
+    metrics.request_finished("stop", 5, 10, 0.5, 2.0, [0.04])
+    clock.now = T0 + 120.5
+    snapshot = metrics.snapshot()
+    ttft = dict(zip(snapshot["series"]["t"], snapshot["series"]["ttft_p50"]))
+    assert ttft[T0 + 10] == 0.3 and ttft[T0 + 30] == pytest.approx(0.4)  # both requests in the last 60 s
+    assert ttft[T0 + 59] == pytest.approx(0.4) and ttft[T0 + 60] == 0.5  # the first left at 60 s
+    assert ttft[T0 + 80] is None and ttft[T0 + 119] is None  # both gone, as the tiles say
+    assert snapshot["latency"]["ttft"]["count"] == 0

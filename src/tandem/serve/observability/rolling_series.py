@@ -4,7 +4,8 @@ Engine steps and finished requests land in one-second buckets (by wall-clock sec
 as in `StepReport.started_at`); the newest `seconds` buckets are kept. A round with k draft tokens
 and `accepted` accepted commits `accepted + 1` tokens (the accepted drafts plus the bonus or
 correction token), which is what tokens/s counts. Seconds without events read as zero work, with
-queue sizes and latencies carried forward. Only complete seconds appear in `series`.
+queue sizes carried forward and latencies as of their end (requests that finished more than
+`recent_seconds` before leave them). Only complete seconds appear in `series`.
 
 Two summaries cover the last `recent_seconds`: latency percentiles (TTFT, inter-token,
 end-to-end) of the requests that finished in it, and acceptance by draft position (1-based):
@@ -39,6 +40,7 @@ class SecondBucket:
     draft_busy: float = 0.0
     rolling_rate: float | None = None  # the acceptance window's rate after this second's last step
     latency: dict | None = None  # {"ttft_p50": s, ...}, filled when the second is over
+    finished: int = 0  # requests that finished in this second (their latencies leave the window together)
     by_position: list = field(default_factory=list)  # [position - 1] -> [accepted, rejected]
 
 
@@ -74,7 +76,7 @@ class RollingSeries:
         bucket.running, bucket.waiting = running, waiting
 
     def add_request(self, when: float, ttft: float | None, e2e: float, inter_token: list[float]) -> None:
-        self._bucket(when)  # closes the previous second first, so these samples count from now on
+        self._bucket(when).finished += 1  # closes the previous second first, so these samples count from now on
         if ttft is not None:
             self._samples["ttft"].append((when, ttft))
         self._samples["e2e"].append((when, e2e))
@@ -132,12 +134,23 @@ class RollingSeries:
         previous = next((b for b in reversed(self._buckets) if b.t < start), SecondBucket(start))
         for second in range(start, end + 1):
             bucket = by_second.get(second)
-            if bucket is None:  # an idle second: no work, the last known queue and latency
+            if bucket is None:  # an idle second: no work, the last known queue; latency as of its end
+                latency = previous.latency
+                if latency is not None and self._window_dropped(by_second, second):
+                    latency = self._latency_fields(second + 1)
                 bucket = SecondBucket(second, running=previous.running, waiting=previous.waiting,
-                                      rolling_rate=previous.rolling_rate, latency=previous.latency)
+                                      rolling_rate=previous.rolling_rate, latency=latency)
             _append_row(columns, bucket)
             previous = bucket
         return columns
+
+    def _window_dropped(self, by_second: dict[int, SecondBucket], second: int) -> bool:
+        """Whether requests that finished leave the latency window during `second`: an idle
+        second's percentiles are the second before's unless some did (carried on regardless, a
+        minute-old TTFT stayed on the chart for as long as the server idled)."""
+        end = second + 1
+        oldest, newest = int(end - 1 - self.recent_seconds), int(end - self.recent_seconds)
+        return any(by_second[t].finished for t in range(oldest, newest + 1) if t in by_second)
 
     def _recent(self, kind: str, now: float) -> list[float]:
         since = now - self.recent_seconds
