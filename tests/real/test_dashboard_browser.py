@@ -149,15 +149,32 @@ def test_a_protected_dashboard_says_whether_its_key_is_missing_or_wrong(protecte
     the path a proxy serves it under."""
     base_url, metrics = protected_dashboard_app
     with SyntheticLoad(metrics), open_dashboard(base_url) as dashboard:
-        connection = dashboard.page.locator("#connection")
-        connection.filter(has_text="add #key=YOUR_API_KEY to this page's address").wait_for(timeout=10_000)
-        dashboard.page.goto(base_url + "/#key=wrong")
-        dashboard.page.reload()
-        connection.filter(has_text="is not this server's API key").wait_for(timeout=10_000)
+        notice = dashboard.page.locator("#notice")
+        notice.filter(has_text="add #key=YOUR_API_KEY to this page's address").wait_for(timeout=10_000)
+        dashboard.page.goto(base_url + "/#key=wrong")  # the address changes, no reload: it was not read until one
+        notice.filter(has_text="is not this server's API key").wait_for(timeout=10_000)
         dashboard.page.goto(base_url + "/#key=sesame")
-        dashboard.page.reload()
         dashboard.wait_for_updates(2)
         dashboard.wait_for_points("chart-acceptance", 0)
+        notice.wait_for(state="hidden", timeout=10_000)
+
+
+def test_the_page_says_when_it_is_not_live_and_fits_a_phone(dashboard_app):
+    """With the server gone, the tiles and charts kept their last values, undimmed, under a small
+    grey "disconnected" in a corner; at 375 px the charts ran off the page's right edge."""
+    base_url, metrics = dashboard_app
+    with SyntheticLoad(metrics), open_dashboard(base_url) as dashboard:
+        dashboard.wait_for_updates(2)
+        dashboard.page.route("**/dashboard/data", lambda route: route.abort())  # the server goes away
+        dashboard.page.wait_for_selector("body.stale", timeout=10_000)
+        said = dashboard.page.inner_text("#notice")
+        assert "does not answer" in said and "showing what it said at" in said
+        dashboard.page.unroute("**/dashboard/data")  # and comes back
+        dashboard.page.wait_for_selector("#notice", state="hidden", timeout=20_000)
+        assert dashboard.page.evaluate("!document.body.classList.contains('stale')")
+        dashboard.page.set_viewport_size({"width": 375, "height": 812})
+        assert dashboard.page.evaluate("document.documentElement.scrollWidth") <= 375
+        assert dashboard.page.get_attribute("#chart-tokens", "role") == "img"
 
 
 def test_dashboard_shows_each_cluster_workers_state_and_placements(dashboard_app):

@@ -76,7 +76,8 @@ def serve(config: EngineConfig, settings: ServeSettings, cluster=None) -> int:
                 create_app(state), log_level=settings.log_level, log_config=UVICORN_LOG_CONFIG,
                 access_log=settings.log_level in ("info", "debug"), http=HeaderTimedH11Protocol,
                 timeout_graceful_shutdown=UVICORN_CLOSE_SECONDS))
-            asyncio.run(_serve(server, sock, _banner(model_name, settings.host, sock.getsockname()[1])))
+            asyncio.run(_serve(server, sock, _banner(model_name, settings.host, sock.getsockname()[1],
+                                                     settings.protect_metrics)))
         finally:
             close_state(state)
     finally:
@@ -321,6 +322,8 @@ def _say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
 
-def _banner(model_name: str, host: str, port: int) -> str:
+def _banner(model_name: str, host: str, port: int, protected: bool = False) -> str:
+    """The line saying where it serves; with --protect-metrics, how the dashboard takes the key."""
     shown = f"[{host}]" if ":" in host else host
-    return f"Tandem serving {model_name} at http://{shown}:{port}/v1 — dashboard: http://{shown}:{port}/"
+    key = " (add #key=YOUR_API_KEY to its address: --protect-metrics)" if protected else ""
+    return f"Tandem serving {model_name} at http://{shown}:{port}/v1 — dashboard: http://{shown}:{port}/{key}"

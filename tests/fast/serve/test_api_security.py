@@ -261,3 +261,13 @@ def test_uvicorns_records_reach_the_one_stderr_handler_not_stdout(caplog, capsys
     assert not access.handlers and access.propagate
     assert capsys.readouterr().out == ""
     assert any(r.name == "uvicorn.access" and "POST /v1/completions" in r.getMessage() for r in caplog.records)
+
+
+def test_the_start_line_says_how_a_protected_dashboard_takes_its_key():
+    """Under --protect-metrics the dashboard showed nothing until its address carried the key,
+    and the line pointing at it said nothing of that."""
+    from tandem.serve.server import _banner
+
+    assert _banner("m", "127.0.0.1", 8000).endswith("dashboard: http://127.0.0.1:8000/")
+    assert _banner("m", "::1", 8000, protected=True).endswith(
+        "dashboard: http://[::1]:8000/ (add #key=YOUR_API_KEY to its address: --protect-metrics)")

@@ -5,6 +5,7 @@
 "use strict";
 
 const POLL_MS = 1000;
+const MAX_POLL_MS = 10000; // while the server does not answer, polls back off to this
 const MIN_SPAN_SECONDS = 30; // the x axis spans at least this much time
 const PAD = { left: 58, right: 10, top: 10, bottom: 20 };
 const DASHED = [5, 4];
@@ -15,9 +16,10 @@ const COLORS = {
 
 const pct = (v) => `${Math.round(v * 100)}%`;
 const num = (v) => (Math.abs(v) >= 100 ? v.toFixed(0) : Math.abs(v) >= 10 ? v.toFixed(1) : v.toFixed(2));
-const secs = (v) => `${num(v)} s`;
-const ms = (v) => `${num(v)} ms`;
-const bytes = (v) => (v >= 2 ** 30 ? `${(v / 2 ** 30).toFixed(2)} GiB` : `${(v / 2 ** 20).toFixed(0)} MiB`);
+// A number and its unit never part at a line's end (a tile's "0.42 s" left its "s" on a line of its own)
+const secs = (v) => `${num(v)}\u00a0s`;
+const ms = (v) => `${num(v)}\u00a0ms`;
+const bytes = (v) => (v >= 2 ** 30 ? `${(v / 2 ** 30).toFixed(2)}\u00a0GiB` : `${(v / 2 ** 20).toFixed(0)}\u00a0MiB`);
 const orDash = (v, format) => (v === null || v === undefined ? "–" : format(v));
 
 const LINE_CHARTS = [
@@ -281,42 +283,71 @@ function render(snap) {
   document.body.dataset.updated = String(Number(document.body.dataset.updated) + 1);
 }
 
-function setConnection(ok) {
-  const status = document.getElementById("connection");
-  status.className = ok ? "connection ok" : "connection";
-  status.textContent = ok ? `live, updated ${new Date().toLocaleTimeString()}` : "disconnected, retrying…";
-}
-
 let latest = null; // the last snapshot, redrawn on resize
+let updatedAt = null; // when it came
+let failures = 0; // polls in a row that got no snapshot: the next waits longer (up to MAX_POLL_MS)
+
+// What the page shows is live, or why it is not: the notice says it where the charts are, and
+// what is still drawn is dimmed as stale (it looked live with the server gone).
+function setConnection(ok, why) {
+  const status = document.getElementById("connection");
+  const notice = document.getElementById("notice");
+  status.className = ok ? "connection ok" : "connection";
+  document.body.classList.toggle("stale", !ok && latest !== null);
+  if (ok) {
+    failures = 0;
+    updatedAt = new Date();
+    status.textContent = `live, updated ${updatedAt.toLocaleTimeString()}`;
+    notice.hidden = true;
+    return;
+  }
+  failures += 1;
+  const shown = updatedAt ? `; showing what it said at ${updatedAt.toLocaleTimeString()}` : "";
+  status.textContent = `not live${shown}`;
+  notice.textContent = why + shown;
+  notice.hidden = false;
+}
 
 // A server started with --protect-metrics wants its API key: add #key=KEY to the page's address,
 // wherever a proxy serves it (the fragment never leaves the browser, so the key is in no server
-// log or proxy).
-const apiKey = new URLSearchParams(location.hash.slice(1)).get("key");
-const dataHeaders = apiKey ? { Authorization: `Bearer ${apiKey}` } : {};
+// log or proxy). Read again when the address changes: no reload needed.
+let apiKey = null;
+function readKey() {
+  apiKey = new URLSearchParams(location.hash.slice(1)).get("key");
+}
 
+let pending = null; // the next poll's timer
 async function poll() {
+  clearTimeout(pending);
   try {
-    const response = await fetch("dashboard/data", { cache: "no-store", headers: dataHeaders });
+    const headers = apiKey ? { Authorization: `Bearer ${apiKey}` } : {};
+    const response = await fetch("dashboard/data", { cache: "no-store", headers });
     if (response.status === 401) {
-      const status = document.getElementById("connection");
-      status.className = "connection";
-      status.textContent = apiKey
-        ? "the key in this page's address (#key=...) is not this server's API key"
-        : "this server protects its metrics: add #key=YOUR_API_KEY to this page's address";
-      return; // polled again (finally): reloading with the key fixes it
+      setConnection(false, apiKey
+        ? "The key in this page's address (#key=...) is not this server's API key."
+        : "This server protects its metrics (--protect-metrics): add #key=YOUR_API_KEY to this page's address.");
+      return; // polled again (finally): a key added to the address is read at once
     }
     if (!response.ok) throw new Error(`HTTP ${response.status}`);
     latest = await response.json();
     render(latest);
     setConnection(true);
   } catch (error) {
-    setConnection(false);
+    setConnection(false, "The server does not answer; retrying.");
   } finally {
-    setTimeout(poll, POLL_MS);
+    clearTimeout(pending); // a poll the address's change started meanwhile set one too: one chain
+    pending = setTimeout(poll, Math.min(MAX_POLL_MS, POLL_MS * 2 ** Math.max(0, failures - 1)));
   }
 }
 
+// Each chart is an image to a screen reader, named by its caption.
+document.querySelectorAll("figure.chart").forEach((figure) => {
+  const canvas = figure.querySelector("canvas");
+  canvas.setAttribute("role", "img");
+  canvas.setAttribute("aria-label", figure.querySelector("figcaption").textContent.replace(/\s+/g, " ").trim());
+});
 buildLegends();
+readKey();
 window.addEventListener("resize", () => latest && render(latest));
+window.addEventListener("hashchange", () => { readKey(); poll(); });
 poll();
