@@ -445,6 +445,7 @@ async def test_unknown_model_is_404():
             assert_error(await client.get("/v1/models/gpt-4"), 404, code="model_not_found")
             for path in ("/favicon.ico", "/healthz", "/wp-login.php"):  # no route: no API request refused
                 assert_error(await client.get(path), 404, code="not_found", says=f"no route GET {path}")
+            assert_error(await client.get("/dashboard/static/nosuch.js"), 404, says="no dashboard asset")  # nor this
         assert server.metrics.rejected == [404, 404, 404]  # the probes counted as refused requests
 
 

@@ -18,7 +18,8 @@ Status codes, following OpenAI (which answers 400 for every invalid request, not
                              now, a cluster with no verifier left (code unavailable); Retry-After
   504 timeout_error          the request ran past --request-timeout (queueing included) and was cancelled
 Every refused request (4xx, 429, 503) is counted by `metrics.request_rejected`, but for the
-dashboard's, the metrics' and the schema's own fetches (UNCOUNTED_PATHS) and paths no route
+dashboard's, the metrics' and the schema's own fetches (UNCOUNTED_PATHS, and the dashboard's
+assets) and paths no route
 serves (a browser's favicon, a load balancer's probe, a scanner: no API request was refused).
 """
 
@@ -32,6 +33,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 UNCOUNTED_PATHS = frozenset({"/metrics", "/dashboard/data", "/openapi.json"})
+UNCOUNTED_PREFIX = "/dashboard/static/"  # a page's asset not found is no API request refused
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_SHUTDOWN_SECONDS = 5
@@ -130,6 +132,10 @@ def _param_name(loc) -> str:
     return name or "body"
 
 
+def _counted(path: str) -> bool:
+    return path not in UNCOUNTED_PATHS and not path.startswith(UNCOUNTED_PREFIX)
+
+
 def install_error_handlers(app: FastAPI, metrics) -> None:
     """Every error leaves as an OpenAI error body; refusals are counted; tracebacks stay in the log."""
 
@@ -138,7 +144,7 @@ def install_error_handlers(app: FastAPI, metrics) -> None:
         # counted one a second and showed requests rejected where none were
         if error.code == "client_disconnected":  # nobody refused it: the client left (nginx's 499)
             metrics.request_abandoned()
-        elif (error.status < 500 or error.status == 503) and request.url.path not in UNCOUNTED_PATHS:
+        elif (error.status < 500 or error.status == 503) and _counted(request.url.path):
             metrics.request_rejected(error.status)
         return error.response()
 
