@@ -332,8 +332,9 @@ async function poll() {
     latest = await response.json();
     render(latest);
     setConnection(true);
-  } catch (error) {
-    setConnection(false, "The server does not answer; retrying.");
+  } catch (error) { // fetch's TypeError: no answer at all; else the status it answered with
+    setConnection(false, error instanceof TypeError ? "The server does not answer; retrying."
+      : `The server answered ${error.message} (shutting down, or no engine left to serve); retrying.`);
   } finally {
     clearTimeout(pending); // a poll the address's change started meanwhile set one too: one chain
     pending = setTimeout(poll, Math.min(MAX_POLL_MS, POLL_MS * 2 ** Math.max(0, failures - 1)));
