@@ -62,6 +62,7 @@ BAD_COMPLETIONS = [
     (completion_body(tandem={"drafter": "magic"}), "tandem.drafter", "invalid_value", ""),
     (completion_body(tandem={"k": 65}), "tandem.k", "invalid_value", "auto"),
     (completion_body(tandem={"k": "fast"}), "tandem.k", "invalid_value", "auto"),
+    (completion_body(tandem={"drafter": "none", "k": 3}), "tandem.k", "invalid_value", "drafts nothing"),  # ignored
     (completion_body(tandem={"drafer": "ngram"}), "tandem.drafer", "unknown_parameter", ""),
     (completion_body(tandem="ngram"), "tandem", "invalid_type", ""),
     (completion_body(prompt=""), "prompt", "invalid_value", "empty"),

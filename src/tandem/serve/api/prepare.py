@@ -18,6 +18,7 @@ from tandem.errors import TandemError
 from tandem.serve.api.errors import APIError
 from tandem.serve.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from tandem.serve.state import ServerState
+from tandem.speculation.depth import Auto, Fixed
 from tandem.speculation.sampling import SamplingParams
 from tandem.text.stop_strings import StopStrings
 
@@ -70,10 +71,15 @@ def _check_body(state: ServerState, body: SamplingFields) -> None:
                        code="invalid_value")
     if body.n not in (None, 1):
         raise APIError(400, f"only n=1 is supported, got n={body.n}", param="n", code="unsupported_value")
-    drafter = body.speculation().drafter
+    options = body.speculation()
+    drafter = options.drafter
     if drafter is not None and drafter not in state.drafters:
         raise APIError(400, f"drafter '{drafter}' is not available on this server (it has no draft model); "
                        f"choose one of {', '.join(state.drafters)}", param="tandem.drafter", code="invalid_value")
+    if (drafter or state.speculation_defaults.drafter) == "none" and options.k not in (None, Auto(), Fixed(0)):
+        raise APIError(400, f"k {options.k} with drafter 'none': that drafter drafts nothing (as `--drafter none "
+                       f"--k N` is refused); leave k out, or choose another drafter", param="tandem.k",
+                       code="invalid_value")
 
 
 async def _tokenize(tokenize, text_or_messages) -> tuple[int, ...]:
