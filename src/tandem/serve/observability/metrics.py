@@ -167,7 +167,7 @@ class ServingMetrics:
         if report.prefill_seconds > 0:  # a call of its own (prompt chunks riding in the verify call are in verify's)
             m.prefill_step_seconds.observe(report.prefill_seconds)
         if report.draft_seconds > 0:
-            m.draft_step_seconds.observe(report.draft_model_seconds)
+            m.draft_step_seconds.observe(report.draft_seconds)
         if report.rounds or report.prefill_tokens:  # the target's forward ran: rounds, prompt chunks or both
             m.verify_step_seconds.observe(report.verify_seconds)
 
