@@ -34,4 +34,6 @@ def human_size(num_bytes: float) -> str:
         if num_bytes < 1024:  # a decimal below 10 of a unit: 1.5 MiB is not "2 MiB"
             return f"{num_bytes:.1f} {unit}" if unit != "B" and num_bytes < 9.95 else f"{num_bytes:.0f} {unit}"
         num_bytes /= 1024
-    return f"{num_bytes:.1f} GiB"
+    if num_bytes < 1024:
+        return f"{num_bytes:.1f} GiB"
+    return f"{num_bytes / 1024:.1f} TiB"  # not "10240.0 GiB" for 10T

@@ -64,3 +64,13 @@ def test_a_runners_pool_line_names_its_role(monkeypatch, capsys):
     spec = RunnerSpec("smollm2-135m-instruct", "torch", "cpu", "fp32", 1)
     batch_backends.load_batch_runner(spec, 1, role="draft, --draft-kv-memory")
     assert "m [torch-fused/cpu/fp32/x1] (draft, --draft-kv-memory): KV pool: 180 MiB" in capsys.readouterr().err
+
+
+def test_a_huge_kv_budget_for_one_sequence_is_said_plainly(tiny_target, tmp_path, monkeypatch, capsys):
+    """`--kv-memory 10T` for one sequence said "less than the 10240.0 GiB allowed: 1 sequences of
+    ... need no more"."""
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
+    monkeypatch.setattr(build, "tokenizer_path", lambda model: model)
+    target = RunnerSpec(str(tiny_target), "torch", "cpu", threads=1, context_length=256, kv_memory=10 * 2**40)
+    build_engine(EngineConfig(target, None, "ngram", "auto"), max_running=1, cache_ram_bytes=0)
+    assert "less than the 10.0 TiB allowed: 1 sequence of 256 tokens needs no more" in capsys.readouterr().err

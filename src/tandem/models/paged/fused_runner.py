@@ -91,8 +91,9 @@ class FusedTorchRunner:
         pool = (f"KV pool: {self.blocks.num_blocks} blocks x {BLOCK_SIZE} tokens = {self.pool_tokens} tokens, "
                 f"{self.kv_bytes / 2**20:.0f} MiB on {self.device}")
         if self.kv_memory_asked is not None and self.kv_bytes + self.row_bytes * BLOCK_SIZE <= self.kv_memory_asked:
-            pool += (f" (less than the {human_size(self.kv_memory_asked)} allowed: {self.max_slots} sequences of "
-                     f"{self.context_length} tokens need no more)")
+            sequences = f"{self.max_slots} sequence{'s' if self.max_slots != 1 else ''}"
+            pool += (f" (less than the {human_size(self.kv_memory_asked)} allowed: {sequences} of "
+                     f"{self.context_length} tokens need{'s' if self.max_slots == 1 else ''} no more)")
         return pool
 
     def num_cached_tokens(self, slot: int) -> int:
