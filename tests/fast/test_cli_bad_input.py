@@ -126,6 +126,8 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["bench-step", "--out", "{tmp}"], "is a folder"),
     (["profile", "--model", "m", "--out", "{not_a_folder}"], "cannot create the output folder"),
     (["profile", "--model", "m", "--force"], "with --model a profile is always measured"),
+    (["profile", "--model", "m", "--dtype", "bf16"], "llama.cpp reads the GGUF file's own precision"),  # ignored
+    (["bench-step", "--backend", "llamacpp", "--dtype", "fp16"], "--dtype fp16 is for the torch runner"),
     (["bench-cluster", "--cluster", CLUSTER, "--configs", "single,single"], "more than once"),
     (["bench-cluster", "--cluster", CLUSTER, "--configs", ""], "no config named"),
     (["bench-cluster", "--cluster", CLUSTER, "--out", "{not_a_folder}"], "cannot create the output folder"),
@@ -331,8 +333,8 @@ def test_a_catalog_target_of_another_family_drafts_without_the_default_draft(cap
     assert "drafter: ngram (the default draft" in capsys.readouterr().err
     for argv in ([], ["--target", "smollm2-135m-instruct", "--draft", "smollm2-135m-instruct"]):
         assert engine_config(parser.parse_args(argv)).drafter == "hybrid"  # the default pair; a draft named
-    named = engine_config(parser.parse_args(["--target", "smollm2-135m-instruct", "--drafter", "hybrid"]))
-    assert named.drafter == "hybrid"  # named: never changed (its tokenizers are refused at load)
+    named = engine_config(parser.parse_args(["--target", "smollm2-135m-instruct", "--drafter", "ngram"]))
+    assert named.drafter == "ngram" and named.draft is None  # named: never changed
     assert capsys.readouterr().err == ""
 
 
@@ -388,13 +390,15 @@ def test_generate_caps_its_default_answer_by_the_context_and_says_what_would_fit
         generator.request((1,) * 600, None, greedy)
 
 
-def test_a_local_target_whose_tokenizer_the_default_draft_cannot_share_drafts_without_a_model(monkeypatch, capsys):
+def test_a_local_target_whose_tokenizer_the_default_draft_cannot_share_drafts_without_a_model(
+        monkeypatch, capsys, tmp_path):
     """A local SmolLM2 file with the default drafter pulled the Qwen draft (~900 MiB, re-quantized)
     to be refused for its tokenizer; offline, the pull's error said nothing of --drafter."""
     import argparse
     from types import SimpleNamespace
 
     from tandem.cli.options import add_model_options, engine_config
+    from tandem.errors import TandemError
     from tandem.models import backends, resolve
     from tandem.text import tokenizer
 
@@ -403,12 +407,86 @@ def test_a_local_target_whose_tokenizer_the_default_draft_cannot_share_drafts_wi
     sizes = {"/tokenizers/smol.gguf": 49152, "/tokenizers/qwen.gguf": 151936}
     monkeypatch.setattr(tokenizer, "TextTokenizer",
                         lambda path: SimpleNamespace(vocabulary=lambda: dict.fromkeys(range(sizes[path]))))
+    monkeypatch.chdir(tmp_path)
+    for name in ("smol.gguf", "qwen.gguf"):
+        (tmp_path / name).write_bytes(b"GGUF")
     parser = argparse.ArgumentParser()
     add_model_options(parser)
     assert engine_config(parser.parse_args(["--target", "smol.gguf"])).drafter == "ngram"
     assert ("drafter: ngram (the default draft qwen2.5-coder-0.5b-instruct-q4_0 is a Qwen2.5-Coder model, whose "
             "tokenizer has 151936 entries against the target's 49152" in capsys.readouterr().err)
     assert engine_config(parser.parse_args(["--target", "qwen.gguf"])).drafter == "hybrid"
+    with pytest.raises(TandemError, match="--drafter model drafts with the default draft .* whose tokenizer has "
+                                          "151936 entries against the target's 49152: give --draft"):
+        engine_config(parser.parse_args(["--target", "smol.gguf", "--drafter", "model"]))
+
+
+def test_a_drafter_named_with_a_model_is_refused_before_the_default_draft_of_another_family_is_pulled(
+        tmp_path, monkeypatch, capsys):
+    """`generate --target smollm2-135m-instruct --drafter model` (or hybrid) pulled the default Qwen
+    draft (469 MiB), re-quantized it, and only then refused its tokenizer; `bench` on the same
+    target did so for its model and hybrid configs. Now one line, nothing pulled; a --draft
+    named keeps its path (its tokenizer is checked at load)."""
+    import argparse
+
+    from tandem.cli.options import add_model_options, engine_config
+    from tandem.models import resolve
+
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(resolve, "pull", refuse_to_pull)
+    target = ["--target", "smollm2-135m-instruct"]
+    for argv in (["generate", "--prompt", "hi", *target, "--drafter", "model"],
+                 ["generate", "--prompt", "hi", *target, "--drafter", "hybrid", "--threads", "1"],
+                 ["serve", *target, "--drafter", "hybrid"],
+                 ["bench", *target, "--configs", "none,hybrid:k=4", "--out", str(tmp_path / "never")]):
+        assert exit_code(argv) == 2
+        err = capsys.readouterr().err
+        assert "with the default draft qwen2.5-coder-0.5b-instruct-q4_0, a Qwen2.5-Coder model, with another " \
+               "tokenizer than smollm2-135m-instruct's: give --draft a draft model of the target's family" in err, err
+        assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert "or --drafter ngram, which needs no model" in exit_and_err(["generate", "--prompt", "hi", *target,
+                                                                      "--drafter", "model"], capsys)
+    assert not (tmp_path / "home" / "models").exists() and not (tmp_path / "never").exists()
+    parser = argparse.ArgumentParser()
+    add_model_options(parser)
+    named = engine_config(parser.parse_args([*target, "--drafter", "model", "--draft", "smollm2-135m-instruct"]))
+    assert named.drafter == "model" and named.draft.model == "smollm2-135m-instruct"
+
+
+def test_a_typo_in_either_model_is_said_before_anything_is_pulled(tmp_path, monkeypatch, capsys):
+    """`--draft smollm-135m-instruct` was refused only after the target was pulled (1 GiB for the
+    default one): both names are checked first, by the CLI and by build_engine."""
+    from tandem.engine.build import EngineConfig, build_engine
+    from tandem.errors import ModelNotFoundError
+    from tandem.models import resolve
+    from tandem.models.backends import RunnerSpec
+
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(resolve, "pull", refuse_to_pull)
+    for argv, says in [(["generate", "--prompt", "hi", "--draft", "smollm-135m-instruct"],
+                        "unknown model 'smollm-135m-instruct' (did you mean 'smollm2-135m-instruct'?)"),
+                       (["generate", "--prompt", "hi", "--draft", str(tmp_path / "gone.gguf")], "no such model file"),
+                       (["serve", "--draft", "qwen2.5-coder-0.5b"], "unknown model 'qwen2.5-coder-0.5b'"),
+                       (["bench", "--draft", "smollm-135m-instruct", "--out", str(tmp_path / "never")],
+                        "unknown model 'smollm-135m-instruct'")]:
+        err = exit_and_err(argv, capsys)
+        assert says in err and err.startswith("error: ") and err.count("\n") == 1, err
+    config = EngineConfig(RunnerSpec("qwen2.5-coder-1.5b-instruct"), RunnerSpec("smollm-135m-instruct"), "model")
+    with pytest.raises(ModelNotFoundError, match="did you mean 'smollm2-135m-instruct'"):
+        build_engine(config, max_running=1)
+    assert not (tmp_path / "home" / "models").exists()
+
+
+def refuse_to_pull(name, progress=True):
+    raise AssertionError(f"{name} was pulled")
+
+
+def exit_and_err(argv: list[str], capsys) -> str:
+    """What a refused command said on stderr (exit status 2)."""
+    code = exit_code(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    return err
 
 
 def test_generate_takes_seed_minus_one_as_none_as_the_server_does():

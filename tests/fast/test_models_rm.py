@@ -103,3 +103,64 @@ def test_a_linked_model_folder_loses_its_link_and_a_gone_files_conversions_still
     gone.unlink()
     assert main(["models", "rm", str(gone)]) == 0
     assert not converted.exists()
+
+
+def test_rm_of_a_pulled_models_own_file_names_the_model_to_give(tmp_path, monkeypatch, capsys):
+    """`rm $TANDEM_HOME/models/NAME/model.gguf` said "no conversions of .../model.gguf are kept ...
+    the file itself is yours and stays": it is the pulled NAME, which `rm NAME` removes."""
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
+    pulled = entry_dir(NAME)
+    pulled.mkdir(parents=True)
+    (pulled / "model.gguf").write_bytes(b"GGUF" + bytes(3000))
+    (pulled / "manifest.json").write_text("{}")
+    assert main(["models", "rm", str(pulled / "model.gguf")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {pulled / 'model.gguf'} is the pulled {NAME}: give the name, `tandem models rm "
+                          f"{NAME}`, to remove it and its conversions"), err
+    assert err.count("\n") == 1 and (pulled / "model.gguf").is_file()
+
+
+def test_a_killed_conversions_work_inside_a_model_folder_is_listed_and_removed(tmp_path, monkeypatch, capsys):
+    """A conversion killed part-way (`models path NAME --hf`) leaves `models/NAME/.hf.tmp-*`, hundreds
+    of MiB, that `models list` did not show (it looked in the models folder only); a local file's
+    conversion leaves one in its local-<key> folder. Both are listed as a pull's are, under the
+    same ten-minute rule, and go with `rm NAME` or `rm FILE`, as the next conversion's atomic_dir
+    removes them once six hours old."""
+    import time
+
+    from tandem.models.pull import STALE_WORK_SECONDS, atomic_dir
+
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path / "home"))
+    pulled = entry_dir(NAME)
+    pulled.mkdir(parents=True)
+    (pulled / "model.gguf").write_bytes(b"GGUF" + bytes(3000))
+    mine = tmp_path / "mine.gguf"
+    mine.write_bytes(b"GGUF mine")
+    local = _cache_dir(mine, mine.resolve())
+    killed, live, local_killed = pulled / ".hf.tmp-killed", pulled / ".tokenizer.tmp-live", local / ".hf.tmp-killed"
+    for folder in (killed, live, local_killed):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(bytes(9000))
+    an_hour_ago = time.time() - 3600
+    for path in (killed / "model.safetensors", killed, local_killed / "model.safetensors", local_killed):
+        os.utime(path, (an_hour_ago, an_hour_ago))
+
+    assert main(["models", "list"]) == 0
+    listing = capsys.readouterr().out
+    assert f"{NAME}: .hf.tmp-killed, idle 1.0 h" in listing, listing
+    assert f"{NAME}: .tokenizer.tmp-live, idle 0 min (written to just now: under way?)" in listing
+    assert f"{mine.resolve()}: .hf.tmp-killed, idle 1.0 h" in listing
+
+    assert main(["models", "rm", NAME]) == 0
+    out = capsys.readouterr().out
+    assert f"removed {killed} (8.8 KiB)" in out and f"removed {pulled} " in out and not pulled.exists()
+    assert main(["models", "rm", str(mine)]) == 0 and not local.exists() and mine.is_file()
+
+    pulled.mkdir()  # the next conversion of the same destination removes a stale one
+    stale = pulled / ".hf.tmp-stale"
+    stale.mkdir()
+    old = time.time() - STALE_WORK_SECONDS - 60
+    os.utime(stale, (old, old))
+    with atomic_dir(pulled / "hf"):
+        pass
+    assert not stale.exists() and (pulled / "hf").is_dir()

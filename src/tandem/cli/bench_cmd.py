@@ -6,13 +6,13 @@ import sys
 from pathlib import Path
 
 from tandem.bench.single.models import ModelChoice
-from tandem.bench.single.registry import CONFIGS
+from tandem.bench.single.registry import CONFIGS, parse_config_names
 from tandem.bench.machine import machine_line
 from tandem.bench.single.report import main_table
 from tandem.bench.single.session import BenchSettings, run_session
 from tandem.bench.workload import DEFAULT_WORKLOAD
-from tandem.cli.options import (add_model_options, check_max_tokens_fit, draft_spec, engine_prefill_floor,
-                                target_spec)
+from tandem.cli.options import (add_model_options, check_default_draft_fits, check_max_tokens_fit,
+                                check_model_names, draft_spec, engine_prefill_floor, target_spec)
 from tandem.engine.batch_engine import THROUGHPUT_PREFILL_FLOOR
 
 DEFAULT_CONFIGS = "none,ngram,model,hybrid,llamacpp-plain"
@@ -41,6 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     check_max_tokens_fit(args)
+    check_models(args)
     settings = BenchSettings(
         models=model_choice(args),
         configs=args.configs,
@@ -57,6 +58,16 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(main_table(results)))
     print(f"\nwrote results.json, report.md and plots to {settings.out_dir}", file=sys.stderr)
     return 130 if "interrupted_after_prompts" in results else 0  # a Ctrl-C's finished part, written
+
+
+def check_models(args: argparse.Namespace) -> None:
+    """The models, checked before any is pulled: both names, and the default draft where a config
+    drafts with it (the target and the ~470 MiB draft were pulled before its tokenizer was refused)."""
+    check_model_names(args)
+    with_model = [spec.label for spec in parse_config_names(args.configs) if CONFIGS[spec.kind].uses_draft_model]
+    if with_model:
+        who = f"{', '.join(with_model)} in --configs draft{'s' if len(with_model) == 1 else ''}"
+        check_default_draft_fits(args, who, "leave them out of --configs (none, ngram and suffix draft without a model)")
 
 
 def model_choice(args: argparse.Namespace) -> ModelChoice:

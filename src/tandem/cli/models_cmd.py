@@ -54,8 +54,8 @@ def list_models(args: argparse.Namespace) -> int:
             print(f"  {human_size(kept.nbytes):>9}  {kept.source}")
     unfinished = unfinished_work()
     if unfinished:
-        print("\nleft by interrupted pulls or conversions (`tandem models rm NAME` removes them, the next pull "
-              "after 6 h):")
+        print("\nleft by interrupted pulls or conversions (`tandem models rm NAME|FILE` removes them, the next "
+              "pull or conversion of the same model after 6 h):")
         for work in unfinished:
             under_way = " (written to just now: under way?)" if work.idle_seconds < UNDER_WAY_SECONDS else ""
             print(f"  {human_size(work.nbytes):>9}  {work.name}: {work.folder.name}, idle "

@@ -104,32 +104,56 @@ def kv_memory_option(text: str) -> int:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def _default_draft_fits(args: argparse.Namespace) -> bool:
-    """Whether a draft model is at hand when no drafter is named: a named --draft is; the default
-    one is unless the target is a catalog model of another family (another tokenizer: SmolLM2
-    cannot be drafted for by a Qwen), or a local model whose tokenizer has another size, which
-    then drafts without a model, saying so (a local SmolLM2 file pulled the default draft, ~900 MiB,
-    to be refused for its tokenizer; offline, the pull's error said nothing of --drafter)."""
+def _default_draft_mismatch(args: argparse.Namespace) -> str | None:
+    """Why the default draft cannot draft for the target, or None where it can or a --draft is
+    named: the target is a catalog model of another family (another tokenizer: SmolLM2 cannot be
+    drafted for by a Qwen), or a local model whose tokenizer has another size (a local SmolLM2 file
+    pulled the default draft, ~900 MiB, to be refused for its tokenizer; offline, the pull's error
+    said nothing of --drafter)."""
     if args.draft is not None:
-        return True
+        return None
     draft = CATALOG[draft_spec(args).model]  # the default draft for its backend
     if args.target in CATALOG:
         target = CATALOG[args.target]
         if target.family == draft.family:
-            return True
-        why = f"a {draft.family} model, with another tokenizer than {target.name}'s"
-    else:
-        from tandem.models.resolve import tokenizer_path
-        from tandem.text.tokenizer import TextTokenizer
+            return None
+        return f"a {draft.family} model, with another tokenizer than {target.name}'s"
+    from tandem.models.resolve import tokenizer_path
+    from tandem.text.tokenizer import TextTokenizer
 
-        target_spec(args)  # a bad name is its own error first
-        size = len(TextTokenizer(str(tokenizer_path(args.target))).vocabulary())
-        if size == draft.vocab_size:
-            return True  # the same size: checked token by token when the engine is built
-        why = f"a {draft.family} model, whose tokenizer has {draft.vocab_size} entries against the target's {size}"
-    print(f"drafter: {default_drafter(has_draft_model=False)} (the default draft {draft.name} is {why}; --draft "
-          "names a draft model that shares it)", file=sys.stderr)
-    return False
+    target_spec(args)  # a bad backend or dtype is its own error first
+    size = len(TextTokenizer(str(tokenizer_path(args.target))).vocabulary())
+    if size == draft.vocab_size:
+        return None  # the same size: checked token by token when the engine is built
+    return f"a {draft.family} model, whose tokenizer has {draft.vocab_size} entries against the target's {size}"
+
+
+def _drafter(args: argparse.Namespace) -> str:
+    """--drafter, else the default for what exists: without a draft model where the default draft
+    cannot draft for the target (said on stderr). A drafter named that drafts with a model, where
+    only the default draft would, is refused then, before anything is pulled (it pulled ~470 MiB,
+    re-quantized it, and then refused its tokenizer)."""
+    default = default_drafter(has_draft_model=False)
+    if args.drafter is not None:
+        if USES_MODEL.get(args.drafter, False):
+            check_default_draft_fits(args, f"--drafter {args.drafter} drafts", f"--drafter {default}, which needs no model")
+        return check_drafter(args.drafter)
+    why = _default_draft_mismatch(args)
+    if why is None:
+        return check_drafter(default_drafter(has_draft_model=True))
+    print(f"drafter: {default} (the default draft {draft_spec(args).model} is {why}; --draft names a draft "
+          "model that shares it)", file=sys.stderr)
+    return default
+
+
+def check_default_draft_fits(args: argparse.Namespace, who: str, instead: str) -> None:
+    """Refused before anything is pulled: `who` ("--drafter model drafts"), drafting with a model,
+    given no --draft where the default draft cannot draft for the target; `instead` is the way
+    without a model."""
+    why = _default_draft_mismatch(args)
+    if why is not None:
+        raise TandemError(f"{who} with the default draft {draft_spec(args).model}, {why}: give --draft a "
+                          f"draft model of the target's family (one that shares its tokenizer), or {instead}")
 
 
 def target_spec(args: argparse.Namespace) -> RunnerSpec:
@@ -148,8 +172,19 @@ def draft_spec(args: argparse.Namespace) -> RunnerSpec:
     return spec
 
 
+def check_model_names(args: argparse.Namespace) -> None:
+    """--target and --draft, each a catalog name or something on disk, checked before anything is
+    pulled (a typo in --draft was said after the target's pull, 1 GiB for the default one)."""
+    from tandem.models.resolve import check_model_name
+
+    for model in (args.target, args.draft):
+        if model is not None:
+            check_model_name(model)
+
+
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    drafter = check_drafter(args.drafter or default_drafter(has_draft_model=_default_draft_fits(args)))
+    check_model_names(args)
+    drafter = _drafter(args)
     if drafter == "none" and parse_depth(args.k) not in (Auto(), Fixed(0)):
         raise TandemError(f"--k {args.k} with --drafter none: that drafter drafts nothing")
     draft = draft_spec(args) if USES_MODEL[drafter] else None

@@ -16,7 +16,7 @@ from tandem.hardware import llama_cpp_features, llama_cpp_version
 from tandem.models.backends import RunnerSpec, precision_of
 from tandem.models.batch_backends import load_batch_runner
 from tandem.models.checksum import model_checksum
-from tandem.models.resolve import tokenizer_path
+from tandem.models.resolve import check_model_name, tokenizer_path
 from tandem.numbers import is_int
 from tandem.speculation.depth import Auto, Depth, parse_depth
 from tandem.speculation.drafters.registry import USES_MODEL, check_drafter
@@ -77,8 +77,11 @@ def build_engine(config: EngineConfig, max_running: int = DEFAULT_MAX_RUNNING, n
     if not (is_int(max_running) and 1 <= max_running <= 64):
         raise TandemError(f"max running sequences must be an integer between 1 and 64, got {max_running!r}")
     cache_slots = max_running * (1 + RESIDENT_PER_RUNNING.get(config.target.resolved().backend, 0))
+    uses_draft = config.draft is not None and config.uses_draft_model
+    for spec in [config.target] + ([config.draft] if uses_draft else []):
+        check_model_name(spec.model)  # both, before either is pulled (a --draft typo was said after the target's)
     draft = None
-    if config.draft is not None and config.uses_draft_model:
+    if uses_draft:
         target_tokenizer = TextTokenizer(str(tokenizer_path(config.target.model)))
         check_same_vocabulary(target_tokenizer, TextTokenizer(str(tokenizer_path(config.draft.model))))
         try:

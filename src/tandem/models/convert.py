@@ -5,13 +5,15 @@ transformers can read a GGUF directly, but it dequantizes every tensor on each l
 files (chat template included) and generation_config.json. `convert_tokenizer` writes only the
 tokenizer files, for backends that run the GGUF themselves. Both build the folder beside `dest`
 and rename it into place, so `dest` either is complete or does not exist. A file transformers
-cannot read raises TandemError. Nothing is downloaded: HF_HUB_OFFLINE is forced on.
+cannot read raises TandemError (a truncated one says so). Nothing is downloaded: HF_HUB_OFFLINE
+is forced on.
 """
 
 import os
 from pathlib import Path
 
 from tandem.errors import TandemError
+from tandem.models.gguf_extent import truncation
 from tandem.models.pull import atomic_dir
 
 WEIGHTS_FILENAME = "model.safetensors"
@@ -64,6 +66,9 @@ def _load(gguf: Path, loader):
     try:
         return loader()
     except Exception as exc:  # transformers and gguf raise many kinds on a bad file
+        truncated = truncation(gguf)  # a file cut short fails on a numpy reshape: said as what it is
+        if truncated is not None:
+            raise TandemError(f"{gguf} is {truncated}") from None
         raise TandemError(f"{gguf} is not a valid GGUF file: {exc}") from exc
 
 

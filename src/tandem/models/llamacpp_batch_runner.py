@@ -47,6 +47,7 @@ way (AMD EPYC VM).
 import ctypes
 import os
 import time
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -57,6 +58,7 @@ from tandem.errors import TandemError
 from tandem.sigterm import deferring_ctrl_c
 from tandem.models.batch_runner import BatchItem, KvPoolFullError
 from tandem.models.cost import CostModel
+from tandem.models.gguf_extent import truncation
 from tandem.models.host_bytes import bytes_address, new_bytes
 from tandem.models.llamacpp_log import install_log_filter
 
@@ -147,7 +149,9 @@ class LlamaCppBatchRunner:
                 self._llm = Llama(model_path=str(gguf_path), n_ctx=64, n_batch=64, n_threads=threads,
                                   n_threads_batch=threads, logits_all=False, verbose=False)
         except (ValueError, RuntimeError, OSError) as error:
-            raise TandemError(f"llama.cpp cannot load {gguf_path}: {error}") from None
+            truncated = truncation(Path(gguf_path))  # llama.cpp says why in its log only
+            raise TandemError(f"{gguf_path} is {truncated}" if truncated else
+                              f"llama.cpp cannot load {gguf_path}: {error}") from None
         params = llama_cpp.llama_context_default_params()
         ctypes.pointer(params)[0] = self._llm.context_params
         self.pool_tokens = pool_tokens or kv_pool_tokens(max_slots, context_length)

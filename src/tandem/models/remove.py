@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tandem.errors import TandemError, did_you_mean
 from tandem.models.catalog import CATALOG
-from tandem.models.pull import aside_path, entry_dir, newest_write
+from tandem.models.pull import aside_path, catalog_name_of, entry_dir, newest_write
 from tandem.models.resolve import LOCAL_SOURCE
 from tandem.paths import models_dir
 
@@ -66,15 +66,36 @@ class UnfinishedWork:
 
 
 def unfinished_work() -> list[UnfinishedWork]:
-    """Folders a pull or conversion left in models_dir() when it was killed (or is still writing):
-    invisible otherwise until the next pull of the same model, which removes them after
-    pull.STALE_WORK_SECONDS."""
+    """Folders a pull or conversion left when it was killed (or is still writing): a pull's in
+    models_dir(), a conversion's in its model's folder (`<name>/.hf.tmp-*`, `local-<key>/...`);
+    invisible otherwise until the next pull or conversion of the same destination, which removes
+    them after pull.STALE_WORK_SECONDS."""
     found = []
-    for folder in sorted(models_dir().glob(".*")):
-        match = UNFINISHED.match(folder.name)
-        if match and folder.is_dir():
-            found.append(UnfinishedWork(folder, match["name"], folder_bytes(folder), time.time() - newest_write(folder)))
+    for parent, name in _work_places():
+        for folder in sorted(parent.glob(".*")):
+            match = UNFINISHED.match(folder.name)
+            if match and folder.is_dir():
+                found.append(UnfinishedWork(folder, name or match["name"], folder_bytes(folder),
+                                            time.time() - newest_write(folder)))
     return found
+
+
+def _work_places() -> list[tuple[Path, str | None]]:
+    """Where atomic_dir works, each with what its leftovers are for: models_dir() (None: the name
+    in each leftover's own), each model's folder (its name) and each local-<key> one (its file,
+    which `rm FILE` takes)."""
+    places: list[tuple[Path, str | None]] = [(models_dir(), None)]
+    for folder in sorted(models_dir().glob("[!.]*")):
+        if folder.is_dir():
+            places.append((folder, _local_source(folder) or folder.name))
+    return places
+
+
+def _local_source(folder: Path) -> str | None:
+    try:
+        return (folder / LOCAL_SOURCE).read_text() if folder.name.startswith("local-") else None
+    except OSError:
+        return None
 
 
 def _remove_unfinished(name: str) -> list[KeptFolder]:
@@ -97,9 +118,20 @@ def _delete(folder: Path) -> bool:
     return not os.path.lexists(folder)
 
 
+def _nothing_kept_of(path: str, resolved: str) -> TandemError:
+    """The error for a file with no conversions kept: a pulled catalog model's own file (its
+    conversions sit beside it, in its folder) goes by its name."""
+    pulled_as = catalog_name_of(path)
+    if pulled_as is not None:
+        return TandemError(f"{path} is the pulled {pulled_as}: give the name, `tandem models rm {pulled_as}`, to "
+                           "remove it and its conversions")
+    return TandemError(f"no conversions of {resolved} are kept: nothing to remove (the file itself is yours and stays)")
+
+
 def remove_model(name_or_path: str) -> list[KeptFolder]:
-    """Remove a catalog model's folder and what an interrupted pull of it left, or a local .gguf
-    file's conversions (not the file); what went. TandemError where nothing is kept for it."""
+    """Remove a catalog model's folder and what an interrupted pull or conversion of it left, or a
+    local .gguf file's conversions (not the file); what went. TandemError where nothing is kept for
+    it, or where it is a pulled model's own file (its name removes it)."""
     if name_or_path in CATALOG:
         folder = entry_dir(name_or_path)
         unfinished = _remove_unfinished(name_or_path)
@@ -122,8 +154,7 @@ def remove_model(name_or_path: str) -> list[KeptFolder]:
             raise TandemError(f"{name_or_path!r} is neither a catalog model nor a .gguf file"
                               f"{did_you_mean(name_or_path, CATALOG)}")
         if not found:
-            raise TandemError(f"no conversions of {resolved} are kept: nothing to remove (the file itself "
-                              f"is yours and stays)")
+            raise _nothing_kept_of(name_or_path, resolved)
     gone = []
     for kept in found:
         if not os.path.lexists(kept.folder):  # unfinished work, already removed

@@ -42,9 +42,21 @@ def gguf_path(name_or_path: str | Path, progress: bool = True) -> Path:
         if path.exists():  # neither a file nor a folder: a device, a pipe
             raise TandemError(f"{path} is not a regular file: a model is a .gguf file, a Hugging Face folder "
                               "or a catalog name")
-        if path.suffix == ".gguf" or "/" in name:
-            raise ModelNotFoundError(f"no such model file: {path}")
-    return pull(name, progress=progress)  # raises ModelNotFoundError, listing names, if unknown
+    check_model_name(name)
+    return pull(name, progress=progress)
+
+
+def check_model_name(name_or_path: str | Path) -> None:
+    """ModelNotFoundError unless `name_or_path` is a catalog name or something on disk (what it is
+    is told where it is read), without pulling anything: a command checks every model it names
+    first (a typo in --draft was said after the target's 1 GiB pull)."""
+    name = str(name_or_path)
+    path = Path(name).expanduser()
+    if name in catalog.CATALOG or path.exists():
+        return
+    if path.suffix == ".gguf" or "/" in name:
+        raise ModelNotFoundError(f"no such model file: {path}")
+    catalog.lookup(name)  # ModelNotFoundError, listing the names
 
 
 def hf_path(name_or_path: str | Path, progress: bool = True) -> Path:

@@ -310,9 +310,10 @@ def test_tandem_servers_get_a_dtype_only_for_models_torch_runs(monkeypatch):
     gave every server `--draft-dtype bf16`, which serve refuses for a GGUF draft: each exited 2."""
     from tandem.cli.main import build_parser
     from tandem.cli.options import engine_config
-    from tandem.models import backends
+    from tandem.models import backends, resolve
 
     monkeypatch.setattr(backends, "_gpu_device", lambda: None)
+    monkeypatch.setattr(resolve, "check_model_name", lambda model: None)  # "tiny" stands for a model
     launch = ServerLaunch("tiny", "tiny", "/m.gguf", 1, 4, 512, backend="torch", dtype="bf16", draft_backend="llamacpp")
     for kind in ("tandem-spec", "tandem-nospec"):
         command = SERVER_KINDS[kind]().command(launch, 1234)
