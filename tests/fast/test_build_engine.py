@@ -74,3 +74,16 @@ def test_a_huge_kv_budget_for_one_sequence_is_said_plainly(tiny_target, tmp_path
     target = RunnerSpec(str(tiny_target), "torch", "cpu", threads=1, context_length=256, kv_memory=10 * 2**40)
     build_engine(EngineConfig(target, None, "ngram", "auto"), max_running=1, cache_ram_bytes=0)
     assert "less than the 10.0 TiB allowed: 1 sequence of 256 tokens needs no more" in capsys.readouterr().err
+
+
+def test_a_cache_ram_the_runner_cannot_use_is_said(tiny_target, tmp_path, monkeypatch, capsys):
+    """`--torch-runner serial --cache-ram 1G` started with "host tier off" and no word of why,
+    where --cache-dir is warned of."""
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
+    monkeypatch.setattr(build, "tokenizer_path", lambda model: model)
+    serial = RunnerSpec(str(tiny_target), "torch", "cpu", threads=1, context_length=256, torch_runner="serial")
+    engine = build_engine(EngineConfig(serial, None, "ngram", "auto"), max_running=1, cache_ram_bytes=1 << 30)
+    assert engine.prompt_cache.host is None
+    assert "warning: --cache-ram is not used" in capsys.readouterr().err
+    build_engine(EngineConfig(serial, None, "ngram", "auto"), max_running=1)  # not asked for: nothing said
+    assert "--cache-ram" not in capsys.readouterr().err

@@ -128,6 +128,7 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["profile", "--model", "m", "--force"], "with --model a profile is always measured"),
     (["profile", "--model", "m", "--dtype", "bf16"], "llama.cpp reads the GGUF file's own precision"),  # ignored
     (["bench-step", "--backend", "llamacpp", "--dtype", "fp16"], "--dtype fp16 is for the torch runner"),
+    (["serve", "--max-running", "65"], "at most 64 sequences together"),  # was said after the models loaded
     (["bench-cluster", "--cluster", CLUSTER, "--configs", "single,single"], "more than once"),
     (["bench-cluster", "--cluster", CLUSTER, "--configs", ""], "no config named"),
     (["bench-cluster", "--cluster", CLUSTER, "--out", "{not_a_folder}"], "cannot create the output folder"),
@@ -172,6 +173,7 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["bench", "--prompts", "{tmp}"], "is a folder"),  # said "no such prompts file"
     (["bench-serve", "--num-prompts", "0"], "at least 1"),
     (["generate", "--prompt", "hi", "--dtype", "fp64"], "unknown dtype"),  # accepted on llama.cpp
+    (["generate", "--prompt", "hi", "--drafter", "ngram", "--draft-dtype", "fp8"], "--draft-dtype: unknown dtype"),
     (["bench-cluster", "--cluster", "{tmp}/gone.yaml", "--out", "{tmp}/never"], "gone.yaml"),
     (["serve", "--max-tokens", "64"], "unrecognized arguments: --max-tokens 64"),  # was --max-tokens-limit 64
     (["models", "pull", "nosuch"], "known models: "),

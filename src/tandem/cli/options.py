@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from tandem.cli.int_list import thread_count, whole_number
 from tandem.errors import TandemError
-from tandem.models.backends import MIN_CONTEXT_LENGTH, TORCH_RUNNERS, RunnerSpec
+from tandem.models.backends import DTYPES, MIN_CONTEXT_LENGTH, TORCH_RUNNERS, RunnerSpec
 from tandem.models.catalog import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET, SHIPPED_DRAFT, default_draft
 from tandem.speculation.depth import Auto, Fixed, parse_depth
 from tandem.speculation.drafters.registry import USES_MODEL, check_drafter, default_drafter, drafter_help
@@ -188,6 +188,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     if drafter == "none" and parse_depth(args.k) not in (Auto(), Fixed(0)):
         raise TandemError(f"--k {args.k} with --drafter none: that drafter drafts nothing")
     draft = draft_spec(args) if USES_MODEL[drafter] else None
+    if draft is None and args.draft_dtype not in DTYPES:  # unread without a draft model, but a wrong name still
+        raise TandemError(f"--draft-dtype: unknown dtype {args.draft_dtype!r}; choose one of {', '.join(DTYPES)}")
     _check_torch_options(args, target_spec(args), draft)
     for option, given, spec in (("--kv-memory", args.kv_memory, target_spec(args)),
                                 ("--draft-kv-memory", args.draft_kv_memory, draft)):

@@ -6,6 +6,7 @@ import sys
 
 from tandem.cli.given import StoreGiven, given_options
 from tandem.cli.options import add_model_options, engine_config, engine_prefill_floor
+from tandem.engine.build import MAX_RUNNING
 from tandem.engine.host_cache import parse_cache_ram
 from tandem.errors import TandemError
 from tandem.serve.settings import (API_KEY_ENV, DEFAULT_CACHE_TTL_SECONDS, DEFAULT_MAX_BODY_BYTES,
@@ -100,6 +101,9 @@ def run(args: argparse.Namespace) -> int:
                           "replicas have no disk tier and keep their own host tier: give a worker `cache_ram: 2G` in the cluster file "
                           "(default: an equal share of one process's default per verifier replica)")
     settings = serve_settings(args)  # after the cluster's refusals: its cache options' advice is theirs
+    if cluster is None and settings.max_running > MAX_RUNNING:  # one engine's bound, said before a model loads
+        raise TandemError(f"--max-running {settings.max_running}: one engine decodes at most {MAX_RUNNING} sequences "
+                          "together (a cluster's router takes up to 4096 in flight, across its replicas)")
     config = engine_config(args) if cluster is None else cluster_engine_config(cluster, args)
     if cluster is not None and cluster.ray_address is None:
         from tandem.cluster.runtime.launch import prepare_models

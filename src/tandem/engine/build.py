@@ -23,6 +23,7 @@ from tandem.speculation.drafters.registry import USES_MODEL, check_drafter
 from tandem.text.tokenizer import TextTokenizer, check_same_vocabulary
 
 DEFAULT_MAX_RUNNING = 8
+MAX_RUNNING = 64  # sequences one engine decodes together
 # Slots beyond the running ones, per running slot, that keep finished sequences resident, by backend.
 # llama.cpp: none. Every running sequence's attention spans its unified pool's used cells, so
 # resident caches slow every step (8 x 5-token verify rounds over 300-token caches: +5-8% beside
@@ -74,8 +75,8 @@ def build_engine(config: EngineConfig, max_running: int = DEFAULT_MAX_RUNNING, n
     runners that cannot save a slot's state, torch's serial one, have none). cache_dir: the disk
     tier's folder (None: no disk tier), holding up to cache_disk_bytes (None:
     default_cache_disk_bytes())."""
-    if not (is_int(max_running) and 1 <= max_running <= 64):
-        raise TandemError(f"max running sequences must be an integer between 1 and 64, got {max_running!r}")
+    if not (is_int(max_running) and 1 <= max_running <= MAX_RUNNING):
+        raise TandemError(f"max running sequences must be an integer between 1 and {MAX_RUNNING}, got {max_running!r}")
     cache_slots = max_running * (1 + RESIDENT_PER_RUNNING.get(config.target.resolved().backend, 0))
     uses_draft = config.draft is not None and config.uses_draft_model
     for spec in [config.target] + ([config.draft] if uses_draft else []):
@@ -145,6 +146,9 @@ def host_cache_for(target, draft, cache_ram_bytes: int | None = None) -> HostPro
     its device or slot count."""
     capacity = default_cache_ram_bytes() if cache_ram_bytes is None else cache_ram_bytes
     if not hasattr(target, "save_state") or (draft is not None and not hasattr(draft, "save_state")):
+        if cache_ram_bytes:  # asked for by name: said, as --cache-dir is
+            print(f"warning: --cache-ram is not used: {target.name if not hasattr(target, 'save_state') else draft.name} "
+                  "cannot save a slot's state (torch's serial runner; the fused one can)", file=sys.stderr)
         return None
     return HostPromptCache(capacity, "|".join(getattr(runner, "state_format", runner.name)
                                               for runner in (target, draft) if runner is not None))
