@@ -17,7 +17,7 @@ from tandem.bench.cluster.drive import drive
 from tandem.bench.serve.requests import level_requests
 from tandem.bench.workload import DEFAULT_WORKLOAD, load_prompts
 from tandem.cli.options import engine_prefill_floor
-from tandem.engine.batch_engine import THROUGHPUT_PREFILL_FLOOR
+from tandem.engine.step_budget import THROUGHPUT_PREFILL_FLOOR
 from tandem.engine.build import EngineConfig, build_engine
 from tandem.engine.request import GenerationRequest
 from tandem.hardware import cpu_model

@@ -26,7 +26,7 @@ def run_one(args) -> dict:
     from tandem.bench.serve.requests import level_requests
     from tandem.bench.workload import DEFAULT_WORKLOAD, load_prompts
     from tandem.cli.options import engine_prefill_floor, prefill_floor_option
-    from tandem.engine.batch_engine import THROUGHPUT_PREFILL_FLOOR
+    from tandem.engine.step_budget import THROUGHPUT_PREFILL_FLOOR
     from tandem.engine.build import EngineConfig, build_engine
     from tandem.engine.request import GenerationRequest
     from tandem.models.backends import RunnerSpec

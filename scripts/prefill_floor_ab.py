@@ -8,7 +8,7 @@ prompt goes in beside three decoding streams. Prints wall time and inter-token g
 
 import time
 
-import tandem.engine.batch_engine as batch_engine
+import tandem.engine.step_budget as step_budget
 from tandem.engine.build import EngineConfig, build_engine
 from tandem.engine.request import GenerationRequest
 from tandem.models.backends import RunnerSpec
@@ -41,14 +41,14 @@ def run(engine, tag: str) -> tuple[float, float, float]:
 def main() -> None:
     target = RunnerSpec("qwen2.5-coder-1.5b-instruct", backend="llamacpp", threads=2)
     engine = build_engine(EngineConfig(target, None, "none", 0), max_running=8, cache_ram_bytes=0)
-    from_profile = batch_engine.floor_chunk
+    from_profile = step_budget.floor_chunk
     print(f"floor read off this profile: {from_profile(engine.target.cost.profiled_ms)} tokens")
     for index in (1, 2):
         for name, floor in (("fixed 48", lambda cost_ms: 48), ("from the profile", from_profile)):
-            batch_engine.floor_chunk = floor
+            step_budget.floor_chunk = floor
             wall, p50, p99 = run(engine, f"{name.replace(' ', '-')}-{index}")
             print(f"{name}, pass {index}: wall {wall:.1f} s, ITL p50 {p50:.0f} ms, p99 {p99:.0f} ms", flush=True)
-    batch_engine.floor_chunk = from_profile
+    step_budget.floor_chunk = from_profile
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ def main() -> None:
     from tandem.bench.ceiling.drafting_replay import DraftingReplay, replay_pricing
     from tandem.bench.ceiling.report import read_curves
     from tandem.bench.workload import format_prompt, load_prompts
-    from tandem.engine.batch_engine import THROUGHPUT_PREFILL_FLOOR
+    from tandem.engine.step_budget import THROUGHPUT_PREFILL_FLOOR
     from tandem.engine.build import EngineConfig, build_engine
     from tandem.engine.request import GenerationRequest
     from tandem.models.backends import RunnerSpec

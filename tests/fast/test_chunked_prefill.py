@@ -8,8 +8,9 @@ import math
 import pytest
 
 from engine_support import MAX_TOKENS, PROMPTS, make_engine, naive_greedy, run_all
-from tandem.engine import batch_engine
-from tandem.engine.batch_engine import MIN_PREFILL_CHUNK, STEP_TOKEN_BUDGET, BatchEngine, floor_chunk
+from tandem.engine import batch_engine, step_budget
+from tandem.engine.batch_engine import BatchEngine
+from tandem.engine.step_budget import MIN_PREFILL_CHUNK, STEP_TOKEN_BUDGET, floor_chunk
 from tandem.engine.build import EngineConfig
 from tandem.engine.events import SpeculationOptions
 from tandem.engine.request import GenerationRequest
@@ -365,7 +366,7 @@ def test_the_prefill_floor_option_is_auto_or_a_token_count():
         with pytest.raises(argparse.ArgumentTypeError, match="auto or a number of tokens"):
             prefill_floor_option(bad)
     with pytest.raises(TandemError, match="prefill floor"):
-        batch_engine.check_prefill_floor(0)
+        step_budget.check_prefill_floor(0)
 
 
 def test_one_engine_defaults_to_the_throughput_floor_and_auto_reads_the_profile():
@@ -382,9 +383,9 @@ def test_one_engine_defaults_to_the_throughput_floor_and_auto_reads_the_profile(
     argvs = ([], ["--prefill-floor", "auto"], ["--prefill-floor", "48", "--prefill-waves"])
     for read in (engine_config, model_choice):
         chosen = [read(parser.parse_args(argv)) for argv in argvs]
-        assert [c.prefill_floor for c in chosen] == [batch_engine.THROUGHPUT_PREFILL_FLOOR, None, 48], read
+        assert [c.prefill_floor for c in chosen] == [step_budget.THROUGHPUT_PREFILL_FLOOR, None, 48], read
         assert [c.prefill_waves for c in chosen] == [False, False, True], read
-    assert batch_engine.THROUGHPUT_PREFILL_FLOOR > 64  # beyond any profile's floor (FULL_SPEED_CHUNK at most)
+    assert step_budget.THROUGHPUT_PREFILL_FLOOR > 64  # beyond any profile's floor (FULL_SPEED_CHUNK at most)
 
 
 def test_where_a_round_is_dear_the_stall_bound_rules_over_the_floor(tiny_target):

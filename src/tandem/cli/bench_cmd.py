@@ -13,7 +13,7 @@ from tandem.bench.single.session import BenchSettings, run_session
 from tandem.bench.workload import DEFAULT_WORKLOAD
 from tandem.cli.options import (add_model_options, check_default_draft_fits, check_max_tokens_fit,
                                 check_model_names, draft_spec, engine_prefill_floor, target_spec)
-from tandem.engine.batch_engine import THROUGHPUT_PREFILL_FLOOR
+from tandem.engine.step_budget import THROUGHPUT_PREFILL_FLOOR
 
 DEFAULT_CONFIGS = "none,ngram,model,hybrid,llamacpp-plain"
 

@@ -10,7 +10,7 @@ from tandem.models.backends import DTYPES, MIN_CONTEXT_LENGTH, TORCH_RUNNERS, Ru
 from tandem.models.catalog import CATALOG, DEFAULT_DRAFT, DEFAULT_TARGET, SHIPPED_DRAFT, default_draft
 from tandem.speculation.depth import Auto, Fixed, parse_depth
 from tandem.speculation.drafters.registry import USES_MODEL, check_drafter, default_drafter, drafter_help
-from tandem.engine.batch_engine import STEP_TOKEN_BUDGET, THROUGHPUT_PREFILL_FLOOR, check_prefill_floor
+from tandem.engine.step_budget import STEP_TOKEN_BUDGET, THROUGHPUT_PREFILL_FLOOR, check_prefill_floor
 from tandem.engine.build import EngineConfig
 
 

@@ -4,7 +4,7 @@
 Requests join and leave the running batch at every step. A step's target forward scores at most
 `step_token_budget` tokens (chunked prefill), and on a fused runner, while streams decode and
 prompts do not outnumber them (nor, with `prefill_waves`, belong to a wave that did), no more
-than costs STALL_FACTOR times their rounds alone or the floor chunk alone (`prefill_floor`
+than costs STALL_FACTOR (engine/step_budget.py) times their rounds alone or the floor chunk alone (`prefill_floor`
 tokens: THROUGHPUT_PREFILL_FLOOR for `tandem serve` on one engine; by default here, and on a
 cluster's replicas, the smallest call near the device's batch speed), whichever is more (read
 off the measured cost curve): the decoding sequences' rounds come first, and prompts are scored
@@ -47,10 +47,11 @@ from tandem.engine.sequence import Sequence
 from tandem.engine.sequence_pool import SequencePool
 from tandem.engine.slots import MIN_COPY_TOKENS
 from tandem.engine.stages import commit_round, draft_all, plan_drafts
+from tandem.engine.step_budget import (STEP_TOKEN_BUDGET, Chunk, check_prefill_floor, check_step_token_budget, chunks,
+                                       drafts_within, held_back_budget, largest_within, round_tokens)
 from tandem.errors import TandemError
 from tandem.models.batch_runner import BatchItem, BatchRunner, KvPoolFullError, cached_context
-from tandem.models.cost import CostModel, catch_up_ms
-from tandem.numbers import is_int
+from tandem.models.cost import catch_up_ms
 from tandem.speculation.acceptance import accept_round
 from tandem.speculation.batch_depth import BatchDepthPlanner
 from tandem.speculation.depth import Auto, Depth, parse_depth
@@ -59,37 +60,10 @@ from tandem.speculation.drafters.lockstep import LocalDraftModel, reusable
 from tandem.speculation.drafters.registry import build_drafters
 from tandem.token_ids import common_prefix
 
-# A step exceeds its budget only where the rounds alone do (then the oldest prompt still gets its
-# minimum chunk), or where auto-depth drafts outgrow the one token reserved for each beside a
-# prompt that finishes with drafts of its fixed k.
-STEP_TOKEN_BUDGET = 512  # tokens one step's target forward scores: rounds first, prompt chunks after
-MIN_PREFILL_CHUNK = 16  # prompt tokens the oldest prompt still gets when the rounds fill the budget
-STALL_FACTOR = 3.0  # a step with prompt chunks costs at most this many times the decoding rounds alone,
-FULL_SPEED_CHUNK = 64  # calls up to this size set the device's batch speed (the largest profiled)
-FLOOR_SLACK = 1.15  # or what the floor chunk costs: the smallest call within this of the batch speed's cost a token
-# `tandem serve`'s floor on one engine (`--prefill-floor` unset; a cluster's replicas keep the
-# profile's, for their gap bound): prompts beside streams near a CPU's whole-prompt speed. AMD EPYC,
-# 1.5B Q4 on two threads, C=4, answers of 25-75 tokens, in process against the profile's ~31:
-# 64 tokens 1.08x, 128 1.14x, 256 1.10x tok/s; ITL p99 0.7-0.9, 1.4-1.6, 2.6-2.8 s against 0.5-0.6
-# (docs/vs-llama-server.md#one-engine-prompts-go-in-128-token-chunks-2026-11-27).
-THROUGHPUT_PREFILL_FLOOR = 128
 KV_HEADROOM_TOKENS = 64  # per running sequence, for drafts being verified
 CATCH_UP_SHARE = 1.0  # beside other streams, a step's draft catch-up costs at most this share of its target call
 MIN_CATCH_UP = 8  # prompt tokens the draft model may always catch up on in a step
 SHARE_WAIT_TOKENS = MIN_COPY_TOKENS  # a new prompt waits for a running prefill that will compute this many of its tokens
-
-Chunk = tuple[Sequence, int]  # a still-prefilling sequence and how many prompt tokens it scores
-
-
-def check_prefill_floor(tokens: int | None) -> None:
-    """None: read off the profile (`floor_chunk`); else a number of prompt tokens."""
-    if tokens is not None and (not is_int(tokens) or not 1 <= tokens <= 4096):
-        raise TandemError(f"the prefill floor must be auto or 1..4096 tokens, got {tokens!r}")
-
-
-def check_step_token_budget(tokens: int) -> None:
-    if not is_int(tokens) or tokens < 1:
-        raise TandemError(f"the step token budget must be a positive integer, got {tokens!r}")
 
 
 class BatchEngine(SequencePool):
@@ -396,7 +370,7 @@ class BatchEngine(SequencePool):
             return jobs
         target_ms = self.planner.target_ms([job.k + 1 + len(job.seq.unprefilled) for job in jobs])
         catch_up = lambda n: catch_up_ms(self.draft.cost, n)  # noqa: E731
-        budget = max(MIN_CATCH_UP, _largest_within(catch_up, CATCH_UP_SHARE * target_ms, 0, self.context_length))
+        budget = max(MIN_CATCH_UP, largest_within(catch_up, CATCH_UP_SHARE * target_ms, 0, self.context_length))
         paced = list(jobs)
         for i in model_jobs:
             seq = jobs[i].seq
@@ -418,7 +392,7 @@ class BatchEngine(SequencePool):
         rounds' call, while a chunk cut short costs its prompt one more step, and each step
         beside it the decoding rounds' whole call (16 streams of short answers, 1.5B Q4 on two
         CPU threads: ~300 ms a step of rounds, ~7 ms a prompt token)."""
-        over = _round_tokens(rounds, drafts) - budget
+        over = round_tokens(rounds, drafts) - budget
         rounds, drafts, waits = list(rounds), list(drafts), []
         for i in reversed(range(len(rounds))):
             if over <= 0:
@@ -427,28 +401,12 @@ class BatchEngine(SequencePool):
                 over -= len(rounds[i].unprefilled) + 1
                 waits.insert(0, rounds.pop(i))
                 drafts.pop(i)
-        drafts = _drafts_within(rounds, drafts, self.step_token_budget)
-        scored = _round_tokens(rounds, drafts)
+        drafts = drafts_within(rounds, drafts, self.step_token_budget)
+        scored = round_tokens(rounds, drafts)
         left = budget - scored
         if budget < self.step_token_budget:  # held back: auto drafts beyond the rounds' bounds ride on top
             left = min(budget - sum(self._round_bound(seq) for seq in rounds), self.step_token_budget - scored)
-        return rounds, drafts, self._chunks(waits + prefilling, left, any(seq.unprefilled for seq in rounds))
-
-    @staticmethod
-    def _chunks(prefilling: list[Sequence], left: int, progress: bool) -> list[Chunk]:
-        """Prompt chunks from the budget left, oldest first. Where the rounds leave nothing and
-        no prompt finishes this step (no progress), the oldest still gets MIN_PREFILL_CHUNK
-        tokens (or its rest), so no prompt starves."""
-        chunks = []
-        for seq in prefilling:
-            n = min(len(seq.unprefilled), left)
-            if n <= 0 and not chunks and not progress:
-                n = min(len(seq.unprefilled), MIN_PREFILL_CHUNK)
-            if n <= 0:
-                break
-            chunks.append((seq, n))
-            left -= n
-        return chunks
+        return rounds, drafts, chunks(waits + prefilling, left, any(seq.unprefilled for seq in rounds))
 
     # -- 6. verification --------------------------------------------------------------------
 
@@ -514,57 +472,3 @@ class BatchEngine(SequencePool):
         self.kv_tight = False
         self.prompt_cache.release(seq.slot, seq.draft_cached)
 
-
-def _drafts_within(rounds: list[Sequence], drafts: list[SequenceDraft], limit: int) -> list[SequenceDraft]:
-    """The drafts cut, longest first, so that the rounds score at most `limit` tokens
-    (--step-tokens bounds what a step scores, as vLLM's max_num_batched_tokens does, drafts
-    included): each draft is cut to at most a common length, the largest that fits. A cut
-    draft is still exact (acceptance reads a draft's tokens in order, and a sampled draft's q
-    rows with them). Only each round's last token (and rest of prompt) is never cut."""
-    over = _round_tokens(rounds, drafts) - limit
-    lengths = [len(d.token_ids) for d in drafts]
-    if over <= 0 or not any(lengths):
-        return drafts
-    keep = sum(lengths) - over
-    level = max(lengths)
-    while level > 0 and sum(min(n, level) for n in lengths) > keep:
-        level -= 1
-    return [d if len(d.token_ids) <= level else
-            replace(d, token_ids=d.token_ids[:level], q_draft=None if d.q_draft is None else d.q_draft[:level])
-            for d in drafts]
-
-
-def _round_tokens(rounds: list[Sequence], drafts: list[SequenceDraft]) -> int:
-    """Tokens the rounds score: each one's rest of prompt, last token and drafts."""
-    return sum(len(seq.unprefilled) + 1 + len(d.token_ids) for seq, d in zip(rounds, drafts))
-
-
-def held_back_budget(cost: CostModel, rounds: int, budget: int, floor: int | None = None) -> int:
-    """Tokens a step beside decoding rounds (`rounds` tokens) may score: as many as cost no more
-    than STALL_FACTOR times the rounds alone or the floor chunk alone, whichever is more, and
-    at least the rounds plus MIN_PREFILL_CHUNK (all within `budget`). The floor (None) is read
-    off the profile, not the learned corrections: those follow the contexts served, not the
-    kernels; `--prefill-floor N` fixes it."""
-    floor = floor_chunk(cost.profiled_ms) if floor is None else floor
-    limit = max(STALL_FACTOR * cost.cost_ms(rounds), cost.cost_ms(floor))
-    fits = _largest_within(cost.cost_ms, limit, rounds, budget)
-    return max(fits, min(rounds + MIN_PREFILL_CHUNK, budget))
-
-
-def floor_chunk(cost_ms) -> int:
-    """The fewest tokens a call may score at a cost a token within FLOOR_SLACK of the cheapest
-    call below FULL_SPEED_CHUNK tokens (FULL_SPEED_CHUNK where none fewer does). Not of the
-    FULL_SPEED_CHUNK-token call itself: llama.cpp's CPU flash attention scores 64 positions as
-    one tile, and where its matrix products are cheap (AMX) that call dips ~15% below every
-    smaller one, which put smollm2's floor at the whole 64 (16 tokens were 20% dearer a token)."""
-    batch_speed_ms = min(cost_ms(n) / n for n in range(1, FULL_SPEED_CHUNK))
-    return next((n for n in range(1, FULL_SPEED_CHUNK) if cost_ms(n) <= FLOOR_SLACK * batch_speed_ms * n),
-                FULL_SPEED_CHUNK)
-
-
-def _largest_within(cost_ms, limit_ms: float, low: int, high: int) -> int:
-    """The largest n in [low, high] with cost_ms(n) <= limit_ms (low where none is)."""
-    while low < high:
-        middle = (low + high + 1) // 2
-        low, high = (middle, high) if cost_ms(middle) <= limit_ms else (low, middle - 1)
-    return low

@@ -8,7 +8,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tandem.engine.batch_engine import STEP_TOKEN_BUDGET, BatchEngine, check_prefill_floor, check_step_token_budget
+from tandem.engine.batch_engine import BatchEngine
+from tandem.engine.step_budget import STEP_TOKEN_BUDGET, check_prefill_floor, check_step_token_budget
 from tandem.engine.disk_cache import TORCH_STATE_LAYOUT, DiskPromptCache, default_cache_disk_bytes
 from tandem.engine.host_cache import HostPromptCache, default_cache_ram_bytes
 from tandem.errors import TandemError

@@ -239,7 +239,7 @@ def test_tandem_simulate_compares_again_at_the_runs_device_speed(tmp_path, capsy
 
 def test_the_engines_floor_chunk_is_read_at_the_profiles_shortest_context():
     from tandem.cluster.profiles.profile import Curve, DeviceProfile
-    from tandem.engine.batch_engine import floor_chunk
+    from tandem.engine.step_budget import floor_chunk
     from tandem.models.cost import CostModel
 
     short = {1: 10.0, 2: 12.0, 4: 16.0, 8: 24.0, 16: 40.0, 32: 72.0, 64: 136.0}  # a fixed cost per call

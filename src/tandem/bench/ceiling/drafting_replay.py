@@ -21,7 +21,8 @@ import numpy as np
 
 from tandem.bench.ceiling.oracle import ContextCurves, CostMs
 from tandem.bench.ceiling.report import CURVE_SIZES
-from tandem.engine.batch_engine import THROUGHPUT_PREFILL_FLOOR, BatchEngine
+from tandem.engine.batch_engine import BatchEngine
+from tandem.engine.step_budget import THROUGHPUT_PREFILL_FLOOR
 from tandem.engine.events import StepReport
 from tandem.engine.request import GenerationRequest
 from tandem.errors import TandemError

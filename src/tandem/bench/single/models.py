@@ -12,7 +12,7 @@ loaded torch runner reuses that runner's model instead of loading a second copy.
 import os
 from dataclasses import dataclass
 
-from tandem.engine.batch_engine import STEP_TOKEN_BUDGET, THROUGHPUT_PREFILL_FLOOR
+from tandem.engine.step_budget import STEP_TOKEN_BUDGET, THROUGHPUT_PREFILL_FLOOR
 from tandem.models.backends import RunnerSpec
 from tandem.models.batch_backends import load_batch_runner
 from tandem.models.batch_runner import BatchRunner

@@ -28,7 +28,8 @@ from tandem.cluster.runtime.emulation import Emulation, SlowedRunner, delayed
 from tandem.cluster.runtime.endpoints import Endpoint
 from tandem.cluster.runtime.pool import Worker
 from tandem.cluster.runtime.remote_draft import RemoteDraftModel
-from tandem.engine.batch_engine import STEP_TOKEN_BUDGET, BatchEngine
+from tandem.engine.batch_engine import BatchEngine
+from tandem.engine.step_budget import STEP_TOKEN_BUDGET
 from tandem.engine.events import SequenceUpdate, SpeculationOptions, StepReport
 from tandem.engine.prefix_index import BLOCK
 from tandem.engine.host_cache import HostEntry, HostPromptCache

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from tandem.cluster.sim.acceptance import AcceptanceModel
 from tandem.cluster.sim.lengths import LengthModel
 from tandem.models.cost import CostModel
-from tandem.engine.batch_engine import STEP_TOKEN_BUDGET
+from tandem.engine.step_budget import STEP_TOKEN_BUDGET
 from tandem.speculation.batch_depth import STEP_OVERHEAD_MS
 from tandem.speculation.depth import AUTO_K_MAX
 

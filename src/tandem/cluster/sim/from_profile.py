@@ -35,7 +35,7 @@ replica's steps beside streams carried 55 prompt tokens on average where the rep
 
 from tandem.cluster.profiles.profile import DeviceProfile
 from tandem.cluster.sim.config import Device
-from tandem.engine.batch_engine import floor_chunk
+from tandem.engine.step_budget import floor_chunk
 from tandem.models.cost import CostModel
 
 LARGE_TOTALS = (128, 256, 512, 1024, 2048, 4096, 8192)  # totals priced from the big-batch curve

@@ -42,7 +42,8 @@ from tandem.cluster.sim.planning import candidate, draft_call_ms, verify_ms
 from tandem.cluster.sim.state import Replica, SimSequence
 from tandem.cluster.sim.timeline import remote_call
 from tandem.cluster.sim.routing import held_prefix
-from tandem.engine.batch_engine import MIN_PREFILL_CHUNK, SHARE_WAIT_TOKENS, held_back_budget
+from tandem.engine.batch_engine import SHARE_WAIT_TOKENS
+from tandem.engine.step_budget import MIN_PREFILL_CHUNK, held_back_budget
 from tandem.engine.slots import MIN_COPY_TOKENS
 
 
