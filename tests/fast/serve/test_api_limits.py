@@ -43,6 +43,11 @@ async def test_logit_bias_is_refused_not_ignored_and_long_stop_strings_are_refus
                 odd = await client.post("/v1/completions", json=completion_body(logit_bias={key: 0}))
                 assert odd.status_code == 400 and odd.json()["error"]["param"] == "logit_bias", key
                 assert "token ids" in odd.json()["error"]["message"]
+            beyond = await client.post("/v1/completions", json=completion_body(logit_bias={"99999999": 0}))
+            assert beyond.status_code == 400 and beyond.json()["error"]["code"] == "invalid_value"  # it passed
+            assert "not a token id of this model" in beyond.json()["error"]["message"]
+            typed = await client.post("/v1/completions", json=completion_body(logit_bias={"50": "5"}))
+            assert typed.status_code == 400 and typed.json()["error"]["code"] == "invalid_type"  # "not supported"
             long_stop = await client.post("/v1/completions", json=completion_body(stop=["x" * (MAX_STOP_CHARS + 1)]))
             assert long_stop.status_code == 400 and long_stop.json()["error"]["param"] == "stop"
             many = ["s%d" % i for i in range(MAX_STOP_STRINGS + 1)]

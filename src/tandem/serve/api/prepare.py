@@ -71,6 +71,9 @@ def _check_body(state: ServerState, body: SamplingFields) -> None:
                        code="invalid_value")
     if body.n not in (None, 1):
         raise APIError(400, f"only n=1 is supported, got n={body.n}", param="n", code="unsupported_value")
+    if body.logit_bias and max(body.logit_bias) >= state.tokenizer.size:  # as OpenAI's: a key is a token id
+        raise APIError(400, f"logit_bias key {max(body.logit_bias)} is not a token id of this model (ids 0 to "
+                       f"{state.tokenizer.size - 1})", param="logit_bias", code="invalid_value")
     options = body.speculation()
     drafter = options.drafter
     if drafter is not None and drafter not in state.drafters:

@@ -95,15 +95,22 @@ def _seed(value) -> int | None:
     raise PydanticCustomError("invalid_value", "must be an integer from 0 to 2^63-1 (or -1: no seed)")
 
 
-def _no_bias(value) -> None:
-    """logit_bias is not implemented: an empty map, or one whose every bias is 0, changes nothing and passes."""
+def _no_bias(value) -> frozenset[int] | None:
+    """logit_bias is not implemented: an empty map, or one whose every bias is 0, changes nothing
+    and passes; its token ids are kept, for the vocabulary's check where the tokenizer is known."""
     if isinstance(value, dict):
         bad_key = next((key for key in value if not (key.isascii() and key.isdigit())), None)
         if bad_key is not None:  # as OpenAI's: keys are token ids
             raise PydanticCustomError("invalid_value", "logit_bias keys must be token ids (e.g. \"50256\"), not {key}",
                                       {"key": repr(bad_key[:32])})
-    if value is None or isinstance(value, dict) and all(type(b) in (int, float) and b == 0 for b in value.values()):
+        bad_bias = next((b for b in value.values() if type(b) not in (int, float)), None)
+        if bad_bias is not None:
+            raise PydanticCustomError("invalid_type", "logit_bias values must be numbers from -100 to 100, not {bias}",
+                                      {"bias": repr(bad_bias)[:32]})
+    if value is None:
         return None
+    if isinstance(value, dict) and all(b == 0 for b in value.values()):
+        return frozenset(int(key) for key in value)
     raise PydanticCustomError("unsupported_value", "logit_bias is not supported by this server (only biases of 0)")
 
 
@@ -177,7 +184,8 @@ class SamplingFields(BaseModel):
         int, Field(ge=-1, lt=2**63)] | None)] = None
     stop: Annotated[list[str], PlainValidator(_stop_strings, json_schema_input_type=str | Annotated[
         list[str], Field(max_length=MAX_STOP_STRINGS)] | None)] = Field(default_factory=list)
-    logit_bias: Annotated[None, PlainValidator(_no_bias, json_schema_input_type=dict[str, Literal[0]] | None)] = None
+    logit_bias: Annotated[frozenset[int] | None, PlainValidator(_no_bias, json_schema_input_type=dict[str, Literal[0]]
+                                                                 | None)] = None
     n: integer(ge=1) | None = None
     cache_salt: Annotated[str, Field(min_length=1, max_length=MAX_CACHE_SALT_CHARS)] | None = None  # vLLM's
     presence_penalty: Annotated[None, refused("presence_penalty", 0, 0.0, schema=Literal[0] | None)] = None
