@@ -134,6 +134,9 @@ class RedisLink:
         except redis.exceptions.OutOfMemoryError as error:
             self._full(error)  # it answers: reads go on, this write is dropped
             return fallback
+        except redis.exceptions.ResponseError as error:  # it answers: this key or command is refused
+            self._refused(error)  # (WRONGTYPE: another app's key of another type under the name)
+            return fallback
         except BACKEND_ERRORS as error:
             self._failed(error)
             return fallback
@@ -184,7 +187,7 @@ class RedisLink:
             return
         log.warning("Redis at %s unavailable (%s: %s); serving uncached, %d operation(s) degraded "
                     "since the last warning; retrying in %.1f s",
-                    self.url, type(error).__name__, error, count, retry_in)
+                    self.url, type(error).__name__, said(error), count, retry_in)
 
     def _full(self, error: Exception) -> None:
         """Redis refused a write at its `maxmemory` under the `noeviction` policy (its default
@@ -195,7 +198,19 @@ class RedisLink:
             return
         log.warning("Redis at %s is full (%s); %d write(s) dropped since the last warning. Set its "
                     "maxmemory-policy to allkeys-lru (or volatile-lru: every Tandem key expires) so that "
-                    "it evicts", self.url, error, count)
+                    "it evicts", self.url, said(error), count)
+
+    def _refused(self, error: Exception) -> None:
+        """Redis answered with an error for this operation alone (a key of another type under a
+        Tandem name): a miss, or a write dropped; Redis is not down, so the link stays up (it was
+        taken down, and every request's cache skipped for the backoff)."""
+        with self._lock:
+            count = self._count_error()
+        if count is None:
+            return
+        log.warning("Redis at %s refused an operation (%s); %d operation(s) served uncached since the last "
+                    "warning (a key of another type under a Tandem name? see `redis-cli --scan --pattern 'tandem:*'`)",
+                    self.url, said(error), count)
 
     def _count_error(self) -> int | None:
         """Count a degraded operation (the lock held); the operations to report since the last
@@ -214,5 +229,14 @@ class RedisLink:
             recovered = self._down_until > -math.inf
             self._down_until = -math.inf
             self._backoff_s = self._backoff_min_s
-        if recovered:
-            log.info("Redis at %s reachable again", self.url)
+        if recovered:  # as loud as the outage was: an operator who saw it down sees it back
+            log.warning("Redis at %s reachable again; caching resumed", self.url)
+
+
+def said(error: Exception, limit: int = 200) -> str:
+    """An error's first line, fit for a log: printable ASCII (a refused write's message quotes
+    the command, whose key holds packed token ids: the log read as a binary file), at most
+    `limit` characters."""
+    line = str(error).splitlines()[0] if str(error) else type(error).__name__
+    printable = "".join(c if c.isprintable() and c.isascii() else "?" for c in line)
+    return printable if len(printable) <= limit else printable[:limit - 3] + "..."

@@ -67,6 +67,23 @@ def test_a_shared_store_of_right_and_wrong_continuations_leaves_greedy_outputs_a
     assert any(r.accepted for r in shared) and any(r.accepted < r.k for r in shared), shared
 
 
+def test_drafts_of_ids_no_model_scores_are_cut_not_verified(tiny_target, tiny_draft, references):
+    """A shared store holds what any writer put there (in Redis, another app's keys under the same
+    names): a continuation of ids past the vocabulary made llama.cpp fail, the failure read as a
+    full KV pool, and the next step drafted the same ids again, for ever. The draft is cut before
+    the first such id; greedy outputs stay target-only decoding's."""
+    from tandem.speculation.shared_store.store import InProcessNgramStore
+
+    store = InProcessNgramStore()
+    for prompt in PROMPTS:
+        right = list(prompt) + references[prompt]
+        store.add(right[:len(prompt) + 2] + [2**31 - 1] * 12)  # right for two tokens, then garbage
+    engine = make_engine(tiny_target, tiny_draft, "ngram", 4, slots=3, ngram_store=store)
+    outputs, rounds = run_all(engine, {0: [(f"r{i}", p, SpeculationOptions()) for i, p in enumerate(PROMPTS)]})
+    assert all(outputs[f"r{i}"] == references[p] for i, p in enumerate(PROMPTS))
+    assert engine.vocabulary < 2**31 - 1
+
+
 def test_drafting_happens_when_verification_is_cheap(tiny_target, tiny_draft):
     engine = make_engine(tiny_target, tiny_draft, "model", 4, slots=2)
     engine.add("a", GenerationRequest(PROMPTS[0], max_tokens=MAX_TOKENS))

@@ -102,10 +102,14 @@ class BatchEngine(SequencePool):
 
     def validate(self, request: GenerationRequest, options: SpeculationOptions | None = None) -> None:
         super().validate(request, options)
-        vocabulary = min(runner.vocab_size for runner in (self.target, self.draft) if runner is not None)
-        if max(request.prompt_ids) >= vocabulary:  # llama.cpp hung on one
+        if max(request.prompt_ids) >= self.vocabulary:  # llama.cpp hung on one
             raise TandemError(f"prompt token id {max(request.prompt_ids)} is outside the model's vocabulary "
-                              f"(ids 0 to {vocabulary - 1})")
+                              f"(ids 0 to {self.vocabulary - 1})")
+
+    @property
+    def vocabulary(self) -> int:
+        """Token ids both models score: 0 to this, less one."""
+        return min(runner.vocab_size for runner in (self.target, self.draft) if runner is not None)
 
     @property
     def kv_slots_in_use(self) -> int:
@@ -355,7 +359,8 @@ class BatchEngine(SequencePool):
         jobs = self._pace_catch_up(plan_drafts(seqs, self.drafters, self.planner, self.context_length))
         if any(job.k and job.offer.uses_model for job in jobs):  # draft_all calls the draft model
             self._model_call()
-        drafts = draft_all(jobs, self.drafters, self.planner)
+        vocabulary = self.vocabulary
+        drafts = [within_vocabulary(draft, vocabulary) for draft in draft_all(jobs, self.drafters, self.planner)]
         forwards = (self.draft_model.forwards if self.draft_model else 0) - forwards
         return drafts, time.perf_counter() - start, forwards
 
@@ -472,3 +477,14 @@ class BatchEngine(SequencePool):
         self.kv_tight = False
         self.prompt_cache.release(seq.slot, seq.draft_cached)
 
+
+def within_vocabulary(draft: SequenceDraft, vocabulary: int) -> SequenceDraft:
+    """The draft cut before its first token id the models cannot score. A shared n-gram store
+    holds what any writer put there (another app's or tokenizer's keys under the same names in
+    Redis): llama.cpp failed on such an id, the failure read as a full KV pool, and the next
+    step drafted the same id again, for ever."""
+    bad = next((i for i, token in enumerate(draft.token_ids) if not 0 <= token < vocabulary), None)
+    if bad is None:
+        return draft
+    q_draft = None if draft.q_draft is None else draft.q_draft[:bad]
+    return replace(draft, token_ids=draft.token_ids[:bad], q_draft=q_draft)

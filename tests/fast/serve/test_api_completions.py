@@ -1,6 +1,8 @@
 """Non-streaming responses: OpenAI shapes, usage with speculative counts, limits and stops as the
 engine was asked, the response cache, and what metrics and traces are told."""
 
+import json
+
 from api_doubles import MODEL, REPLY, ScriptedEngine, TestServer, async_test, chat_body, completion_body, reply_script
 
 from tandem.speculation.depth import Auto
@@ -158,6 +160,44 @@ async def test_deterministic_requests_are_cached_and_marked():
         assert all(s["tandem"] == {"cached": False} for s in sampled)
         assert server.metrics.lookups == [False, True]  # sampling without a seed is never looked up
         assert server.metrics.replayed == [first["choices"][0]["finish_reason"]]  # the hit counts as served
+
+
+DAMAGED_ENTRIES = [  # what another writer of a shared Redis may leave under a response key
+    lambda good: ["not", "a", "dict"],
+    lambda good: good | {"text": 5, "token_ids": "abc", "usage": {}},  # was a 500 and a traceback
+    lambda good: good | {"usage": {"prompt_tokens": "a", "completion_tokens": None}},  # a 500
+    lambda good: good | {"token_ids": [99999999]},  # ids no model has
+    lambda good: good | {"text": "HACKED"},  # served as it was; its stream replayed the tokens instead
+    lambda good: good | {"finish_reason": "error"},
+    lambda good: good | {"token_ids": [True, *good["token_ids"][1:]]},
+]
+
+
+@async_test
+async def test_a_damaged_or_foreign_cached_answer_is_a_miss_answered_anew():
+    with TestServer() as server:
+        async with server.client() as client:
+            first = (await client.post("/v1/completions", json=completion_body(max_tokens=9))).json()
+            store = server.state.cache._cache
+            genuine = store.get
+            for damage in DAMAGED_ENTRIES:
+                store.get = lambda key, damage=damage: damage(genuine(key))
+                for stream in (False, True):
+                    body = completion_body(max_tokens=9, stream=stream)
+                    response = await client.post("/v1/completions", json=body)
+                    assert response.status_code == 200, response.text
+                    if stream:
+                        chunks = [json.loads(line[6:]) for line in response.text.splitlines()
+                                  if line.startswith("data: {")]
+                        assert chunks and not any(c.get("tandem", {}).get("cached") for c in chunks), damage
+                        text = "".join(c["choices"][0]["text"] for c in chunks if c.get("choices"))
+                        assert text == first["choices"][0]["text"], damage
+                    else:
+                        assert response.json()["tandem"] == {"cached": False}, damage
+                        assert response.json()["choices"] == first["choices"]
+            store.get = genuine
+            again = (await client.post("/v1/completions", json=completion_body(max_tokens=9))).json()
+        assert again["tandem"] == {"cached": True} and again["choices"] == first["choices"]  # a true hit still is
 
 
 @async_test

@@ -72,6 +72,35 @@ def test_a_full_redis_drops_the_write_but_is_not_down(caplog):
     assert calls == ["write", "read"] and link.errors == 1
 
 
+def test_a_key_of_another_type_is_a_miss_and_redis_stays_up(caplog):
+    """WRONGTYPE (another app's list under a Tandem key) took the whole link down: every
+    request's cache was skipped for the backoff, as if Redis were dead. Now that one call is a
+    miss, and the log line holds no raw bytes of the key."""
+    calls = []
+
+    def get(client):
+        calls.append("get")
+        raise redis.exceptions.ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value\n"
+                                             "tandem:ngram:\x00\xff")
+
+    link = RedisLink(URL, backoff_min_s=1.0, backoff_max_s=4.0, clock=FakeClock())
+    with caplog.at_level(logging.WARNING, logger="tandem.redis_link"):
+        assert link.run(get, "miss") == "miss"
+    assert link.run(lambda client: calls.append("next") or "hit", None) == "hit"  # not skipped: not down
+    assert calls == ["get", "next"] and link.errors == 1
+    assert "refused an operation (WRONGTYPE" in caplog.text and "\xff" not in caplog.text
+
+
+def test_recovery_is_said_as_loudly_as_the_outage(caplog):
+    clock, op = FakeClock(), FlakyOp()
+    link = RedisLink(URL, backoff_min_s=1.0, backoff_max_s=4.0, clock=clock)
+    with caplog.at_level(logging.WARNING, logger="tandem.redis_link"):
+        link.run(op, None)
+        clock.now, op.down = 1.0, False
+        link.run(op, None)
+    assert "unavailable" in caplog.text and "reachable again" in caplog.text
+
+
 def test_backoff_is_capped():
     clock, op = FakeClock(), FlakyOp()
     link = RedisLink(URL, backoff_min_s=1.0, backoff_max_s=2.0, clock=clock)

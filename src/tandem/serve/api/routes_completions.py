@@ -22,7 +22,7 @@ from tandem.serve.api.errors import request_timed_out, shutting_down
 from tandem.serve.api.prepare import PreparedRequest, prepare_chat, prepare_completion
 from tandem.serve.api.protocol import ChatCompletionRequest, CompletionRequest
 from tandem.serve.api.responses import ResponseShape
-from tandem.serve.api.streaming import ClosingStreamingResponse, generation_events, replay_events
+from tandem.serve.api.streaming import ClosingStreamingResponse, generation_events, replay_events, replayed_text
 from tandem.serve.state import ServerState
 
 CACHEABLE_FINISH_REASONS = ("stop", "length")
@@ -73,7 +73,7 @@ async def _answer(state: ServerState, request: Request, prepared: PreparedReques
     shape = ResponseShape(kind, state.model_name, include_usage=prepared.stream and prepared.include_usage)
     key = state.cache.key(state.model_name, prepared.generation.prompt_ids, prepared.cache_params)
     if key is not None:
-        cached = _usable(await state.cache.get(key))
+        cached = _usable(await state.cache.get(key), state, prepared.stop_strings)
         state.metrics.cache_lookup(cached is not None)
         if cached is not None:
             state.metrics.request_replayed(cached["finish_reason"], time.perf_counter() - received_at)
@@ -148,6 +148,17 @@ def _cached_response(state: ServerState, prepared: PreparedRequest, shape: Respo
     return JSONResponse(shape.full(cached["text"], cached["finish_reason"], cached["usage"]))
 
 
-def _usable(cached: dict | None) -> dict | None:
-    """A cached value this version wrote; anything else is a miss."""
-    return cached if cached is not None and all(field in cached for field in CACHED_FIELDS) else None
+def _usable(cached, state: ServerState, stop_strings: tuple[str, ...]) -> dict | None:
+    """A cached value this version wrote, whole; anything else is a miss, answered and written
+    anew. A shared Redis holds what any writer put there: a value of the wrong types failed the
+    request with a 500, and one whose text was not its tokens' was served as it was (the stream
+    replayed the tokens, so the two disagreed)."""
+    if not isinstance(cached, dict) or not all(field in cached for field in CACHED_FIELDS):
+        return None
+    ids, usage = cached["token_ids"], cached["usage"]
+    if not (isinstance(cached["text"], str) and cached["finish_reason"] in CACHEABLE_FINISH_REASONS
+            and isinstance(ids, list) and all(type(i) is int and 0 <= i < state.tokenizer.size for i in ids)
+            and isinstance(usage, dict)
+            and all(type(usage.get(n)) is int and usage[n] >= 0 for n in ("prompt_tokens", "completion_tokens"))):
+        return None
+    return cached if replayed_text(ids, state.tokenizer.decode, stop_strings) == cached["text"] else None

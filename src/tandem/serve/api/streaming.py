@@ -97,6 +97,13 @@ async def generation_events(run: GenerationRun, shape: ResponseShape,
     await on_complete(run)
 
 
+def replayed_text(token_ids: list[int], decode, stop_strings: tuple[str, ...]) -> str:
+    """The text a replay of these tokens streams, token by token as `replay_events` does (what a
+    live answer's text is)."""
+    stream = TextStream(decode, list(stop_strings))
+    return "".join(stream.push([token_id]) for token_id in token_ids) + stream.finish()
+
+
 async def replay_events(cached: dict, shape: ResponseShape, decode,
                         stop_strings: tuple[str, ...]) -> AsyncIterator[bytes]:
     """A cached answer streamed token by token, with the same text deltas a live stream shows."""
