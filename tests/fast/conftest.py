@@ -12,7 +12,8 @@ def own_home(tmp_path_factory):
     """A $TANDEM_HOME of the run's own: the tiny models built here are profiled, and caches
     written, there and not into the user's home (each run's models have new paths, so every run
     left its profiles behind). Pulled models are read from the user's home (a link), and its
-    profiles copied, so a pulled model is not measured again."""
+    profiles copied, so a pulled model is not measured again. The link is the user's folder: a
+    test that removes, pulls or converts a catalog model sets a home of its own (as the rm tests do)."""
     home = tmp_path_factory.mktemp("tandem-home")
     if models_dir().is_dir():
         (home / "models").symlink_to(models_dir(), target_is_directory=True)

@@ -282,6 +282,10 @@ def test_a_gguf_cut_short_is_said_to_be_truncated(home, tmp_path):
 
     with pytest.raises(TandemError, match=r"cut.gguf is truncated: it holds"):  # llama.cpp's own load: the same
         LlamaCppBatchRunner(str(cut), 1)
+    head = tmp_path / "head.gguf"  # cut inside its header (a large model's holds megabytes of tokenizer)
+    head.write_bytes(whole.read_bytes()[:40])
+    with pytest.raises(TandemError, match=r"head.gguf is truncated: its header runs past its end at 40 B"):
+        tokenizer_path(head)
 
 
 def test_a_disk_filling_during_conversion_is_a_clear_error_and_keeps_nothing(home, tmp_path, monkeypatch, capsys):

@@ -86,11 +86,15 @@ def test_a_linked_model_folder_loses_its_link_and_a_gone_files_conversions_still
     shared = tmp_path / "shared"
     shared.mkdir()
     (shared / "model.gguf").write_bytes(b"GGUF" + bytes(3000))
+    killed = shared / ".hf.tmp-killed"  # a conversion killed on the shared volume: listed, not removed
+    killed.mkdir()
+    os.utime(killed, (1.0, 1.0))
     entry_dir(NAME).parent.mkdir(parents=True)
     entry_dir(NAME).symlink_to(shared, target_is_directory=True)
     assert main(["models", "rm", NAME]) == 0
     assert capsys.readouterr().out.strip() == f"removed {entry_dir(NAME)} (0 B)"  # a link frees no bytes here
     assert not os.path.lexists(entry_dir(NAME)) and (shared / "model.gguf").is_file()  # the shared files stay
+    assert killed.is_dir()
     assert list(entry_dir(NAME).parent.glob(".*")) == []  # no link left aside
     entry_dir(NAME).symlink_to(tmp_path / "gone-volume", target_is_directory=True)  # its target is gone
     assert main(["models", "rm", NAME]) == 0 and not os.path.lexists(entry_dir(NAME))

@@ -47,8 +47,8 @@ from tandem.engine.sequence import Sequence
 from tandem.engine.sequence_pool import SequencePool
 from tandem.engine.slots import MIN_COPY_TOKENS
 from tandem.engine.stages import commit_round, draft_all, plan_drafts
-from tandem.engine.step_budget import (STEP_TOKEN_BUDGET, Chunk, check_prefill_floor, check_step_token_budget, chunks,
-                                       drafts_within, held_back_budget, largest_within, round_tokens)
+from tandem.engine.step_budget import (STEP_TOKEN_BUDGET, Chunk, check_prefill_floor, check_step_token_budget,
+                                       drafts_within, held_back_budget, largest_within, prompt_chunks, round_tokens)
 from tandem.errors import TandemError
 from tandem.models.batch_runner import BatchItem, BatchRunner, KvPoolFullError, cached_context
 from tandem.models.cost import catch_up_ms
@@ -411,7 +411,7 @@ class BatchEngine(SequencePool):
         left = budget - scored
         if budget < self.step_token_budget:  # held back: auto drafts beyond the rounds' bounds ride on top
             left = min(budget - sum(self._round_bound(seq) for seq in rounds), self.step_token_budget - scored)
-        return rounds, drafts, chunks(waits + prefilling, left, any(seq.unprefilled for seq in rounds))
+        return rounds, drafts, prompt_chunks(waits + prefilling, left, any(seq.unprefilled for seq in rounds))
 
     # -- 6. verification --------------------------------------------------------------------
 

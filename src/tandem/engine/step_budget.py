@@ -39,7 +39,7 @@ def check_step_token_budget(tokens: int) -> None:
         raise TandemError(f"the step token budget must be a positive integer, got {tokens!r}")
 
 
-def chunks(prefilling: list[Sequence], left: int, progress: bool) -> list[Chunk]:
+def prompt_chunks(prefilling: list[Sequence], left: int, progress: bool) -> list[Chunk]:
     """Prompt chunks from the budget left, oldest first. Where the rounds leave nothing and
     no prompt finishes this step (no progress), the oldest still gets MIN_PREFILL_CHUNK
     tokens (or its rest), so no prompt starves."""

@@ -20,17 +20,33 @@ _STRING, _ARRAY = 8, 9
 
 
 def truncation(path: Path) -> str | None:
-    """"truncated: ..." where `path` is shorter than its tensors need; None where it is not, or
-    its header cannot be read far enough to tell."""
-    need = tensor_data_end(path)
+    """"truncated: ..." where `path` is shorter than its tensors need, or ends inside its header;
+    None where it is not, or its header cannot be read far enough to tell."""
     try:
         size = path.stat().st_size
     except OSError:
         return None
+    if header_cut_short(path):
+        return (f"truncated: its header runs past its end at {human_size(size)} ({size:,} bytes) "
+                "(cut short while copied or downloaded?)")
+    need = tensor_data_end(path)
     if need is None or size >= need:
         return None
     return (f"truncated: it holds {human_size(size)} ({size:,} bytes) of the {human_size(need)} ({need:,} bytes) "
             "its tensors need (cut short while copied or downloaded?)")
+
+
+def header_cut_short(path: Path) -> bool:
+    """Whether `path` opens as a GGUF header this reader knows and runs out of bytes within it
+    (a large model's header holds megabytes of tokenizer arrays)."""
+    try:
+        with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as view:
+            _Header(view).data_end()
+    except _CutShort:
+        return True
+    except (OSError, ValueError, struct.error, KeyError, OverflowError):
+        return False
+    return False
 
 
 def tensor_data_end(path: Path) -> int | None:
@@ -41,6 +57,10 @@ def tensor_data_end(path: Path) -> int | None:
             return _Header(view).data_end()
     except (OSError, ValueError, struct.error, KeyError, OverflowError):
         return None
+
+
+class _CutShort(ValueError):
+    """The header runs past the end of the file."""
 
 
 class _Header:
@@ -72,8 +92,10 @@ class _Header:
             ends.append(self._scalar(10) + elements // block * block_bytes)
         if not (isinstance(alignment, int) and alignment > 0):
             raise ValueError("a bad general.alignment")
+        if not ends:  # no tensors: no data section to pad to
+            return self.offset
         data_start = -(-self.offset // alignment) * alignment
-        return data_start + max(ends, default=0)
+        return data_start + max(ends)
 
     def _value(self, kind: int):
         if kind == _STRING:
@@ -89,8 +111,11 @@ class _Header:
         return self._scalar(kind)
 
     def _scalar(self, kind: int):
+        size = struct.calcsize(_SCALARS[kind])
+        if self.offset + size > len(self.view):
+            raise _CutShort("the header runs past the end of the file")
         (value,) = struct.unpack_from(_SCALARS[kind], self.view, self.offset)
-        self.offset += struct.calcsize(_SCALARS[kind])
+        self.offset += size
         return value
 
     def _string(self) -> str:
@@ -99,7 +124,7 @@ class _Header:
 
     def _bytes(self, count: int) -> bytes:
         if self.offset + count > len(self.view):
-            raise ValueError("the header runs past the end of the file")
+            raise _CutShort("the header runs past the end of the file")
         data = self.view[self.offset:self.offset + count]
         self.offset += count
         return data

@@ -99,9 +99,12 @@ def _local_source(folder: Path) -> str | None:
 
 
 def _remove_unfinished(name: str) -> list[KeptFolder]:
-    """name's unfinished work idle for UNDER_WAY_SECONDS or more, removed; what went."""
+    """name's unfinished work idle for UNDER_WAY_SECONDS or more, removed; what went. Work inside
+    a model folder linked in from a shared volume stays (the link goes, the files stay)."""
     gone = []
     for work in unfinished_work():
+        if work.folder.parent.is_symlink():
+            continue
         if work.name == name and work.idle_seconds >= UNDER_WAY_SECONDS and _delete(work.folder):
             gone.append(KeptFolder(work.folder, name, work.nbytes))
     return gone

@@ -557,6 +557,22 @@ async def test_the_engine_refuses_a_drafter_it_cannot_run_even_if_the_server_off
 
 
 @async_test
+async def test_a_server_drafting_nothing_refuses_only_a_k_that_would_draft():
+    """On a server started with `--drafter none`, a request's k above 0 would be ignored (the CLI
+    refuses `--drafter none --k 3`): a 400; leaving k out, "auto", 0, or another drafter with it pass."""
+    from tandem.engine.events import SpeculationOptions
+
+    with TestServer() as server:
+        server.state.speculation_defaults = SpeculationOptions("none", "auto")
+        async with server.client() as client:
+            for tandem in ({}, {"k": "auto"}, {"k": 0}, {"drafter": "ngram", "k": 3}):
+                response = await client.post("/v1/completions", json=completion_body(tandem=tandem))
+                assert response.status_code == 200, (tandem, response.text)
+            refused = await client.post("/v1/completions", json=completion_body(tandem={"k": 3}))
+        assert_error(refused, 400, param="tandem.k", code="invalid_value", says="drafts nothing")
+
+
+@async_test
 async def test_oversized_body_is_413_even_without_a_truthful_content_length():
     with TestServer(max_body_bytes=2048) as server:
         async with server.client() as client:

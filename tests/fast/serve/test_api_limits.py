@@ -39,7 +39,8 @@ async def test_logit_bias_is_refused_not_ignored_and_long_stop_strings_are_refus
             assert biased.status_code == 400 and biased.json()["error"]["param"] == "logit_bias"
             assert (await client.post("/v1/completions", json=completion_body(logit_bias={}))).status_code == 200
             assert (await client.post("/v1/completions", json=completion_body(logit_bias={"50": 0}))).status_code == 200
-            for key in ("abc", "-1", "1.5", ""):  # no token ids: refused as OpenAI refuses them (they passed at bias 0)
+            for key in ("abc", "-1", "1.5", "", "9" * 5000):  # no token ids: refused as OpenAI refuses them (they
+                # passed at bias 0; 5,000 digits said Python's own int() limit)
                 odd = await client.post("/v1/completions", json=completion_body(logit_bias={key: 0}))
                 assert odd.status_code == 400 and odd.json()["error"]["param"] == "logit_bias", key
                 assert "token ids" in odd.json()["error"]["message"]

@@ -15,7 +15,7 @@ cluster file (adapter.py) or from public device classes (device_classes.py) alik
   Its `logits_row_ms` is what one token's logits row costs beyond the token (the cost curve asks
   a row at every token, as a verification does; a prompt part scored beside rounds asks none).
   Its optional `prefill_floor` is the floor chunk the engine would read off its own curve
-  (engine/batch_engine.py `floor_chunk`); without one it is read off `cost`.
+  (engine/step_budget.py `floor_chunk`); without one it is read off `cost`.
 - a *verifier replica* holds the target model on a device and verifies up to `max_batch`
   sequences per step; it names its drafter.
 - a *drafter* proposes draft tokens: a draft model on a device, or the n-gram drafter (free,

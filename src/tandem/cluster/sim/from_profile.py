@@ -25,7 +25,7 @@ typical speed, so every time is also multiplied by the profile's `typical_over_f
 `typical=False` prices at the fastest.
 
 The engine holds a step's prompt chunks beside decoding streams down to a floor chunk it reads
-off its runner's profile at 64 cached tokens (engine/batch_engine.py `floor_chunk`), so the
+off its runner's profile at 64 cached tokens (engine/step_budget.py `floor_chunk`), so the
 device's floor is read off the profile's curve at its shortest context, not at the context that
 prices the calls: an earlier profile of the mixed smollm2 replicas gave 20 tokens at 64 and
 43 at 512 (the replicas' engines read 7 off their runner profile), and at 43 the simulated fast

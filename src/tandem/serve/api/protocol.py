@@ -99,7 +99,7 @@ def _no_bias(value) -> frozenset[int] | None:
     """logit_bias is not implemented: an empty map, or one whose every bias is 0, changes nothing
     and passes; its token ids are kept, for the vocabulary's check where the tokenizer is known."""
     if isinstance(value, dict):
-        bad_key = next((key for key in value if not (key.isascii() and key.isdigit())), None)
+        bad_key = next((key for key in value if not (key.isascii() and key.isdigit() and len(key) <= 10)), None)
         if bad_key is not None:  # as OpenAI's: keys are token ids
             raise PydanticCustomError("invalid_value", "logit_bias keys must be token ids (e.g. \"50256\"), not {key}",
                                       {"key": repr(bad_key[:32])})

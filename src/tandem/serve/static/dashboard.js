@@ -5,7 +5,7 @@
 "use strict";
 
 const POLL_MS = 1000;
-const MAX_POLL_MS = 10000; // while the server does not answer, polls back off to this
+const MAX_POLL_MS = 10000; // while polls get no data, they back off to this
 const MIN_SPAN_SECONDS = 30; // the x axis spans at least this much time
 const PAD = { left: 58, right: 10, top: 10, bottom: 20 };
 const DASHED = [5, 4];
@@ -304,7 +304,7 @@ function setConnection(ok, why) {
   failures += 1;
   const shown = updatedAt ? `; showing what it said at ${updatedAt.toLocaleTimeString()}` : "";
   status.textContent = `not live${shown}`;
-  notice.textContent = why + shown;
+  notice.textContent = `${why}${shown}.`;
   notice.hidden = false;
 }
 
@@ -316,29 +316,53 @@ function readKey() {
   apiKey = new URLSearchParams(location.hash.slice(1)).get("key");
 }
 
+// One poll's outcome: { snapshot } or { why } it has none. Only the fetch can fail for want of
+// an answer; what the answer holds is judged apart (a proxy's page is no dead server).
+async function fetchSnapshot() {
+  const headers = apiKey ? { Authorization: `Bearer ${apiKey}` } : {};
+  let response;
+  try {
+    response = await fetch("dashboard/data", { cache: "no-store", headers });
+  } catch (error) {
+    return { why: "The server does not answer; retrying" };
+  }
+  if (response.status === 401) {
+    return { why: apiKey ? "The key in this page's address (#key=...) is not this server's API key"
+      : "This server protects its metrics (--protect-metrics): add #key=YOUR_API_KEY to this page's address" };
+  }
+  if (!response.ok) {
+    return { why: `The server answered HTTP ${response.status} (shutting down, or no engine left to serve); retrying` };
+  }
+  try {
+    return { snapshot: await response.json() };
+  } catch (error) {
+    return { why: "The answer is not the dashboard's data (a proxy's page?); retrying" };
+  }
+}
+
+let started = 0; // polls started
+let newest = 0; // the latest poll whose outcome was shown: an older one answering late is dropped
 let pending = null; // the next poll's timer
 async function poll() {
   clearTimeout(pending);
-  try {
-    const headers = apiKey ? { Authorization: `Bearer ${apiKey}` } : {};
-    const response = await fetch("dashboard/data", { cache: "no-store", headers });
-    if (response.status === 401) {
-      setConnection(false, apiKey
-        ? "The key in this page's address (#key=...) is not this server's API key."
-        : "This server protects its metrics (--protect-metrics): add #key=YOUR_API_KEY to this page's address.");
-      return; // polled again (finally): a key added to the address is read at once
+  const mine = ++started;
+  const outcome = await fetchSnapshot();
+  if (mine < newest) return; // a later poll (the address changed) has spoken and set the timer
+  newest = mine;
+  if (outcome.snapshot) {
+    latest = outcome.snapshot;
+    try {
+      render(latest);
+      setConnection(true);
+    } catch (error) { // the page's own fault: said as such, and polling goes on
+      console.error(error);
+      setConnection(false, `The page could not draw this data (${error.message})`);
     }
-    if (!response.ok) throw new Error(`HTTP ${response.status}`);
-    latest = await response.json();
-    render(latest);
-    setConnection(true);
-  } catch (error) { // fetch's TypeError: no answer at all; else the status it answered with
-    setConnection(false, error instanceof TypeError ? "The server does not answer; retrying."
-      : `The server answered ${error.message} (shutting down, or no engine left to serve); retrying.`);
-  } finally {
-    clearTimeout(pending); // a poll the address's change started meanwhile set one too: one chain
-    pending = setTimeout(poll, Math.min(MAX_POLL_MS, POLL_MS * 2 ** Math.max(0, failures - 1)));
+  } else {
+    setConnection(false, outcome.why);
   }
+  clearTimeout(pending); // a poll the address's change started meanwhile set one too: one chain
+  pending = setTimeout(poll, Math.min(MAX_POLL_MS, POLL_MS * 2 ** Math.max(0, failures - 1)));
 }
 
 // Each chart is an image to a screen reader, named by its caption.
