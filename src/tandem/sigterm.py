@@ -12,26 +12,34 @@ def interrupt(signum, frame) -> None:
 
 
 @contextlib.contextmanager
-def keeping_sigterm_handler():
-    """Puts SIGTERM's handler back after the block (`ray.init` replaces it with its own, which
-    exits from wherever the main thread is). Only the main thread may set handlers: elsewhere
-    nothing changes."""
+def keeping_sigterm_handler(signals: tuple[int, ...] = (signal.SIGTERM,)):
+    """Puts SIGTERM's handler (and those of the other `signals`) back after the block
+    (`ray.init` replaces it with its own, which exits from wherever the main thread is). Only the
+    main thread may set handlers: elsewhere nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.getsignal(signal.SIGTERM)
+    previous = {signum: signal.getsignal(signum) for signum in signals}
     try:
         yield
     finally:  # None: a handler set outside Python, which only the default can stand for
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
 @contextlib.contextmanager
-def sigterm_interrupts():
-    """Within the block SIGTERM raises KeyboardInterrupt; the handler before it is put back after."""
-    with keeping_sigterm_handler():
+def sigterm_interrupts(hang_up: bool = False):
+    """Within the block SIGTERM raises KeyboardInterrupt, and with `hang_up` SIGHUP too (unless
+    it is ignored, as under nohup: a server's start, whose SIGHUP once serving drains as SIGTERM
+    does, ended at once with 129 and no word before it listened); the handlers before are put
+    back after."""
+    hang_up_signal = getattr(signal, "SIGHUP", None) if hang_up else None
+    signals = (signal.SIGTERM,) + ((hang_up_signal,) if hang_up_signal is not None
+                                   and signal.getsignal(hang_up_signal) is not signal.SIG_IGN else ())
+    with keeping_sigterm_handler(signals):
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, interrupt)
+            for signum in signals:
+                signal.signal(signum, interrupt)
         yield
 
 
@@ -47,7 +55,8 @@ def deferring_ctrl_c():
         yield
         return
     held = []
-    signals = [signal.SIGINT] + ([signal.SIGTERM] if signal.getsignal(signal.SIGTERM) is interrupt else [])
+    signals = [signal.SIGINT] + [signum for signum in (signal.SIGTERM, getattr(signal, "SIGHUP", None))
+                                 if signum is not None and signal.getsignal(signum) is interrupt]
     previous = {signum: signal.signal(signum, lambda signum, frame: held.append(signum)) for signum in signals}
     try:
         yield

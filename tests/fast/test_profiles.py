@@ -197,3 +197,21 @@ def test_a_profile_that_cannot_be_saved_is_used_for_this_run_with_a_warning(tmp_
         os.chmod(tmp_path / "profiles", 0o755)
     assert set(cost.latency_ms) == {1, 4}
     assert "warning: cannot save the profile" in capsys.readouterr().err
+
+
+def test_a_home_without_a_profiles_folder_that_cannot_make_one_still_serves(tmp_path, monkeypatch, capsys):
+    """A read-only home holding its models but no profiles folder refused to start ("cannot
+    create the folder .../profiles"), where one with the folder measured and served, warned."""
+    from tandem.errors import TandemError
+
+    monkeypatch.setenv("TANDEM_HOME", str(tmp_path))
+
+    def read_only(folder):
+        raise TandemError(f"cannot create the folder {folder}: Permission denied")
+
+    monkeypatch.setattr(backends, "make_dir", read_only)  # root ignores a folder's mode
+    cost = cached_profile(RunnerSpec(str(tmp_path / "model"), backend="torch", device="cpu", threads=1),
+                          CacheTimedRunner(context_length=4096), (1, 4))
+    assert set(cost.latency_ms) == {1, 4} and not (tmp_path / "profiles").exists()
+    err = capsys.readouterr().err
+    assert "warning: cannot create the folder" in err and "measured at each start" in err and "(once, not kept;" in err

@@ -31,8 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV}; white space "
                        "around it, as a key file's last newline, is dropped)")
     group.add_argument("--served-model-name", default=None, help="the model name clients send (default: --target's catalog name, or a .gguf file's or folder's name without .gguf)")
-    group.add_argument("--max-running", default="8", help="sequences decoded together, at most 64 (default 8; with --cluster: requests in flight at "
-                       "the router, up to 4096)")
+    group.add_argument("--max-running", default="8",
+                       help="sequences decoded together, at most 64 (default 8; with --cluster: requests in flight "
+                       "at the router, up to 4096)")
     group.add_argument("--max-waiting", default="64", help="requests queued beyond those; more get 429 (default 64)")
     group.add_argument("--max-body-bytes", default=str(DEFAULT_MAX_BODY_BYTES), help="request body limit in bytes, beyond it a 413 (default %(default)s)")
     group.add_argument("--cache", default="memory", help="response and n-gram cache: memory | redis://HOST:PORT | off (default %(default)s)")
@@ -187,7 +188,7 @@ def api_key_of(option: str | None, environ) -> str | None:
 
 def serve_settings(args: argparse.Namespace) -> ServeSettings:
     return ServeSettings(
-        host=args.host,
+        host=args.host[1:-1] if args.host[:1] + args.host[-1:] == "[]" else args.host,  # [::1], as a URL writes it
         port=_parse(int, "--port", args.port),
         api_key=api_key_of(args.api_key, os.environ),
         max_body_bytes=_parse(int, "--max-body-bytes", args.max_body_bytes),

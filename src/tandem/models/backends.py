@@ -124,8 +124,13 @@ def cached_profile(spec: RunnerSpec, runner: ModelRunner, sizes: tuple[int, ...]
         except OSError:  # evicted meanwhile by another process: the curve read stands
             pass
         return cached
-    make_dir(path.parent)  # before the minute of measuring, not after
-    print(f"profiling {spec.model} on this machine (once; a minute or two, more for larger models) ...",
+    try:
+        make_dir(path.parent)  # said before the minute of measuring, not after
+        keepable = ""
+    except TandemError as error:  # a read-only home (a model volume mounted read-only): measured, not kept
+        print(f"warning: {error}; the profile is measured at each start", file=sys.stderr)
+        keepable = ", not kept"
+    print(f"profiling {spec.model} on this machine (once{keepable}; a minute or two, more for larger models) ...",
           file=sys.stderr, flush=True)
     base = profile_base_length(runner.context_length, max(sizes))
     cost = _measure_at(runner, base, sizes)
@@ -134,6 +139,8 @@ def cached_profile(spec: RunnerSpec, runner: ModelRunner, sizes: tuple[int, ...]
         record |= {"deep_latency_ms": _measure_at(runner, deep_context, sizes, DEEP_REPEATS).to_json(),
                    "deep_context": deep_context}
     runner.reset()
+    if keepable:
+        return _cost_from_record(record)
     try:
         write_text_atomic(path, json.dumps(record, indent=1))  # two processes may profile at once
     except OSError as error:  # a read-only home (a model volume mounted read-only): this run still has it

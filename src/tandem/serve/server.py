@@ -66,7 +66,7 @@ def serve(config: EngineConfig, settings: ServeSettings, cluster=None) -> int:
     ngram_store = open_ngram_store(None if settings.cache_url == CACHE_OFF else settings.cache_url,
                                    namespace=ngram_namespace(config, model_name))
     try:
-        with sigterm_interrupts():  # until it listens, SIGTERM stops the start as Ctrl-C (Ray's processes too)
+        with sigterm_interrupts(hang_up=True):  # until it listens, SIGTERM (SIGHUP) stops the start as Ctrl-C
             state = build_state(config, settings, model_name, ngram_store, cluster)
         settle_heap()
         try:
@@ -215,8 +215,13 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as error:
         sock.close()
-        raise TandemError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+        raise TandemError(f"cannot listen on {host_port(host, port)}: {error.strerror or error}") from None
     return sock
+
+
+def host_port(host: str, port: int) -> str:
+    """host:port as a URL writes it: an IPv6 address in brackets ([::]:8000, not :::8000)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def claim(sock: socket.socket, host: str) -> None:
@@ -228,8 +233,8 @@ def claim(sock: socket.socket, host: str) -> None:
         sock.listen(SOCKET_BACKLOG)
     except OSError as error:
         port = sock.getsockname()[1]
-        raise TandemError(f"cannot listen on {host}:{port}: {error.strerror or error} (another server took the port "
-                          "while the models loaded)") from None
+        raise TandemError(f"cannot listen on {host_port(host, port)}: {error.strerror or error} (another server "
+                          "took the port while the models loaded)") from None
 
 
 def ngram_namespace(config: EngineConfig, model_name: str) -> str:

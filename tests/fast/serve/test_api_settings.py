@@ -85,6 +85,22 @@ def test_a_taken_port_is_a_clear_error():
         first.close()
 
 
+def test_an_ipv6_host_is_said_and_taken_as_urls_write_it():
+    """`--host '[::1]'` (the form the start line prints) was "Name or service not known", and a
+    taken port on `::` read "cannot listen on :::8672"."""
+    from tandem.cli.main import build_parser
+    from tandem.cli.serve_cmd import serve_settings
+
+    assert serve_settings(build_parser().parse_args(["serve", "--host", "[::1]"])).host == "::1"
+    first = bind_socket("::1", 0)
+    first.listen()
+    try:
+        with pytest.raises(TandemError, match=rf"cannot listen on \[::1\]:{first.getsockname()[1]}: "):
+            bind_socket("::1", first.getsockname()[1])
+    finally:
+        first.close()
+
+
 def test_two_servers_bound_to_one_port_while_loading_the_second_to_listen_gets_one_line():
     """Both bind (neither listens while its models load); the first to listen wins. The other
     died after loading with uvicorn's two tracebacks and exit 1."""
