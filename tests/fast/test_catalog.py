@@ -127,8 +127,19 @@ def test_a_file_damaged_in_place_is_found_said_and_pulled_again(home, monkeypatc
     manifest = json.loads(manifest_path.read_text())
     manifest_path.write_text(json.dumps({k: v for k, v in manifest.items() if k != "verified"}))
     assert is_pulled(FAKE_NAME) and json.loads(manifest_path.read_text())["verified"] == manifest["verified"]
+    hashing = pull_module._file_sha256
     monkeypatch.setattr(pull_module, "_file_sha256", lambda path: pytest.fail("an unchanged file is not read"))
     assert is_pulled(FAKE_NAME)
+    monkeypatch.setattr(pull_module, "_file_sha256", hashing)  # a read-only folder cannot keep the stamp:
+    manifest_path.write_text(json.dumps({k: v for k, v in manifest.items() if k != "verified"}))
+    capsys.readouterr()  # hashed at each start, and said so
+
+    def read_only(self, text, *args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(type(manifest_path), "write_text", read_only)
+    assert is_pulled(FAKE_NAME)
+    assert "its folder cannot record that (Permission denied): it is hashed again at each start" in capsys.readouterr().err
 
 
 def test_the_pulled_file_given_by_its_path_is_checked_as_its_name_is(home, monkeypatch):

@@ -203,7 +203,7 @@ def _measure_at(runner: ModelRunner, cached: int, sizes: tuple[int, ...], repeat
     runner.reset()
     if cached:
         runner.forward([1] * cached, num_logits=0)
-    with ProgressBar(total=1 + repeats * len(sizes), desc=f"profiling {runner.name} on {cached} cached tokens (once: cached)",
+    with ProgressBar(total=1 + repeats * len(sizes), desc=f"profiling {runner.name} on {cached} cached tokens",
               unit="call", file=sys.stderr, leave=False) as bar:
         return measure_cost(runner.forward, runner.rollback, cached, sizes, repeats, bar.update)
 

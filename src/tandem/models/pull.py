@@ -82,8 +82,11 @@ def pulled_state(name: str) -> str:
         return "yes"
     if manifest.get("size") != stamp[0] or _file_sha256(gguf) != entry.sha256:
         return "damaged"
-    with contextlib.suppress(OSError):  # verified again (an older pull's manifest, a copied cache)
+    try:  # verified again (an older pull's manifest, a copied cache)
         (folder / MANIFEST_FILENAME).write_text(json.dumps(manifest | {"verified": stamp}, indent=2) + "\n")
+    except OSError as error:  # a read-only folder: hashed again at every start, said rather than silent
+        print(f"note: {gguf} was checked against its checksum but its folder cannot record that "
+              f"({error.strerror or error}): it is hashed again at each start", file=sys.stderr)
     return "yes"
 
 
