@@ -139,7 +139,8 @@ def test_a_file_damaged_in_place_is_found_said_and_pulled_again(home, monkeypatc
 
     monkeypatch.setattr(type(manifest_path), "write_text", read_only)
     assert is_pulled(FAKE_NAME)
-    assert "its folder cannot record that (Permission denied): it is hashed again at each start" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "its folder cannot record that (Permission denied): it is hashed again at each start" in said
 
 
 def test_the_pulled_file_given_by_its_path_is_checked_as_its_name_is(home, monkeypatch):
