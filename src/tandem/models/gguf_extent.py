@@ -26,35 +26,35 @@ def truncation(path: Path) -> str | None:
         size = path.stat().st_size
     except OSError:
         return None
-    if header_cut_short(path):
+    need = _data_end(path)
+    if need == HEADER_CUT_SHORT:
         return (f"truncated: its header runs past its end at {human_size(size)} ({size:,} bytes) "
                 "(cut short while copied or downloaded?)")
-    need = tensor_data_end(path)
     if need is None or size >= need:
         return None
     return (f"truncated: it holds {human_size(size)} ({size:,} bytes) of the {human_size(need)} ({need:,} bytes) "
             "its tensors need (cut short while copied or downloaded?)")
 
 
-def header_cut_short(path: Path) -> bool:
-    """Whether `path` opens as a GGUF header this reader knows and runs out of bytes within it
-    (a large model's header holds megabytes of tokenizer arrays)."""
-    try:
-        with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as view:
-            _Header(view).data_end()
-    except _CutShort:
-        return True
-    except (OSError, ValueError, struct.error, KeyError, OverflowError):
-        return False
-    return False
-
-
 def tensor_data_end(path: Path) -> int | None:
     """Where the furthest tensor's data ends: the size the file needs; None where the header is
     not a GGUF one this reader knows, or is itself cut short."""
+    end = _data_end(path)
+    return None if end == HEADER_CUT_SHORT else end
+
+
+HEADER_CUT_SHORT = -1  # _data_end: a GGUF header this reader knows runs past the file's end
+
+
+def _data_end(path: Path) -> int | None:
+    """The furthest tensor's data end; HEADER_CUT_SHORT where the header itself runs out of bytes
+    (a large model's holds megabytes of tokenizer arrays); None where it is no GGUF header this
+    reader knows. One pass over the header."""
     try:
         with path.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as view:
             return _Header(view).data_end()
+    except _CutShort:
+        return HEADER_CUT_SHORT
     except (OSError, ValueError, struct.error, KeyError, OverflowError):
         return None
 
