@@ -61,6 +61,7 @@ from tandem.speculation.drafters.registry import build_drafters
 from tandem.token_ids import common_prefix
 
 KV_HEADROOM_TOKENS = 64  # per running sequence, for drafts being verified
+STUCK_STEPS = 2  # failed target calls in a row with nothing left to free before their sequences fail
 CATCH_UP_SHARE = 1.0  # beside other streams, a step's draft catch-up costs at most this share of its target call
 MIN_CATCH_UP = 8  # prompt tokens the draft model may always catch up on in a step
 SHARE_WAIT_TOKENS = MIN_COPY_TOKENS  # a new prompt waits for a running prefill that will compute this many of its tokens
@@ -89,6 +90,7 @@ class BatchEngine(SequencePool):
         self.prompt_cache = PromptCache(target, draft, host_cache, disk_cache)
         self.slots = self.prompt_cache.slots
         self.kv_tight = False  # the pool overflowed since a sequence last finished: admit nothing
+        self.failed_unfreed = 0  # target calls failed in a row where nothing could be freed for the next
         self.wave: set[str] = set()  # prompts let through together, still prefilling: nothing held back
         # called on the engine's thread right before a step's model calls, where it leaves Python
         # for the kernels (EngineWorker hands the last step's updates to the event loop there)
@@ -190,8 +192,9 @@ class BatchEngine(SequencePool):
             verify_start = time.perf_counter()
             try:
                 logits = self._verify(rounds, drafts, chunks)
-            except KvPoolFullError:
-                self._free_kv(rounds + [seq for seq, _ in chunks])
+                self.failed_unfreed = 0
+            except KvPoolFullError as error:
+                updates += self._free_kv(rounds + [seq for seq, _ in chunks], error)
                 rounds, logits = [], []
             verify_seconds = time.perf_counter() - verify_start
             made_ahead = ahead.gather_ahead(tickets) if tickets else {}
@@ -438,18 +441,26 @@ class BatchEngine(SequencePool):
         if self.on_model_call is not None:
             self.on_model_call()
 
-    def _free_kv(self, seqs: list[Sequence]) -> None:
+    def _free_kv(self, seqs: list[Sequence], error: KvPoolFullError) -> list[SequenceUpdate]:
         """The pool could not hold the step: undo any partial write, then free room for the next
         step: retained prompt caches first, least recently used first, until the running
         sequences' caches and headroom fit (at least one), else the youngest sequence goes back to
         the front of the queue (preempted: its prompt and output are recomputed when it is placed
-        again)."""
+        again). Where nothing is left to free (one sequence, no retained cache) the call failed for
+        another reason than room, or the pool cannot hold that sequence: after STUCK_STEPS such
+        calls in a row its sequences fail, with the runner's error, instead of the same call
+        being retried for ever. Returns their updates."""
         for seq in seqs:
             self.target.rollback(seq.slot, len(seq.tokens) - 1 - len(seq.unprefilled))
         pool = getattr(self.target, "pool_tokens", 0)  # retained caches first, least recently used first
-        if self._evict_until(lambda: self._kv_needed(0) <= pool, self.slots.retained_slots(), at_least=1) \
-                or len(self.running) < 2:
-            return
+        if self._evict_until(lambda: self._kv_needed(0) <= pool, self.slots.retained_slots(), at_least=1):
+            return []
+        if len(self.running) < 2:
+            self.failed_unfreed += 1
+            if self.failed_unfreed < STUCK_STEPS:
+                return []
+            self.failed_unfreed = 0
+            return [self._fail(seq, f"the target could not score this request ({error})") for seq in seqs]
         youngest = list(self.running.values())[-1]
         self.running.pop(youngest.seq_id)
         self.slots.owner[youngest.slot] = None
@@ -457,6 +468,12 @@ class BatchEngine(SequencePool):
         youngest.slot, youngest.unprefilled, youngest.draft_cached = -1, (), []
         self.waiting.appendleft(youngest)
         self.kv_tight = True
+        return []
+
+    def _fail(self, seq: Sequence, message: str) -> SequenceUpdate:
+        """Retire seq with finish_reason "error" (what it streamed so far stands)."""
+        self._finish(seq)
+        return SequenceUpdate(seq.seq_id, (), finished=True, finish_reason="error", error=message)
 
     # -- 7. acceptance, stops, rollback -----------------------------------------------------
 

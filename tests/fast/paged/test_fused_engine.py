@@ -12,6 +12,7 @@ from tandem.engine.batch_engine import BatchEngine
 from tandem.engine.events import SpeculationOptions
 from tandem.engine.host_cache import HostPromptCache
 from tandem.engine.request import GenerationRequest
+from tandem.models.batch_runner import KvPoolFullError
 from tiny_models import VOCAB
 
 MAX_TOKENS = 16
@@ -180,3 +181,62 @@ def per_sequence_state(engine, seq_id: str) -> list[str]:
     return [f"{name}.{field}" for name, d in engine.drafters.items()
             for field in ("own", "follows", "departed", "unjoined", "substitutions")
             if seq_id in getattr(d, field, {})]
+
+
+def _run_to_end(engine: BatchEngine, max_steps: int = 200) -> tuple[dict, dict]:
+    """Outputs and finish updates of every request, failing the test past max_steps."""
+    outputs, finished = {}, {}
+    for _ in range(max_steps):
+        if not engine.has_work:
+            return outputs, finished
+        for update in engine.step()[0]:
+            outputs.setdefault(update.seq_id, []).extend(update.token_ids)
+            if update.finished:
+                finished[update.seq_id] = update
+    pytest.fail(f"still running after {max_steps} steps: {list(engine.running)}")
+
+
+def test_a_call_that_keeps_failing_with_nothing_to_free_fails_its_request(tiny_target, monkeypatch):
+    """A lone sequence whose target call fails for another reason than room (llama.cpp's decode
+    failing on it): nothing can be freed, so the request fails with the runner's error after
+    STUCK_STEPS tries. The same call used to be retried at every step for ever (a hung request,
+    the engine thread busy); the requests behind it still run."""
+    target = fused_runner(tiny_target, slots=2, context=64)
+    engine = BatchEngine(target, None, "none")
+    engine.add("poisoned", GenerationRequest(PROMPTS[0], max_tokens=8))
+    engine.add("next", GenerationRequest(PROMPTS[1], max_tokens=8))
+    engine.max_running = 1
+    scored = type(target).forward_batch
+
+    def failing_on_the_first(self, items, views=False):
+        if "poisoned" in engine.running:
+            raise KvPoolFullError("llama.cpp decode failed (llama_decode returned -1); the KV pool may be full")
+        return scored(self, items, views)
+
+    monkeypatch.setattr(type(target), "forward_batch", failing_on_the_first)
+    outputs, finished = _run_to_end(engine)
+    assert finished["poisoned"].finish_reason == "error"
+    assert "llama_decode returned -1" in finished["poisoned"].error
+    assert finished["next"].finish_reason == "length"
+    assert outputs["next"] == naive_greedy(tiny_target, PROMPTS[1], 8)
+    engine.clear_caches()
+    assert target.blocks.num_free == target.blocks.num_blocks
+
+
+def test_a_lone_call_that_fails_once_is_retried(tiny_target, monkeypatch):
+    """One failed call with nothing to free is not yet a stuck request: the next step retries
+    it, and the answer is the reference's."""
+    target = fused_runner(tiny_target, slots=1, context=64)
+    engine = BatchEngine(target, None, "none")
+    engine.add("r0", GenerationRequest(PROMPTS[2], max_tokens=8))
+    scored, failures = type(target).forward_batch, []
+
+    def failing_once(self, items, views=False):
+        if len(failures) < 1:
+            failures.append(1)
+            raise KvPoolFullError("a passing failure")
+        return scored(self, items, views)
+
+    monkeypatch.setattr(type(target), "forward_batch", failing_once)
+    outputs, finished = _run_to_end(engine)
+    assert finished["r0"].finish_reason == "length" and outputs["r0"] == naive_greedy(tiny_target, PROMPTS[2], 8)
