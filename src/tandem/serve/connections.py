@@ -7,6 +7,14 @@ and then nothing, held its socket for ever, and enough of them took every file h
 process had (then asyncio logged each refused accept, thousands of lines a second, and /health
 went unanswered). Here a connection must finish its headers within HEADER_TIMEOUT_S of opening,
 or of its last response; then it is closed. The body has its own bound (--request-timeout, 408).
+
+A response sent before its request's body was all read (a 413 for a body too large, a 408, a
+404 or 401 answered from the headers) ends the connection: uvicorn dropped the rest of such a
+body as it came and re-armed its keep-alive clock at each packet, so a client trickling bytes
+after its error held the socket for ever. The server half-closes at once (the client reads the
+answer and its end), drops what still comes for LINGER_S, then closes: closing at once, with
+body bytes arriving, could reset the connection before the client read its answer (nginx's
+lingering close).
 """
 
 import logging
@@ -19,20 +27,25 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from tandem.said_now import SaidNow
 
 HEADER_TIMEOUT_S = 30.0  # as nginx's client_header_timeout is 60 s and Node's headersTimeout 60 s
+LINGER_S = 2.0  # after an answer sent before its body was read: a client's time to read it while it still sends
 ACCEPT_ERROR_INTERVAL_S = 10.0  # at most one log line this often while accepts fail for want of file handles
 log = logging.getLogger(__name__)
 
 
 class HeaderTimedH11Protocol(H11Protocol):
     header_timeout_s = HEADER_TIMEOUT_S
+    linger_s = LINGER_S
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         self._header_deadline = None
+        self._linger_deadline = None
         self._start_header_clock()
 
     def connection_lost(self, exc) -> None:
         self._stop_header_clock()
+        if self._linger_deadline is not None:
+            self._linger_deadline.cancel()
         super().connection_lost(exc)
 
     def handle_events(self) -> None:
@@ -42,7 +55,18 @@ class HeaderTimedH11Protocol(H11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+            self._linger()  # answered before its body was read: the rest is not waited for
+            return
         self._start_header_clock()  # the next request's, on a kept-alive connection
+
+    def _linger(self) -> None:
+        """Half-close after the answer, drop what still comes, close after linger_s (module notes)."""
+        self._stop_header_clock()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        if self._linger_deadline is None:
+            self._linger_deadline = self.loop.call_later(self.linger_s, self.transport.close)
 
     def _start_header_clock(self) -> None:
         self._stop_header_clock()

@@ -17,11 +17,16 @@ HEADER_TIMEOUT_S = 0.3
 
 class QuickHeaders(HeaderTimedH11Protocol):
     header_timeout_s = HEADER_TIMEOUT_S
+    linger_s = 0.3
 
 
 async def echo_length(scope, receive, send):
-    """Answers the body's length once all of it came."""
+    """Answers the body's length once all of it came; /early answers 413 without reading it."""
     if scope["type"] != "http":
+        return
+    if scope["path"] == "/early":
+        await send({"type": "http.response.start", "status": 413, "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
         return
     size, more = 0, True
     while more:
@@ -80,6 +85,26 @@ def test_headers_in_time_are_answered_however_slowly_the_body_comes_and_the_next
         answer += conn.recv(1024)
     conn.sendall(b"GET / HTTP/1.1\r\nHost: local")  # a kept-alive connection's next request, never finished
     assert closed_within(conn, 5)
+
+
+def test_a_response_sent_before_the_body_was_read_ends_the_connection(port):
+    """A 413 (or 408, 404) answered from the headers: a client trickling the rest of its body
+    afterwards kept the connection for ever (each packet re-armed uvicorn's keep-alive clock).
+    Now the client reads the answer and then the connection's end, and the server closes its
+    socket after lingering (a send then fails)."""
+    conn = socket.create_connection(("127.0.0.1", port))
+    conn.sendall(b"POST /early HTTP/1.1\r\nHost: local\r\nContent-Length: 1000000\r\n\r\n12345")
+    conn.settimeout(5)
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += conn.recv(1024)
+    assert answer.startswith(b"HTTP/1.1 413")
+    assert closed_within(conn, 1), "no end of the connection after the early answer"
+    deadline = time.monotonic() + 3
+    with pytest.raises((BrokenPipeError, ConnectionResetError)):
+        while time.monotonic() < deadline:
+            conn.sendall(b"x")  # the client still sending its body
+            time.sleep(0.05)
 
 
 def test_refused_accepts_are_said_once_a_while_with_their_count(caplog):
