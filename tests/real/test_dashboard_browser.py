@@ -76,8 +76,9 @@ class SyntheticLoad:
             steps += 1
             if steps % 5 == 0:
                 itl = [0.02 + 0.03 * self._random.random() for _ in range(20)]
-                self.metrics.request_finished("stop", 40, 20, 0.1 + 0.2 * self._random.random(),
-                                              0.1 + sum(itl), itl)
+                self.metrics.prompt_processed(40)
+                self.metrics.tokens_generated(20)
+                self.metrics.request_finished("stop", 0.1 + 0.2 * self._random.random(), 0.1 + sum(itl), itl)
 
 
 @pytest.fixture

@@ -154,12 +154,23 @@ class RecordingMetrics:
         self.rejected: list[int] = []
         self.lookups: list[bool] = []
         self.replayed: list[str] = []  # finish reasons of answers from the response cache
+        self.generated: list[int] = []  # tokens_generated's counts, as they came
+        self._prompt = (0, 0)  # the current request's (prompt tokens, cached), told at its first token
 
-    def request_finished(self, status, prompt_tokens, completion_tokens, ttft_seconds, e2e_seconds,
-                         inter_token_seconds, cached_tokens=0) -> None:
-        self.finished.append((status, prompt_tokens, completion_tokens, ttft_seconds, e2e_seconds,
-                              list(inter_token_seconds)))
+    def prompt_processed(self, prompt_tokens, cached_tokens=0) -> None:
+        self._prompt = (prompt_tokens, cached_tokens)
+
+    def tokens_generated(self, count) -> None:
+        self.generated.append(count)
+
+    def request_finished(self, status, ttft_seconds, e2e_seconds, inter_token_seconds) -> None:
+        """One request at a time: (status, prompt, completion, ttft, e2e, gaps), its counts those
+        told since the last one finished."""
+        (prompt_tokens, cached_tokens), completion_tokens = self._prompt, sum(self.generated)
+        self.finished.append((status, prompt_tokens, completion_tokens - sum(f[2] for f in self.finished),
+                              ttft_seconds, e2e_seconds, list(inter_token_seconds)))
         self.cached_tokens.append(cached_tokens)
+        self._prompt = (0, 0)
 
     def request_rejected(self, http_status: int) -> None:
         self.rejected.append(http_status)

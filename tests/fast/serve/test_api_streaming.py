@@ -195,6 +195,22 @@ async def test_client_disconnect_mid_stream_cancels_the_sequence(path, body):
 
 
 @async_test
+async def test_a_streams_tokens_are_counted_while_it_runs():
+    """generation_tokens counted a request's tokens only when it ended: a long or stuck stream's
+    were invisible to a Prometheus rate until then (a trial's 60 s stream read flat, then jumped
+    by 2,260). The prompt counts once its first token came."""
+    engine = ScriptedEngine(reply_script(eos=False), tokens_per_step=1, step_seconds=0.005)
+    with TestServer(engine) as server:
+        received = await call_then_disconnect(server.app, "/v1/completions",
+                                              completion_body(prompt="abc", stream=True, max_tokens=400),
+                                              asyncio.Event(), chunks_before_leaving=5)
+        assert len(received) >= 5
+        await server.wait_until(lambda: server.worker.in_flight == 0, timeout=1.0)
+        assert len(server.metrics.generated) >= 4  # told update by update, one token each
+        assert server.metrics.finished[0][:3] == ("cancelled", 3, sum(server.metrics.generated))
+
+
+@async_test
 async def test_client_disconnect_cancels_a_queued_non_streaming_request():
     engine = ScriptedEngine(reply_script(eos=False))
     engine.gate.clear()  # the request waits; nothing is generated before the client leaves

@@ -32,6 +32,13 @@ def step(started_at, rounds=(), *, running=1, waiting=0, prefill=0.0, draft=0.01
                       batch_tokens=sum(r.k + 1 for r in rounds), rounds=tuple(rounds), prefilled=tuple(prefilled))
 
 
+def finished(metrics: ServingMetrics, status, prompt_tokens, completion_tokens, ttft, e2e, inter_token):
+    """A request's whole life as the stream reports it: its prompt, its tokens, its end."""
+    metrics.prompt_processed(prompt_tokens)
+    metrics.tokens_generated(completion_tokens)
+    metrics.request_finished(status, ttft, e2e, inter_token)
+
+
 def samples(metrics: ServingMetrics) -> dict:
     """{(sample name, frozenset of labels without model_name): value}."""
     body, content_type = metrics.render()
@@ -86,8 +93,8 @@ def test_speculation_counters_and_acceptance_by_position():
 
 def test_finished_and_rejected_requests():
     metrics = ServingMetrics(MODEL, clock=FakeClock())
-    metrics.request_finished("stop", 12, 30, 0.2, 1.5, [0.01, 0.03, 0.05])
-    metrics.request_finished("length", 8, 16, None, 0.9, [])
+    finished(metrics, "stop", 12, 30, 0.2, 1.5, [0.01, 0.03, 0.05])
+    finished(metrics, "length", 8, 16, None, 0.9, [])
     metrics.request_rejected(429)
     metrics.request_rejected(429)
     metrics.request_rejected(400)
@@ -116,7 +123,7 @@ def test_an_answer_from_the_response_cache_is_a_request_served_but_no_engine_tok
     """A dashboard's "requests done" and a request-rate panel count every answer; token counters
     count the engine's work, which a replayed answer did not do (hits were not counted at all)."""
     metrics = ServingMetrics(MODEL, clock=FakeClock())
-    metrics.request_finished("stop", 12, 30, 0.2, 1.5, [])
+    finished(metrics, "stop", 12, 30, 0.2, 1.5, [])
     metrics.request_replayed("stop", 0.004)
     s = samples(metrics)
     assert s[("tandem:request_success_total", frozenset({("finished_reason", "stop")}))] == 2
@@ -194,7 +201,7 @@ def test_snapshot_series_per_second_with_idle_seconds_filled():
         metrics.observe_step(step(T0 + 0.1 * i, [RoundReport("a", "model", 4, 3)], running=2, waiting=1))
     metrics.observe_step(step(T0 + 2.2, [RoundReport("a", "model", 2, 0)], running=3, waiting=0))
     clock.now = T0 + 2.5
-    metrics.request_finished("stop", 5, 10, 0.1, 2.0, [0.01, 0.02, 0.03])
+    finished(metrics, "stop", 5, 10, 0.1, 2.0, [0.01, 0.02, 0.03])
     clock.now = T0 + 5.5
     snapshot = metrics.snapshot()
     json.dumps(snapshot, allow_nan=False)
@@ -217,7 +224,7 @@ def test_snapshot_memory_is_bounded():
     for i in range(50):
         clock.now = T0 + i
         metrics.observe_step(step(clock.now, [RoundReport("a", "model", 3, 1)]))
-        metrics.request_finished("stop", 1, 1, float(i), float(i), [])
+        finished(metrics, "stop", 1, 1, float(i), float(i), [])
     snapshot = metrics.snapshot()
     assert len(snapshot["series"]["t"]) == 5
     assert snapshot["latency"]["ttft"]["count"] == 3  # the last 3 seconds only
@@ -292,7 +299,7 @@ def test_no_created_series_are_exported():
     """prometheus_client adds a `_created` series to every counter and histogram by default (typed
     a gauge); vLLM, whose names these follow, turns them off."""
     metrics = ServingMetrics(MODEL)
-    metrics.request_finished("stop", 3, 2, 0.1, 0.2, [0.1])
+    finished(metrics, "stop", 3, 2, 0.1, 0.2, [0.1])
     text = metrics.render()[0].decode()
     assert "tandem:prompt_tokens_total" in text and "_created" not in text
 
@@ -341,9 +348,9 @@ def test_an_idle_seconds_latency_is_its_own_window_so_old_requests_leave_the_cha
     clock = FakeClock(T0 + 0.5)
     metrics = ServingMetrics(MODEL, series_seconds=300, clock=clock)
     metrics.observe_step(step(T0 + 0.1, [RoundReport("a", "model", 2, 1)]))
-    metrics.request_finished("stop", 5, 10, 0.3, 2.0, [0.02])
+    finished(metrics, "stop", 5, 10, 0.3, 2.0, [0.02])
     clock.now = T0 + 20.5
-    metrics.request_finished("stop", 5, 10, 0.5, 2.0, [0.04])
+    finished(metrics, "stop", 5, 10, 0.5, 2.0, [0.04])
     clock.now = T0 + 120.5
     snapshot = metrics.snapshot()
     ttft = dict(zip(snapshot["series"]["t"], snapshot["series"]["ttft_p50"]))

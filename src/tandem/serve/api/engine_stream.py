@@ -75,8 +75,8 @@ class GenerationRun:
         try:
             while True:
                 update = await self.handle.next_update()
-                self._record(update.token_ids, update.drafted, update.accepted)
                 self.cached_tokens = max(self.cached_tokens, update.cached_tokens)
+                self._record(update.token_ids, update.drafted, update.accepted)
                 delta = stream.push(list(update.token_ids)) if update.token_ids else ""
                 if update.finished:
                     self.finish_reason, self.error = update.finish_reason, update.error
@@ -109,10 +109,12 @@ class GenerationRun:
         if self._first_token_at is None:  # the rest of the first update arrived with the first token
             self._first_token_at = now
             self._inter_token += [0.0] * (len(token_ids) - 1)
+            _safely(self.state.metrics.prompt_processed, self.prepared.prompt_tokens, self.cached_tokens)
         else:
             self._inter_token += [(now - self._last_update_at) / len(token_ids)] * len(token_ids)
         self._last_update_at = now
         self.token_ids += token_ids
+        _safely(self.state.metrics.tokens_generated, len(token_ids))
 
     def _raise_if_failed(self) -> None:
         if self.finish_reason == "error":
@@ -133,8 +135,8 @@ class GenerationRun:
             timed_out = now - self.received_at >= self.state.settings.request_timeout_seconds
             self.finish_reason = "timeout" if timed_out else "cancelled"  # the metrics tell them apart
         ttft = None if self._first_token_at is None else self._first_token_at - self.received_at
-        _safely(self.state.metrics.request_finished, self.finish_reason, self.prepared.prompt_tokens,
-                len(self.token_ids), ttft, now - self.received_at, self._inter_token, self.cached_tokens)
+        _safely(self.state.metrics.request_finished, self.finish_reason, ttft, now - self.received_at,
+                self._inter_token)
         if self.state.settings.log_requests:
             _safely(self._log_texts)
         _safely(self.state.tracer.end_request, self.seq_id, {

@@ -40,8 +40,8 @@ class Instruments:
                                              ITL_BUCKETS)
         self.e2e_request_latency = histogram("e2e_request_latency_seconds", "End-to-end request latency.",
                                              E2E_BUCKETS)
-        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests.")
-        self.generation_tokens = counter("generation_tokens", "Completion tokens of finished requests.")
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of requests whose first token came.")
+        self.generation_tokens = counter("generation_tokens", "Completion tokens, counted as they are streamed.")
         # speculative decoding
         self.num_drafts = counter("spec_decode_num_drafts", "Speculation rounds with at least one draft token.")
         self.num_draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens verified by the target.")

@@ -57,26 +57,38 @@ class ServingMetrics:
 
     # -- the HTTP layer -------------------------------------------------------------------------
 
-    def request_finished(self, status: str, prompt_tokens: int, completion_tokens: int,
-                         ttft_seconds: float | None, e2e_seconds: float,
-                         inter_token_seconds: list[float], cached_tokens: int = 0) -> None:
+    def prompt_processed(self, prompt_tokens: int, cached_tokens: int = 0) -> None:
+        """A request's prompt is in (its first token came): its tokens, and the cached_tokens of
+        them the prompt cache held (vLLM's prefix-cache queries and hits count tokens). A request
+        that ends before its first token counts none."""
+        self._m.prompt_tokens.inc(prompt_tokens)
+        self._m.prefix_cache_queries.inc(prompt_tokens)
+        self._m.prefix_cache_hits.inc(cached_tokens)
+        with self._lock:
+            self._totals.update(prompt_tokens=prompt_tokens, prefix_cache_queries=prompt_tokens,
+                                prefix_cache_hits=cached_tokens)
+
+    def tokens_generated(self, count: int) -> None:
+        """Completion tokens as they reach their request's stream (a long answer's count moves
+        while it runs, as vLLM's does each step)."""
+        self._m.generation_tokens.inc(count)
+        with self._lock:
+            self._totals["generation_tokens"] += count
+
+    def request_finished(self, status: str, ttft_seconds: float | None, e2e_seconds: float,
+                         inter_token_seconds: list[float]) -> None:
         """status: the finish reason (engine/events.py FINISH_REASONS), or "timeout" for a request the
-        server cancelled at --request-timeout; cached_tokens: the
-        prompt tokens the prompt cache held (vLLM's prefix-cache queries and hits count tokens)."""
+        server cancelled at --request-timeout. Its tokens were counted as they came
+        (`prompt_processed`, `tokens_generated`)."""
         m = self._m
         m.request_success.labels(self.model_name, status).inc()
-        m.prompt_tokens.inc(prompt_tokens)
-        m.generation_tokens.inc(completion_tokens)
-        m.prefix_cache_queries.inc(prompt_tokens)
-        m.prefix_cache_hits.inc(cached_tokens)
         if ttft_seconds is not None:
             m.time_to_first_token.observe(ttft_seconds)
         m.e2e_request_latency.observe(e2e_seconds)
         for seconds in inter_token_seconds:
             m.inter_token_latency.observe(seconds)
         with self._lock:
-            self._totals.update(requests=1, prompt_tokens=prompt_tokens, generation_tokens=completion_tokens,
-                                prefix_cache_queries=prompt_tokens, prefix_cache_hits=cached_tokens)
+            self._totals["requests"] += 1
             self._series.add_request(self._clock(), ttft_seconds, e2e_seconds, inter_token_seconds)
 
     def request_replayed(self, status: str, e2e_seconds: float) -> None:
