@@ -31,7 +31,7 @@ def test_the_draft_pool_is_bounded_by_its_own_option_and_a_generous_bound_says_s
     target = RunnerSpec(str(tiny_target), "torch", "cpu", threads=1, context_length=256, kv_memory=64 * 2**20)
     draft = RunnerSpec(str(tiny_draft), "torch", "cpu", threads=1, context_length=256)
     unbounded = build_engine(EngineConfig(target, draft, "model", "auto"), max_running=4, cache_ram_bytes=0)
-    assert "less than the 64 MiB allowed: 4 sequences of 256 tokens need no more" in capsys.readouterr().err
+    assert "less than the 64 MiB allowed: 4 sequences of 256 tokens, with room for their drafts, need no more" in capsys.readouterr().err
     bound = unbounded.draft.row_bytes * 16 * 20  # 20 blocks, fewer than 4 x 256 tokens need
     bounded = build_engine(EngineConfig(target, replace(draft, kv_memory=bound), "model", "auto"), max_running=4,
                            cache_ram_bytes=0)
@@ -73,7 +73,7 @@ def test_a_huge_kv_budget_for_one_sequence_is_said_plainly(tiny_target, tmp_path
     monkeypatch.setattr(build, "tokenizer_path", lambda model: model)
     target = RunnerSpec(str(tiny_target), "torch", "cpu", threads=1, context_length=256, kv_memory=10 * 2**40)
     build_engine(EngineConfig(target, None, "ngram", "auto"), max_running=1, cache_ram_bytes=0)
-    assert "less than the 10.0 TiB allowed: 1 sequence of 256 tokens needs no more" in capsys.readouterr().err
+    assert "less than the 10.0 TiB allowed: 1 sequence of 256 tokens, with room for their drafts, needs no more" in capsys.readouterr().err
 
 
 def test_a_cache_ram_the_runner_cannot_use_is_said(tiny_target, tmp_path, monkeypatch, capsys):

@@ -98,3 +98,14 @@ def test_a_requantized_draft_is_the_same_bytes_at_any_thread_count_and_drafts_lo
         assert output == reference
         drafted += stats.drafted
     assert drafted > 0
+
+
+def test_a_llamacpp_pool_smaller_than_every_full_context_says_so(small_gguf):
+    """`--max-running 8 --context-length 512` gives 2,048 cells, four full contexts, and the start
+    said nothing of it (a trial expected eight full-length requests at once); a pool that holds
+    them all says nothing."""
+    shared = LlamaCppBatchRunner(small_gguf, 8, context_length=512, threads=1)
+    assert shared.pool_tokens == 2048
+    assert shared.describe_pool().startswith("KV pool: 2048 cells shared by 8 sequences of up to 512 tokens, "
+                                             "4 at full length at once")
+    assert LlamaCppBatchRunner(small_gguf, 1, context_length=512, threads=1).describe_pool() is None

@@ -50,7 +50,7 @@ from tandem.engine.stages import commit_round, draft_all, plan_drafts
 from tandem.engine.step_budget import (STEP_TOKEN_BUDGET, Chunk, check_prefill_floor, check_step_token_budget,
                                        drafts_within, held_back_budget, largest_within, prompt_chunks, round_tokens)
 from tandem.errors import TandemError
-from tandem.models.batch_runner import BatchItem, BatchRunner, KvPoolFullError, cached_context
+from tandem.models.batch_runner import KV_HEADROOM_TOKENS, BatchItem, BatchRunner, KvPoolFullError, cached_context
 from tandem.models.cost import catch_up_ms
 from tandem.speculation.acceptance import accept_round
 from tandem.speculation.batch_depth import BatchDepthPlanner
@@ -60,7 +60,6 @@ from tandem.speculation.drafters.lockstep import LocalDraftModel, reusable
 from tandem.speculation.drafters.registry import build_drafters
 from tandem.token_ids import common_prefix
 
-KV_HEADROOM_TOKENS = 64  # per running sequence, for drafts being verified
 STUCK_STEPS = 2  # failed target calls in a row with nothing left to free before their sequences fail
 CATCH_UP_SHARE = 1.0  # beside other streams, a step's draft catch-up costs at most this share of its target call
 MIN_CATCH_UP = 8  # prompt tokens the draft model may always catch up on in a step

@@ -75,6 +75,7 @@ def load_batch_runner(spec: RunnerSpec, slots: int, cache_slots: int | None = No
     missed the draft's)."""
     spec = spec.resolved()
     runner = BATCH_LOADERS[spec.backend](spec, slots, cache_slots)
-    if hasattr(runner, "describe_pool"):
-        print(f"{runner.name}{f' ({role})' if role else ''}: {runner.describe_pool()}", file=sys.stderr)
+    pool = runner.describe_pool() if hasattr(runner, "describe_pool") else None
+    if pool is not None:
+        print(f"{runner.name}{f' ({role})' if role else ''}: {pool}", file=sys.stderr)
     return runner

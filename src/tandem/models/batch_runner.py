@@ -31,6 +31,9 @@ from tandem.models.cost import CostModel
 from tandem.models.runner import ModelRunner
 
 
+KV_HEADROOM_TOKENS = 64  # cells the engine keeps free per running sequence (and one more), for drafts being verified
+
+
 class KvPoolFullError(TandemError):
     """A batch runner's KV pool cannot hold a step; raised before the runner changes any state
     (the engine frees room, preempting its youngest sequence if it must, and steps again)."""

@@ -193,6 +193,17 @@ class LlamaCppBatchRunner:
         self._ctx.decode(self._batch)
         self._ctx.kv_cache_seq_rm(0, 0, -1)
 
+    def describe_pool(self) -> str | None:
+        """Where the pool holds fewer than every slot's full context (kv_pool_tokens: half of
+        them, at most MAX_POOL_TOKENS), how many full-length sequences it holds at once; None
+        where it holds them all."""
+        if self.pool_tokens >= self.max_slots * self.context_length:
+            return None
+        full = self.pool_tokens // self.context_length
+        return (f"KV pool: {self.pool_tokens} cells shared by {self.max_slots} sequences of up to "
+                f"{self.context_length} tokens, {full} at full length at once (half of every slot's context, "
+                f"at most {MAX_POOL_TOKENS}): more wait, or the youngest is recomputed later")
+
     def num_cached_tokens(self, slot: int) -> int:
         return self._lengths[slot]
 

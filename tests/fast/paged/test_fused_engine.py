@@ -240,3 +240,18 @@ def test_a_lone_call_that_fails_once_is_retried(tiny_target, monkeypatch):
     monkeypatch.setattr(type(target), "forward_batch", failing_once)
     outputs, finished = _run_to_end(engine)
     assert finished["r0"].finish_reason == "length" and outputs["r0"] == naive_greedy(tiny_target, PROMPTS[2], 8)
+
+
+def test_a_pool_sized_by_its_sequences_runs_them_all_at_once(tiny_target):
+    """The pool was capped at every slot's full context, while admission keeps a headroom of
+    cells per running sequence for drafts: with prompts near the context, one of four slots never
+    ran (a trial's 2 GiB budget, 90 MiB used, said the four sequences 'need no more')."""
+    target = fused_runner(tiny_target, slots=4, context=128)
+    engine = BatchEngine(target, None, "none")
+    rng = random.Random(8)
+    for index in range(4):
+        engine.add(f"r{index}", GenerationRequest(tuple(rng.randrange(VOCAB) for _ in range(118)), max_tokens=8))
+    most_running = 0
+    while engine.has_work:
+        most_running = max(most_running, engine.step()[1].running)
+    assert most_running == 4

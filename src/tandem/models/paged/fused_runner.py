@@ -25,7 +25,7 @@ import torch
 
 from tandem.errors import TandemError
 from tandem.memory_size import MIB, human_size
-from tandem.models.batch_runner import BatchItem
+from tandem.models.batch_runner import KV_HEADROOM_TOKENS, BatchItem
 from tandem.models.cost import CostModel
 from tandem.models.host_bytes import bytes_buffer, new_bytes
 from tandem.models.paged.decoder import PagedDecoder
@@ -58,7 +58,8 @@ class FusedTorchRunner:
         self.cache_slots = max(cache_slots or max_slots, max_slots)  # block tables: running + resident
         self.cost = CostModel()
         row_bytes = PagedKvCache.bytes_per_row(config.num_layers, config.num_kv_heads, config.head_dim, decoder.dtype)
-        wanted_blocks = -(-max_slots * self.context_length // BLOCK_SIZE)
+        # every slot's full context, and the headroom the engine admits with (all slots could not run otherwise)
+        wanted_blocks = -(-(max_slots * self.context_length + KV_HEADROOM_TOKENS * (max_slots + 1)) // BLOCK_SIZE)
         budget = kv_budget_bytes(decoder.device, kv_memory)
         num_blocks = min(wanted_blocks, budget // (row_bytes * BLOCK_SIZE))
         if num_blocks * BLOCK_SIZE < self.context_length:
@@ -93,7 +94,8 @@ class FusedTorchRunner:
         if self.kv_memory_asked is not None and self.kv_bytes + self.row_bytes * BLOCK_SIZE <= self.kv_memory_asked:
             sequences = f"{self.max_slots} sequence{'s' if self.max_slots != 1 else ''}"
             pool += (f" (less than the {human_size(self.kv_memory_asked)} allowed: {sequences} of "
-                     f"{self.context_length} tokens need{'s' if self.max_slots == 1 else ''} no more)")
+                     f"{self.context_length} tokens, with room for their drafts, need{'s' if self.max_slots == 1 else ''} "
+                     f"no more)")
         return pool
 
     def num_cached_tokens(self, slot: int) -> int:
