@@ -32,6 +32,7 @@ depend on what else is running or how its prompt was chunked (fused llama.cpp ba
 differ on near-ties: measured in the tests and docs/design.md).
 """
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -60,6 +61,8 @@ from tandem.speculation.drafters.lockstep import LocalDraftModel, reusable
 from tandem.speculation.drafters.registry import build_drafters
 from tandem.token_ids import common_prefix
 
+log = logging.getLogger(__name__)
+PREEMPTIONS_SAID_EVERY = 50  # a warning at the first preemption and each this many after (as vLLM's)
 STUCK_STEPS = 2  # failed target calls in a row with nothing left to free before their sequences fail
 CATCH_UP_SHARE = 1.0  # beside other streams, a step's draft catch-up costs at most this share of its target call
 MIN_CATCH_UP = 8  # prompt tokens the draft model may always catch up on in a step
@@ -90,6 +93,7 @@ class BatchEngine(SequencePool):
         self.slots = self.prompt_cache.slots
         self.kv_tight = False  # the pool overflowed since a sequence last finished: admit nothing
         self.failed_unfreed = 0  # target calls failed in a row where nothing could be freed for the next
+        self.preempted = 0  # sequences put back in the queue for KV room, since the engine started
         self.wave: set[str] = set()  # prompts let through together, still prefilling: nothing held back
         # called on the engine's thread right before a step's model calls, where it leaves Python
         # for the kernels (EngineWorker hands the last step's updates to the event loop there)
@@ -175,7 +179,7 @@ class BatchEngine(SequencePool):
             return self._step()
 
     def _step(self) -> tuple[list[SequenceUpdate], StepReport]:
-        started_at, start = time.time(), time.perf_counter()
+        started_at, start, preempted = time.time(), time.perf_counter(), self.preempted
         self.prompt_cache.evict_idle(len(self.running))
         self._admit()
         budget = self._step_budget()
@@ -208,7 +212,10 @@ class BatchEngine(SequencePool):
         self.planner.observe_overhead((step_seconds - draft_seconds - verify_seconds) * 1000)
         report = StepReport(started_at, step_seconds, 0.0, draft_seconds, verify_seconds, len(self.running),
                             len(self.waiting), sum(len(d.token_ids) + 1 for d in drafts), tuple(reports),
-                            prefilled, draft_forwards=draft_forwards, prefill_tokens=prefill_tokens)
+                            prefilled, draft_forwards=draft_forwards, prefill_tokens=prefill_tokens,
+                            preempted=self.preempted - preempted,
+                            kv_cells_used=sum(len(self.slots.cached[seq.slot]) for seq in self.running.values()),
+                            kv_pool_cells=getattr(self.target, "pool_tokens", 0))
         return updates, report
 
     def _ahead_model(self):
@@ -467,6 +474,11 @@ class BatchEngine(SequencePool):
         youngest.slot, youngest.unprefilled, youngest.draft_cached = -1, (), []
         self.waiting.appendleft(youngest)
         self.kv_tight = True
+        self.preempted += 1
+        if self.preempted % PREEMPTIONS_SAID_EVERY == 1:
+            log.warning("a request went back to the queue for KV room (%d so far): its prompt and output are "
+                        "recomputed when it runs again; fewer --max-running (or, on torch, more --kv-memory) "
+                        "avoids it", self.preempted)
         return []
 
     def _fail(self, seq: Sequence, message: str) -> SequenceUpdate:

@@ -255,3 +255,15 @@ def test_a_pool_sized_by_its_sequences_runs_them_all_at_once(tiny_target):
     while engine.has_work:
         most_running = max(most_running, engine.step()[1].running)
     assert most_running == 4
+
+
+def test_steps_report_preemptions_and_the_pools_cells_in_use(tiny_target, monkeypatch, caplog):
+    engine, small, _ = overflowing(tiny_target, monkeypatch, "none")
+    reports = []
+    with caplog.at_level("WARNING", logger="tandem.engine.batch_engine"):
+        while engine.has_work:
+            reports.append(engine.step()[1])
+    assert sum(r.preempted for r in reports) == engine.preempted >= 1
+    assert all(r.kv_pool_cells == small.pool_tokens and 0 <= r.kv_cells_used <= r.kv_pool_cells for r in reports)
+    assert max(r.kv_cells_used for r in reports) > small.pool_tokens // 2 and reports[-1].kv_cells_used == 0
+    assert "went back to the queue for KV room (1 so far)" in caplog.text

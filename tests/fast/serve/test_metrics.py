@@ -358,3 +358,15 @@ def test_an_idle_seconds_latency_is_its_own_window_so_old_requests_leave_the_cha
     assert ttft[T0 + 59] == pytest.approx(0.4) and ttft[T0 + 60] == 0.5  # the first left at 60 s
     assert ttft[T0 + 80] is None and ttft[T0 + 119] is None  # both gone, as the tiles say
     assert snapshot["latency"]["ttft"]["count"] == 0
+
+
+def test_preemptions_and_kv_usage_are_exported():
+    """Preemption was invisible outside the engine (a trial forced two: no counter, no gauge, no
+    log); vLLM exports both under these names."""
+    metrics = ServingMetrics(MODEL, clock=FakeClock())
+    metrics.observe_step(dataclasses.replace(step(T0), preempted=1, kv_cells_used=300, kv_pool_cells=1200))
+    metrics.observe_step(dataclasses.replace(step(T0 + 1), preempted=2, kv_cells_used=600, kv_pool_cells=1200))
+    metrics.observe_step(step(T0 + 2))  # a report without a pool (a cluster's router): the gauge stays
+    s = samples(metrics)
+    assert s[("tandem:num_preemptions_total", frozenset())] == 3
+    assert s[("tandem:kv_cache_usage_perc", frozenset())] == 0.5

@@ -32,6 +32,10 @@ class Instruments:
         # requests
         self.num_requests_running = gauge("num_requests_running", "Sequences in the engine's running batch.")
         self.num_requests_waiting = gauge("num_requests_waiting", "Requests queued, not yet admitted.")
+        self.num_preemptions = counter("num_preemptions", "Running sequences put back in the queue for KV room "
+                                       "(their prompt and output recomputed when they run again).")
+        self.kv_cache_usage = gauge("kv_cache_usage_perc", "Share of the target's KV pool the running sequences "
+                                    "hold, 0 to 1 (retained prompt caches, evicted first, not counted).")
         self.request_success = counter("request_success", "Finished requests by finish reason.", "finished_reason")
         self.request_rejected = counter("request_rejected", "Requests refused before the engine, by HTTP status.",
                                         "http_status")

@@ -174,6 +174,10 @@ class ServingMetrics:
         m = self._m
         self._set_queue(report.running, report.waiting)
         m.engine_step_seconds.observe(report.step_seconds)
+        if report.preempted:
+            m.num_preemptions.inc(report.preempted)
+        if report.kv_pool_cells:
+            m.kv_cache_usage.set(report.kv_cells_used / report.kv_pool_cells)
         if report.prefilled or report.prefill_tokens:
             m.prompt_steps.inc()
         if report.prefill_seconds > 0:  # a call of its own (prompt chunks riding in the verify call are in verify's)
