@@ -78,6 +78,14 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["simulate", "--cluster", CLUSTER, "--measured", "{list}"], "JSON object"),
     (["simulate", "--cluster", CLUSTER, "--measured", "{text}"], "must be numbers"),
     (["simulate", "--cluster", CLUSTER, "--measured", "{binary}"], "cannot read the measured run"),
+    (["simulate", "--cluster", CLUSTER, "--measured", "{tmp}/nope.json"],
+     "nope.json: No such file or directory"),  # said Python's "[Errno 2] ... 'nope.json'"
+    (["simulate", "--scaling", CLUSTER, "--out", "{tmp}", "--json"], "--json applies only with --cluster"),  # ignored
+    (["simulate", "--cluster", CLUSTER, "--prompt-tokens", "100000", "--out", "{tmp}/never"],
+     "--prompt-tokens 100000: 100128 tokens a sequence, more than the"),  # priced as a latency
+    (["simulate", "--scaling", CLUSTER, "--max-tokens", "100000", "--out", "{tmp}/never"], "more than the"),
+    (["simulate", "--scaling", CLUSTER, "--out", "{tmp}/never", "--sizes", "1,100000000"],
+     "--sizes 100000000: the cluster at that size"),  # named an inner replica count, after the smaller sizes ran
     (["simulate", "--cluster", CLUSTER, "--out", "{not_a_folder}"], "cannot create the output folder"),
     (["plan", "--cluster", "{binary}"], "not UTF-8"),
     (["plan", "--cluster", "{control}"], "is not allowed"),

@@ -81,7 +81,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--sizes", type=int_list(), default=None, help="--scaling: comma-separated device counts (default "
                         "1,2,4,8,16,32,64)")  # scaling.SWEEP_SIZES (a test checks), not imported for --help
     parser.add_argument("--waves", type=whole_number(1), default=None, help=f"--scaling: requests per planned batch slot (default {DEFAULT_WAVES})")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--json", action="store_true", help="--cluster: print the result as JSON")
     parser.add_argument("--out", help="folder for simulation.json (or the scaling files)")
     parser.set_defaults(func=run)
 
@@ -94,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
         raise TandemError(f"{' and '.join(only_scaling)} {'apply' if len(only_scaling) > 1 else 'applies'} only with --scaling")
     if args.scaling and args.measured:
         raise TandemError("--measured applies only with --cluster (a sweep has no one measured run)")
+    if args.scaling and args.json:
+        raise TandemError("--json applies only with --cluster (a sweep writes scaling.json into --out)")
     only_cluster = [option for option, value in (
         ("--shared-prefix-tokens", args.shared_prefix_tokens), ("--rate", args.rate), ("--concurrency", args.concurrency),
         ("--requests", args.requests), ("--k", args.k), ("--max-running", args.max_running),
@@ -111,14 +113,34 @@ def run(args: argparse.Namespace) -> int:
                  if value is not None]
         if given:
             raise TandemError(f"--conversations replays a run's own requests: leave out {', '.join(given)}")
-    if args.out:
-        from tandem.cluster.config.load import load_cluster
+    from tandem.cluster.config.load import load_cluster
 
-        load_cluster(args.scaling or args.cluster)  # a bad file leaves no output folder behind
+    spec = load_cluster(args.scaling or args.cluster)  # a bad file leaves no output folder behind
+    if args.scaling and args.sizes:
+        from tandem.cluster.sim.scaling import check_sizes
+
+        check_sizes(spec, args.sizes)
+    _check_context(spec, args.prompt_tokens, args.max_tokens)
+    if args.out:
         prepare_out_dir(Path(args.out))  # before the work, not after it
     if args.scaling:
         return _scaling(args)
     return _simulate(args)
+
+
+def _check_context(spec, prompt_tokens: int | None, max_tokens: int | None) -> None:
+    """Refuse requests longer than a catalog model of the cluster can hold (a server answers
+    them 400; priced anyway, a 100,000-token prompt on an 8,192-token model read as a latency)."""
+    from tandem.models.catalog import CATALOG
+
+    needed = (prompt_tokens or 0) + (DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens)
+    models = {name for w in spec.workers for name in (w.model, w.draft_model) if name in CATALOG}
+    for name in sorted(models, key=lambda name: CATALOG[name].context_length):
+        if needed > CATALOG[name].context_length:
+            given = " and ".join(f"{option} {value}" for option, value in (("--prompt-tokens", prompt_tokens),
+                                                                            ("--max-tokens", max_tokens)) if value)
+            raise TandemError(f"{given or 'the requests'}: {needed} tokens a sequence, more than the "
+                              f"{CATALOG[name].context_length} that {name} holds (a server refuses such a request)")
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -203,12 +225,14 @@ def _scaling(args: argparse.Namespace) -> int:
     max_tokens = DEFAULT_MAX_TOKENS if args.max_tokens is None else args.max_tokens
     options = _checked(lambda: SweepOptions(sizes, waves, max_tokens, prompts, args.acceptance,
                                             _fused(args.batching, default=True), seed=args.seed))
-    result = sweep(load_cluster(args.scaling), options)
-    paths = write_scaling(result, args.out)
-    for row in result["rows"]:
+    def row_line(row: dict) -> None:
         print(f"{row['devices']:3d} devices  {row['mode']:11s}  {row['plan']['drafter']:12s}  "
               f"steady {steady(row):>10,.0f} tok/s  whole run {row['throughput_tok_s']:>10,.0f} tok/s  "
-              f"p50 {row['latency_ms']['p50']:>7,.0f} ms")
+              f"p50 {row['latency_ms']['p50']:>7,.0f} ms", flush=True)
+
+    result = sweep(load_cluster(args.scaling), options, said=lambda line: print(line, file=sys.stderr, flush=True),
+                   on_row=row_line)  # each row as its size is done: a large size simulates for minutes
+    paths = write_scaling(result, args.out)
     print(f"wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
     return 0
 
@@ -292,9 +316,19 @@ def _as_simulated(simulation) -> dict:
     return {"verifiers": [{"device": v.device.name, "drafter": v.drafter, "max_batch": v.max_batch,
                            "fused": v.device.fused} for v in simulation.verifiers],
             "requests": workload.num_requests, "concurrency": workload.concurrency, "rate_per_s": workload.rate_per_s,
-            "prompt_tokens": getattr(prompts, "tokens", None) or f"drawn ({type(prompts).__name__})",
+            "prompt_tokens": _lengths(prompts),
             "fixed_k": simulation.depth.fixed_k, "step_overhead_ms": simulation.step_overhead_ms,
             "seed": simulation.seed}
+
+
+def _lengths(model) -> int | dict:
+    """A fixed prompt length, or how lengths were drawn: from which values, in order or at random."""
+    tokens = getattr(model, "tokens", None)
+    if tokens is not None:
+        return tokens
+    values = model.values
+    return {"drawn": "in order" if type(model).__name__ == "RecordedLengths" else "at random",
+            "from": len(values), "min": min(values), "mean": round(sum(values) / len(values), 1), "max": max(values)}
 
 
 def _fused(batching: str | None, default: bool | None) -> bool | None:

@@ -161,7 +161,7 @@ class LlamaCppBatchRunner:
         self.cache_slots = max(cache_slots or max_slots, max_slots)  # sequence ids: running + resident
         if self.cache_slots > MAX_SEQUENCES:
             raise TandemError(f"llama.cpp holds at most {MAX_SEQUENCES} sequences in one context, {self.cache_slots} "
-                              "were asked for: lower --max-running (or bench-step's --batches)")
+                              "were asked for: lower --max-running (or bench-step's and profile's --batches)")
         params.n_seq_max = self.cache_slots
         params.kv_unified = True
         params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED  # see the module notes

@@ -107,8 +107,11 @@ def test_scaling_keeps_the_mix_and_a_verifier():
 
 def test_a_small_sweep_writes_its_files(tmp_path):
     options = SweepOptions(sizes=(1, 2), waves=1, output_tokens=16, prompt_tokens=FixedLength(16))
-    result = sweep(mixed_cluster(), options)
+    said, rows = [], []
+    result = sweep(mixed_cluster(), options, said=said.append, on_row=rows.append)
     assert [(r["devices"], r["mode"]) for r in result["rows"]] == [(1, "independent"), (2, "independent")]
+    assert rows == result["rows"]  # each told as its size was done (a large size ran for minutes in silence)
+    assert [line.split(":")[0] for line in said] == ["1 devices", "2 devices"]
     assert all(r["throughput_tok_s"] > 0 for r in result["rows"])
     assert all(p["source"] == "public-spec" for p in result["profiles"].values())
     paths = write_scaling(result, tmp_path)
@@ -348,3 +351,14 @@ def test_the_header_says_the_depth_that_ran_not_the_plans_estimate(capsys):
     assert "k auto per round; the plan estimated k=" in header
     assert main(["simulate", "--cluster", hetero, "--requests", "4", "--max-tokens", "16", "--k", "3"]) == 0
     assert capsys.readouterr().out.splitlines()[0].endswith("(plan: ngram, k=3)")
+
+
+def test_drawn_prompt_lengths_are_recorded_as_figures(tmp_path, capsys):
+    """simulation.json said "drawn (EmpiricalLengths)", a class name, where the default workload's
+    lengths were drawn."""
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text(f"workers:\n  - {{name: g, role: verify, model: {TARGET}, backend: torch, device: cuda,"
+                       " dtype: bf16, hardware: l4}\ndrafter: ngram\n")
+    assert main(["simulate", "--cluster", str(cluster), "--requests", "4", "--max-tokens", "8", "--json"]) == 0
+    drawn = json.loads(capsys.readouterr().out)["simulated"]["prompt_tokens"]
+    assert drawn["drawn"] == "at random" and 1 <= drawn["min"] <= drawn["mean"] <= drawn["max"] and drawn["from"] > 1

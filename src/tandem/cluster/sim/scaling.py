@@ -11,6 +11,7 @@ verifies a batch one sequence at a time today, which no 64-device deployment wou
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tandem.bench.workload import DEFAULT_WORKLOAD
@@ -77,15 +78,32 @@ def scaled_spec(spec: ClusterSpec, devices: int) -> ClusterSpec:
                                profiles={k: v for k, v in spec.profiles.items() if k in names})
 
 
-def sweep(spec: ClusterSpec, options: SweepOptions = SweepOptions()) -> dict:
-    """Rows of the sweep (one per size and mode) and what they rest on."""
+def check_sizes(spec: ClusterSpec, sizes: tuple[int, ...]) -> None:
+    """Refuse, before any work, a size whose scaled cluster is no valid cluster (a worker past
+    its replica bound), naming the size."""
+    for devices in sizes:
+        try:
+            scaled_spec(spec, devices)
+        except (TandemError, ValueError) as error:
+            raise TandemError(f"--sizes {devices}: the cluster at that size is not one Tandem runs ({error})") from None
+
+
+def sweep(spec: ClusterSpec, options: SweepOptions = SweepOptions(),
+          said: Callable[[str], None] | None = None, on_row: Callable[[dict], None] | None = None) -> dict:
+    """Rows of the sweep (one per size and mode) and what they rest on. `said` hears a line as
+    each size starts (a large one simulates for minutes), `on_row` each row as it is done."""
     prompts = options.prompt_tokens or workload_prompt_lengths(DEFAULT_WORKLOAD)
     rows = []
     for devices in options.sizes:
         scaled = scaled_spec(spec, devices)
         plan = plan_cluster(scaled, cluster_profiles(scaled), _plan_options(scaled, options))
         for mode in options.modes:
+            if said is not None:
+                slots = _slots(plan)
+                said(f"{devices} devices: {options.waves * slots} requests at concurrency {slots}, simulating ...")
             rows.append(_point(scaled, plan, devices, mode, prompts, options))
+            if on_row is not None:
+                on_row(rows[-1])
     profiles = cluster_profiles(spec)
     return {"cluster": spec.source, "rows": rows, "options": _describe(options, prompts),
             "profiles": {f"{w}:{m}": {"source": p.source, "hardware": p.hardware, "citation": p.citation}
@@ -99,7 +117,7 @@ def _plan_options(spec: ClusterSpec, options: SweepOptions):
 
 def _point(spec: ClusterSpec, plan: Plan, devices: int, mode: str, prompts: LengthModel, options: SweepOptions) -> dict:
     placement = plan.chosen
-    slots = sum(a.replicas * a.step.batch for a in placement.assignments)
+    slots = _slots(plan)
     workload = Workload(options.waves * slots, prompts, FixedLength(options.output_tokens), concurrency=slots)
     cluster_options = SimOptions(acceptance=options.acceptance, fused=options.fused,
                                  use_plan_k=options.use_plan_k, seed=options.seed)
@@ -115,6 +133,11 @@ def _point(spec: ClusterSpec, plan: Plan, devices: int, mode: str, prompts: Leng
         "itl_ms": result.itl_ms, "mean_k": result.mean_k, "acceptance": result.acceptance,
         "utilisation": _by_worker(result.utilisation), "wall_s": round(time.perf_counter() - started, 2),
     }
+
+
+def _slots(plan: Plan) -> int:
+    """The planned batch slots of every verifier: the sweep's concurrency."""
+    return sum(a.replicas * a.step.batch for a in plan.chosen.assignments)
 
 
 def _by_worker(utilisation: dict[str, float]) -> dict[str, float]:

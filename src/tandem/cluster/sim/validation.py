@@ -112,7 +112,8 @@ class MeasuredRun:
         try:
             return cls.from_json(json.loads(Path(path).read_text()))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise TandemError(f"cannot read the measured run {path}: {error}") from None
+            said = error.strerror if isinstance(error, OSError) and error.strerror else error
+            raise TandemError(f"cannot read the measured run {path}: {said}") from None
 
 
 def _prefix(entry) -> tuple[int, int] | None:
