@@ -110,3 +110,12 @@ def test_attention_runs_without_cudnn_which_plans_every_new_context_length(tiny_
         runner.forward_batch([BatchItem(0, (5, 6, 7), 3), BatchItem(1, (8,), 1)])
         assert torch.backends.cuda.cudnn_sdp_enabled()  # the choice holds inside a step only
     assert seen and all(cudnn is False and math is True for cudnn, math in seen)
+
+
+def test_a_budget_just_below_one_context_says_sizes_that_differ(tiny_target):
+    """Both sizes rounded alike: "a KV budget of 22 MiB ... one context of 512 (22 MiB)"."""
+    needed = _fused(tiny_target).row_bytes * 256
+    with pytest.raises(TandemError) as error:
+        _fused(tiny_target, kv_memory=needed - 1)
+    budget, context = re.match(r"a KV budget of (\S+ \S+) holds .*? \((\S+ \S+)\)", str(error.value)).groups()
+    assert budget != context, error.value

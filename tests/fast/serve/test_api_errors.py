@@ -516,6 +516,9 @@ async def test_prompt_longer_than_the_context_is_400_naming_the_numbers():
             response = await client.post("/v1/completions", json=completion_body(prompt="x" * 600))
             error = assert_error(response, 400, param="prompt", code="context_length_exceeded")
             assert "600" in error["message"] and str(CONTEXT) in error["message"]
+            response = await client.post("/v1/completions", json=completion_body(prompt="x" * CONTEXT))
+            said = assert_error(response, 400, param="prompt", code="context_length_exceeded")["message"]
+            assert f"at most {CONTEXT - 1} tokens" in said, said  # "has 512 tokens but ... is 512 tokens"
             response = await client.post("/v1/chat/completions", json=chat_body(
                 messages=[{"role": "user", "content": "y" * CONTEXT}]))
             assert_error(response, 400, param="messages", code="context_length_exceeded")

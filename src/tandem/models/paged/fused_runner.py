@@ -64,8 +64,9 @@ class FusedTorchRunner:
         num_blocks = min(wanted_blocks, budget // (row_bytes * BLOCK_SIZE))
         if num_blocks * BLOCK_SIZE < self.context_length:
             needed = self.context_length * row_bytes
-            raise TandemError(f"a KV budget of {human_size(budget)} holds {num_blocks * BLOCK_SIZE} tokens, less than "
-                              f"one context of {self.context_length} ({human_size(needed)}): raise --kv-memory to "
+            said_budget, said_needed = _apart(budget, needed)
+            raise TandemError(f"a KV budget of {said_budget} holds {num_blocks * BLOCK_SIZE} tokens, less than "
+                              f"one context of {self.context_length} ({said_needed}): raise --kv-memory to "
                               f"at least {-(-needed // MIB)}M, or lower --context-length")
         self.blocks = BlockManager(num_blocks, BLOCK_SIZE, self.cache_slots)
         self.cache = PagedKvCache(config.num_layers, num_blocks * BLOCK_SIZE, config.num_kv_heads,
@@ -186,3 +187,11 @@ class FusedTorchRunner:
 
     def _empty(self) -> torch.Tensor:
         return torch.zeros((0, self.vocab_size), dtype=torch.float32, device=self.device)
+
+
+def _apart(first: int, second: int) -> tuple[str, str]:
+    """Two byte sizes said finely enough to differ ("22 MiB ... (22 MiB)" read as a contradiction)."""
+    for said in (human_size, lambda n: f"{n / MIB:.2f} MiB", lambda n: f"{n / 1024:.1f} KiB", lambda n: f"{n} bytes"):
+        if said(first) != said(second):
+            return said(first), said(second)
+    return human_size(first), human_size(second)

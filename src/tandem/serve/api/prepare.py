@@ -137,8 +137,9 @@ def _new_token_limit(context: int, prompt_tokens: int, body: SamplingFields, pro
         raise APIError(400, "the prompt is empty: give at least one token of input", param=prompt_param,
                        code="invalid_value")
     if prompt_tokens >= context:
-        raise APIError(400, f"the prompt has {_tokens(prompt_tokens)} but this model's context is {context} "
-                       "tokens: shorten the prompt", param=prompt_param, code="context_length_exceeded")
+        raise APIError(400, f"the prompt has {_tokens(prompt_tokens)} and this model's context is {context} "
+                       f"tokens, prompt and answer: shorten the prompt to at most {context - 1} tokens",
+                       param=prompt_param, code="context_length_exceeded")
     room = context - prompt_tokens
     requested = body.new_token_limit()
     if requested is None:
