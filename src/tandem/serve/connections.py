@@ -14,7 +14,8 @@ body as it came and re-armed its keep-alive clock at each packet, so a client tr
 after its error held the socket for ever. The server half-closes at once (the client reads the
 answer and its end), drops what still comes for LINGER_S, then closes: closing at once, with
 body bytes arriving, could reset the connection before the client read its answer (nginx's
-lingering close).
+lingering close). A request framed both by Content-Length and Transfer-Encoding is answered
+and its connection closed, as RFC 9112 asks (a proxy in front may have read its body otherwise).
 """
 
 import logging
@@ -58,6 +59,9 @@ class HeaderTimedH11Protocol(H11Protocol):
         if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
             self._linger()  # answered before its body was read: the rest is not waited for
             return
+        if _framed_twice(getattr(self, "scope", None)) and not self.transport.is_closing():
+            self.transport.close()  # RFC 9112 6.1: a proxy may have framed it otherwise (request smuggling)
+            return
         self._start_header_clock()  # the next request's, on a kept-alive connection
 
     def _linger(self) -> None:
@@ -81,6 +85,13 @@ class HeaderTimedH11Protocol(H11Protocol):
         self._header_deadline = None
         if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
             self.transport.close()
+
+
+def _framed_twice(scope: dict | None) -> bool:
+    """Whether the request said both Content-Length and Transfer-Encoding: the server must close
+    the connection after answering it (RFC 9112, section 6.1)."""
+    names = {name.lower() for name, _ in (scope or {}).get("headers", ())}
+    return b"content-length" in names and b"transfer-encoding" in names
 
 
 def raise_open_file_limit() -> int:

@@ -107,6 +107,20 @@ def test_a_response_sent_before_the_body_was_read_ends_the_connection(port):
             time.sleep(0.05)
 
 
+def test_a_request_framed_by_both_length_and_chunks_is_answered_then_closed(port):
+    """RFC 9112 6.1: a server that answers such a request must close the connection after it
+    (it was kept alive: a request smuggled behind a proxy that read the framing otherwise)."""
+    conn = socket.create_connection(("127.0.0.1", port))
+    conn.sendall(b"POST / HTTP/1.1\r\nHost: local\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
+                 b"3\r\nabc\r\n0\r\n\r\n")
+    conn.settimeout(5)
+    answer = b""
+    while not answer.endswith(b"\r\n\r\n3"):
+        answer += conn.recv(1024)
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert closed_within(conn, HEADER_TIMEOUT_S / 2)  # at once, not when the next request's header clock ends
+
+
 def test_refused_accepts_are_said_once_a_while_with_their_count(caplog):
     clock = [0.0]
     handler = AcceptErrorsSaidOnce(clock=lambda: clock[0])
