@@ -64,6 +64,11 @@ class HeaderTimedH11Protocol(H11Protocol):
             return
         self._start_header_clock()  # the next request's, on a kept-alive connection
 
+    def _unsupported_upgrade_warning(self) -> None:
+        """uvicorn's own line only: its second, advice to install a WebSocket library, is wrong
+        for a server with no WebSocket routes (a client's upgrade is answered as plain HTTP)."""
+        self.logger.warning("Unsupported upgrade request.")
+
     def _linger(self) -> None:
         """Half-close after the answer, drop what still comes, close after linger_s (module notes)."""
         self._stop_header_clock()

@@ -121,6 +121,23 @@ def test_a_request_framed_by_both_length_and_chunks_is_answered_then_closed(port
     assert closed_within(conn, HEADER_TIMEOUT_S / 2)  # at once, not when the next request's header clock ends
 
 
+def test_a_websocket_upgrade_is_one_warning_without_install_advice(port):
+    """It wrote two lines, the second telling the operator to install a WebSocket library for a
+    server that has no WebSocket routes."""
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logging.getLogger("uvicorn.error").addHandler(handler)
+    try:
+        conn = socket.create_connection(("127.0.0.1", port))
+        conn.sendall(b"GET / HTTP/1.1\r\nHost: local\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+        conn.settimeout(5)
+        assert conn.recv(1024).startswith(b"HTTP/1.1 200")  # answered as plain HTTP
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(handler)
+    assert lines == ["Unsupported upgrade request."], lines
+
+
 def test_refused_accepts_are_said_once_a_while_with_their_count(caplog):
     clock = [0.0]
     handler = AcceptErrorsSaidOnce(clock=lambda: clock[0])
