@@ -5,7 +5,9 @@ Each verifier replica gets its best draft source: its own draft model beside it 
 worker, no round trip) or a draft worker's replica (paying the groups' round trip), as long as
 that drafter has time left (a draft replica is shared by verifiers while their drafting keeps
 it busy less than 100% of the time); replicas that gain most from drafting are served first. A
-replica left without a drafter decodes plainly (k = 0). Each replica runs the batch size that
+replica left without a drafter, or (where the planner chooses the drafter) on which drafting at
+the placement's k would make fewer tokens a second than decoding plainly (a CPU beside a GPU,
+where verifying k + 1 tokens costs nearly k + 1 decodes), decodes plainly (k = 0). Each replica runs the batch size that
 gives the most tokens/s with its per-token latency within the target; a replica that cannot
 meet the target even at batch 1 is left idle. Everything is a prediction (prediction.py).
 """
@@ -86,10 +88,15 @@ class PlacementPricer:
 
     def __init__(self, spec: ClusterSpec, costs: Mapping[tuple[str, str], WorkerCost],
                  acceptance: Mapping[str, float], context: int, overhead_ms: float,
-                 latency_target_ms: float | None, max_batch: int | None):
+                 latency_target_ms: float | None, max_batch: int | None, plain_where_better: bool = False,
+                 by_latency: bool = False):
+        """plain_where_better: a replica decodes plainly where drafting would make it slower (by
+        tokens a second, or `by_latency` by its latency) than plain decoding does (the planner
+        choosing the drafter; a kind the file fixes drafts wherever it can)."""
         self.spec, self.costs, self.acceptance = spec, costs, acceptance
         self.context, self.overhead_ms = context, overhead_ms
         self.latency_target_ms, self.max_batch = latency_target_ms, max_batch
+        self.plain_where_better, self.by_latency = plain_where_better, by_latency
         self._best: dict[tuple, StepPrediction | None] = {}
 
     def price(self, kind: DrafterSpec, k: int, verify: Mapping[str, int], draft: Mapping[str, int]) -> Placement:
@@ -113,8 +120,11 @@ class PlacementPricer:
         none = DraftSource(DRAFTERS["none"], 0.0, "none")
         sources = [self._source(kind, worker, where) for where in self._wheres(worker, kind, capacity)]
         options = [(step, s) for s in sources if (step := self.best_step(worker, s, k)) is not None]
-        options.sort(key=lambda pair: pair[0].tokens_per_s, reverse=True)
         plain = self.best_step(worker, none, 0)
+        if plain is not None and self.plain_where_better:  # it drafts only where that beats decoding plainly
+            options = [(step, s) for step, s in options if (step.latency_ms < plain.latency_ms if self.by_latency
+                                                            else step.tokens_per_s > plain.tokens_per_s)]
+        options.sort(key=lambda pair: pair[0].tokens_per_s, reverse=True)
         return _Replica(worker, tuple(options), None if plain is None else (plain, none))
 
     def _wheres(self, worker: WorkerSpec, kind: DrafterSpec, capacity: Mapping[str, float]) -> list[str]:

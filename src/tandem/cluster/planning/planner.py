@@ -11,6 +11,7 @@ If no candidate meets the target, the plan with the lowest latency (one sequence
 replica) is returned and marked so.
 """
 
+import copy
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -100,7 +101,7 @@ def plan_cluster(spec: ClusterSpec, profiles: Mapping[tuple[str, str], DevicePro
     meets = bool(feasible)
     if not meets:  # nothing meets the target: the lowest-latency plans, one sequence per replica
         alone = PlacementPricer(spec, costs, options.acceptance, options.context_tokens, options.overhead_ms,
-                                None, max_batch=1)
+                                None, max_batch=1, plain_where_better=_chooses_drafter(options), by_latency=True)
         feasible = _search(spec, alone, options, _splits(spec))
     ranked = _without_fallbacks(_best_per_label(feasible, by_latency=not meets))
     naive, note = _naive(spec, profiles, costs, options, None if meets else alone)
@@ -129,7 +130,19 @@ def _runners_up(ranked: list[Placement], count: int) -> tuple[Placement, ...]:
 
 def _pricer(spec, costs, options: PlanOptions, target: float | None) -> PlacementPricer:
     return PlacementPricer(spec, costs, options.acceptance, options.context_tokens, options.overhead_ms,
-                           target, options.max_batch)
+                           target, options.max_batch, plain_where_better=_chooses_drafter(options))
+
+
+def _as_written(pricer: PlacementPricer) -> PlacementPricer:
+    """The same pricer drafting wherever it can: the article's rule as it is written."""
+    written = copy.copy(pricer)
+    written.plain_where_better = False
+    return written
+
+
+def _chooses_drafter(options: PlanOptions) -> bool:
+    """Whether the planner picks the drafter (the file's `drafter: auto`), rather than the file."""
+    return len(options.drafters) > 1
 
 
 def _search(spec: ClusterSpec, pricer: PlacementPricer, options: PlanOptions,
@@ -184,9 +197,9 @@ def _naive(spec, profiles, costs, options: PlanOptions,
     roles = [naive_roles(spec, scores)]
     within = _pricer(spec, costs, options, options.latency_target_ms)
     fallback = alone or _pricer(spec, costs, options, None)  # where the target rules every placement out
-    article = within.price(drafter_spec(NAIVE_DRAFTER), NAIVE_K, *roles[0])
+    article = _as_written(within).price(drafter_spec(NAIVE_DRAFTER), NAIVE_K, *roles[0])
     if article.tokens_per_s == 0:
-        article = fallback.price(drafter_spec(NAIVE_DRAFTER), NAIVE_K, *roles[0])
+        article = _as_written(fallback).price(drafter_spec(NAIVE_DRAFTER), NAIVE_K, *roles[0])
     tuned = [p for p in _search(spec, within, options, roles) if p.tokens_per_s > 0]
     if tuned:
         best = _best_per_label(tuned, by_latency=False)[0]
