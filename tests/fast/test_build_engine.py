@@ -59,11 +59,17 @@ def test_a_runners_pool_line_names_its_role(monkeypatch, capsys):
     from tandem.models import batch_backends
     from tandem.models.backends import RunnerSpec
 
-    pooled = SimpleNamespace(name="m [torch-fused/cpu/fp32/x1]", describe_pool=lambda: "KV pool: 180 MiB on cpu")
+    pooled = SimpleNamespace(name="m [torch-fused/cpu/fp32/x1]", describe_pool=lambda: "KV pool: 180 MiB on cpu",
+                             kv_memory_asked=None)
     monkeypatch.setitem(batch_backends.BATCH_LOADERS, "torch", lambda spec, slots, cache_slots: pooled)
     spec = RunnerSpec("smollm2-135m-instruct", "torch", "cpu", "fp32", 1)
     batch_backends.load_batch_runner(spec, 1, role="draft, --draft-kv-memory")
     assert "m [torch-fused/cpu/fp32/x1] (draft, --draft-kv-memory): KV pool: 180 MiB" in capsys.readouterr().err
+    cells = SimpleNamespace(name="m [llamacpp/cpu/gguf/x8]", describe_pool=lambda: "KV pool: 2048 cells")
+    monkeypatch.setitem(batch_backends.BATCH_LOADERS, "llamacpp", lambda spec, slots, cache_slots: cells)
+    batch_backends.load_batch_runner(RunnerSpec("smollm2-135m-instruct", "llamacpp"), 8, role="target, --kv-memory")
+    said = capsys.readouterr().err  # no option sizes llama.cpp's pool: --kv-memory is refused there
+    assert "m [llamacpp/cpu/gguf/x8] (target): KV pool: 2048 cells" in said and "--kv-memory" not in said
 
 
 def test_a_huge_kv_budget_for_one_sequence_is_said_plainly(tiny_target, tmp_path, monkeypatch, capsys):

@@ -214,7 +214,7 @@ class BatchEngine(SequencePool):
                             len(self.waiting), sum(len(d.token_ids) + 1 for d in drafts), tuple(reports),
                             prefilled, draft_forwards=draft_forwards, prefill_tokens=prefill_tokens,
                             preempted=self.preempted - preempted,
-                            kv_cells_used=sum(len(self.slots.cached[seq.slot]) for seq in self.running.values()),
+                            kv_cells_used=self.slots.cached_total(seq.slot for seq in self.running.values()),
                             kv_pool_cells=getattr(self.target, "pool_tokens", 0))
         return updates, report
 

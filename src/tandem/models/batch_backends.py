@@ -77,5 +77,7 @@ def load_batch_runner(spec: RunnerSpec, slots: int, cache_slots: int | None = No
     runner = BATCH_LOADERS[spec.backend](spec, slots, cache_slots)
     pool = runner.describe_pool() if hasattr(runner, "describe_pool") else None
     if pool is not None:
+        if not hasattr(runner, "kv_memory_asked"):  # a pool no budget option sizes (llama.cpp's): no option named
+            role = role.split(",")[0]
         print(f"{runner.name}{f' ({role})' if role else ''}: {pool}", file=sys.stderr)
     return runner
