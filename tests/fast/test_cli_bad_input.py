@@ -81,6 +81,8 @@ CASES = [  # argv (with {file} names), what the one error line says
     (["simulate", "--cluster", CLUSTER, "--measured", "{tmp}/nope.json"],
      "nope.json: No such file or directory"),  # said Python's "[Errno 2] ... 'nope.json'"
     (["simulate", "--scaling", CLUSTER, "--out", "{tmp}", "--json"], "--json applies only with --cluster"),  # ignored
+    (["serve", "--model", "smollm2-135m-instruct"], "the model is --target here"),  # vLLM's name: no hint
+    (["models", "rm", "{tmp}/nope.gguf"], "no such model file"),  # "neither ... nor a .gguf file"
     (["simulate", "--cluster", CLUSTER, "--prompt-tokens", "100000", "--out", "{tmp}/never"],
      "--prompt-tokens 100000: 100128 tokens a sequence, more than the"),  # priced as a latency
     (["simulate", "--scaling", CLUSTER, "--max-tokens", "100000", "--out", "{tmp}/never"], "more than the"),

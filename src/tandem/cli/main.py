@@ -87,7 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown option {given[0]}: a command comes first, its options after it")
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # "see tandem generate --help", not "see tandem --help"
-        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+        command = parser.commands[args.command]
+        hint = "; the model is --target here (and --draft for the draft model)" \
+            if "--model" in unknown and _takes(command, "--target") else ""
+        command.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     # `tandem serve` keeps SIGTERM's own meaning (uvicorn drains on it, and a second one after the
     # drain, `timeout` passing on its own, must not raise mid-teardown); it interrupts its start only
     interrupts = sigterm_interrupts() if getattr(args, "command", None) != "serve" else contextlib.nullcontext()
@@ -113,3 +116,8 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _takes(parser, option: str) -> bool:
+    """Whether a command's parser has `option` (vLLM's and llama-server's --model is --target here)."""
+    return any(option in action.option_strings for action in parser._actions)

@@ -154,6 +154,8 @@ def remove_model(name_or_path: str) -> list[KeptFolder]:
         resolved = str(path.resolve())
         found = [kept for kept in local_conversions() if kept.source == resolved]  # the file may be gone since
         if not found and not path.is_file():
+            if path.suffix == ".gguf":  # it said "neither a catalog model nor a .gguf file" of nope.gguf
+                raise TandemError(f"no such model file: {name_or_path} (nor a conversion kept for it)")
             raise TandemError(f"{name_or_path!r} is neither a catalog model nor a .gguf file"
                               f"{did_you_mean(name_or_path, CATALOG)}")
         if not found:
