@@ -7,6 +7,7 @@ import json
 
 import pytest
 from api_doubles import (
+    EOS,
     MODEL,
     REPLY,
     ScriptedEngine,
@@ -208,6 +209,16 @@ async def test_a_streams_tokens_are_counted_while_it_runs():
         await server.wait_until(lambda: server.worker.in_flight == 0, timeout=1.0)
         assert len(server.metrics.generated) >= 4  # told update by update, one token each
         assert server.metrics.finished[0][:3] == ("cancelled", 3, sum(server.metrics.generated))
+
+
+@async_test
+async def test_an_answer_that_ends_at_once_still_counts_its_prompt():
+    """An EOS as the first token gives no token, yet the prompt was processed: counted."""
+    with TestServer(ScriptedEngine([EOS])) as server:
+        async with server.client() as client:
+            answer = (await client.post("/v1/completions", json=completion_body(prompt="abcd"))).json()
+        assert answer["choices"][0]["finish_reason"] == "stop" and answer["choices"][0]["text"] == ""
+        assert server.metrics.finished[0][:3] == ("stop", 4, 0)
 
 
 @async_test

@@ -63,6 +63,7 @@ class GenerationRun:
         self._first_token_at: float | None = None
         self._last_update_at = received_at
         self._inter_token: list[float] = []
+        self._prompt_told = False  # its prompt counted on /metrics (once it is in)
         self._closed = False
 
     @property
@@ -77,6 +78,9 @@ class GenerationRun:
                 update = await self.handle.next_update()
                 self.cached_tokens = max(self.cached_tokens, update.cached_tokens)
                 self._record(update.token_ids, update.drafted, update.accepted)
+                if not self._prompt_told and (update.token_ids or update.finish_reason in ("stop", "length")):
+                    self._prompt_told = True  # its prompt is in: a first token, or an answer that ended at once
+                    _safely(self.state.metrics.prompt_processed, self.prepared.prompt_tokens, self.cached_tokens)
                 delta = stream.push(list(update.token_ids)) if update.token_ids else ""
                 if update.finished:
                     self.finish_reason, self.error = update.finish_reason, update.error
@@ -109,7 +113,6 @@ class GenerationRun:
         if self._first_token_at is None:  # the rest of the first update arrived with the first token
             self._first_token_at = now
             self._inter_token += [0.0] * (len(token_ids) - 1)
-            _safely(self.state.metrics.prompt_processed, self.prepared.prompt_tokens, self.cached_tokens)
         else:
             self._inter_token += [(now - self._last_update_at) / len(token_ids)] * len(token_ids)
         self._last_update_at = now
