@@ -60,7 +60,7 @@ def test_a_runners_pool_line_names_its_role(monkeypatch, capsys):
     from tandem.models.backends import RunnerSpec
 
     pooled = SimpleNamespace(name="m [torch-fused/cpu/fp32/x1]", describe_pool=lambda: "KV pool: 180 MiB on cpu",
-                             kv_memory_asked=None)
+                             sized_by_budget=True)
     monkeypatch.setitem(batch_backends.BATCH_LOADERS, "torch", lambda spec, slots, cache_slots: pooled)
     spec = RunnerSpec("smollm2-135m-instruct", "torch", "cpu", "fp32", 1)
     batch_backends.load_batch_runner(spec, 1, role="draft, --draft-kv-memory")
@@ -70,6 +70,8 @@ def test_a_runners_pool_line_names_its_role(monkeypatch, capsys):
     batch_backends.load_batch_runner(RunnerSpec("smollm2-135m-instruct", "llamacpp"), 8, role="target, --kv-memory")
     said = capsys.readouterr().err  # no option sizes llama.cpp's pool: --kv-memory is refused there
     assert "m [llamacpp/cpu/gguf/x8] (target): KV pool: 2048 cells" in said and "--kv-memory" not in said
+    batch_backends.load_batch_runner(RunnerSpec("smollm2-135m-instruct", "llamacpp"), 8)  # profile's, a replica's
+    assert capsys.readouterr().err == ""  # the serving advice is for a server's pool
 
 
 def test_a_huge_kv_budget_for_one_sequence_is_said_plainly(tiny_target, tmp_path, monkeypatch, capsys):

@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:  # "see tandem generate --help", not "see tandem --help"
         command = parser.commands[args.command]
         hint = "; the model is --target here (and --draft for the draft model)" \
-            if "--model" in unknown and _takes(command, "--target") else ""
+            if any(arg.split("=")[0] == "--model" for arg in unknown) and _takes(command, "--target") else ""
         command.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     # `tandem serve` keeps SIGTERM's own meaning (uvicorn drains on it, and a second one after the
     # drain, `timeout` passing on its own, must not raise mid-teardown); it interrupts its start only
@@ -114,10 +114,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def _takes(parser, option: str) -> bool:
     """Whether a command's parser has `option` (vLLM's and llama-server's --model is --target here)."""
     return any(option in action.option_strings for action in parser._actions)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

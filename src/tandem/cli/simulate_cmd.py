@@ -116,10 +116,10 @@ def run(args: argparse.Namespace) -> int:
     from tandem.cluster.config.load import load_cluster
 
     spec = load_cluster(args.scaling or args.cluster)  # a bad file leaves no output folder behind
-    if args.scaling and args.sizes:
-        from tandem.cluster.sim.scaling import check_sizes
+    if args.scaling:
+        from tandem.cluster.sim.scaling import SWEEP_SIZES, check_sizes
 
-        check_sizes(spec, args.sizes)
+        check_sizes(spec, args.sizes or SWEEP_SIZES)
     _check_context(spec, args.prompt_tokens, args.max_tokens)
     if args.out:
         prepare_out_dir(Path(args.out))  # before the work, not after it
@@ -225,6 +225,7 @@ def _scaling(args: argparse.Namespace) -> int:
     max_tokens = DEFAULT_MAX_TOKENS if args.max_tokens is None else args.max_tokens
     options = _checked(lambda: SweepOptions(sizes, waves, max_tokens, prompts, args.acceptance,
                                             _fused(args.batching, default=True), seed=args.seed))
+
     def row_line(row: dict) -> None:
         print(f"{row['devices']:3d} devices  {row['mode']:11s}  {row['plan']['drafter']:12s}  "
               f"steady {steady(row):>10,.0f} tok/s  whole run {row['throughput_tok_s']:>10,.0f} tok/s  "
@@ -324,10 +325,12 @@ def _as_simulated(simulation) -> dict:
 def _lengths(model) -> int | dict:
     """A fixed prompt length, or how lengths were drawn: from which values, in order or at random."""
     tokens = getattr(model, "tokens", None)
+    from tandem.cluster.sim.lengths import RecordedLengths
+
     if tokens is not None:
         return tokens
     values = model.values
-    return {"drawn": "in order" if type(model).__name__ == "RecordedLengths" else "at random",
+    return {"drawn": "in order" if isinstance(model, RecordedLengths) else "at random",
             "from": len(values), "min": min(values), "mean": round(sum(values) / len(values), 1), "max": max(values)}
 
 

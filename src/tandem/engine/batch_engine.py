@@ -62,7 +62,7 @@ from tandem.speculation.drafters.registry import build_drafters
 from tandem.token_ids import common_prefix
 
 log = logging.getLogger(__name__)
-PREEMPTIONS_SAID_EVERY = 50  # a warning at the first preemption and each this many after (as vLLM's)
+PREEMPTIONS_SAID_EVERY = 50  # a warning at the first preemption, then once every this many (as vLLM's)
 STUCK_STEPS = 2  # failed target calls in a row with nothing left to free before their sequences fail
 CATCH_UP_SHARE = 1.0  # beside other streams, a step's draft catch-up costs at most this share of its target call
 MIN_CATCH_UP = 8  # prompt tokens the draft model may always catch up on in a step
@@ -214,7 +214,7 @@ class BatchEngine(SequencePool):
                             len(self.waiting), sum(len(d.token_ids) + 1 for d in drafts), tuple(reports),
                             prefilled, draft_forwards=draft_forwards, prefill_tokens=prefill_tokens,
                             preempted=self.preempted - preempted,
-                            kv_cells_used=self.slots.cached_total(seq.slot for seq in self.running.values()),
+                            kv_cells_used=sum(len(self.slots.cached[seq.slot]) for seq in self.running.values()),
                             kv_pool_cells=getattr(self.target, "pool_tokens", 0))
         return updates, report
 
@@ -460,6 +460,7 @@ class BatchEngine(SequencePool):
             self.target.rollback(seq.slot, len(seq.tokens) - 1 - len(seq.unprefilled))
         pool = getattr(self.target, "pool_tokens", 0)  # retained caches first, least recently used first
         if self._evict_until(lambda: self._kv_needed(0) <= pool, self.slots.retained_slots(), at_least=1):
+            self.failed_unfreed = 0
             return []
         if len(self.running) < 2:
             self.failed_unfreed += 1
@@ -474,11 +475,12 @@ class BatchEngine(SequencePool):
         youngest.slot, youngest.unprefilled, youngest.draft_cached = -1, (), []
         self.waiting.appendleft(youngest)
         self.kv_tight = True
+        self.failed_unfreed = 0
         self.preempted += 1
         if self.preempted % PREEMPTIONS_SAID_EVERY == 1:
             log.warning("a request went back to the queue for KV room (%d so far): its prompt and output are "
-                        "recomputed when it runs again; fewer --max-running (or, on torch, more --kv-memory) "
-                        "avoids it", self.preempted)
+                        "recomputed when it runs again; a larger pool avoids it (on torch --kv-memory; on "
+                        "llama.cpp half of every slot's --context-length, at most 32,768 cells)", self.preempted)
         return []
 
     def _fail(self, seq: Sequence, message: str) -> SequenceUpdate:
@@ -503,6 +505,7 @@ class BatchEngine(SequencePool):
         """Free seq's slot; its cache (the prompt chunks so far, mid-prefill) stays for reuse."""
         self.retire(seq)
         self.kv_tight = False
+        self.failed_unfreed = 0  # a failed call counts towards the sequence it was made for alone
         self.prompt_cache.release(seq.slot, seq.draft_cached)
 
 

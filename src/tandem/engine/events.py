@@ -75,7 +75,7 @@ class StepReport:
     draft_forwards: int = 0  # draft-model forwards of the step
     prefill_tokens: int = 0  # prompt tokens the verify forward scored besides batch_tokens (chunked prefill)
     preempted: int = 0  # sequences put back in the queue for KV room in this step (recomputed when placed again)
-    kv_cells_used: int = 0  # target KV cells the running sequences hold after the step
+    kv_cells_used: int = 0  # target KV cells the running sequences hold after the step (a shared prefix each time)
     kv_pool_cells: int = 0  # the target's KV pool (0: a runner without one, a cluster's router)
 
     @property

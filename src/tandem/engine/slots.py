@@ -15,7 +15,6 @@ shared prefix is copied in from the slot holding it, which keeps its own cache: 
 one system prompt each get its cells without recomputing them or taking each other's history.
 """
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tandem.token_ids import common_prefix
@@ -46,13 +45,11 @@ class SlotTable:
         self._tick += 1
         self.last_used[slot] = self._tick
 
-    def cached_total(self, slots: Iterable[int] | None = None) -> int:
-        """KV cells the slots' caches take (all slots, or those given), counting a prefix two
-        slots share once (copied prefixes share cells; two slots that computed the same prefix
-        apart are undercounted, which only makes the pool overflow a step early: the engine frees
-        room then)."""
-        caches = self.cached if slots is None else [self.cached[slot] for slot in slots]
-        ordered = sorted(tokens for tokens in caches if tokens)
+    def cached_total(self) -> int:
+        """KV cells the slots' caches take, counting a prefix two slots share once (copied
+        prefixes share cells; two slots that computed the same prefix apart are undercounted,
+        which only makes the pool overflow a step early: the engine frees room then)."""
+        ordered = sorted(tokens for tokens in self.cached if tokens)
         shared = sum(common_prefix(a, b) for a, b in zip(ordered, ordered[1:]))
         return sum(len(tokens) for tokens in ordered) - shared
 

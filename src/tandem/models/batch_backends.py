@@ -76,8 +76,9 @@ def load_batch_runner(spec: RunnerSpec, slots: int, cache_slots: int | None = No
     spec = spec.resolved()
     runner = BATCH_LOADERS[spec.backend](spec, slots, cache_slots)
     pool = runner.describe_pool() if hasattr(runner, "describe_pool") else None
-    if pool is not None:
-        if not hasattr(runner, "kv_memory_asked"):  # a pool no budget option sizes (llama.cpp's): no option named
+    sized_by_budget = getattr(runner, "sized_by_budget", False)  # torch's pool; llama.cpp's follows the slots
+    if pool is not None and (role or sized_by_budget):  # llama.cpp's line is a server's (not profile's)
+        if not sized_by_budget:  # no option sizes it: --kv-memory is refused on llama.cpp
             role = role.split(",")[0]
         print(f"{runner.name}{f' ({role})' if role else ''}: {pool}", file=sys.stderr)
     return runner

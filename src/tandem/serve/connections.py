@@ -49,18 +49,26 @@ class HeaderTimedH11Protocol(H11Protocol):
             self._linger_deadline.cancel()
         super().connection_lost(exc)
 
+    def data_received(self, data: bytes) -> None:
+        if self._linger_deadline is not None:
+            return  # after an early answer: what still comes is dropped, never read as a request
+        super().data_received(data)
+
     def handle_events(self) -> None:
         super().handle_events()
         if self.conn.their_state is not h11.IDLE:  # a request's headers are in
             self._stop_header_clock()
+        cycle = getattr(self, "cycle", None)
+        if cycle is not None and _framed_twice(cycle.scope):
+            # RFC 9112 6.1: closed once answered, before the bytes behind it (a smuggled request,
+            # where a proxy framed it otherwise) are read
+            cycle.keep_alive = False
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
-            self._linger()  # answered before its body was read: the rest is not waited for
-            return
-        if _framed_twice(getattr(self, "scope", None)) and not self.transport.is_closing():
-            self.transport.close()  # RFC 9112 6.1: a proxy may have framed it otherwise (request smuggling)
+        early = self.conn.their_state is h11.SEND_BODY  # answered before its body was all read
+        super().on_response_complete()  # (which may start a pipelined request's cycle)
+        if early and not self.transport.is_closing():
+            self._linger()  # the rest of the body is not waited for
             return
         self._start_header_clock()  # the next request's, on a kept-alive connection
 
@@ -132,8 +140,7 @@ class AcceptErrorsSaidOnce:
 
 
 CLIENT_MISTAKES_SAID_EVERY_S = 60.0
-CLIENT_MISTAKE_PREFIXES = ("Invalid HTTP request received", "Unsupported upgrade request",
-                           "No supported WebSocket library detected")
+CLIENT_MISTAKE_PREFIXES = ("Invalid HTTP request received", "Unsupported upgrade request")
 
 
 class ClientMistakesSaidOnce(logging.Filter):

@@ -75,6 +75,7 @@ def serve(config: EngineConfig, settings: ServeSettings, cluster=None) -> int:
             server = DrainingServer(state, uvicorn.Config(
                 create_app(state), log_level=settings.log_level, log_config=UVICORN_LOG_CONFIG,
                 access_log=settings.log_level in ("info", "debug"), http=HeaderTimedH11Protocol,
+                ws="none",  # no WebSocket routes: an upgrade is a plain request, whatever is installed
                 timeout_graceful_shutdown=UVICORN_CLOSE_SECONDS))
             asyncio.run(_serve(server, sock, _banner(model_name, settings.host, sock.getsockname()[1],
                                                      settings.protect_metrics)))

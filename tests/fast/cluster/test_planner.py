@@ -52,6 +52,8 @@ def test_fast_verifier_and_slow_drafter_drafts_without_the_model():
     assert result.chosen.drafter_kind in ("none", "ngram")
     model_plans = [p for p in result.runners_up if p.drafter_kind == "model"]  # none: plain decoding beat them
     assert all(p.tokens_per_s < result.chosen.tokens_per_s for p in model_plans)
+    fixed = plan(cluster(verifier(), drafter(), drafter="model"), FLAT, {1: 60.0, 128: 200.0})
+    assert fixed.chosen.drafter_kind == "model" and fixed.chosen.tokens_per_s < result.chosen.tokens_per_s
 
 
 def test_cheap_verification_drafts_deep_and_dear_verification_shallow():

@@ -111,7 +111,7 @@ def test_a_small_sweep_writes_its_files(tmp_path):
     result = sweep(mixed_cluster(), options, said=said.append, on_row=rows.append)
     assert [(r["devices"], r["mode"]) for r in result["rows"]] == [(1, "independent"), (2, "independent")]
     assert rows == result["rows"]  # each told as its size was done (a large size ran for minutes in silence)
-    assert [line.split(":")[0] for line in said] == ["1 devices", "2 devices"]
+    assert [line.split(":")[0] for line in said] == ["1 device", "2 devices"]
     assert all(r["throughput_tok_s"] > 0 for r in result["rows"])
     assert all(p["source"] == "public-spec" for p in result["profiles"].values())
     paths = write_scaling(result, tmp_path)

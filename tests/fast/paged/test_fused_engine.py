@@ -267,3 +267,26 @@ def test_steps_report_preemptions_and_the_pools_cells_in_use(tiny_target, monkey
     assert all(r.kv_pool_cells == small.pool_tokens and 0 <= r.kv_cells_used <= r.kv_pool_cells for r in reports)
     assert max(r.kv_cells_used for r in reports) > small.pool_tokens // 2 and reports[-1].kv_cells_used == 0
     assert "went back to the queue for KV room (1 so far)" in caplog.text
+
+
+def test_a_failed_call_counts_towards_its_own_sequence_alone(tiny_target, monkeypatch):
+    """A's one failed call, A then cancelled, made B's first failed call its second: B failed
+    after a single try."""
+    target = fused_runner(tiny_target, slots=1, context=64)
+    engine = BatchEngine(target, None, "none")
+    scored, failing = type(target).forward_batch, {"a", "b"}
+
+    def failing_once_each(self, items, views=False):
+        (seq_id,) = engine.running
+        if seq_id in failing:
+            failing.discard(seq_id)
+            raise KvPoolFullError("a passing failure")
+        return scored(self, items, views)
+
+    monkeypatch.setattr(type(target), "forward_batch", failing_once_each)
+    engine.add("a", GenerationRequest(PROMPTS[0], max_tokens=8))
+    engine.step()
+    assert engine.cancel("a").finish_reason == "cancelled"
+    engine.add("b", GenerationRequest(PROMPTS[1], max_tokens=8))
+    outputs, finished = _run_to_end(engine)
+    assert finished["b"].finish_reason == "length" and outputs["b"] == naive_greedy(tiny_target, PROMPTS[1], 8)

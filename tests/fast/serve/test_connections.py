@@ -43,7 +43,7 @@ async def echo_length(scope, receive, send):
 def port():
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(echo_length, log_level="warning", http=QuickHeaders))
+    server = uvicorn.Server(uvicorn.Config(echo_length, log_level="warning", http=QuickHeaders, ws="none"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -119,6 +119,40 @@ def test_a_request_framed_by_both_length_and_chunks_is_answered_then_closed(port
         answer += conn.recv(1024)
     assert answer.startswith(b"HTTP/1.1 200")
     assert closed_within(conn, HEADER_TIMEOUT_S / 2)  # at once, not when the next request's header clock ends
+
+
+def read_until_closed(conn: socket.socket, seconds: float = 5) -> bytes:
+    conn.settimeout(seconds)
+    received = b""
+    try:
+        while chunk := conn.recv(4096):
+            received += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return received
+
+
+def test_a_request_smuggled_behind_a_doubly_framed_one_is_never_read(port):
+    """The close came after uvicorn had started the pipelined request behind it (the one a
+    proxy framed otherwise): both were answered."""
+    conn = socket.create_connection(("127.0.0.1", port))
+    conn.sendall(b"POST / HTTP/1.1\r\nHost: local\r\nContent-Length: 30\r\nTransfer-Encoding: chunked\r\n\r\n"
+                 b"0\r\n\r\nGET /admin HTTP/1.1\r\nHost: local\r\n\r\n")
+    received = read_until_closed(conn)
+    assert received.count(b"HTTP/1.1 ") == 1 and received.endswith(b"\r\n\r\n0"), received
+
+
+def test_a_request_sent_while_lingering_after_an_early_answer_is_not_run(port):
+    """Bytes after an early answer were still parsed: a request behind the body ran, and its
+    answer's write after the half-close raised in the app."""
+    conn = socket.create_connection(("127.0.0.1", port))
+    conn.sendall(b"POST /early HTTP/1.1\r\nHost: local\r\nContent-Length: 10\r\n\r\n12345")
+    conn.settimeout(5)
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += conn.recv(1024)
+    conn.sendall(b"67890GET / HTTP/1.1\r\nHost: local\r\nContent-Length: 0\r\n\r\n")
+    assert (answer + read_until_closed(conn)).count(b"HTTP/1.1 ") == 1
 
 
 def test_a_websocket_upgrade_is_one_warning_without_install_advice(port):

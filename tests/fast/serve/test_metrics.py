@@ -370,3 +370,5 @@ def test_preemptions_and_kv_usage_are_exported():
     s = samples(metrics)
     assert s[("tandem:num_preemptions_total", frozenset())] == 3
     assert s[("tandem:kv_cache_usage_perc", frozenset())] == 0.5
+    metrics.observe_queue(0, 0)  # the last sequence cancelled between steps: no step says the pool emptied
+    assert samples(metrics)[("tandem:kv_cache_usage_perc", frozenset())] == 0

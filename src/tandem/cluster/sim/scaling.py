@@ -100,7 +100,8 @@ def sweep(spec: ClusterSpec, options: SweepOptions = SweepOptions(),
         for mode in options.modes:
             if said is not None:
                 slots = _slots(plan)
-                said(f"{devices} devices: {options.waves * slots} requests at concurrency {slots}, simulating ...")
+                said(f"{devices} device{'s' if devices != 1 else ''}: {options.waves * slots} requests at "
+                     f"concurrency {slots}, simulating ...")
             rows.append(_point(scaled, plan, devices, mode, prompts, options))
             if on_row is not None:
                 on_row(rows[-1])

@@ -43,6 +43,7 @@ class FusedTorchRunner:
     fused = True
     can_copy_prefix = True
     device_logits = True  # forward_batch returns torch tensors on `device`
+    sized_by_budget = True  # its pool is --kv-memory's (load_batch_runner names the option in its line)
 
     idle_caches_slow_steps = False  # a resident cache is not read by other slots' attention
 

@@ -35,7 +35,8 @@ class Instruments:
         self.num_preemptions = counter("num_preemptions", "Running sequences put back in the queue for KV room "
                                        "(their prompt and output recomputed when they run again).")
         self.kv_cache_usage = gauge("kv_cache_usage_perc", "Share of the target's KV pool the running sequences "
-                                    "hold, 0 to 1 (retained prompt caches, evicted first, not counted).")
+                                    "hold, 0 to 1 (retained prompt caches, evicted first, not counted; 0 without "
+                                    "a pool).")
         self.request_success = counter("request_success", "Finished requests by finish reason.", "finished_reason")
         self.request_rejected = counter("request_rejected", "Requests refused before the engine, by HTTP status.",
                                         "http_status")
@@ -44,7 +45,7 @@ class Instruments:
                                              ITL_BUCKETS)
         self.e2e_request_latency = histogram("e2e_request_latency_seconds", "End-to-end request latency.",
                                              E2E_BUCKETS)
-        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of requests whose first token came.")
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of requests whose prompt was processed.")
         self.generation_tokens = counter("generation_tokens", "Completion tokens, counted as they are streamed.")
         # speculative decoding
         self.num_drafts = counter("spec_decode_num_drafts", "Speculation rounds with at least one draft token.")

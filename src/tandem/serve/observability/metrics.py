@@ -58,9 +58,9 @@ class ServingMetrics:
     # -- the HTTP layer -------------------------------------------------------------------------
 
     def prompt_processed(self, prompt_tokens: int, cached_tokens: int = 0) -> None:
-        """A request's prompt is in (its first token came): its tokens, and the cached_tokens of
-        them the prompt cache held (vLLM's prefix-cache queries and hits count tokens). A request
-        that ends before its first token counts none."""
+        """A request's prompt is in (its first token came, or its answer ended at once): its
+        tokens, and the cached_tokens of them the prompt cache held (vLLM's prefix-cache queries
+        and hits count tokens). A request gone before that counts none."""
         self._m.prompt_tokens.inc(prompt_tokens)
         self._m.prefix_cache_queries.inc(prompt_tokens)
         self._m.prefix_cache_hits.inc(cached_tokens)
@@ -162,6 +162,8 @@ class ServingMetrics:
         """Called on the engine thread where a cancel or a new request changed the counts between
         steps (an idle engine takes no step to report them)."""
         self._set_queue(running, waiting)
+        if running == 0:  # the last sequence cancelled between steps: no step will say the pool emptied
+            self._m.kv_cache_usage.set(0)
         with self._lock:
             self._series.note_queue(self._clock(), running, waiting)
 
@@ -176,8 +178,8 @@ class ServingMetrics:
         m.engine_step_seconds.observe(report.step_seconds)
         if report.preempted:
             m.num_preemptions.inc(report.preempted)
-        if report.kv_pool_cells:
-            m.kv_cache_usage.set(report.kv_cells_used / report.kv_pool_cells)
+        if report.kv_pool_cells:  # a shared prefix counts in each sequence holding it: at most 1
+            m.kv_cache_usage.set(min(1.0, report.kv_cells_used / report.kv_pool_cells))
         if report.prefilled or report.prefill_tokens:
             m.prompt_steps.inc()
         if report.prefill_seconds > 0:  # a call of its own (prompt chunks riding in the verify call are in verify's)
