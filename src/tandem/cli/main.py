@@ -121,4 +121,3 @@ def _takes(parser, option: str) -> bool:
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -324,9 +324,9 @@ def _as_simulated(simulation) -> dict:
 
 def _lengths(model) -> int | dict:
     """A fixed prompt length, or how lengths were drawn: from which values, in order or at random."""
-    tokens = getattr(model, "tokens", None)
     from tandem.cluster.sim.lengths import RecordedLengths
 
+    tokens = getattr(model, "tokens", None)
     if tokens is not None:
         return tokens
     values = model.values

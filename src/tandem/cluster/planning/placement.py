@@ -7,9 +7,9 @@ that drafter has time left (a draft replica is shared by verifiers while their d
 it busy less than 100% of the time); replicas that gain most from drafting are served first. A
 replica left without a drafter, or (where the planner chooses the drafter) on which drafting at
 the placement's k would make fewer tokens a second than decoding plainly (a CPU beside a GPU,
-where verifying k + 1 tokens costs nearly k + 1 decodes), decodes plainly (k = 0). Each replica runs the batch size that
-gives the most tokens/s with its per-token latency within the target; a replica that cannot
-meet the target even at batch 1 is left idle. Everything is a prediction (prediction.py).
+where verifying k + 1 tokens costs nearly k + 1 decodes), decodes plainly (k = 0). Each replica
+runs the batch size that gives the most tokens/s with its per-token latency within the target;
+a replica that cannot meet the target even at batch 1 is left idle. Everything is a prediction (prediction.py).
 """
 
 import math
