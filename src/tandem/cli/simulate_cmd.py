@@ -15,10 +15,14 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tandem.cli.int_list import int_list, real_number, whole_number
 from tandem.errors import TandemError
 from tandem.speculation.depth import K_LIMIT
+
+if TYPE_CHECKING:  # the cluster modules load only when a simulation runs (fast --help)
+    from tandem.cluster.config.cluster_spec import ClusterSpec
 
 DEFAULT_CONCURRENCY = 8
 DEFAULT_REQUESTS = 64
@@ -124,8 +128,8 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         prepare_out_dir(Path(args.out))  # before the work, not after it
     if args.scaling:
-        return _scaling(args)
-    return _simulate(args)
+        return _scaling(args, spec)
+    return _simulate(args, spec)
 
 
 def _check_context(spec, prompt_tokens: int | None, max_tokens: int | None) -> None:
@@ -143,7 +147,7 @@ def _check_context(spec, prompt_tokens: int | None, max_tokens: int | None) -> N
                               f"{CATALOG[name].context_length} that {name} holds (a server refuses such a request)")
 
 
-def _simulate(args: argparse.Namespace) -> int:
+def _simulate(args: argparse.Namespace, spec: "ClusterSpec") -> int:
     from tandem.cluster.planning.planner import plan_cluster
     from tandem.cluster.profiles.profile_store import cluster_profiles
     from tandem.cluster.sim.adapter import SimOptions, simulation_from_cluster
@@ -151,9 +155,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from tandem.cluster.sim.simulator import simulate
     from tandem.cluster.sim.summary import comparison_lines, summary_lines
     from tandem.cluster.sim.validation import MeasuredRun, compare_with_measurement, run_speed
-    from tandem.cluster.config.load import load_cluster
 
-    spec = load_cluster(args.cluster)
     plan = plan_cluster(spec, cluster_profiles(spec)) if args.roles == "plan" else None
     overhead = {} if args.step_overhead_ms is None else {"step_overhead_ms": args.step_overhead_ms}
     measured = MeasuredRun.load(args.measured) if args.measured else None
@@ -211,11 +213,10 @@ def _placement_label(plan, fixed_k: int | None) -> str:
     return f"plan: {chosen.drafter_kind}, {depth}"
 
 
-def _scaling(args: argparse.Namespace) -> int:
+def _scaling(args: argparse.Namespace, spec: "ClusterSpec") -> int:
     from tandem.cluster.sim.lengths import FixedLength
     from tandem.cluster.sim.scaling import SWEEP_SIZES, SweepOptions, sweep
     from tandem.cluster.sim.scaling_report import steady, write_scaling
-    from tandem.cluster.config.load import load_cluster
 
     if not args.out:
         raise TandemError("--scaling needs --out DIR")
@@ -231,7 +232,7 @@ def _scaling(args: argparse.Namespace) -> int:
               f"steady {steady(row):>10,.0f} tok/s  whole run {row['throughput_tok_s']:>10,.0f} tok/s  "
               f"p50 {row['latency_ms']['p50']:>7,.0f} ms", flush=True)
 
-    result = sweep(load_cluster(args.scaling), options, said=lambda line: print(line, file=sys.stderr, flush=True),
+    result = sweep(spec, options, said=lambda line: print(line, file=sys.stderr, flush=True),
                    on_row=row_line)  # each row as its size is done: a large size simulates for minutes
     paths = write_scaling(result, args.out)
     print(f"wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
